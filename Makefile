@@ -1,0 +1,54 @@
+# Quick start on a fresh machine:  make demo   |   make test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch lies on these machines' disk; an unpinned torch
+# would pull a CUDA build of several GB. On a GPU machine: make TORCH=torch
+TORCH ?= torch==2.13.0
+NPROC ?= 8
+RUN_DIR ?= runs/demo
+
+DEMO_ARGS = \
+	--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+	--use-distributed-optimizer \
+	--num-layers 4 --hidden-size 128 --num-attention-heads 4 \
+	--seq-length 128 --max-position-embeddings 128 \
+	--micro-batch-size 4 --global-batch-size 32 \
+	--train-iters 60 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 6 \
+	--weight-decay 0.1 --clip-grad 1.0 --seed 1234 \
+	--data-path data/corpus_text_document --tokenizer-type ByteLevelTokenizer \
+	--split 98,2,0 --num-workers 0 \
+	--log-interval 5 --eval-interval 30 --eval-iters 2 --log-throughput \
+	--save $(RUN_DIR)/checkpoints --save-interval 30 \
+	--metrics-file $(RUN_DIR)/metrics.jsonl
+
+.PHONY: setup data demo test bench clean print-demo-args
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+data: setup
+	$(PY) tools/prepare_corpus.py --output-dir data
+
+demo: data
+	rm -rf $(RUN_DIR)
+	OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore $(PY) -m torch.distributed.run --standalone \
+		--nproc-per-node $(NPROC) pretrain_gpt.py $(DEMO_ARGS)
+
+test: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
+
+bench: data
+	OMP_NUM_THREADS=1 $(PY) tools/bench_training.py
+
+clean:
+	rm -rf $(VENV) data runs *.egg-info
+
+print-demo-args:
+	@echo $(DEMO_ARGS)

@@ -1,0 +1,284 @@
+"""Command line: flags generated from the config dataclasses, then checked.
+
+Every check here runs before any process group exists, so bad input costs
+nothing and each message says which flag to change.
+"""
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Callable, Dict, List, Optional, Sequence
+
+from megatron.training.config import SECTIONS, Config
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what to change."""
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def _base_type(annotation):
+    """int for Optional[int]; (list, int) for Optional[List[int]]."""
+    if typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) in (list, List):
+        return list, typing.get_args(annotation)[0]
+    return annotation, None
+
+
+def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
+    """Add one flag per dataclass field, in a group named after the section."""
+    group = parser.add_argument_group(title, (cls.__doc__ or "").strip())
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        kind, item = _base_type(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs = {"dest": f.name, "default": default, "help": meta.get("help", "")}
+        if kind is bool:
+            kwargs["action"] = "store_true"
+        elif kind is list:
+            kwargs.update(type=item, nargs=meta.get("nargs", "+"))
+        else:
+            kwargs["type"] = kind
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+        group.add_argument(flag_name(f), **kwargs)
+
+
+def build_parser(sections: Dict[str, type]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="GPT pretraining on megatron-core (Megatron-LM flags).", allow_abbrev=False)
+    for title, cls in sections.items():
+        add_section_flags(parser, title, cls)
+    return parser
+
+
+def _section_from_namespace(cls, namespace):
+    return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+
+
+def _check_required(sections, namespace) -> None:
+    missing = [flag_name(f) for cls in sections.values() for f in dataclasses.fields(cls)
+               if f.metadata.get("required") and getattr(namespace, f.name) is None]
+    if missing:
+        raise ConfigError("missing required flags: " + ", ".join(missing))
+
+
+Validator = Callable[[Config], None]
+
+
+def parse_args(argv: Optional[Sequence[str]] = None,
+               extra_sections: Optional[Dict[str, type]] = None,
+               extra_validators: Sequence[Validator] = (),
+               world_size: Optional[int] = None) -> Config:
+    """Parse flags into a Config, fill derived defaults and validate it.
+
+    ``extra_sections`` lets an extension (deadpool) add its own dataclass of
+    flags; its parsed section lands in ``config.extra[name]``. Raises
+    ConfigError with a message naming the flag to change.
+    """
+    extra_sections = extra_sections or {}
+    sections = {**SECTIONS, **extra_sections}
+    namespace = build_parser(sections).parse_args(argv)
+    _check_required(sections, namespace)
+    parsed = {name: _section_from_namespace(cls, namespace) for name, cls in sections.items()}
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    config = Config(**{name: parsed[name] for name in SECTIONS}, world_size=world_size,
+                    extra={name: parsed[name] for name in extra_sections})
+    fill_defaults(config)
+    validate(config)
+    for check in extra_validators:
+        check(config)
+    return config
+
+
+def fill_defaults(config: Config) -> None:
+    """Megatron's derived defaults, computed from the other flags."""
+    m, b, t, d = config.model, config.batch, config.training, config.data
+    if m.ffn_hidden_size is None and m.hidden_size:
+        m.ffn_hidden_size = (int(8 * m.hidden_size / 3 / 64) * 64 if m.swiglu
+                             else 4 * m.hidden_size)
+    if m.max_position_embeddings is None:
+        m.max_position_embeddings = m.seq_length
+    if not m.group_query_attention:
+        m.num_query_groups = m.num_attention_heads
+    if b.global_batch_size is None and b.micro_batch_size and config.data_parallel_size > 0:
+        b.global_batch_size = b.micro_batch_size * config.data_parallel_size
+    if t.train_iters is not None and t.lr_decay_iters is None:
+        t.lr_decay_iters = t.train_iters
+    if d.tokenizer_type is None:
+        # Needs no files and no network: the default every machine can run.
+        d.tokenizer_type = "ByteLevelTokenizer"
+    if not _cuda_available() or config.parallel.cpu:
+        config.parallel.distributed_backend = "gloo"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(config: Config) -> None:
+    """Every check a run needs before it starts; each names what to change."""
+    for check in (_check_parallel_layout, _check_model_shape, _check_batch,
+                  _check_training, _check_precision, _check_data, _check_checkpoint):
+        check(config)
+
+
+def _check_parallel_layout(config: Config) -> None:
+    p, world = config.parallel, config.world_size
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and "
+             "--pipeline-model-parallel-size must be at least 1")
+    _require(world % (tp * pp) == 0,
+             f"world size {world} is not divisible by tensor-parallel size {tp} x "
+             f"pipeline-parallel size {pp} = {tp * pp}: launch a multiple of {tp * pp} "
+             f"processes or change --tensor-model-parallel-size / "
+             f"--pipeline-model-parallel-size")
+    _require(not p.sequence_parallel or tp > 1,
+             "--sequence-parallel needs --tensor-model-parallel-size > 1: drop the flag "
+             "or raise the tensor-parallel size")
+    _require(not p.overlap_param_gather or p.use_distributed_optimizer,
+             "--overlap-param-gather needs --use-distributed-optimizer")
+    _require(not p.overlap_param_gather or p.overlap_grad_reduce,
+             "--overlap-param-gather needs --overlap-grad-reduce")
+    _require(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0")
+
+
+def _check_model_shape(config: Config) -> None:
+    m, p = config.model, config.parallel
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        _require(getattr(m, name) > 0, f"--{name.replace('_', '-')} must be positive")
+    _require(m.num_attention_heads % tp == 0,
+             f"--num-attention-heads {m.num_attention_heads} is not divisible by "
+             f"--tensor-model-parallel-size {tp}: choose heads as a multiple of {tp}")
+    _require(m.num_layers % pp == 0,
+             f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size "
+             f"{pp}: choose layers as a multiple of {pp}")
+    _require(m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
+             f"--hidden-size {m.hidden_size} is not divisible by --num-attention-heads "
+             f"{m.num_attention_heads}: change one of them or set --kv-channels")
+    _require(m.num_attention_heads % m.num_query_groups == 0,
+             f"--num-attention-heads {m.num_attention_heads} is not divisible by "
+             f"--num-query-groups {m.num_query_groups}")
+    _require(m.num_query_groups % tp == 0,
+             f"--num-query-groups {m.num_query_groups} is not divisible by "
+             f"--tensor-model-parallel-size {tp}")
+    _require(m.position_embedding_type != "learned_absolute"
+             or m.max_position_embeddings >= m.seq_length,
+             f"--seq-length {m.seq_length} exceeds --max-position-embeddings "
+             f"{m.max_position_embeddings}: raise --max-position-embeddings")
+    _require(m.transformer_impl != "transformer_engine" or _te_importable(),
+             "--transformer-impl transformer_engine needs the transformer_engine package: "
+             "install it or use --transformer-impl local")
+
+
+def _te_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _check_batch(config: Config) -> None:
+    b, dp = config.batch, config.data_parallel_size
+    _require(b.micro_batch_size > 0, "--micro-batch-size must be positive")
+    step = b.micro_batch_size * dp
+    _require(b.global_batch_size % step == 0,
+             f"--global-batch-size {b.global_batch_size} is not divisible by "
+             f"--micro-batch-size {b.micro_batch_size} x data-parallel size {dp} = {step}: "
+             f"use a multiple of {step}")
+    _require(b.rampup_batch_size is None, "--rampup-batch-size is not supported yet: "
+             "drop it and set --global-batch-size")
+
+
+def _check_training(config: Config) -> None:
+    t, log = config.training, config.logging
+    _require((t.train_iters is None) != (t.train_samples is None),
+             "give exactly one of --train-iters and --train-samples")
+    _require(t.train_samples is None, "--train-samples is not supported yet: use --train-iters")
+    _require(t.train_iters > 0, "--train-iters must be positive")
+    _require(t.lr >= 0 and t.min_lr >= 0, "--lr and --min-lr must be non-negative")
+    _require(t.lr_warmup_fraction is None or t.lr_warmup_iters == 0,
+             "give only one of --lr-warmup-fraction and --lr-warmup-iters")
+    warmup = (t.lr_warmup_fraction * t.lr_decay_iters if t.lr_warmup_fraction is not None
+              else t.lr_warmup_iters)
+    _require(warmup < t.lr_decay_iters,
+             f"warm-up ({warmup:g} iterations) must be shorter than --lr-decay-iters "
+             f"{t.lr_decay_iters}: lower --lr-warmup-iters or raise --lr-decay-iters")
+    _require(t.lr_decay_style != "WSD" or t.lr_wsd_decay_iters is not None,
+             "--lr-decay-style WSD needs --lr-wsd-decay-iters")
+    _require(log.log_interval > 0, "--log-interval must be positive")
+    _require(log.eval_interval > 0, "--eval-interval must be positive")
+
+
+def _check_precision(config: Config) -> None:
+    t = config.training
+    _require(not (t.bf16 and t.fp16), "give only one of --bf16 and --fp16")
+
+
+def _check_data(config: Config) -> None:
+    from megatron.training.tokenizer import check_tokenizer_args
+
+    d = config.data
+    _require(d.mock_data or d.data_path,
+             "no training data: give --data-path PREFIX (made by tools/preprocess_data.py; "
+             "`make data` prepares the embedded corpus) or --mock-data")
+    _require(not (d.mock_data and d.data_path), "give only one of --data-path and --mock-data")
+    parts = d.split.replace("/", ",").split(",")
+    _require(all(p.strip().replace(".", "", 1).isdigit() for p in parts) and len(parts) <= 3
+             and sum(float(p) for p in parts) > 0,
+             f"--split {d.split!r} must be up to three non-negative numbers like 969,30,1")
+    for prefix in _data_prefixes(d.data_path or []):
+        for suffix in (".bin", ".idx"):
+            _require(os.path.exists(prefix + suffix),
+                     f"--data-path {prefix}: {prefix + suffix} does not exist; run "
+                     f"tools/preprocess_data.py (or `make data` for the embedded corpus)")
+    try:
+        check_tokenizer_args(d.tokenizer_type, d.tokenizer_model, d.vocab_size)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if d.data_path:
+        from megatron.training.data import check_splits
+
+        try:
+            check_splits(config)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    _require(d.num_workers >= 0, "--num-workers must be >= 0")
+
+
+def _data_prefixes(data_path: List[str]) -> List[str]:
+    """Prefixes of '--data-path P' or '--data-path W1 P1 W2 P2'."""
+    if len(data_path) <= 1:
+        return list(data_path)
+    if len(data_path) % 2 == 0 and all(_is_number(w) for w in data_path[0::2]):
+        return list(data_path[1::2])
+    return list(data_path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_checkpoint(config: Config) -> None:
+    c = config.checkpoint
+    _require(c.save_interval is None or c.save_interval > 0, "--save-interval must be positive")
+    _require(c.save_interval is None or c.save, "--save-interval needs --save DIR")
+    _require(not c.exit_on_missing_checkpoint or c.load,
+             "--exit-on-missing-checkpoint needs --load DIR")

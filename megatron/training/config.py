@@ -1,0 +1,210 @@
+"""Training configuration as dataclasses; the command-line flags are generated
+from them (see ``arguments.py``).
+
+Each field's name is its flag (``num_layers`` -> ``--num-layers``) and its
+``help`` metadata is the flag's help text. Names and defaults follow
+Megatron-LM's ``pretrain_gpt.py`` so users can type them from memory.
+A field marked ``required`` must be given; ``choices`` limit the values;
+``flag`` overrides the generated name.
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import List, Optional
+
+
+def arg(default=None, help="", **meta):
+    """A config field with its flag's help text and options in metadata."""
+    kwargs = {"metadata": {"help": help, **meta}}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), **kwargs)
+    return field(default=default, **kwargs)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Shape of the GPT model."""
+
+    num_layers: Optional[int] = arg(help="Number of transformer layers.", required=True)
+    hidden_size: Optional[int] = arg(help="Transformer hidden size.", required=True)
+    num_attention_heads: Optional[int] = arg(help="Number of attention heads.", required=True)
+    ffn_hidden_size: Optional[int] = arg(
+        help="MLP hidden size (default 4*hidden, or int(8h/3/64)*64 with --swiglu).")
+    kv_channels: Optional[int] = arg(help="Projection size per head (default hidden/heads).")
+    seq_length: Optional[int] = arg(help="Training sequence length.", required=True)
+    max_position_embeddings: Optional[int] = arg(
+        help="Size of the position embedding table (default --seq-length).")
+    position_embedding_type: str = arg(
+        "learned_absolute", help="Position embedding.", choices=["learned_absolute", "rope"])
+    rotary_base: int = arg(10000, help="Base of the rotary embedding.")
+    make_vocab_size_divisible_by: int = arg(
+        128, help="Pad the vocabulary to a multiple of this (times TP).")
+    normalization: str = arg("LayerNorm", help="Norm layer.", choices=["LayerNorm", "RMSNorm"])
+    norm_epsilon: float = arg(1e-5, help="Epsilon of the norm layers.")
+    hidden_dropout: float = arg(0.1, help="Dropout after attention and MLP.")
+    attention_dropout: float = arg(0.1, help="Dropout on attention probabilities.")
+    init_method_std: float = arg(0.02, help="Standard deviation of weight init.")
+    swiglu: bool = arg(False, help="Use SwiGLU in the MLP.")
+    disable_bias_linear: bool = arg(False, help="No biases in linear layers.")
+    untie_embeddings_and_output_weights: bool = arg(
+        False, help="Separate input embedding and output layer weights.")
+    group_query_attention: bool = arg(False, help="Use grouped-query attention.")
+    num_query_groups: int = arg(1, help="Query groups with --group-query-attention.")
+    layout_invariant_init: bool = arg(
+        False, help="Draw each parameter's full tensor from a seed of its global name, so "
+        "every TP/PP/DP layout starts from the same weights (verification, small models).")
+    transformer_impl: str = arg(
+        "auto", help="Layer implementation: Transformer Engine when importable on a GPU "
+        "(auto), or megatron-core's local layers.", choices=["auto", "local", "transformer_engine"])
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How ranks are split between tensor, pipeline and data parallelism."""
+
+    tensor_model_parallel_size: int = arg(1, help="Tensor-parallel size.")
+    pipeline_model_parallel_size: int = arg(1, help="Pipeline-parallel size.")
+    sequence_parallel: bool = arg(False, help="Sequence parallelism (needs TP > 1).")
+    use_distributed_optimizer: bool = arg(
+        False, help="Shard optimizer state over data-parallel ranks.")
+    overlap_grad_reduce: bool = arg(False, help="Overlap gradient reduce with backward.")
+    overlap_param_gather: bool = arg(
+        False, help="Overlap parameter all-gather with forward (distributed optimizer).")
+    distributed_backend: str = arg(
+        "nccl", help="Backend; gloo is used instead of nccl when there is no GPU.",
+        choices=["nccl", "gloo"])
+    distributed_timeout_minutes: float = arg(10, help="Timeout of collectives, minutes.")
+    cpu: bool = arg(False, help="Run on CPU with gloo even when a GPU is present.")
+
+
+@dataclass(kw_only=True)
+class BatchConfig:
+    """Micro and global batch sizes."""
+
+    micro_batch_size: Optional[int] = arg(help="Samples per microbatch per rank.", required=True)
+    global_batch_size: Optional[int] = arg(
+        help="Samples per iteration over all ranks (default micro-batch-size * DP).")
+    rampup_batch_size: Optional[List[int]] = arg(
+        help="Batch-size ramp-up: start increment samples.", nargs=3)
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """Iterations, learning-rate schedule, optimizer and precision."""
+
+    train_iters: Optional[int] = arg(help="Iterations to train (or use --train-samples).")
+    train_samples: Optional[int] = arg(help="Samples to train (or use --train-iters).")
+    lr: Optional[float] = arg(help="Peak learning rate.", required=True)
+    min_lr: float = arg(0.0, help="Learning rate floor.")
+    lr_decay_style: str = arg(
+        "linear", help="Learning-rate decay.",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    lr_decay_iters: Optional[int] = arg(help="Decay iterations (default: all).")
+    lr_decay_samples: Optional[int] = arg(help="Decay samples (with --train-samples).")
+    lr_wsd_decay_style: str = arg(
+        "exponential", help="Decay of the WSD schedule's last phase.",
+        choices=["exponential", "linear", "cosine", "minus_sqrt"])
+    lr_wsd_decay_iters: Optional[int] = arg(help="Iterations of the WSD decay phase.")
+    lr_warmup_iters: int = arg(0, help="Warm-up iterations.")
+    lr_warmup_fraction: Optional[float] = arg(help="Warm-up as a fraction of decay.")
+    lr_warmup_samples: int = arg(0, help="Warm-up samples (with --train-samples).")
+    lr_warmup_init: float = arg(0.0, help="Learning rate at the start of warm-up.")
+    weight_decay: float = arg(0.01, help="Weight decay.")
+    clip_grad: float = arg(1.0, help="Clip gradients to this global norm.")
+    optimizer: str = arg("adam", help="Optimizer.", choices=["adam", "sgd"])
+    adam_beta1: float = arg(0.9, help="Adam beta1.")
+    adam_beta2: float = arg(0.999, help="Adam beta2.")
+    adam_eps: float = arg(1e-8, help="Adam epsilon.")
+    sgd_momentum: float = arg(0.9, help="SGD momentum.")
+    seed: int = arg(1234, help="Random seed.")
+    bf16: bool = arg(False, help="Train in bfloat16 with fp32 main parameters.")
+    fp16: bool = arg(False, help="Train in float16 with loss scaling.")
+    loss_scale: Optional[float] = arg(help="Static loss scale (default dynamic).")
+    initial_loss_scale: float = arg(2.0 ** 32, help="Initial dynamic loss scale.")
+    min_loss_scale: float = arg(1.0, help="Minimum dynamic loss scale.")
+    loss_scale_window: float = arg(1000, help="Iterations between loss-scale increases.")
+    hysteresis: int = arg(2, help="Overflows tolerated before the scale drops.")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where samples come from and how text becomes tokens."""
+
+    data_path: Optional[List[str]] = arg(
+        help="Dataset prefix, or weight prefix pairs (from tools/preprocess_data.py).",
+        nargs="*")
+    mock_data: bool = arg(False, help="Synthetic tokens instead of --data-path.")
+    split: str = arg("969,30,1", help="Train,valid,test proportions of --data-path.")
+    tokenizer_type: Optional[str] = arg(help="Tokenizer (ByteLevelTokenizer, NullTokenizer, "
+                                        "HuggingFaceTokenizer, SentencePieceTokenizer).")
+    tokenizer_model: Optional[str] = arg(help="Local tokenizer file or directory.")
+    vocab_size: Optional[int] = arg(help="Vocabulary size for NullTokenizer.")
+    data_cache_path: Optional[str] = arg(help="Where dataset index caches go.")
+    num_workers: int = arg(2, help="Data-loader worker processes.")
+    reset_position_ids: bool = arg(False, help="Restart position ids after each EOD.")
+    reset_attention_mask: bool = arg(False, help="Mask attention across EOD.")
+    eod_mask_loss: bool = arg(False, help="No loss on EOD tokens.")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Saving and resuming."""
+
+    save: Optional[str] = arg(help="Directory to save checkpoints in.")
+    load: Optional[str] = arg(help="Directory to resume from.")
+    save_interval: Optional[int] = arg(help="Iterations between checkpoints.")
+    no_load_optim: bool = arg(False, help="Do not load optimizer state.")
+    no_load_rng: bool = arg(False, help="Do not load RNG states.")
+    finetune: bool = arg(False, help="Load weights only; start at iteration 0.")
+    exit_on_missing_checkpoint: bool = arg(
+        False, help="Exit if --load has no checkpoint instead of starting fresh.")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Log line, validation and exits."""
+
+    log_interval: int = arg(100, help="Iterations between log lines.")
+    log_throughput: bool = arg(False, help="Add TFLOP/s per GPU to the log line.")
+    eval_interval: int = arg(1000, help="Iterations between validations.")
+    eval_iters: int = arg(100, help="Iterations per validation (0 disables it).")
+    exit_signal_handler: bool = arg(
+        False, help="On SIGTERM save a checkpoint (with --save) and exit cleanly.")
+    exit_duration_in_mins: Optional[float] = arg(help="Save and exit after this many minutes.")
+    exit_interval: Optional[int] = arg(help="Save and exit when iteration % this == 0.")
+    metrics_file: Optional[str] = arg(
+        help="Write each iteration's exact loss and grad norm as JSONL (last rank).")
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "batch": BatchConfig,
+    "training": TrainingConfig,
+    "data": DataConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+}
+
+
+@dataclass
+class Config:
+    """All sections of a run, plus the world it runs in."""
+
+    model: ModelConfig
+    parallel: ParallelConfig
+    batch: BatchConfig
+    training: TrainingConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    logging: LoggingConfig
+    world_size: int = 1
+    extra: dict = field(default_factory=dict)  # sections added by extensions
+
+    @property
+    def data_parallel_size(self) -> int:
+        p = self.parallel
+        return self.world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+
+
+def field_help(cls) -> dict:
+    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -1,0 +1,149 @@
+"""Datasets from megatron.core.datasets, and iterators that are a pure
+function of the number of samples consumed (so a run can resume, or redo an
+iteration, from nothing but that count)."""
+
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+from megatron.training.config import Config
+
+
+def dataset_sizes(config: Config) -> List[int]:
+    """Samples needed from train, valid and test over the whole run. The
+    test split is never evaluated, so nothing is drawn from it."""
+    t, log, gbs = config.training, config.logging, config.batch.global_batch_size
+    evals = (t.train_iters // log.eval_interval + 1) * log.eval_iters
+    return [t.train_iters * gbs, evals * gbs, 0]
+
+
+def split_weights(split: str) -> List[float]:
+    weights = [float(w) for w in split.replace("/", ",").split(",")]
+    return (weights + [0.0, 0.0, 0.0])[:3]
+
+
+def effective_split(config: Config) -> str:
+    """--split with unused parts zeroed: megatron-core loops forever when
+    asked to build a split that owns no document, so build none we don't use."""
+    weights = [w if size > 0 else 0.0
+               for w, size in zip(split_weights(config.data.split), dataset_sizes(config))]
+    return ",".join(f"{w:g}" for w in weights)
+
+
+def documents_per_split(num_documents: int, weights: Sequence[float]) -> List[int]:
+    """How megatron-core cuts documents into splits (rounded cumulative shares)."""
+    total = sum(weights)
+    bounds = [0] + [int(round(num_documents * sum(weights[:i + 1]) / total))
+                    for i in range(len(weights))]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def check_splits(config: Config) -> None:
+    """Each split we draw samples from must own at least one document."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    weights = split_weights(effective_split(config))
+    names = ("train", "valid", "test")
+    for prefix in _blend(config.data.data_path)[0]:
+        counts = documents_per_split(len(IndexedDataset(prefix).document_indices) - 1, weights)
+        for name, weight, count in zip(names, weights, counts):
+            if weight > 0 and count == 0:
+                raise ValueError(
+                    f"--split {config.data.split} gives the {name} split of {prefix} no "
+                    f"document ({sum(counts)} in all): give it a larger share, or set "
+                    f"--eval-iters 0 if it is the valid split")
+
+
+def _blend(data_path: Optional[Sequence[str]]):
+    """(prefixes, weights) from '--data-path P' or '--data-path W1 P1 W2 P2'."""
+    if not data_path:
+        return None
+    if len(data_path) > 1 and len(data_path) % 2 == 0:
+        try:
+            weights = [float(w) for w in data_path[0::2]]
+            return list(data_path[1::2]), weights
+        except ValueError:
+            pass
+    return list(data_path), None
+
+
+def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
+    d = config.data
+    return GPTDatasetConfig(
+        random_seed=config.training.seed,
+        sequence_length=config.model.seq_length,
+        blend=_blend(d.data_path),
+        split=effective_split(config),
+        path_to_cache=d.data_cache_path,
+        tokenizer=tokenizer,
+        reset_position_ids=d.reset_position_ids,
+        reset_attention_mask=d.reset_attention_mask,
+        eod_mask_loss=d.eod_mask_loss,
+        # The causal mask is implied by the attention layers; a dense mask is
+        # only needed when documents must not attend to each other.
+        create_attention_mask=d.reset_attention_mask,
+        mid_level_dataset_surplus=0.005,
+    )
+
+
+def build_datasets(config: Config, tokenizer):
+    """(train, valid, test) datasets; every rank builds them (the builder
+    holds barriers), data-holding or not."""
+    cls = MockGPTDataset if config.data.mock_data else GPTDataset
+    builder = BlendedMegatronDatasetBuilder(
+        cls, dataset_sizes(config), lambda: True, gpt_dataset_config(config, tokenizer))
+    return builder.build()
+
+
+def microbatch_indices(consumed_samples: int, microbatch: int, micro_batch_size: int,
+                       dp_rank: int, dp_size: int) -> List[int]:
+    """Sample indices of one microbatch of one DP rank.
+
+    Megatron's order: the iteration's samples are cut into chunks of
+    micro_batch_size x DP, chunk k is microbatch k, and DP rank r takes
+    slice r of each chunk.
+    """
+    start = consumed_samples + microbatch * micro_batch_size * dp_size + dp_rank * micro_batch_size
+    return list(range(start, start + micro_batch_size))
+
+
+class MicrobatchSampler:
+    """Yields this DP rank's microbatches from ``consumed_samples`` on."""
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 dp_rank: int, dp_size: int):
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def __iter__(self) -> Iterator[List[int]]:
+        step = self.micro_batch_size * self.dp_size
+        for chunk_start in range(self.consumed_samples, self.total_samples - step + 1, step):
+            yield microbatch_indices(chunk_start, 0, self.micro_batch_size,
+                                     self.dp_rank, self.dp_size)
+
+    def __len__(self) -> int:
+        step = self.micro_batch_size * self.dp_size
+        return max(0, (self.total_samples - self.consumed_samples) // step)
+
+
+def build_iterator(dataset, consumed_samples: int, config: Config, dp_rank: int,
+                   dp_size: int, on_cpu: bool) -> Optional[Iterator]:
+    """An iterator of collated microbatches, or None when there is no data."""
+    if dataset is None:
+        return None
+    sampler = MicrobatchSampler(len(dataset), consumed_samples,
+                                config.batch.micro_batch_size, dp_rank, dp_size)
+    workers = config.data.num_workers
+    # A private generator: building a loader draws a base seed, and drawing it
+    # from the global stream would shift dropout whenever an iterator is
+    # rebuilt (resume, validation, recovery).
+    generator = torch.Generator().manual_seed(config.training.seed)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, num_workers=workers, pin_memory=not on_cpu,
+        persistent_workers=False, prefetch_factor=2 if workers else None, generator=generator)
+    return iter(loader)

@@ -1,0 +1,85 @@
+"""Start the distributed runtime: device, process groups, parallel state, seeds."""
+
+import datetime
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from megatron.training import cpu_compat
+from megatron.training.config import Config
+
+
+@dataclass
+class Runtime:
+    """Where this process stands in the job, fixed once groups exist."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    on_cpu: bool
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank == self.world_size - 1
+
+
+def setup_device(config: Config) -> bool:
+    """Pick the device before anything touches CUDA. Returns True on CPU."""
+    on_cpu = config.parallel.cpu or not torch.cuda.is_available()
+    if on_cpu:
+        cpu_compat.enable(force=True)
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return on_cpu
+
+
+def init_process_groups(config: Config) -> None:
+    """Default group from torchrun's environment, then megatron's groups."""
+    p = config.parallel
+    timeout = datetime.timedelta(minutes=p.distributed_timeout_minutes)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=p.distributed_backend, timeout=timeout,
+                                world_size=config.world_size,
+                                rank=int(os.environ.get("RANK", "0")))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        distributed_timeout_minutes=int(max(1, p.distributed_timeout_minutes)),
+        # Our checkpoints and mirrors never gather through gloo twins of the
+        # data-parallel groups; not creating them halves group setup.
+        create_gloo_process_groups=False,
+    )
+
+
+def set_seeds(seed: int) -> None:
+    """Megatron's seeding: pipeline stages differ, DP peers agree, and the
+    model-parallel RNG tracker gives TP ranks their dropout streams."""
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def initialize(config: Config) -> Runtime:
+    """Everything between a validated config and building the model."""
+    on_cpu = setup_device(config)
+    init_process_groups(config)
+    set_seeds(config.training.seed)
+    return Runtime(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        on_cpu=on_cpu,
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+    )

@@ -1,0 +1,92 @@
+"""Megatron's training log line, the validation line, a per-rank logger and
+an exact per-iteration metrics file."""
+
+import datetime
+import json
+import logging
+import math
+import os
+import sys
+from typing import Dict, Optional, Sequence
+
+from megatron.training.config import Config
+
+
+def get_logger(rank: int) -> logging.Logger:
+    """A logger that prefixes every line with the rank, to stderr."""
+    logger = logging.getLogger(f"megatron.training.rank{rank}")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("MEGATRON_LOG_LEVEL", "INFO"))
+        logger.propagate = False
+    return logger
+
+
+def timestamp() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def training_log_line(iteration: int, train_iters: int, consumed_samples: int,
+                      elapsed_ms: float, learning_rate: float, global_batch_size: int,
+                      losses: Dict[str, float], loss_scale: float, grad_norm: Optional[float],
+                      skipped: int, nans: int, tflops: Optional[float] = None,
+                      extra: Sequence[str] = ()) -> str:
+    """The line users grep and plot; field order and widths as Megatron's."""
+    parts = [f" [{timestamp()}] iteration {iteration:8d}/{train_iters:8d} |",
+             f" consumed samples: {consumed_samples:12d} |",
+             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"]
+    if tflops is not None:
+        parts.append(f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |")
+    parts += [f" learning rate: {learning_rate:.6E} |",
+              f" global batch size: {global_batch_size:5d} |"]
+    parts += [f" {name}: {value:.6E} |" for name, value in losses.items()]
+    parts.append(f" loss scale: {loss_scale:.1f} |")
+    if grad_norm is not None:
+        parts.append(f" grad norm: {grad_norm:.3f} |")
+    parts += [f" number of skipped iterations: {skipped:3d} |",
+              f" number of nan iterations: {nans:3d} |"]
+    parts += [f" {field} |" for field in extra]
+    return "".join(parts)
+
+
+def validation_log_line(where: str, losses: Dict[str, float]) -> str:
+    parts = [f" validation loss at {where} |"]
+    for name, value in losses.items():
+        parts.append(f" {name} value: {value:.6E} | {name} PPL: {math.exp(min(20, value)):.6E} |")
+    return "".join(parts)
+
+
+def flops_per_iteration(config: Config) -> float:
+    """Model FLOPs of one iteration (forward and backward, 3x forward)."""
+    m, gbs = config.model, config.batch.global_batch_size
+    h, s, layers = m.hidden_size, m.seq_length, m.num_layers
+    kv_channels = m.kv_channels or h // m.num_attention_heads
+    q_size = kv_channels * m.num_attention_heads
+    kv_size = kv_channels * m.num_query_groups
+    attention = 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * 2 * s * q_size
+    mlp = 2 * h * m.ffn_hidden_size * (3 if m.swiglu else 2)
+    vocab = config.extra.get("padded_vocab_size", 0)
+    forward_per_token = layers * (attention + mlp) + 2 * h * vocab
+    return 3.0 * forward_per_token * s * gbs
+
+
+class MetricsFile:
+    """Each iteration's values as JSON (floats round-trip exactly), so runs
+    can be compared bit for bit."""
+
+    def __init__(self, path: Optional[str], append: bool):
+        self.file = None
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.file = open(path, "a" if append else "w")
+
+    def write(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

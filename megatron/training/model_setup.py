@@ -1,0 +1,157 @@
+"""Model, DDP wrapper, distributed optimizer and LR scheduler from a Config."""
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, List
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from megatron.training import layout_invariant_init
+from megatron.training.config import Config
+
+
+def params_dtype(config: Config) -> torch.dtype:
+    t = config.training
+    return torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
+
+
+def use_transformer_engine(config: Config, on_cpu: bool) -> bool:
+    """TE's layers when asked, or by default when importable on a GPU."""
+    impl = config.model.transformer_impl
+    if impl == "auto":
+        return not on_cpu and importlib.util.find_spec("transformer_engine") is not None
+    return impl == "transformer_engine"
+
+
+def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
+    """megatron-core's TransformerConfig for this run's shape and layout."""
+    m, p, t = config.model, config.parallel, config.training
+    fused = not on_cpu  # fused kernels need CUDA (and often apex)
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        ffn_hidden_size=m.ffn_hidden_size,
+        kv_channels=m.kv_channels,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        layernorm_epsilon=m.norm_epsilon,
+        normalization=m.normalization,
+        gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu,
+        add_bias_linear=not m.disable_bias_linear,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        params_dtype=params_dtype(config),
+        pipeline_dtype=params_dtype(config),
+        bf16=t.bf16,
+        fp16=t.fp16,
+        bias_activation_fusion=fused and not m.swiglu,
+        bias_dropout_fusion=fused,
+        masked_softmax_fusion=fused,
+        apply_rope_fusion=False,
+        persist_layer_norm=fused,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def wrap_model(module: torch.nn.Module, tf_config: TransformerConfig,
+               config: Config) -> DistributedDataParallel:
+    """Half-precision wrapper when needed, then megatron-core's DDP."""
+    if config.training.bf16 or config.training.fp16:
+        module = Float16Module(tf_config, module)
+    p = config.parallel
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=config.training.bf16 or config.training.fp16,
+        overlap_grad_reduce=p.overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+    )
+    model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
+    # Megatron broadcasts params from DP rank 0 so replicas start equal even
+    # if their initialisation differed.
+    model.broadcast_params()
+    return model
+
+
+def build_optimizer(model: List[DistributedDataParallel], config: Config):
+    t, p = config.training, config.parallel
+    opt_config = OptimizerConfig(
+        optimizer=t.optimizer, lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
+        sgd_momentum=t.sgd_momentum, clip_grad=t.clip_grad, bf16=t.bf16, fp16=t.fp16,
+        params_dtype=params_dtype(config), loss_scale=t.loss_scale,
+        initial_loss_scale=t.initial_loss_scale, min_loss_scale=t.min_loss_scale,
+        loss_scale_window=t.loss_scale_window, hysteresis=t.hysteresis,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+        overlap_param_gather=p.overlap_param_gather,
+    )
+    return get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
+
+
+def build_scheduler(optimizer, config: Config) -> OptimizerParamScheduler:
+    """Megatron counts schedule steps in samples: iterations x global batch."""
+    t, gbs = config.training, config.batch.global_batch_size
+    decay_steps = t.lr_decay_iters * gbs
+    warmup_steps = (int(t.lr_warmup_fraction * decay_steps) if t.lr_warmup_fraction is not None
+                    else t.lr_warmup_iters * gbs)
+    wsd_steps = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters else None
+    return OptimizerParamScheduler(
+        optimizer, init_lr=t.lr_warmup_init, max_lr=t.lr, min_lr=t.min_lr,
+        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
+        lr_decay_style=t.lr_decay_style, start_wd=t.weight_decay, end_wd=t.weight_decay,
+        wd_incr_steps=t.train_iters * gbs, wd_incr_style="constant",
+        wsd_decay_steps=wsd_steps, lr_wsd_decay_style=t.lr_wsd_decay_style,
+    )
+
+
+@dataclass
+class TrainState:
+    """The objects one training run mutates."""
+
+    model: List[DistributedDataParallel]
+    optimizer: object
+    scheduler: OptimizerParamScheduler
+    tf_config: TransformerConfig
+
+
+ModelProvider = Callable[[Config, TransformerConfig, bool, bool], torch.nn.Module]
+
+
+def setup_model_and_optimizer(config: Config, model_provider: ModelProvider,
+                              on_cpu: bool) -> TrainState:
+    """Build this rank's model stage, wrap it, and attach optimizer hooks."""
+    tf_config = transformer_config(config, on_cpu)
+    pre = parallel_state.is_pipeline_first_stage()
+    post = parallel_state.is_pipeline_last_stage()
+    module = model_provider(config, tf_config, pre, post)
+    if config.model.layout_invariant_init:
+        m = config.model
+        layout_invariant_init.apply(module, config.training.seed, m.init_method_std,
+                                    m.num_layers, not m.untie_embeddings_and_output_weights,
+                                    m.swiglu)
+    model = [wrap_model(module, tf_config, config)]
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config)
+    _attach_schedule_hooks(model, optimizer, tf_config, config)
+    return TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tf_config=tf_config)
+
+
+def _attach_schedule_hooks(model, optimizer, tf_config, config) -> None:
+    """What the pipeline schedules call back into: loss scaling, grad sync."""
+    tf_config.grad_scale_func = optimizer.scale_loss
+    # Without this, DP and tied-embedding gradients are never reduced.
+    tf_config.finalize_model_grads_func = finalize_model_grads
+    if config.parallel.overlap_grad_reduce:
+        tf_config.no_sync_func = model[0].no_sync

@@ -1,0 +1,320 @@
+"""A short training loop with hooks: setup, train_step, evaluate, save.
+
+Extensions (the deadpool mirror and recovery) plug in through ``Hook``
+methods rather than by copying the loop.
+"""
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.num_microbatches_calculator import (
+    get_num_microbatches, init_num_microbatches_calculator)
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from megatron.training import checkpointing, data
+from megatron.training.config import Config
+from megatron.training.initialize import Runtime, initialize
+from megatron.training.log import (MetricsFile, flops_per_iteration, get_logger,
+                                   training_log_line, validation_log_line)
+from megatron.training.model_setup import TrainState, setup_model_and_optimizer
+from megatron.training.signals import ExitSignalHandler
+from megatron.training.tokenizer import build_tokenizer
+
+
+class Hook:
+    """Override what you need; every method is optional."""
+
+    def on_setup(self, trainer: "Trainer") -> None: ...
+    def before_step(self, trainer: "Trainer") -> None: ...
+    def after_step(self, trainer: "Trainer", metrics: dict) -> None: ...
+    def log_fields(self, trainer: "Trainer") -> List[str]: return []
+    def on_train_end(self, trainer: "Trainer") -> None: ...
+
+
+@dataclass
+class Progress:
+    """Where training stands; checkpointed and restored as a whole."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
+    skipped_iterations: int = 0
+    nan_iterations: int = 0
+
+
+@dataclass
+class _LogWindow:
+    """Sums since the last log line, for Megatron's interval averages."""
+
+    iterations: int = 0
+    seconds: float = 0.0
+    losses: Dict[str, float] = field(default_factory=dict)
+
+    def add(self, seconds: float, losses: Dict[str, float]) -> None:
+        self.iterations += 1
+        self.seconds += seconds
+        for name, value in losses.items():
+            self.losses[name] = self.losses.get(name, 0.0) + value
+
+
+ForwardStep = Callable  # (data_iterator, model) -> (output, loss_func)
+
+
+class Trainer:
+    def __init__(self, config: Config, runtime: Runtime, state: TrainState,
+                 forward_step: ForwardStep, datasets, hooks=()):
+        self.config = config
+        self.runtime = runtime
+        self.state = state
+        self.forward_step = forward_step
+        self.train_ds, self.valid_ds, self.test_ds = datasets
+        self.hooks = list(hooks)
+        self.progress = Progress()
+        self.logger = get_logger(runtime.rank)
+        self.forward_backward = get_forward_backward_func()
+        self.signal_handler = (ExitSignalHandler().install()
+                               if config.logging.exit_signal_handler else None)
+        self.metrics = None
+        self.train_iterator = None
+        self.start_time = time.time()
+
+    # ----- data -----
+    def data_iterator(self, dataset, consumed_samples: int):
+        """Only the first and last pipeline stages read data."""
+        needs_data = (parallel_state.is_pipeline_first_stage()
+                      or parallel_state.is_pipeline_last_stage())
+        return data.build_iterator(dataset if needs_data else None, consumed_samples,
+                                   self.config, self.runtime.dp_rank,
+                                   self.config.data_parallel_size, self.runtime.on_cpu)
+
+    def reset_train_iterator(self) -> None:
+        self.train_iterator = self.data_iterator(self.train_ds, self.progress.consumed_samples)
+
+    # ----- checkpoints -----
+    def load(self) -> None:
+        c = self.config.checkpoint
+        if not c.load:
+            return
+        loaded = checkpointing.load_checkpoint(c.load, self.state, not c.no_load_optim,
+                                               not c.no_load_rng, c.finetune)
+        if loaded is None:
+            if c.exit_on_missing_checkpoint:
+                raise SystemExit(f"no checkpoint in --load {c.load} and "
+                                 f"--exit-on-missing-checkpoint is set")
+            self.logger.info("no checkpoint in %s: starting from scratch", c.load)
+            return
+        self.progress.iteration = loaded["iteration"]
+        self.progress.consumed_samples = loaded["consumed_samples"]
+        self.logger.info("resumed from %s at iteration %d", c.load, self.progress.iteration)
+
+    def save(self) -> None:
+        if self.config.checkpoint.save:
+            path = checkpointing.save_checkpoint(self.config.checkpoint.save,
+                                                 self.progress.iteration,
+                                                 self.progress.consumed_samples, self.state)
+            self.logger.info("saved checkpoint %s", os.path.dirname(path))
+
+    # ----- one iteration -----
+    def train_step(self) -> dict:
+        """Forward, backward, optimizer step; returns this iteration's metrics."""
+        state, cfg = self.state, self.config
+        for chunk in state.model:
+            chunk.zero_grad_buffer()
+        state.optimizer.zero_grad()
+        losses = self.forward_backward(
+            forward_step_func=self.forward_step, data_iterator=self.train_iterator,
+            model=state.model, num_microbatches=get_num_microbatches(),
+            seq_length=cfg.model.seq_length, micro_batch_size=cfg.batch.micro_batch_size,
+            forward_only=False)
+        update_successful, grad_norm, _ = state.optimizer.step()
+        if update_successful:
+            state.scheduler.step(increment=cfg.batch.global_batch_size)
+        return {"losses": self.reduce_losses(losses), "grad_norm": grad_norm,
+                "skipped": not update_successful}
+
+    def reduce_losses(self, microbatch_losses: List[dict]) -> Dict[str, float]:
+        """Mean over microbatches and DP ranks; only the last stage has them."""
+        if not parallel_state.is_pipeline_last_stage() or not microbatch_losses:
+            return {}
+        names = list(microbatch_losses[0].keys())
+        values = torch.stack([torch.stack([mb[n].float() for mb in microbatch_losses]).mean()
+                              for n in names])
+        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        values /= parallel_state.get_data_parallel_world_size()
+        return {n: v.item() for n, v in zip(names, values)}
+
+    # ----- validation -----
+    def evaluate(self, eval_index: int) -> Dict[str, float]:
+        cfg = self.config
+        consumed = eval_index * cfg.logging.eval_iters * cfg.batch.global_batch_size
+        iterator = self.data_iterator(self.valid_ds, consumed)
+        for chunk in self.state.model:
+            chunk.eval()
+        totals: Dict[str, float] = {}
+        with torch.no_grad():
+            for _ in range(cfg.logging.eval_iters):
+                losses = self.forward_backward(
+                    forward_step_func=self.forward_step, data_iterator=iterator,
+                    model=self.state.model, num_microbatches=get_num_microbatches(),
+                    seq_length=cfg.model.seq_length,
+                    micro_batch_size=cfg.batch.micro_batch_size, forward_only=True)
+                for name, value in self.reduce_losses(losses).items():
+                    totals[name] = totals.get(name, 0.0) + value / cfg.logging.eval_iters
+        for chunk in self.state.model:
+            chunk.train()
+        return totals
+
+    def maybe_validate(self, final: bool = False) -> None:
+        cfg, it = self.config.logging, self.progress.iteration
+        if cfg.eval_iters == 0 or self.valid_ds is None:
+            return
+        if not final and it % cfg.eval_interval != 0:
+            return
+        index = (self.config.training.train_iters // cfg.eval_interval if final
+                 else it // cfg.eval_interval - 1)
+        losses = self.evaluate(index)
+        if self.runtime.is_last_rank:
+            where = f"iteration {it}" if not final else "the end of training for val data"
+            line = validation_log_line(where, losses)
+            print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
+
+    # ----- the loop -----
+    def setup(self) -> None:
+        self.load()
+        self.reset_train_iterator()
+        self.metrics = MetricsFile(self.config.logging.metrics_file if self.runtime.is_last_rank
+                                   else None, append=self.progress.iteration > 0)
+        for hook in self.hooks:
+            hook.on_setup(self)
+
+    def train(self) -> Progress:
+        self.setup()
+        window = _LogWindow()
+        train_iters = self.config.training.train_iters
+        while self.progress.iteration < train_iters:
+            for hook in self.hooks:
+                hook.before_step(self)
+            start = time.perf_counter()
+            metrics = self.train_step()
+            metrics["seconds"] = time.perf_counter() - start
+            self.advance(metrics)
+            window.add(metrics["seconds"], metrics["losses"])
+            for hook in self.hooks:
+                hook.after_step(self, metrics)
+            self.record(metrics, window)
+            if self.maybe_save_and_exit():
+                break
+        else:
+            self.maybe_validate(final=True)
+            if self.config.checkpoint.save and not self.just_saved:
+                self.save()
+        self.finish()
+        return self.progress
+
+    def advance(self, metrics: dict) -> None:
+        p = self.progress
+        p.iteration += 1
+        p.consumed_samples += self.config.batch.global_batch_size
+        p.skipped_iterations += int(metrics["skipped"])
+        loss = metrics["losses"].get("lm loss")
+        p.nan_iterations += int(loss is not None and loss != loss)
+
+    def record(self, metrics: dict, window: _LogWindow) -> None:
+        """Metrics file every iteration; the log line every --log-interval."""
+        p, cfg = self.progress, self.config
+        lr = self.state.optimizer.param_groups[0]["lr"]
+        if self.runtime.is_last_rank:
+            self.metrics.write({"iteration": p.iteration, "consumed_samples": p.consumed_samples,
+                                "lm_loss": metrics["losses"].get("lm loss"),
+                                "grad_norm": metrics["grad_norm"], "lr": lr,
+                                "loss_scale": self.state.optimizer.get_loss_scale().item(),
+                                "skipped": metrics["skipped"], "seconds": metrics["seconds"]})
+        if p.iteration % cfg.logging.log_interval == 0 or p.iteration == 1:
+            self.print_log_line(metrics, window, lr)
+            window.__init__()
+        self.maybe_validate()
+
+    def print_log_line(self, metrics: dict, window: _LogWindow, lr: float) -> None:
+        extra = [f for hook in self.hooks for f in hook.log_fields(self)]
+        if not self.runtime.is_last_rank:
+            return
+        cfg, p = self.config, self.progress
+        elapsed = window.seconds / max(1, window.iterations)
+        tflops = None
+        if cfg.logging.log_throughput:
+            tflops = flops_per_iteration(cfg) / elapsed / self.runtime.world_size / 1e12
+        losses = {n: v / window.iterations for n, v in window.losses.items()}
+        print(training_log_line(
+            p.iteration, cfg.training.train_iters, p.consumed_samples, elapsed * 1000.0, lr,
+            cfg.batch.global_batch_size, losses,
+            self.state.optimizer.get_loss_scale().item(), metrics["grad_norm"],
+            p.skipped_iterations, p.nan_iterations, tflops, extra), flush=True)
+
+    just_saved = False
+
+    def maybe_save_and_exit(self) -> bool:
+        """Interval saves; exits on SIGTERM, --exit-interval, --exit-duration."""
+        c, log, it = self.config.checkpoint, self.config.logging, self.progress.iteration
+        self.just_saved = False
+        if c.save and c.save_interval and it % c.save_interval == 0:
+            self.save()
+            self.just_saved = True
+        exit_now = self.should_exit()
+        if exit_now and not self.just_saved:
+            self.save()
+        return exit_now
+
+    def should_exit(self) -> bool:
+        log, it = self.config.logging, self.progress.iteration
+        reasons = [
+            self.signal_handler is not None and self.signal_handler.received,
+            log.exit_interval is not None and it % log.exit_interval == 0,
+            log.exit_duration_in_mins is not None
+            and time.time() - self.start_time > log.exit_duration_in_mins * 60,
+        ]
+        if self.signal_handler is None and log.exit_duration_in_mins is None:
+            return reasons[1]  # identical on every rank: no vote needed
+        # Signals and clocks differ between ranks: stop if any rank wants to.
+        flag = torch.tensor([int(any(reasons))], dtype=torch.int32)
+        if not self.runtime.on_cpu:
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            self.logger.info("exiting at iteration %d (signal, interval or duration)", it)
+        return bool(flag.item())
+
+    def finish(self) -> None:
+        for hook in self.hooks:
+            hook.on_train_end(self)
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.signal_handler is not None:
+            self.signal_handler.restore()
+
+
+def padded_vocab_size(vocab_size: int, config: Config) -> int:
+    multiple = (config.model.make_vocab_size_divisible_by
+                * config.parallel.tensor_model_parallel_size)
+    return -(-vocab_size // multiple) * multiple
+
+
+def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()) -> Progress:
+    """Megatron's entry point: initialize, build, train, save."""
+    runtime = initialize(config)
+    config.extra["on_cpu"] = runtime.on_cpu
+    tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
+                                config.data.vocab_size)
+    config.extra["tokenizer"] = tokenizer
+    config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
+    init_num_microbatches_calculator(runtime.rank, None, config.batch.global_batch_size,
+                                     config.batch.micro_batch_size, config.data_parallel_size)
+    state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
+    datasets = data.build_datasets(config, tokenizer)
+    trainer = Trainer(config, runtime, state, forward_step, datasets, hooks)
+    progress = trainer.train()
+    dist.barrier()
+    return progress

@@ -1,0 +1,91 @@
+"""Pretrain GPT on megatron-core.
+
+Run like Megatron-LM's script, under torchrun (or deadpool-launch):
+
+    torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \
+        --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 128 \
+        --num-attention-heads 4 --seq-length 64 --micro-batch-size 2 \
+        --global-batch-size 8 --train-iters 50 --lr 1e-3 \
+        --data-path data/corpus_text_document --tokenizer-type ByteLevelTokenizer
+
+This file holds only the GPT-specific providers; the loop is in
+megatron/training.
+"""
+
+import sys
+from functools import partial
+
+import torch
+
+
+def model_provider(config, tf_config, pre_process: bool, post_process: bool):
+    """This rank's stage of the GPT model (local layers, or Transformer
+    Engine's when it is there and wanted)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec)
+
+    from megatron.training.model_setup import use_transformer_engine
+
+    m = config.model
+    if use_transformer_engine(config, on_cpu=config.extra.get("on_cpu", False)):
+        spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        spec = get_gpt_layer_local_spec(normalization=m.normalization)
+    return GPTModel(
+        config=tf_config,
+        transformer_layer_spec=spec,
+        vocab_size=config.extra["padded_vocab_size"],
+        max_sequence_length=m.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+        rotary_base=m.rotary_base,
+    )
+
+
+def get_batch(data_iterator):
+    """The next microbatch on this rank's device, or Nones on middle stages."""
+    if data_iterator is None:
+        return None, None, None, None, None
+    batch = next(data_iterator)
+    moved = {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v)
+             for k, v in batch.items()}
+    return (moved["tokens"], moved["labels"], moved["loss_mask"],
+            moved.get("attention_mask"), moved["position_ids"])
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Mean token loss of the microbatch, and its value for logging."""
+    losses = output_tensor.float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum().clamp(min=1)
+    # clone: the schedule divides the returned loss in place by the number
+    # of microbatches, and a detached view would share that storage.
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def forward_step(data_iterator, model):
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    output = model(tokens, position_ids, attention_mask, labels=labels)
+    return output, partial(loss_func, loss_mask)
+
+
+def main(argv=None) -> int:
+    from megatron.training.arguments import ConfigError, parse_args
+
+    try:
+        config = parse_args(argv)
+    except ConfigError as error:
+        print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
+        return 2
+    from megatron.training.training import pretrain
+
+    pretrain(config, model_provider, forward_step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

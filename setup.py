@@ -1,0 +1,26 @@
+"""Megatron GPT pretraining with DeadPool hot-swap recovery, on megatron-core."""
+
+from setuptools import find_namespace_packages, setup
+
+setup(
+    name="megatron-deadpool",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.10",
+    # megatron/ is a namespace package: ours is megatron.training, the
+    # megatron-core wheel provides megatron.core beside it.
+    packages=find_namespace_packages(include=["megatron.training*", "deadpool_ext*", "tools*"]),
+    py_modules=["pretrain_gpt"],
+    install_requires=[
+        "torch>=2.6",
+        # 0.16.x is the last line on Python 3.11; newer wheels also ship a
+        # megatron.training that would collide with ours.
+        "megatron-core>=0.16.1,<0.17",
+        "nvidia-ml-py",
+        "numpy",
+    ],
+    extras_require={
+        "gpu": ["transformer-engine[pytorch]", "apex"],
+        "test": ["pytest", "pytest-timeout"],
+    },
+)

@@ -1,0 +1,78 @@
+"""Launch real multi-process training runs and read what they leave."""
+
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A small GPT that still has every part: TP, PP, tied embeddings, dropout.
+TINY_GPT = [
+    "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--seq-length", "32", "--micro-batch-size", "2", "--lr", "1e-3",
+    "--lr-warmup-iters", "2", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
+    "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0",
+    "--tokenizer-type", "ByteLevelTokenizer",
+]
+
+
+def worker_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+def torchrun_command(nproc: int, args: List[str]) -> List[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), os.path.join(REPO, "pretrain_gpt.py"), *args]
+
+
+def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
+    """Run to completion; fail the test with the output if it fails."""
+    proc = subprocess.run(torchrun_command(nproc, args), env=worker_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-8000:]}")
+    return proc.stdout
+
+
+def read_metrics(path: str) -> List[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def curve(metrics: List[dict]) -> List[tuple]:
+    """What must match bit for bit: per iteration loss, grad norm, lr."""
+    return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
+
+
+def checkpoint_files(directory: str, iteration: Optional[int] = None) -> Dict[str, dict]:
+    if iteration is None:
+        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
+            iteration = int(f.read())
+    folder = os.path.join(directory, f"iter_{iteration:07d}")
+    return {name: torch.load(os.path.join(folder, name), weights_only=True)
+            for name in sorted(os.listdir(folder))}
+
+
+def assert_same_state(a, b, path: str = "") -> None:
+    """Recursive, bitwise equality of two saved rank states."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{path}: keys differ"
+        for key in a:
+            assert_same_state(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: dtype/shape differ"
+        assert torch.equal(a, b), f"{path}: values differ"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"

@@ -1,0 +1,52 @@
+"""--exit-signal-handler: SIGTERM to one rank makes every rank save a
+consistent checkpoint at the same iteration and exit cleanly."""
+
+import os
+import signal
+import subprocess
+import time
+
+from dist_utils import (TINY_GPT, checkpoint_files, read_metrics, torchrun_command,
+                        worker_env)
+
+
+def children(pid: int):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def wait_for_iterations(path, count, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if os.path.exists(path) and len(read_metrics(path)) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} iterations within {timeout} s")
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
+    metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+    args = TINY_GPT + ["--use-distributed-optimizer", "--global-batch-size", "4",
+                       "--train-iters", "1000", "--data-path", corpus_prefix,
+                       "--exit-signal-handler", "--save", str(ckpt),
+                       "--metrics-file", str(metrics)]
+    proc = subprocess.Popen(torchrun_command(2, args), env=worker_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_iterations(metrics, 3, proc)
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGTERM)  # one rank only, as a node's SIGTERM might
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    done = read_metrics(metrics)
+    assert 3 <= len(done) < 1000
+    saved = checkpoint_files(str(ckpt))
+    assert len(saved) == 2
+    for state in saved.values():
+        assert state["iteration"] == done[-1]["iteration"]
+        assert state["consumed_samples"] == done[-1]["consumed_samples"]
