@@ -212,6 +212,8 @@ def _check_training(config: Config) -> None:
     _require(t.lr >= 0 and t.min_lr >= 0, "--lr and --min-lr must be non-negative")
     _require(t.lr_warmup_fraction is None or t.lr_warmup_iters == 0,
              "give only one of --lr-warmup-fraction and --lr-warmup-iters")
+    _require(t.lr_warmup_fraction is None or 0 <= t.lr_warmup_fraction < 1,
+             f"--lr-warmup-fraction {t.lr_warmup_fraction} must be in [0, 1)")
     warmup = (t.lr_warmup_fraction * t.lr_decay_iters if t.lr_warmup_fraction is not None
               else t.lr_warmup_iters)
     _require(warmup < t.lr_decay_iters,

@@ -69,6 +69,9 @@ class ParallelConfig:
     overlap_grad_reduce: bool = arg(False, help="Overlap gradient reduce with backward.")
     overlap_param_gather: bool = arg(
         False, help="Overlap parameter all-gather with forward (distributed optimizer).")
+    use_tp_pp_dp_mapping: bool = arg(
+        False, help="Number ranks tp fastest, then pp, then dp (default: tp, dp, pp), so a "
+        "data-parallel replica fills whole nodes and DP peers sit on other nodes.")
     distributed_backend: str = arg(
         "nccl", help="Backend; gloo is used instead of nccl when there is no GPU.",
         choices=["nccl", "gloo"])

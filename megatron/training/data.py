@@ -33,11 +33,16 @@ def effective_split(config: Config) -> str:
 
 
 def documents_per_split(num_documents: int, weights: Sequence[float]) -> List[int]:
-    """How megatron-core cuts documents into splits (rounded cumulative shares)."""
+    """How megatron-core cuts documents into splits: its own normalised split
+    matrix, each bound rounded as its builder rounds it."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix)
+
     total = sum(weights)
-    bounds = [0] + [int(round(num_documents * sum(weights[:i + 1]) / total))
-                    for i in range(len(weights))]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    matrix = convert_split_vector_to_split_matrix([w / total for w in weights])
+    return [0 if bounds is None else
+            int(round(bounds[1] * float(num_documents))) - int(round(bounds[0] * float(num_documents)))
+            for bounds in matrix]
 
 
 def check_splits(config: Config) -> None:

@@ -53,6 +53,7 @@ def init_process_groups(config: Config) -> None:
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         distributed_timeout_minutes=int(max(1, p.distributed_timeout_minutes)),
+        order="tp-cp-ep-pp-dp" if p.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
         # Our checkpoints and mirrors never gather through gloo twins of the
         # data-parallel groups; not creating them halves group setup.
         create_gloo_process_groups=False,

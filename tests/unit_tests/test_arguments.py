@@ -1,0 +1,472 @@
+"""Tests for megatron/training/arguments.py: Megatron's derived defaults, every
+generated flag, and one test per bad input (a ConfigError whose message names
+the flag to change), plus pretrain_gpt.py failing fast before any process group.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import typing
+
+import pytest
+
+from megatron.training import arguments
+from megatron.training.arguments import ConfigError, build_parser, flag_name, parse_args
+from megatron.training.config import SECTIONS
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BASE = {
+    "--num-layers": "4",
+    "--hidden-size": "64",
+    "--num-attention-heads": "4",
+    "--seq-length": "32",
+    "--micro-batch-size": "2",
+    "--train-iters": "10",
+    "--lr": "1e-3",
+    "--mock-data": None,
+}
+
+
+def argv(*extra, drop=(), **overrides):
+    """A minimal valid command line; ``overrides`` replace base values
+    (num_layers=8 -> --num-layers 8), ``drop`` removes base flags, ``extra``
+    is appended verbatim."""
+    base = dict(BASE)
+    for flag in drop:
+        del base[flag]
+    for name, value in overrides.items():
+        base["--" + name.replace("_", "-")] = str(value)
+    out = []
+    for flag, value in base.items():
+        out.append(flag)
+        if value is not None:
+            out.append(value)
+    return out + list(extra)
+
+
+def _write_dataset(directory, texts):
+    from tools import preprocess_data
+
+    directory.mkdir(parents=True, exist_ok=True)
+    src = directory / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    prefixes = preprocess_data.main(
+        ["--input", str(src), "--output-prefix", str(directory / "tiny"), "--append-eod"])
+    return prefixes["text"]
+
+
+@pytest.fixture(scope="module")
+def tiny_prefix(tmp_path_factory):
+    """A real 3-document dataset (.bin/.idx) made by tools/preprocess_data.py."""
+    texts = ["The first document, about cats.", "A second one, about dogs.",
+             "And a third about neither."]
+    return _write_dataset(tmp_path_factory.mktemp("tiny"), texts)
+
+
+def _config_error(args, world_size=1):
+    with pytest.raises(ConfigError) as info:
+        parse_args(args, world_size=world_size)
+    return str(info.value)
+
+
+def _names_all(message, *flags):
+    missing = [f for f in flags if f not in message]
+    assert not missing, f"message does not name {missing}: {message!r}"
+
+
+# --- defaults ------------------------------------------------------------------------
+
+
+def test_minimal_argv_is_valid_and_keeps_given_values():
+    config = parse_args(argv(), world_size=1)
+    m = config.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length) == (4, 64, 4, 32)
+    assert config.batch.micro_batch_size == 2
+    assert config.training.train_iters == 10
+    assert config.training.lr == pytest.approx(1e-3)
+    assert config.data.mock_data is True
+    assert config.world_size == 1 and config.data_parallel_size == 1
+
+
+@pytest.mark.parametrize("hidden, heads, swiglu, expected", [
+    (64, 4, False, 256),
+    (96, 4, False, 384),
+    (64, 4, True, 128),     # int(8*64/3/64)*64 = int(2.67)*64
+    (100, 4, True, 256),    # int(266.7/64)*64
+    (192, 4, True, 512),    # exact: 8*192/3 = 512
+])
+def test_ffn_hidden_size_default(hidden, heads, swiglu, expected):
+    extra = ["--swiglu"] if swiglu else []
+    config = parse_args(argv(*extra, hidden_size=hidden, num_attention_heads=heads),
+                        world_size=1)
+    assert config.model.ffn_hidden_size == expected
+
+
+def test_explicit_ffn_hidden_size_is_kept():
+    config = parse_args(argv("--swiglu", "--ffn-hidden-size", "200"), world_size=1)
+    assert config.model.ffn_hidden_size == 200
+
+
+def test_max_position_embeddings_defaults_to_seq_length():
+    config = parse_args(argv(seq_length=48), world_size=1)
+    assert config.model.max_position_embeddings == 48
+    config = parse_args(argv("--max-position-embeddings", "128", seq_length=48), world_size=1)
+    assert config.model.max_position_embeddings == 128
+
+
+@pytest.mark.parametrize("world, tp, pp, mbs, dp", [
+    (1, 1, 1, 2, 1),
+    (4, 1, 1, 3, 4),
+    (4, 2, 1, 2, 2),
+    (8, 2, 2, 2, 2),
+    (8, 1, 2, 1, 4),
+])
+def test_global_batch_defaults_to_micro_batch_times_dp(world, tp, pp, mbs, dp):
+    config = parse_args(argv("--tensor-model-parallel-size", str(tp),
+                             "--pipeline-model-parallel-size", str(pp), micro_batch_size=mbs),
+                        world_size=world)
+    assert config.data_parallel_size == dp
+    assert config.batch.global_batch_size == mbs * dp
+
+
+def test_explicit_global_batch_is_kept():
+    config = parse_args(argv("--global-batch-size", "16"), world_size=2)
+    assert config.batch.global_batch_size == 16
+
+
+def test_lr_decay_iters_defaults_to_train_iters():
+    assert parse_args(argv(train_iters=37), world_size=1).training.lr_decay_iters == 37
+    config = parse_args(argv("--lr-decay-iters", "20", train_iters=37), world_size=1)
+    assert config.training.lr_decay_iters == 20
+
+
+def test_tokenizer_defaults_to_byte_level():
+    assert parse_args(argv(), world_size=1).data.tokenizer_type == "ByteLevelTokenizer"
+
+
+def test_num_query_groups_follow_heads_without_gqa():
+    config = parse_args(argv(num_attention_heads=8, hidden_size=64), world_size=1)
+    assert config.model.num_query_groups == 8
+    config = parse_args(argv("--group-query-attention", "--num-query-groups", "2",
+                             num_attention_heads=8), world_size=1)
+    assert config.model.num_query_groups == 2
+
+
+def test_backend_is_gloo_without_cuda(monkeypatch):
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: False)
+    assert parse_args(argv(), world_size=1).parallel.distributed_backend == "gloo"
+    # Even when nccl is asked for explicitly: there is no GPU to run it on.
+    config = parse_args(argv("--distributed-backend", "nccl"), world_size=1)
+    assert config.parallel.distributed_backend == "gloo"
+
+
+def test_backend_is_nccl_with_cuda_unless_cpu(monkeypatch):
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    assert parse_args(argv(), world_size=1).parallel.distributed_backend == "nccl"
+    assert parse_args(argv("--cpu"), world_size=1).parallel.distributed_backend == "gloo"
+
+
+def test_world_size_comes_from_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    config = parse_args(argv("--tensor-model-parallel-size", "2"))
+    assert config.world_size == 4 and config.data_parallel_size == 2
+    assert config.batch.global_batch_size == 4
+
+
+# --- every generated flag ------------------------------------------------------------
+
+ALL_FIELDS = [(section, f) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _kind(annotation):
+    """(base type, item type) of a field annotation: Optional[List[int]] -> (list, int)."""
+    if typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is list:
+        return list, typing.get_args(annotation)[0]
+    return annotation, None
+
+
+# name -> (values after the flag, expected parsed value, companion argv, drop, world size)
+SPECIAL = {
+    "hidden_size": (["128"], 128, [], (), 1),
+    "num_attention_heads": (["8"], 8, [], (), 1),
+    "num_query_groups": (["2"], 2, ["--group-query-attention"], (), 1),
+    "max_position_embeddings": (["64"], 64, [], (), 1),
+    "tensor_model_parallel_size": (["2"], 2, [], (), 2),
+    "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
+    "sequence_parallel": ([], True, ["--tensor-model-parallel-size", "2"], (), 2),
+    "overlap_param_gather": ([], True, ["--use-distributed-optimizer", "--overlap-grad-reduce"],
+                             (), 1),
+    "tokenizer_type": (["NullTokenizer"], "NullTokenizer", ["--vocab-size", "100"], (), 1),
+    "vocab_size": (["1000"], 1000, [], (), 1),
+    "split": (["90,8,2"], "90,8,2", [], (), 1),
+    "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
+    "exit_on_missing_checkpoint": ([], True, ["--load", "ckpt"], (), 1),
+}
+# Accepted by the parser, then refused with a message naming the flag.
+UNSUPPORTED = {
+    "train_samples": (["100"], ("--train-iters",)),
+    "rampup_batch_size": (["2", "2", "10"], ()),
+}
+
+
+def _generic_case(f):
+    kind, item = _kind(f.type)
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if kind is bool:
+        return [], True
+    if "choices" in f.metadata:
+        value = next(c for c in f.metadata["choices"] if c != default)
+        return [value], value
+    if kind is int:
+        value = 6 if default is None else default + 3
+        return [str(value)], value
+    if kind is float:
+        value = 0.25 if default is None else default + 0.5
+        return [repr(value)], value
+    if kind is str:
+        return ["some/path"], "some/path"
+    raise AssertionError(f"no test value for {f.name}: {f.type}")
+
+
+@pytest.mark.parametrize("section, f", ALL_FIELDS, ids=[f.name for _, f in ALL_FIELDS])
+def test_every_flag_is_accepted(section, f, tiny_prefix):
+    flag = flag_name(f)
+    assert flag == "--" + f.name.replace("_", "-"), "flags are Megatron's names"
+    assert f.metadata.get("help"), f"{flag} has no help text"
+    if f.name in UNSUPPORTED:
+        values, drop = UNSUPPORTED[f.name]
+        args = argv(flag, *values, drop=drop)
+        # The parser knows the flag (no SystemExit), the check refuses it by name.
+        assert getattr(build_parser(SECTIONS).parse_args(args), f.name) is not None
+        _names_all(_config_error(args), flag)
+        return
+    if f.name == "data_path":
+        values, expected, companion, drop, world = (
+            [tiny_prefix], [tiny_prefix], ["--split", "1,1,1"], ("--mock-data",), 1)
+    elif f.name in SPECIAL:
+        values, expected, companion, drop, world = SPECIAL[f.name]
+    else:
+        values, expected = _generic_case(f)
+        companion, drop, world = [], (), 1
+    drop = tuple(drop) + ((flag,) if flag in BASE and flag not in drop else ())
+    config = parse_args(argv(*companion, flag, *values, drop=drop), world_size=world)
+    assert getattr(getattr(config, section), f.name) == expected
+
+
+def test_parser_has_exactly_the_dataclass_flags():
+    parser = build_parser(SECTIONS)
+    options = {o for action in parser._actions for o in action.option_strings}
+    expected = {flag_name(f) for _, f in ALL_FIELDS}
+    assert len(expected) == len(ALL_FIELDS), "two fields share a flag"
+    assert options - {"-h", "--help"} == expected
+
+
+def test_extra_section_lands_in_config_extra():
+    @dataclasses.dataclass(kw_only=True)
+    class Extra:
+        """An extension's flags."""
+        my_knob: int = dataclasses.field(default=3, metadata={"help": "a knob"})
+
+    seen = []
+    config = parse_args(argv("--my-knob", "7"), extra_sections={"ext": Extra},
+                        extra_validators=[seen.append], world_size=1)
+    assert config.extra["ext"].my_knob == 7
+    assert seen == [config]
+
+
+# --- bad input: ConfigError naming the flag ------------------------------------------
+
+
+def test_world_not_divisible_by_tp_times_pp():
+    message = _config_error(argv("--tensor-model-parallel-size", "2"), world_size=3)
+    _names_all(message, "--tensor-model-parallel-size", "--pipeline-model-parallel-size")
+    message = _config_error(argv("--tensor-model-parallel-size", "2",
+                                 "--pipeline-model-parallel-size", "2"), world_size=6)
+    _names_all(message, "--tensor-model-parallel-size", "--pipeline-model-parallel-size")
+
+
+def test_global_batch_not_divisible_by_micro_batch_times_dp():
+    message = _config_error(argv("--global-batch-size", "6", micro_batch_size=2), world_size=2)
+    _names_all(message, "--global-batch-size", "--micro-batch-size")
+    # Divisible by the micro batch, not by micro batch x DP.
+    message = _config_error(argv("--global-batch-size", "10", micro_batch_size=2),
+                            world_size=2)
+    _names_all(message, "--global-batch-size", "--micro-batch-size")
+    # The same with DP 1 is fine.
+    assert parse_args(argv("--global-batch-size", "10", micro_batch_size=2),
+                      world_size=1).batch.global_batch_size == 10
+
+
+def test_heads_not_divisible_by_tp():
+    message = _config_error(argv("--tensor-model-parallel-size", "3", hidden_size=96,
+                                 num_attention_heads=4), world_size=3)
+    _names_all(message, "--num-attention-heads", "--tensor-model-parallel-size")
+
+
+def test_layers_not_divisible_by_pp():
+    message = _config_error(argv("--pipeline-model-parallel-size", "3", num_layers=4),
+                            world_size=3)
+    _names_all(message, "--num-layers", "--pipeline-model-parallel-size")
+
+
+def test_no_data():
+    message = _config_error(argv(drop=("--mock-data",)))
+    _names_all(message, "--data-path", "--mock-data")
+
+
+def test_data_path_without_files(tmp_path):
+    prefix = str(tmp_path / "missing_text_document")
+    message = _config_error(argv("--data-path", prefix, drop=("--mock-data",)))
+    _names_all(message, "--data-path", prefix)
+
+
+def test_data_path_with_only_bin(tmp_path, tiny_prefix):
+    prefix = str(tmp_path / "half")
+    with open(tiny_prefix + ".bin", "rb") as src, open(prefix + ".bin", "wb") as dst:
+        dst.write(src.read())
+    message = _config_error(argv("--data-path", prefix, drop=("--mock-data",)))
+    _names_all(message, "--data-path", prefix + ".idx")
+
+
+def test_blended_data_path_checks_every_prefix(tmp_path, tiny_prefix):
+    missing = str(tmp_path / "other")
+    message = _config_error(argv("--data-path", "0.5", tiny_prefix, "0.5", missing,
+                                 "--split", "1,1,1", drop=("--mock-data",)))
+    _names_all(message, "--data-path", missing)
+
+
+def test_unknown_tokenizer_type():
+    message = _config_error(argv("--tokenizer-type", "GPT2BPETokenizer"))
+    _names_all(message, "--tokenizer-type", "GPT2BPETokenizer")
+
+
+def test_null_tokenizer_without_vocab_size():
+    message = _config_error(argv("--tokenizer-type", "NullTokenizer"))
+    _names_all(message, "--vocab-size")
+
+
+@pytest.mark.parametrize("flag", ["--num-layers", "--hidden-size", "--num-attention-heads",
+                                  "--seq-length", "--micro-batch-size", "--lr"])
+def test_missing_required_flag(flag):
+    # A ConfigError (exit code 2 in pretrain_gpt.py), not an argparse SystemExit.
+    message = _config_error(argv(drop=(flag,)))
+    _names_all(message, flag)
+
+
+def test_both_train_iters_and_train_samples():
+    message = _config_error(argv("--train-samples", "100"))
+    _names_all(message, "--train-iters", "--train-samples")
+
+
+def test_neither_train_iters_nor_train_samples():
+    message = _config_error(argv(drop=("--train-iters",)))
+    _names_all(message, "--train-iters", "--train-samples")
+
+
+def test_bf16_with_fp16():
+    _names_all(_config_error(argv("--bf16", "--fp16")), "--bf16", "--fp16")
+
+
+def test_sequence_parallel_without_tp():
+    message = _config_error(argv("--sequence-parallel"), world_size=2)
+    _names_all(message, "--sequence-parallel", "--tensor-model-parallel-size")
+
+
+def test_overlap_param_gather_without_distributed_optimizer():
+    message = _config_error(argv("--overlap-param-gather", "--overlap-grad-reduce"))
+    _names_all(message, "--overlap-param-gather", "--use-distributed-optimizer")
+
+
+def test_hidden_not_divisible_by_heads():
+    message = _config_error(argv(hidden_size=66, num_attention_heads=4))
+    _names_all(message, "--hidden-size", "--num-attention-heads")
+    # --kv-channels makes the shape explicit, so it is allowed.
+    config = parse_args(argv("--kv-channels", "16", hidden_size=66, num_attention_heads=4),
+                        world_size=1)
+    assert config.model.kv_channels == 16
+
+
+def test_seq_length_longer_than_position_embeddings():
+    message = _config_error(argv("--max-position-embeddings", "32", seq_length=64))
+    _names_all(message, "--seq-length", "--max-position-embeddings")
+    # Rotary embeddings have no table, so the limit does not apply.
+    parse_args(argv("--max-position-embeddings", "32", "--position-embedding-type", "rope",
+                    seq_length=64), world_size=1)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--lr-warmup-iters", "10"],                              # == train_iters
+    ["--lr-warmup-iters", "50"],
+    ["--lr-warmup-iters", "8", "--lr-decay-iters", "5"],
+])
+def test_warmup_not_shorter_than_decay(extra):
+    message = _config_error(argv(*extra, train_iters=10))
+    _names_all(message, "--lr-warmup-iters", "--lr-decay-iters")
+
+
+def test_warmup_fraction_not_below_one_names_the_fraction():
+    message = _config_error(argv("--lr-warmup-fraction", "1.0"))
+    _names_all(message, "--lr-warmup-fraction")
+
+
+def test_save_interval_without_save():
+    _names_all(_config_error(argv("--save-interval", "5")), "--save-interval", "--save")
+
+
+def test_split_leaving_valid_split_without_document(tiny_prefix):
+    args = argv("--data-path", tiny_prefix, "--split", "98,1,1", drop=("--mock-data",))
+    # 3 documents: the valid share (1%) rounds to no document, and validation runs.
+    message = _config_error(args)
+    _names_all(message, "--split", "--eval-iters", "valid")
+    # Without validation the valid split is never built: the same split is fine.
+    config = parse_args(args + ["--eval-iters", "0"], world_size=1)
+    assert config.data.data_path == [tiny_prefix]
+    # A split that gives every used split a document is fine too.
+    parse_args(argv("--data-path", tiny_prefix, "--split", "1,1,1", drop=("--mock-data",)),
+               world_size=1)
+
+
+def test_split_leaving_train_split_without_document(tiny_prefix):
+    message = _config_error(argv("--data-path", tiny_prefix, "--split", "1,98,1",
+                                 drop=("--mock-data",)))
+    _names_all(message, "--split", "train")
+
+
+# --- pretrain_gpt.py -----------------------------------------------------------------
+
+
+def test_pretrain_gpt_fails_fast_before_any_process_group():
+    # A port we hold, listening but never accepting: a process group would
+    # connect to it (rank 1 is a store client) and then hang.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(WORLD_SIZE="3", RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="3",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(REPO, "pretrain_gpt.py"),
+             *argv("--tensor-model-parallel-size", "2")],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        elapsed = time.monotonic() - start
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected to MASTER_PORT
+    finally:
+        listener.close()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "pretrain_gpt.py: error:" in proc.stderr
+    _names_all(proc.stderr, "world size 3", "--tensor-model-parallel-size",
+               "--pipeline-model-parallel-size")
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 30, f"took {elapsed:.1f} s to reject the arguments"

@@ -1,0 +1,95 @@
+"""Buddy layout tables: pure rank arithmetic, no processes."""
+
+import pytest
+from megatron.core.parallel_state import RankGenerator
+
+from deadpool_ext.buddies import BuddyError, buddy_map, dp_rings, nodes_by_block
+
+
+@pytest.mark.parametrize("world,tp,pp,tp_pp_dp", [
+    (8, 2, 2, False), (8, 2, 2, True), (16, 4, 2, False), (16, 4, 2, True),
+    (12, 1, 3, False), (12, 1, 3, True), (8, 1, 1, False),
+])
+def test_rings_are_megatrons_data_parallel_groups(world, tp, pp, tp_pp_dp):
+    order = "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp"
+    generator = RankGenerator(tp=tp, ep=1, dp=world // (tp * pp), pp=pp, cp=1, order=order)
+    assert sorted(dp_rings(world, tp, pp, tp_pp_dp)) == sorted(generator.get_ranks("dp"))
+
+
+def check_layout(layout, world, node_of):
+    """Each rank sends to one buddy on another node and holds one mirror."""
+    assert sorted(layout.buddy) == list(range(world))
+    assert sorted(layout.buddy.values()) == list(range(world))  # a permutation
+    for rank, buddy in layout.buddy.items():
+        assert buddy != rank
+        assert node_of[buddy] != node_of[rank]
+        assert layout.owner[buddy] == rank
+
+
+# Perlmutter: 4 A100 per node. TP=4 inside the node, PP and DP across nodes.
+PERLMUTTER = [
+    # world, tp, pp, expected buddy of rank 0, shift
+    (16, 4, 2, 4, 1),      # 4 nodes: DP=2, rank 0's DP peer is rank 4 (node 1)
+    (32, 4, 2, 4, 1),      # DP=4
+    (512, 4, 8, 4, 1),     # the paper's 65B-class run: 128 nodes, DP=16
+]
+
+
+@pytest.mark.parametrize("world,tp,pp,buddy0,shift", PERLMUTTER)
+def test_perlmutter_layouts(world, tp, pp, buddy0, shift):
+    node_of = nodes_by_block(world, 4)
+    layout = buddy_map(world, tp, pp, node_of)
+    check_layout(layout, world, node_of)
+    assert layout.buddy[0] == buddy0 and layout.shift == shift and not layout.same_node
+
+
+def test_perlmutter_tp2_dp_inside_node_moves_to_next_node():
+    """TP=2 leaves two DP peers per node: the shift skips the node-mate."""
+    node_of = nodes_by_block(16, 4)
+    layout = buddy_map(16, 2, 1, node_of)   # DP=8, ring 0,2,4,...,14
+    check_layout(layout, 16, node_of)
+    assert layout.shift == 2 and layout.buddy[0] == 4
+
+
+def test_demo_layout_needs_tp_pp_dp_mapping():
+    """TP2·PP2·DP2 on two 4-rank nodes: Megatron's default order keeps DP
+    peers on one node; tp-pp-dp puts each replica on its own node."""
+    node_of = nodes_by_block(8, 4)
+    with pytest.raises(BuddyError, match="--use-tp-pp-dp-mapping"):
+        buddy_map(8, 2, 2, node_of)
+    layout = buddy_map(8, 2, 2, node_of, tp_pp_dp=True)
+    check_layout(layout, 8, node_of)
+    assert layout.buddy == {0: 4, 1: 5, 2: 6, 3: 7, 4: 0, 5: 1, 6: 2, 7: 3}
+
+
+# Vista: one GH200 per node; every rank is its own node.
+@pytest.mark.parametrize("world,tp,pp", [(8, 1, 2), (16, 1, 4), (600, 1, 8), (4, 1, 1)])
+def test_vista_layouts(world, tp, pp):
+    node_of = nodes_by_block(world, 1)
+    layout = buddy_map(world, tp, pp, node_of)
+    check_layout(layout, world, node_of)
+    assert layout.shift == 1
+
+
+def test_one_node_is_refused_with_the_reason():
+    with pytest.raises(BuddyError, match="another node.*--deadpool-allow-same-node-buddy"):
+        buddy_map(4, 1, 1, nodes_by_block(4, 4))
+
+
+def test_one_node_accepted_when_asked():
+    layout = buddy_map(4, 1, 1, nodes_by_block(4, 4), allow_same_node=True)
+    assert layout.same_node and layout.buddy == {0: 1, 1: 2, 2: 3, 3: 0}
+
+
+def test_dp_one_is_refused_with_the_reason():
+    with pytest.raises(BuddyError, match="data-parallel size >= 2"):
+        buddy_map(8, 4, 2, nodes_by_block(8, 4))
+
+
+def test_uneven_nodes_use_the_smallest_working_shift():
+    """Three nodes of 2, 1 and 1 ranks (DP=4, TP=PP=1): shift 1 would pair
+    the two ranks of node a; shift 2 does not."""
+    node_of = ["a", "a", "b", "c"]
+    layout = buddy_map(4, 1, 1, node_of)
+    check_layout(layout, 4, node_of)
+    assert layout.shift == 2
