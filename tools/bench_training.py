@@ -50,14 +50,18 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str) -> dict:
            "--nproc-per-node", str(nproc), os.path.join(REPO, "pretrain_gpt.py"), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     start = time.time()
+    stderr = open(os.path.join(workdir, "stderr.log"), "w+")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=stderr, text=True)
     first_iteration = None
     for line in proc.stdout:
         if first_iteration is None and re.search(r" iteration +1/", line):
             first_iteration = time.time() - start
     if proc.wait() != 0:
-        raise SystemExit(f"run failed: {shlex.join(cmd)}")
+        stderr.seek(0)
+        tail = "".join(stderr.readlines()[-15:])
+        raise SystemExit(f"run failed: {shlex.join(cmd)}\n{tail}\n"
+                         "(the demo corpus comes from `make data`; `make bench` runs it first)")
     with open(metrics) as f:
         records = [json.loads(line) for line in f]
     return {"launch_to_first_iteration_s": first_iteration, "records": records,

@@ -55,8 +55,10 @@ def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> N
                 continue
             if key in state[param]:
                 state[param][key].copy_(value)
+            elif key == "step":
+                state[param][key] = value.clone()  # torch keeps Adam's step on the host
             else:
-                state[param][key] = value.clone()
+                state[param][key] = value.to(param.device, copy=True)
 
 
 def rng_state() -> dict:

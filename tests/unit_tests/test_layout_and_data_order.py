@@ -316,7 +316,8 @@ def test_megatron_is_a_namespace_of_the_wheel_and_the_repo():
     core = os.path.realpath(megatron.core.__file__)
     assert "site-packages" in core.split(os.sep)
     assert any(core.startswith(s + os.sep) for s in site), core
-    assert not core.startswith(os.path.realpath(REPO) + os.sep)
+    # Not our tree (a venv inside the checkout is fine: that is site-packages).
+    assert not core.startswith(os.path.realpath(os.path.join(REPO, "megatron")) + os.sep)
     training = os.path.realpath(megatron.training.__file__)
     assert training.startswith(os.path.realpath(os.path.join(REPO, "megatron", "training")) + os.sep)
     assert not os.path.exists(os.path.join(REPO, "megatron", "__init__.py"))
