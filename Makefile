@@ -21,8 +21,11 @@ DEMO_ARGS = \
 	--log-interval 5 --eval-interval 30 --eval-iters 2 --log-throughput \
 	--save $(RUN_DIR)/checkpoints --save-interval 30 \
 	--metrics-file $(RUN_DIR)/metrics.jsonl
+# Buddy mirroring across two emulated 4-rank nodes (DP peers on other nodes).
+DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-ranks-per-node 4 \
+	--deadpool-events $(RUN_DIR)/events.jsonl
 
-.PHONY: setup data demo test bench clean print-demo-args
+.PHONY: setup data demo test bench bench-mirror clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +42,7 @@ data: setup
 demo: data
 	rm -rf $(RUN_DIR)
 	OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore $(PY) -m torch.distributed.run --standalone \
-		--nproc-per-node $(NPROC) pretrain_gpt.py $(DEMO_ARGS)
+		--nproc-per-node $(NPROC) pretrain_gpt.py $(DEMO_ARGS) $(DEADPOOL_ARGS)
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
@@ -47,8 +50,14 @@ test: setup
 bench: data
 	OMP_NUM_THREADS=1 $(PY) tools/bench_training.py
 
+bench-mirror: data
+	OMP_NUM_THREADS=1 $(PY) tools/bench_mirror.py
+
 clean:
 	rm -rf $(VENV) data runs *.egg-info
 
 print-demo-args:
 	@echo $(DEMO_ARGS)
+
+print-deadpool-args:
+	@echo $(DEADPOOL_ARGS)

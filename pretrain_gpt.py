@@ -74,7 +74,9 @@ def forward_step(data_iterator, model):
 
 
 def main(argv=None) -> int:
-    from megatron.training.arguments import ConfigError, parse_args
+    from megatron.training.arguments import ConfigError
+
+    from deadpool_ext.config import parse_args
 
     try:
         config = parse_args(argv)
@@ -83,7 +85,9 @@ def main(argv=None) -> int:
         return 2
     from megatron.training.training import pretrain
 
-    pretrain(config, model_provider, forward_step)
+    from deadpool_ext.hook import deadpool_hooks
+
+    pretrain(config, model_provider, forward_step, hooks=deadpool_hooks(config))
     return 0
 
 

@@ -42,10 +42,12 @@ def strip_outputs(args: list) -> list:
     return kept
 
 
-def run_once(nproc: int, iters: int, extra: list, workdir: str) -> dict:
+def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> dict:
+    """One torchrun of pretrain_gpt.py with ``base`` flags (default: the demo's)."""
     metrics = os.path.join(workdir, "metrics.jsonl")
-    args = strip_outputs(demo_args()) + ["--train-iters", str(iters), "--eval-iters", "0",
-                                         "--metrics-file", metrics, *extra]
+    base = strip_outputs(demo_args()) if base is None else base
+    args = base + ["--train-iters", str(iters), "--eval-iters", "0",
+                   "--metrics-file", metrics, *extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), os.path.join(REPO, "pretrain_gpt.py"), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -59,7 +61,8 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str) -> dict:
             first_iteration = time.time() - start
     if proc.wait() != 0:
         stderr.seek(0)
-        tail = "".join(stderr.readlines()[-15:])
+        lines = stderr.readlines()
+        tail = "".join([l for l in lines if "error:" in l][:3] + lines[-15:])
         raise SystemExit(f"run failed: {shlex.join(cmd)}\n{tail}\n"
                          "(the demo corpus comes from `make data`; `make bench` runs it first)")
     with open(metrics) as f:

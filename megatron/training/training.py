@@ -31,6 +31,7 @@ class Hook:
 
     def on_setup(self, trainer: "Trainer") -> None: ...
     def before_step(self, trainer: "Trainer") -> None: ...
+    def before_optimizer_step(self, trainer: "Trainer") -> None: ...
     def after_step(self, trainer: "Trainer", metrics: dict) -> None: ...
     def log_fields(self, trainer: "Trainer") -> List[str]: return []
     def on_train_end(self, trainer: "Trainer") -> None: ...
@@ -79,6 +80,7 @@ class Trainer:
         self.signal_handler = (ExitSignalHandler().install()
                                if config.logging.exit_signal_handler else None)
         self.metrics = None
+        self.window = _LogWindow()
         self.train_iterator = None
         self.start_time = time.time()
 
@@ -130,6 +132,8 @@ class Trainer:
             model=state.model, num_microbatches=get_num_microbatches(),
             seq_length=cfg.model.seq_length, micro_batch_size=cfg.batch.micro_batch_size,
             forward_only=False)
+        for hook in self.hooks:
+            hook.before_optimizer_step(self)
         update_successful, grad_norm, _ = state.optimizer.step()
         if update_successful:
             state.scheduler.step(increment=cfg.batch.global_batch_size)
@@ -193,27 +197,31 @@ class Trainer:
 
     def train(self) -> Progress:
         self.setup()
-        window = _LogWindow()
-        train_iters = self.config.training.train_iters
-        while self.progress.iteration < train_iters:
+        if self.loop():
+            self.maybe_validate(final=True)
+            if self.config.checkpoint.save and not self.just_saved:
+                self.save()
+        self.finish()
+        return self.progress
+
+    def loop(self, until: Optional[int] = None) -> bool:
+        """Train up to iteration ``until`` (default --train-iters); False if
+        a signal or exit flag stopped it first."""
+        until = self.config.training.train_iters if until is None else until
+        while self.progress.iteration < until:
             for hook in self.hooks:
                 hook.before_step(self)
             start = time.perf_counter()
             metrics = self.train_step()
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
-            window.add(metrics["seconds"], metrics["losses"])
+            self.window.add(metrics["seconds"], metrics["losses"])
             for hook in self.hooks:
                 hook.after_step(self, metrics)
-            self.record(metrics, window)
+            self.record(metrics, self.window)
             if self.maybe_save_and_exit():
-                break
-        else:
-            self.maybe_validate(final=True)
-            if self.config.checkpoint.save and not self.just_saved:
-                self.save()
-        self.finish()
-        return self.progress
+                return False
+        return True
 
     def advance(self, metrics: dict) -> None:
         p = self.progress
@@ -304,6 +312,15 @@ def padded_vocab_size(vocab_size: int, config: Config) -> int:
 
 def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()) -> Progress:
     """Megatron's entry point: initialize, build, train, save."""
+    trainer = build_trainer(config, model_provider, forward_step, hooks)
+    progress = trainer.train()
+    dist.barrier()
+    return progress
+
+
+def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
+                  hooks=()) -> Trainer:
+    """Process groups, tokenizer, model, optimizer and data, ready to train."""
     runtime = initialize(config)
     config.extra["on_cpu"] = runtime.on_cpu
     tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
@@ -314,7 +331,4 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
                                      config.batch.micro_batch_size, config.data_parallel_size)
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
     datasets = data.build_datasets(config, tokenizer)
-    trainer = Trainer(config, runtime, state, forward_step, datasets, hooks)
-    progress = trainer.train()
-    dist.barrier()
-    return progress
+    return Trainer(config, runtime, state, forward_step, datasets, hooks)

@@ -1,0 +1,100 @@
+"""The ``--deadpool*`` flags, and the checks that run before any process group.
+
+The dataclass generates the flags (``megatron.training.arguments``); the
+validator refuses layouts the mirror cannot protect and says what to change.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+from megatron.training import arguments
+from megatron.training.arguments import ConfigError
+from megatron.training.config import Config, arg
+
+from deadpool_ext.buddies import BuddyError, BuddyMap, buddy_map, nodes_by_block
+
+
+@dataclass(kw_only=True)
+class DeadpoolConfig:
+    """DeadPool: buddy mirroring of the distributed-optimizer shard."""
+
+    deadpool: bool = arg(False, help="Mirror each rank's distributed-optimizer shard to a "
+                         "data-parallel buddy on another node every iteration.")
+    deadpool_events: Optional[str] = arg(
+        help="Append structured events (JSONL, one line per event, all ranks) to this file.")
+    deadpool_mirror_memory: str = arg(
+        "host", help="Where the buddy keeps the mirror: host memory (default) or device "
+        "memory (GPU only).", choices=["host", "device"])
+    deadpool_allow_same_node_buddy: bool = arg(
+        False, help="Accept buddies on the same node when no other-node buddy exists "
+        "(warns: a node failure then loses that state).")
+    deadpool_ranks_per_node: Optional[int] = arg(
+        help="Ranks per node for buddy placement; nodes hold contiguous rank blocks. "
+        "Default: LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE (srun), or the "
+        "launcher's emulated node size.")
+    deadpool_mirror_timeout: float = arg(
+        300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost.")
+
+
+def section(config: Config) -> DeadpoolConfig:
+    return config.extra.get("deadpool") or DeadpoolConfig()
+
+
+def ranks_per_node(dp: DeadpoolConfig, world_size: int, environ=os.environ) -> int:
+    """Node size from the flag, then from the launcher's environment."""
+    if dp.deadpool_ranks_per_node is not None:
+        return dp.deadpool_ranks_per_node
+    for name in ("DEADPOOL_RANKS_PER_NODE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return world_size
+
+
+def node_names(config: Config, environ=os.environ) -> List[str]:
+    dp = section(config)
+    per_node = ranks_per_node(dp, config.world_size, environ)
+    return nodes_by_block(config.world_size, per_node)
+
+
+def plan_buddies(config: Config, environ=os.environ) -> BuddyMap:
+    """The buddy map this run will use, or ConfigError saying why there is none."""
+    p = config.parallel
+    try:
+        return buddy_map(config.world_size, p.tensor_model_parallel_size,
+                         p.pipeline_model_parallel_size, node_names(config, environ),
+                         allow_same_node=section(config).deadpool_allow_same_node_buddy,
+                         tp_pp_dp=p.use_tp_pp_dp_mapping)
+    except BuddyError as error:
+        raise ConfigError(str(error)) from None
+
+
+def validate_deadpool(config: Config, environ=os.environ) -> None:
+    """Runs in parse_args, before any process group exists."""
+    dp = section(config)
+    if not dp.deadpool:
+        return
+    if not config.parallel.use_distributed_optimizer:
+        raise ConfigError("--deadpool mirrors the distributed optimizer's shard: add "
+                          "--use-distributed-optimizer")
+    if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
+        raise ConfigError("--deadpool-ranks-per-node must be >= 1")
+    per_node = ranks_per_node(dp, config.world_size, environ)
+    if config.world_size % per_node:
+        raise ConfigError(f"world size {config.world_size} is not a whole number of nodes of "
+                          f"{per_node} ranks: fix --deadpool-ranks-per-node or the launch")
+    on_cpu = config.parallel.cpu or config.parallel.distributed_backend == "gloo"
+    if dp.deadpool_mirror_memory == "device" and on_cpu:
+        raise ConfigError("--deadpool-mirror-memory device needs a GPU: use host (the "
+                          "default) on CPU runs")
+    if dp.deadpool_mirror_timeout <= 0:
+        raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
+    plan_buddies(config, environ)
+
+
+def parse_args(argv=None) -> Config:
+    """Megatron's flags plus the --deadpool ones, all checked before any
+    process group starts."""
+    return arguments.parse_args(argv, extra_sections={"deadpool": DeadpoolConfig},
+                                extra_validators=[validate_deadpool])

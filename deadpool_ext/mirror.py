@@ -1,0 +1,203 @@
+"""Every iteration, send this rank's shard snapshot to its buddy and keep
+the snapshot its owner sends, off the training's critical path.
+
+One worker thread per rank runs the jobs in order: pack (CPU; on GPU the
+main thread queues the copy on a side stream), seal with a checksum, then one
+send to the buddy and one receive from the owner on a process group of its
+own, so mirror traffic never interleaves with training collectives. The
+optimizer step waits only for the pack (it rewrites what is being copied);
+the exchange overlaps the next forward and backward.
+
+Buffers: two own snapshots (the last two iteration starts, so survivors can
+roll back to whichever one the buddies hold) and two held ones (the last
+verified snapshot is never the one being received into, so the buddy always
+holds a whole snapshot of iteration t or t-1, never a torn one).
+"""
+
+import datetime
+import queue
+import threading
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from deadpool_ext import snapshot as snap
+from deadpool_ext.events import EventLog
+
+
+class MirrorError(RuntimeError):
+    """The mirror stopped (a buddy was lost or a snapshot arrived corrupted)."""
+
+
+def new_mirror_group(backend: str, timeout_s: float):
+    """A process group used by mirror traffic only (all ranks must call it)."""
+    return dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Mirror:
+    def __init__(self, optimizer, layout: snap.ShardLayout, rank: int, buddy: int, owner: int,
+                 group, events: EventLog, device: Optional[torch.device] = None):
+        """device: None on CPU; on GPU the CUDA device, with buffers in pinned
+        host memory (gloo group) or device memory (NCCL group) chosen by
+        ``buffer_device``."""
+        self.optimizer, self.layout = optimizer, layout
+        self.rank, self.buddy, self.owner = rank, buddy, owner
+        self.group, self.events = group, events
+        self.cuda = device is not None and device.type == "cuda"
+        self.device = device
+        self.own = []
+        self.held = []
+        self.own_index: Optional[int] = None   # last sealed own snapshot
+        self.held_index: Optional[int] = None  # last verified held snapshot
+        self.error: Optional[BaseException] = None
+        self.last = {}  # timings of the last completed job, for the log line
+        self._lock = threading.Lock()
+        self._packed = threading.Event()
+        self._packed.set()
+        self._jobs: "queue.Queue" = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._stream = torch.cuda.Stream(device) if self.cuda else None
+        self._last_event = None
+        self._thread = threading.Thread(target=self._work, name=f"deadpool-mirror-{rank}",
+                                        daemon=True)
+
+    def allocate(self, buffer_device: str = "cpu") -> None:
+        pin = self.cuda and buffer_device == "cpu"
+        where = self.device if buffer_device == "device" else "cpu"
+        self.own = [snap.allocate(self.layout, where, pin) for _ in range(2)]
+        self.held = [snap.allocate(self.layout, where, pin) for _ in range(2)]
+        self._thread.start()
+
+    @property
+    def extra_bytes(self) -> int:
+        return sum(b.numel() for b in self.own + self.held)
+
+    # ----- main thread -----
+    def start(self, iteration: int, sidecar: dict) -> None:
+        """Snapshot the state at the start of ``iteration`` (after step
+        ``iteration``-1) and mirror it; returns at once."""
+        self.raise_if_failed()
+        index = 0 if self.own_index is None else 1 - self.own_index
+        event = None
+        if self.cuda:
+            # Queue the copy behind the optimizer step on a side stream; the
+            # worker waits for the event, not the main thread.
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                steps = snap.pack_shard(self.optimizer, self.layout, self.own[index])
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            sidecar = dict(sidecar, steps=steps)
+        else:
+            self._packed.clear()
+        with self._lock:
+            self._pending += 1
+        self._jobs.put((iteration, index, sidecar, event))
+        self._last_event = event
+
+    def wait_packed(self) -> None:
+        """Before the optimizer step: the shard must be copied out first."""
+        if self.cuda:
+            if self._last_event is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._last_event)
+            return
+        start = time.perf_counter()
+        while not self._packed.wait(timeout=1.0):
+            self.raise_if_failed()
+        self.last["wait_ms"] = (time.perf_counter() - start) * 1e3
+
+    def wait_idle(self) -> None:
+        """Until every queued job has been sent, received and verified."""
+        with self._idle:
+            while self._pending and self.error is None:
+                self._idle.wait(timeout=1.0)
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise MirrorError(f"mirror stopped: {self.error}") from self.error
+
+    def held_iteration(self) -> Optional[int]:
+        with self._lock:
+            if self.held_index is None:
+                return None
+            return snap.snapshot_iteration(self.held[self.held_index])
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout=10)
+
+    # ----- worker thread -----
+    def _work(self) -> None:
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._run(*job)
+            except BaseException as error:  # the main thread raises it
+                self.error = error
+                self._packed.set()
+                self.events.emit("mirror_failed", iteration=job[0], error=str(error))
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+            if self.error is not None:
+                return
+
+    def _run(self, iteration: int, index: int, sidecar: dict, event) -> None:
+        t0 = time.perf_counter()
+        buffer = self.own[index]
+        if event is not None:
+            event.synchronize()
+        else:
+            sidecar = dict(sidecar, steps=snap.pack_shard(self.optimizer, self.layout, buffer))
+            self._packed.set()
+        t1 = time.perf_counter()
+        snap.seal(buffer, self.layout, iteration, self.rank, snap.encode_sidecar(sidecar))
+        self.own_index = index
+        t2 = time.perf_counter()
+        target = 0 if self.held_index is None else 1 - self.held_index
+        self.exchange(buffer, self.held[target])
+        t3 = time.perf_counter()
+        snap.verify(self.held[target], self.layout, iteration=iteration, owner=self.owner)
+        with self._lock:
+            self.held_index = target
+        t4 = time.perf_counter()
+        self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3,
+                         exchange_ms=(t3 - t2) * 1e3, verify_ms=(t4 - t3) * 1e3)
+        self.events.emit("mirror_snapshot", iteration=iteration, buddy=self.buddy,
+                         owner=self.owner, bytes=buffer.numel(),
+                         **{k: round(v, 3) for k, v in self.last.items()})
+
+    def exchange(self, send: torch.Tensor, receive: torch.Tensor, to: Optional[int] = None,
+                 source: Optional[int] = None) -> None:
+        """Send to the buddy and receive from the owner at the same time (in
+        a ring with DP=2 they are the same peer)."""
+        to = self.buddy if to is None else to
+        source = self.owner if source is None else source
+        if to == self.rank:  # a ring of one: nothing to send
+            receive.copy_(send)
+            return
+        requests = [dist.isend(send, to, group=self.group),
+                    dist.irecv(receive, source, group=self.group)]
+        for request in requests:
+            request.wait()
+
+    # ----- recovery -----
+    def return_to_owners(self) -> torch.Tensor:
+        """Collective: every rank sends the mirror it holds back to its owner
+        and gets its own snapshot back from its buddy, verified."""
+        self.wait_idle()
+        if self.held_index is None:
+            raise MirrorError("no verified mirror is held yet")
+        scratch = self.own[1 - self.own_index] if self.own_index is not None else self.own[0]
+        self.exchange(self.held[self.held_index], scratch, to=self.owner, source=self.buddy)
+        snap.verify(scratch, self.layout, owner=self.rank)
+        return scratch

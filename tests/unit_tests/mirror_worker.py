@@ -1,0 +1,95 @@
+"""Run under torchrun by test_mirror.py: pretrain_gpt.py's training with
+--deadpool, plus two probes the user's entry point does not have.
+
+  --dump-at T [T ...]  at the start of iteration T wait for the mirror, then
+                       write this rank's live optimizer state and the snapshot
+                       it holds for its owner to --dump-dir (rank files).
+  --restore-at K       after iteration K, throw the model and optimizer away,
+                       build fresh (perturbed) ones, fetch this rank's
+                       snapshot back from its buddy, restore it and finish.
+
+Everything else is pretrain_gpt.py's flags.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import pretrain_gpt  # noqa: E402
+from megatron.training.model_setup import setup_model_and_optimizer  # noqa: E402
+from megatron.training.training import Hook, Trainer, build_trainer  # noqa: E402
+
+from deadpool_ext import snapshot as snap  # noqa: E402
+from deadpool_ext.config import parse_args  # noqa: E402
+from deadpool_ext.hook import MirrorHook  # noqa: E402
+from deadpool_ext.restore import restore_snapshot  # noqa: E402
+
+
+class DumpHook(Hook):
+    """After the mirror hook's snapshot at the start of chosen iterations."""
+
+    def __init__(self, mirror_hook: MirrorHook, iterations, directory: str):
+        self.mirror_hook, self.iterations, self.directory = mirror_hook, set(iterations), directory
+
+    def before_step(self, trainer: Trainer) -> None:
+        t = trainer.progress.iteration
+        if t not in self.iterations:
+            return
+        mirror, layout = self.mirror_hook.mirror, self.mirror_hook.layout
+        mirror.wait_idle()
+        live = []
+        for seg in layout.segments:
+            main, state = snap.main_param_and_state(trainer.state.optimizer, seg)
+            live.append({"offset": seg.offset, "numel": seg.numel,
+                         "param": main.detach().clone().view(-1),
+                         **{k: (v.clone().view(-1) if k != "step" else v.clone())
+                            for k, v in state.items()}})
+        torch.save({"iteration": t, "numel": layout.numel,
+                    "sidecar_capacity": layout.sidecar_capacity, "live": live,
+                    "held": mirror.held[mirror.held_index].clone()},
+                   os.path.join(self.directory, f"t{t}_rank{trainer.runtime.rank}.pt"))
+
+
+def restore_into_fresh_objects(trainer: Trainer, mirror_hook: MirrorHook) -> None:
+    buffer = mirror_hook.mirror.return_to_owners().clone()
+    trainer.state = setup_model_and_optimizer(trainer.config, pretrain_gpt.model_provider,
+                                              trainer.runtime.on_cpu)
+    with torch.no_grad():  # make sure nothing of the old run survives by chance
+        for chunk in trainer.state.model:
+            for param in chunk.parameters():
+                param.add_(0.5)
+    mirror_hook.rebind(trainer)
+    restore_snapshot(trainer, mirror_hook.layout, buffer)
+
+
+def main() -> None:
+    probe = argparse.ArgumentParser()
+    probe.add_argument("--dump-at", type=int, nargs="*", default=[])
+    probe.add_argument("--dump-dir")
+    probe.add_argument("--restore-at", type=int)
+    opts, rest = probe.parse_known_args()
+    config = parse_args(rest)
+    mirror_hook = MirrorHook(config)
+    hooks = [mirror_hook]
+    if opts.dump_at:
+        hooks.append(DumpHook(mirror_hook, opts.dump_at, opts.dump_dir))
+    trainer = build_trainer(config, pretrain_gpt.model_provider, pretrain_gpt.forward_step,
+                            hooks)
+    trainer.setup()
+    if opts.restore_at is not None:
+        trainer.loop(until=opts.restore_at)
+        restore_into_fresh_objects(trainer, mirror_hook)
+    trainer.loop()
+    if config.checkpoint.save:
+        trainer.save()
+    trainer.finish()
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""--deadpool flags: bad layouts are refused before any process group, with a
+message that says what to change; good ones pass."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron.training.arguments import ConfigError, parse_args
+
+from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "10",
+        "--lr", "1e-3", "--mock-data"]
+TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+DEADPOOL = ["--deadpool", "--use-distributed-optimizer"]
+
+
+def parse(args, world_size, environ=None):
+    environ = {} if environ is None else environ
+
+    def check(config):
+        validate_deadpool(config, environ)
+
+    return parse_args(BASE + args, extra_sections={"deadpool": DeadpoolConfig},
+                      extra_validators=[check], world_size=world_size)
+
+
+def error(args, world_size, environ=None) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse(args, world_size, environ)
+    return str(info.value)
+
+
+def test_without_deadpool_nothing_is_checked():
+    parse(TP2_PP2, 8, {"LOCAL_WORLD_SIZE": "8"})
+
+
+def test_needs_the_distributed_optimizer():
+    assert "--use-distributed-optimizer" in error(["--deadpool", "--deadpool-ranks-per-node",
+                                                   "1"], 2)
+
+
+def test_needs_two_data_parallel_ranks():
+    message = error(DEADPOOL + ["--tensor-model-parallel-size", "2",
+                                "--deadpool-ranks-per-node", "1"], 2)
+    assert "data-parallel size >= 2" in message
+    assert "--tensor-model-parallel-size" in message
+
+
+def test_one_node_is_refused_and_says_how_to_accept_it():
+    message = error(DEADPOOL + TP2_PP2, 8, {"LOCAL_WORLD_SIZE": "8"})
+    assert "--deadpool-allow-same-node-buddy" in message
+    assert "node" in message
+
+
+def test_same_node_buddies_on_request():
+    config = parse(DEADPOOL + TP2_PP2 + ["--deadpool-allow-same-node-buddy"], 8,
+                   {"LOCAL_WORLD_SIZE": "8"})
+    assert plan_buddies(config, {"LOCAL_WORLD_SIZE": "8"}).same_node
+
+
+def test_default_mapping_keeps_dp_peers_on_one_node_and_says_to_remap():
+    """TP2 PP2 DP2 on 4-rank nodes: with Megatron's default rank order the DP
+    peers of rank 0 (ranks 0 and 2) share node 0."""
+    message = error(DEADPOOL + TP2_PP2 + ["--deadpool-ranks-per-node", "4"], 8)
+    assert "--use-tp-pp-dp-mapping" in message
+    config = parse(DEADPOOL + TP2_PP2 + ["--deadpool-ranks-per-node", "4",
+                                         "--use-tp-pp-dp-mapping"], 8)
+    buddies = plan_buddies(config)
+    assert buddies.buddy[0] == 4 and not buddies.same_node
+
+
+def test_world_must_be_whole_nodes():
+    assert "--deadpool-ranks-per-node" in error(DEADPOOL + ["--deadpool-ranks-per-node",
+                                                            "3"], 4)
+
+
+def test_device_memory_needs_a_gpu():
+    message = error(DEADPOOL + ["--deadpool-ranks-per-node", "1", "--cpu",
+                                "--deadpool-mirror-memory", "device"], 2)
+    assert "--deadpool-mirror-memory" in message and "host" in message
+
+
+def test_mirror_timeout_must_be_positive():
+    assert "--deadpool-mirror-timeout" in error(
+        DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-timeout", "0"], 2)
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({}, 8), ({"LOCAL_WORLD_SIZE": "4"}, 4), ({"SLURM_NTASKS_PER_NODE": "2"}, 2),
+    ({"DEADPOOL_RANKS_PER_NODE": "1", "LOCAL_WORLD_SIZE": "8"}, 1),
+])
+def test_node_size_comes_from_the_launcher(environ, expected):
+    assert ranks_per_node(DeadpoolConfig(), 8, environ) == expected
+    assert ranks_per_node(DeadpoolConfig(deadpool_ranks_per_node=2), 8, environ) == 2
+
+
+def test_pretrain_gpt_refuses_before_any_process_group():
+    """One process standing in for rank 0 of an 8-rank single-node torchrun:
+    the error comes from argument parsing, so no rendezvous is attempted."""
+    env = dict(os.environ, WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *BASE,
+                           *DEADPOOL, *TP2_PP2], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "pretrain_gpt.py: error: --deadpool found no buddy on another node" in proc.stderr

@@ -1,0 +1,179 @@
+"""Buddy mirroring (--deadpool) on real gloo processes.
+
+For each topology and precision: a failure-free run without the mirror is the
+reference; a run with the mirror (tests/unit_tests/mirror_worker.py) dumps,
+at several iterations, every rank's live optimizer state and the snapshot it
+holds for its owner, and at iteration K throws its model and optimizer away,
+fetches each rank's snapshot back from its buddy into freshly built (and
+perturbed) objects and trains on. The buddy's copy must equal the owner's
+state bit for bit; the curve (the redone iteration included) and the final
+state must equal the reference's bit for bit.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dist_utils import (REPO, TINY_GPT, assert_same_state, checkpoint_files, curve,
+                        read_metrics, run_pretrain, worker_env)
+from deadpool_ext import snapshot as snap
+from deadpool_ext.buddies import buddy_map, nodes_by_block
+from deadpool_ext.events import read_events
+
+ITERS = 7
+RESTORE_AT = 5
+DUMP_AT = (2, 3, 5)
+TOPOLOGIES = {
+    # name: (ranks, flags, ranks per node)
+    "tp2pp2dp2": (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                      "2", "--use-tp-pp-dp-mapping"], 4),
+    "dp4": (4, [], 1),
+}
+CASES = [("tp2pp2dp2", "fp32"), ("tp2pp2dp2", "bf16"), ("dp4", "fp32"), ("dp4", "bf16")]
+
+
+def base_args(topology, precision, corpus, directory):
+    ranks, flags, _ = TOPOLOGIES[topology]
+    return (TINY_GPT + flags + [
+        "--use-distributed-optimizer", "--global-batch-size", "8", "--data-path", corpus,
+        "--train-iters", str(ITERS), "--save", str(directory / "ckpt"),
+        "--metrics-file", str(directory / "metrics.jsonl")]
+        + (["--bf16"] if precision == "bf16" else []))
+
+
+def deadpool_args(topology, directory):
+    return ["--deadpool", "--deadpool-ranks-per-node", str(TOPOLOGIES[topology][2]),
+            "--deadpool-events", str(directory / "events.jsonl")]
+
+
+def run_worker(nproc, args, timeout=300):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc),
+               os.path.join(REPO, "tests", "unit_tests", "mirror_worker.py"), *args]
+    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+def case(request, tmp_path_factory, corpus_prefix):
+    """Reference and mirrored runs of one (topology, precision)."""
+    topology, precision = request.param
+    ranks = TOPOLOGIES[topology][0]
+    reference = tmp_path_factory.mktemp(f"reference-{topology}-{precision}")
+    run_pretrain(ranks, base_args(topology, precision, corpus_prefix, reference))
+    mirrored = tmp_path_factory.mktemp(f"mirrored-{topology}-{precision}")
+    (mirrored / "dumps").mkdir()
+    run_worker(ranks, base_args(topology, precision, corpus_prefix, mirrored)
+               + deadpool_args(topology, mirrored)
+               + ["--dump-at", *map(str, DUMP_AT), "--dump-dir", str(mirrored / "dumps"),
+                  "--restore-at", str(RESTORE_AT)])
+    return {"topology": topology, "precision": precision, "ranks": ranks,
+            "reference": reference, "mirrored": mirrored}
+
+
+def expected_buddies(case):
+    ranks, flags, per_node = TOPOLOGIES[case["topology"]]
+    tp = int(flags[1]) if flags else 1
+    pp = int(flags[3]) if flags else 1
+    return buddy_map(ranks, tp, pp, nodes_by_block(ranks, per_node),
+                     tp_pp_dp="--use-tp-pp-dp-mapping" in flags)
+
+
+def load_dump(case, t, rank):
+    return torch.load(case["mirrored"] / "dumps" / f"t{t}_rank{rank}.pt", weights_only=True)
+
+
+def dump_layout(dump) -> snap.ShardLayout:
+    return snap.ShardLayout([], dump["numel"], dump["sidecar_capacity"])
+
+
+def test_buddy_holds_the_owners_state_bit_for_bit(case):
+    buddies = expected_buddies(case)
+    for t in DUMP_AT:
+        for owner in range(case["ranks"]):
+            mine = load_dump(case, t, owner)
+            held = load_dump(case, t, buddies.buddy[owner])["held"]
+            layout = dump_layout(mine)
+            assert snap.verify(held, layout, iteration=t, owner=owner) == t
+            regions = snap.regions(held, layout)
+            side = snap.read_sidecar(held, layout)
+            assert side["progress"]["iteration"] == t
+            assert len(mine["live"]) == len(side["steps"]) > 0
+            for entry, step in zip(mine["live"], side["steps"]):
+                where = slice(entry["offset"], entry["offset"] + entry["numel"])
+                for index, name in enumerate(snap.STATES):
+                    assert torch.equal(regions[index][where], entry[name].float()), \
+                        f"t={t} owner={owner} {name} differs"
+                assert step == float(entry["step"]) == t
+
+
+def test_held_copies_change_every_iteration(case):
+    """The check above can fail: two iterations' snapshots differ."""
+    a, b = (load_dump(case, t, 0)["held"] for t in DUMP_AT[:2])
+    assert not torch.equal(a, b)
+
+
+def test_a_corrupted_copy_is_detected(case):
+    held = load_dump(case, DUMP_AT[0], 0)["held"]
+    layout = dump_layout(load_dump(case, DUMP_AT[0], 0))
+    snap.verify(held, layout)
+    floats = snap.regions(held, layout)[1]  # one bit of one exp_avg value
+    corrupted = held.clone()
+    snap.regions(corrupted, layout)[1].view(torch.int32)[floats.numel() // 2] ^= 1 << 7
+    with pytest.raises(snap.SnapshotError, match="checksum"):
+        snap.verify(corrupted, layout)
+
+
+def test_restored_snapshot_continues_the_curve_bit_for_bit(case):
+    reference = curve(read_metrics(case["reference"] / "metrics.jsonl"))
+    mirrored = curve(read_metrics(case["mirrored"] / "metrics.jsonl"))
+    assert len(reference) == ITERS
+    # The last snapshot before the restore is of iteration RESTORE_AT - 1: the
+    # iteration after it is redone, and must come out the same.
+    assert len(mirrored) == ITERS + 1
+    assert mirrored[RESTORE_AT] == mirrored[RESTORE_AT - 1] == reference[RESTORE_AT - 1]
+    assert mirrored[:RESTORE_AT] + mirrored[RESTORE_AT + 1:] == reference
+    final_reference = checkpoint_files(str(case["reference"] / "ckpt"))
+    final_mirrored = checkpoint_files(str(case["mirrored"] / "ckpt"))
+    assert len(final_reference) == case["ranks"]
+    for name in final_reference:
+        assert_same_state(final_reference[name], final_mirrored[name], name)
+
+
+def test_events_record_what_the_mirror_did(case):
+    events = read_events(case["mirrored"] / "events.jsonl")
+    ready = [e for e in events if e["event"] == "mirror_ready"]
+    assert sorted(e["rank"] for e in ready) == list(range(case["ranks"]))
+    buddies = expected_buddies(case)
+    assert all(e["buddy"] == buddies.buddy[e["rank"]] for e in ready)
+    snapshots = [e for e in events if e["event"] == "mirror_snapshot"]
+    per_rank = {r: [e["iteration"] for e in snapshots if e["rank"] == r]
+                for r in range(case["ranks"])}
+    # 0..RESTORE_AT-1, then again from the restored RESTORE_AT-1, then the end.
+    expected = list(range(RESTORE_AT)) + list(range(RESTORE_AT - 1, ITERS + 1))
+    assert all(its == expected for its in per_rank.values()), per_rank
+    assert not [e for e in events if e["event"] == "mirror_failed"]
+
+
+def test_pretrain_gpt_with_deadpool_trains_the_same_curve(case, tmp_path, corpus_prefix):
+    """Through the user's entry point: the mirror changes nothing in training,
+    the log line shows what is held, and the buddies end holding the last state."""
+    if (case["topology"], case["precision"]) != ("dp4", "fp32"):
+        pytest.skip("one entry-point run is enough; the worker covers the rest")
+    args = base_args("dp4", "fp32", corpus_prefix, tmp_path) + deadpool_args("dp4", tmp_path)
+    stdout = run_pretrain(case["ranks"], args)
+    assert curve(read_metrics(tmp_path / "metrics.jsonl")) == curve(
+        read_metrics(case["reference"] / "metrics.jsonl"))
+    final_reference = checkpoint_files(str(case["reference"] / "ckpt"))
+    final = checkpoint_files(str(tmp_path / "ckpt"))
+    for name in final_reference:
+        assert_same_state(final_reference[name], final[name], name)
+    assert f"iteration        {ITERS}/       {ITERS} |" in stdout
+    assert f"mirror held: {ITERS - 1} |" in stdout
+    done = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "mirror_done"]
+    assert sorted(e["rank"] for e in done) == list(range(4))
+    assert all(e["held"] == ITERS for e in done)

@@ -1,0 +1,59 @@
+"""The snapshot format without processes: what verify() accepts and refuses."""
+
+import pytest
+import torch
+
+from deadpool_ext import snapshot as snap
+
+
+def sealed(iteration=7, owner=3, numel=10_000):
+    layout = snap.ShardLayout([], numel, 4096)
+    buffer = snap.allocate(layout)
+    generator = torch.Generator().manual_seed(0)
+    for region in snap.regions(buffer, layout):
+        region.copy_(torch.randn(numel, generator=generator))
+    side = {"steps": [float(iteration)] * 3, "progress": {"iteration": iteration}}
+    snap.seal(buffer, layout, iteration, owner, snap.encode_sidecar(side))
+    return layout, buffer
+
+
+def test_a_sealed_snapshot_verifies_and_reads_back():
+    layout, buffer = sealed()
+    assert layout.nbytes % (snap.CHUNK_WORDS * 8) == 0
+    assert snap.verify(buffer, layout, iteration=7, owner=3) == 7
+    assert snap.read_sidecar(buffer, layout)["progress"] == {"iteration": 7}
+
+
+@pytest.mark.parametrize("byte", [snap.HEADER_BYTES + 5, snap.HEADER_BYTES + 60_000, -1,
+                                  snap.HEADER_BYTES + 3 * 10_000 * 4 + 10])
+def test_any_flipped_bit_is_detected(byte):
+    layout, buffer = sealed()
+    buffer[byte] ^= 1
+    with pytest.raises(snap.SnapshotError, match="checksum"):
+        snap.verify(buffer, layout)
+
+
+def test_swapped_chunks_are_detected():
+    layout, buffer = sealed(numel=40_000)
+    words = buffer.view(torch.int64).view(-1, snap.CHUNK_WORDS)
+    words[[1, 2]] = words[[2, 1]].clone()
+    with pytest.raises(snap.SnapshotError, match="checksum"):
+        snap.verify(buffer, layout)
+
+
+def test_torn_wrong_iteration_wrong_owner_and_wrong_layout():
+    layout, buffer = sealed()
+    with pytest.raises(snap.SnapshotError, match="iteration 7"):
+        snap.verify(buffer, layout, iteration=8)
+    with pytest.raises(snap.SnapshotError, match="rank 3"):
+        snap.verify(buffer, layout, owner=2)
+    with pytest.raises(snap.SnapshotError, match="elements"):
+        snap.verify(buffer, snap.ShardLayout([], 9_999, 4096))
+    with pytest.raises(snap.SnapshotError, match="magic"):
+        snap.verify(snap.allocate(layout), layout)
+
+
+def test_an_oversized_sidecar_is_refused():
+    layout = snap.ShardLayout([], 100, 16)
+    with pytest.raises(snap.SnapshotError, match="sidecar"):
+        snap.seal(snap.allocate(layout), layout, 0, 0, b"x" * 17)
