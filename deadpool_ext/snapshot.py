@@ -13,9 +13,9 @@ iteration start, scheduler, grad scaler, progress), serialized with
 ``torch.save`` and read back with ``weights_only=True``.
 
 The checksum is a position-weighted sum of the buffer's 64-bit words, modulo
-2**64: one read of memory (CRC32 of a 100 MB shard takes ~0.8 s on this
-machine, this ~25 ms), it catches any flipped bit and any misplaced block, and
-integer wrap-around makes it independent of reduction order.
+2**64: one read of memory (on a 114 MB buffer ~7 ms here, ``zlib.crc32`` ~43
+ms), it catches any flipped bit and any misplaced block, and integer
+wrap-around makes it independent of reduction order.
 """
 
 import io
