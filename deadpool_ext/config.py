@@ -52,6 +52,13 @@ def ranks_per_node(dp: DeadpoolConfig, world_size: int, environ=os.environ) -> i
     return world_size
 
 
+def nodes_are_emulated(config: Config, environ=os.environ) -> bool:
+    """The flag or the launcher says where node boundaries are (otherwise
+    the hostnames do, and are checked once groups exist)."""
+    return (section(config).deadpool_ranks_per_node is not None
+            or "DEADPOOL_RANKS_PER_NODE" in environ)
+
+
 def node_names(config: Config, environ=os.environ) -> List[str]:
     dp = section(config)
     per_node = ranks_per_node(dp, config.world_size, environ)

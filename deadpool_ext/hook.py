@@ -3,7 +3,6 @@ hold the optimizer step until the shard is copied out, report in the log line.
 """
 
 import dataclasses
-import os
 import socket
 from typing import List, Optional
 
@@ -17,7 +16,7 @@ from megatron.training.training import Hook, Trainer
 
 from deadpool_ext import snapshot as snap
 from deadpool_ext.buddies import BuddyError, BuddyMap, buddy_map
-from deadpool_ext.config import plan_buddies, section
+from deadpool_ext.config import nodes_are_emulated, plan_buddies, section
 from deadpool_ext.events import EventLog
 from deadpool_ext.mirror import Mirror, new_mirror_group
 
@@ -25,19 +24,8 @@ from deadpool_ext.mirror import Mirror, new_mirror_group
 def replay_state(trainer: Trainer) -> dict:
     """What exact replay needs beside the optimizer shard, as of now (the
     start of an iteration)."""
-    scaler = getattr(trainer.state.optimizer, "grad_scaler", None)
-    return {
-        "progress": dataclasses.asdict(trainer.progress),
-        "rng": checkpointing.rng_state(),
-        "scheduler": trainer.state.scheduler.state_dict(),
-        "grad_scaler": scaler.state_dict() if scaler is not None else None,
-    }
-
-
-def nodes_are_emulated(config: Config, environ=os.environ) -> bool:
-    """The launcher (or the flag) says where node boundaries are."""
-    return (section(config).deadpool_ranks_per_node is not None
-            or "DEADPOOL_RANKS_PER_NODE" in environ)
+    return {"progress": dataclasses.asdict(trainer.progress),
+            "rng": checkpointing.rng_state(), **checkpointing.schedule_state(trainer.state)}
 
 
 def runtime_buddies(config: Config) -> BuddyMap:

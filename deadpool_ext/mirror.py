@@ -39,9 +39,8 @@ def new_mirror_group(backend: str, timeout_s: float):
 class Mirror:
     def __init__(self, optimizer, layout: snap.ShardLayout, rank: int, buddy: int, owner: int,
                  group, events: EventLog, device: Optional[torch.device] = None):
-        """device: None on CPU; on GPU the CUDA device, with buffers in pinned
-        host memory (gloo group) or device memory (NCCL group) chosen by
-        ``buffer_device``."""
+        """device: None on CPU; on GPU the CUDA device (``allocate`` then puts
+        the buffers in pinned host memory or in device memory)."""
         self.optimizer, self.layout = optimizer, layout
         self.rank, self.buddy, self.owner = rank, buddy, owner
         self.group, self.events = group, events
@@ -52,7 +51,7 @@ class Mirror:
         self.own_index: Optional[int] = None   # last sealed own snapshot
         self.held_index: Optional[int] = None  # last verified held snapshot
         self.error: Optional[BaseException] = None
-        self.last = {}  # timings of the last completed job, for the log line
+        self.last = {}  # stage timings of the last job, for the event log
         self._lock = threading.Lock()
         self._packed = threading.Event()
         self._packed.set()

@@ -23,12 +23,7 @@ def restore_snapshot(trainer: Trainer, layout: snap.ShardLayout, buffer: torch.T
         opt._copy_main_params_to_model_params()
     for chunk in state.model:
         chunk.start_param_sync(force_sync=True)
-    # load_state_dict adds the loaded step count to the current one.
-    state.scheduler.num_steps = 0
-    state.scheduler.load_state_dict(side["scheduler"])
-    scaler = getattr(state.optimizer, "grad_scaler", None)
-    if scaler is not None and side["grad_scaler"] is not None:
-        scaler.load_state_dict(side["grad_scaler"])
+    checkpointing.load_schedule_state(state, side)
     checkpointing.set_rng_state(side["rng"])
     trainer.progress = Progress(**side["progress"])
     trainer.reset_train_iterator()

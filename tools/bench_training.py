@@ -52,16 +52,17 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> di
            "--nproc-per-node", str(nproc), os.path.join(REPO, "pretrain_gpt.py"), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     start = time.time()
-    stderr = open(os.path.join(workdir, "stderr.log"), "w+")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=stderr, text=True)
-    first_iteration = None
-    for line in proc.stdout:
-        if first_iteration is None and re.search(r" iteration +1/", line):
-            first_iteration = time.time() - start
-    if proc.wait() != 0:
+    with open(os.path.join(workdir, "stderr.log"), "w+") as stderr:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True)
+        first_iteration = None
+        for line in proc.stdout:
+            if first_iteration is None and re.search(r" iteration +1/", line):
+                first_iteration = time.time() - start
+        failed = proc.wait() != 0
         stderr.seek(0)
         lines = stderr.readlines()
+    if failed:
         tail = "".join([l for l in lines if "error:" in l][:3] + lines[-15:])
         raise SystemExit(f"run failed: {shlex.join(cmd)}\n{tail}\n"
                          "(the demo corpus comes from `make data`; `make bench` runs it first)")

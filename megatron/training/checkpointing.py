@@ -61,6 +61,22 @@ def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> N
                 state[param][key] = value.to(param.device, copy=True)
 
 
+def schedule_state(state) -> dict:
+    """The LR scheduler and the grad scaler (None without one)."""
+    scaler = getattr(state.optimizer, "grad_scaler", None)
+    return {"scheduler": state.scheduler.state_dict(),
+            "grad_scaler": scaler.state_dict() if scaler is not None else None}
+
+
+def load_schedule_state(state, saved: dict) -> None:
+    scaler = getattr(state.optimizer, "grad_scaler", None)
+    if scaler is not None and saved["grad_scaler"] is not None:
+        scaler.load_state_dict(saved["grad_scaler"])
+    # load_state_dict adds the saved step count to the current one.
+    state.scheduler.num_steps = 0
+    state.scheduler.load_state_dict(saved["scheduler"])
+
+
 def rng_state() -> dict:
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
@@ -108,15 +124,13 @@ def save_checkpoint(directory: str, iteration: int, consumed_samples: int, state
     """Every rank writes its file; rank 0 then points the tracker at it."""
     path = rank_file(directory, iteration)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    scaler = getattr(state.optimizer, "grad_scaler", None)
     _atomic_save({
         "iteration": iteration,
         "consumed_samples": consumed_samples,
         "layout": layout(),
         "model": state.model[0].state_dict(),
         "optimizer": optimizer_shard(state.optimizer),
-        "grad_scaler": scaler.state_dict() if scaler is not None else None,
-        "scheduler": state.scheduler.state_dict(),
+        **schedule_state(state),
         "rng": rng_state(),
     }, path)
     dist.barrier()
@@ -153,12 +167,7 @@ def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bo
         return {"iteration": 0, "consumed_samples": 0}
     if load_optim:
         load_optimizer_shard(state.optimizer, saved["optimizer"])
-        scaler = getattr(state.optimizer, "grad_scaler", None)
-        if scaler is not None and saved["grad_scaler"] is not None:
-            scaler.load_state_dict(saved["grad_scaler"])
-        # load_state_dict adds the saved step count to the current one.
-        state.scheduler.num_steps = 0
-        state.scheduler.load_state_dict(saved["scheduler"])
+        load_schedule_state(state, saved)
     if load_rng:
         set_rng_state(saved["rng"])
     return {"iteration": saved["iteration"], "consumed_samples": saved["consumed_samples"]}
