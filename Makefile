@@ -21,11 +21,13 @@ DEMO_ARGS = \
 	--log-interval 5 --eval-interval 30 --eval-iters 2 --log-throughput \
 	--save $(RUN_DIR)/checkpoints --save-interval 30 \
 	--metrics-file $(RUN_DIR)/metrics.jsonl
-# Buddy mirroring across two emulated 4-rank nodes (DP peers on other nodes).
-DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-ranks-per-node 4 \
-	--deadpool-events $(RUN_DIR)/events.jsonl
+# Buddy mirroring and hot swap across emulated 4-rank nodes (DP peers on
+# other nodes); the demo kills node 1 in iteration 25.
+DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/events.jsonl
+FAULT ?= kill:node=1:iter=25
+LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo test bench bench-mirror clean print-demo-args print-deadpool-args
+.PHONY: setup data demo test bench bench-mirror bench-recovery clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -39,10 +41,13 @@ setup: $(VENV)/.installed
 data: setup
 	$(PY) tools/prepare_corpus.py --output-dir data
 
+# 2 active nodes x 4 ranks (TP2 PP2 DP2) + 1 warm spare node; node 1 dies.
 demo: data
 	rm -rf $(RUN_DIR)
-	OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore $(PY) -m torch.distributed.run --standalone \
-		--nproc-per-node $(NPROC) pretrain_gpt.py $(DEMO_ARGS) $(DEADPOOL_ARGS)
+	OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore $(LAUNCH) pretrain_gpt.py $(DEMO_ARGS) \
+		$(DEADPOOL_ARGS) --deadpool-inject $(FAULT)
+	$(PY) tools/recovery_timeline.py --events $(RUN_DIR)/events.jsonl \
+		--metrics $(RUN_DIR)/metrics.jsonl --output-dir $(RUN_DIR)
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
@@ -52,6 +57,9 @@ bench: data
 
 bench-mirror: data
 	OMP_NUM_THREADS=1 $(PY) tools/bench_mirror.py
+
+bench-recovery: data
+	OMP_NUM_THREADS=1 $(PY) tools/bench_recovery.py
 
 clean:
 	rm -rf $(VENV) data runs *.egg-info

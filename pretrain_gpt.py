@@ -12,6 +12,7 @@ This file holds only the GPT-specific providers; the loop is in
 megatron/training.
 """
 
+import os
 import sys
 from functools import partial
 
@@ -83,6 +84,15 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
         return 2
+    from deadpool_ext.config import section
+
+    if "DEADPOOL_SLOT" in os.environ:  # started by deadpool-launch: recovery on
+        if not section(config).deadpool:
+            print("pretrain_gpt.py: error: deadpool-launch runs training with recovery: "
+                  "add --deadpool", file=sys.stderr)
+            return 2
+        from deadpool_ext.worker import run
+        return run(config, model_provider, forward_step)
     from megatron.training.training import pretrain
 
     from deadpool_ext.hook import deadpool_hooks

@@ -18,7 +18,9 @@ setup(
         "megatron-core>=0.16.1,<0.17",
         "nvidia-ml-py",
         "numpy",
+        "matplotlib",  # the demo's loss curve and recovery timeline
     ],
+    entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={
         "gpu": ["transformer-engine[pytorch]", "apex"],
         "test": ["pytest", "pytest-timeout"],

@@ -13,6 +13,7 @@ from megatron.training.arguments import ConfigError
 from megatron.training.config import Config, arg
 
 from deadpool_ext.buddies import BuddyError, BuddyMap, buddy_map, nodes_by_block
+from deadpool_ext.inject import InjectError, parse_faults
 
 
 @dataclass(kw_only=True)
@@ -35,6 +36,13 @@ class DeadpoolConfig:
         "launcher's emulated node size.")
     deadpool_mirror_timeout: float = arg(
         300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost.")
+    deadpool_heartbeat_timeout: float = arg(
+        10.0, help="Seconds without a heartbeat after which the coordinator declares a "
+        "node lost or a worker hung (hung workers are killed and replaced).")
+    deadpool_inject: Optional[List[str]] = arg(
+        help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
+        "hang:rank=R:iter=N; phases forward, backward, grad-reduce, optimizer, mirror, "
+        "recovery (deadpool-launch runs only).", action="append")
 
 
 def section(config: Config) -> DeadpoolConfig:
@@ -97,6 +105,23 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
                           "default) on CPU runs")
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
+    if dp.deadpool_heartbeat_timeout <= 0:
+        raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if (config.training.clip_grad or 0) <= 0:
+        raise ConfigError("--deadpool needs --clip-grad > 0: the grad-norm all-reduce over "
+                          "all ranks in every step keeps ranks within one iteration of each "
+                          "other, which the rollback after a failure relies on")
+    try:
+        faults = parse_faults(dp.deadpool_inject)
+    except InjectError as error:
+        raise ConfigError(str(error)) from None
+    if faults and "DEADPOOL_SLOT" not in environ:
+        raise ConfigError("--deadpool-inject needs the deadpool launcher: run through "
+                          "python -m deadpool_ext.launch (deadpool-launch)")
+    for fault in faults:
+        if fault.rank is not None and fault.rank >= config.world_size:
+            raise ConfigError(f"--deadpool-inject: rank {fault.rank} does not exist "
+                              f"(world size {config.world_size})")
     plan_buddies(config, environ)
 
 

@@ -47,23 +47,29 @@ def runtime_buddies(config: Config) -> BuddyMap:
         raise SystemExit(f"--deadpool: {error}") from None
 
 
+def mirror_backend(config: Config) -> str:
+    """Host-memory mirrors travel over gloo, device-memory ones over NCCL."""
+    return "nccl" if section(config).deadpool_mirror_memory == "device" else "gloo"
+
+
 class MirrorHook(Hook):
     def __init__(self, config: Config):
         self.config = config
         self.mirror: Optional[Mirror] = None
         self.layout: Optional[snap.ShardLayout] = None
         self.events: Optional[EventLog] = None
+        self.buddies: Optional[BuddyMap] = None
 
     def on_setup(self, trainer: Trainer) -> None:
         dp, rank = section(self.config), trainer.runtime.rank
         logger = get_logger(rank)
-        buddies = runtime_buddies(self.config)
+        buddies = self.buddies = runtime_buddies(self.config)
         self.events = EventLog(dp.deadpool_events, rank)
         self.layout = snap.build_layout(trainer.state.optimizer)
         device = None if trainer.runtime.on_cpu else torch.device("cuda",
                                                                    torch.cuda.current_device())
         in_device = dp.deadpool_mirror_memory == "device"
-        group = new_mirror_group("nccl" if in_device else "gloo", dp.deadpool_mirror_timeout)
+        group = new_mirror_group(mirror_backend(self.config), dp.deadpool_mirror_timeout)
         self.mirror = Mirror(trainer.state.optimizer, self.layout, rank, buddies.buddy[rank],
                              buddies.owner[rank], group, self.events, device)
         self.mirror.allocate("device" if in_device else "cpu")
@@ -92,7 +98,7 @@ class MirrorHook(Hook):
         self.mirror.start(trainer.progress.iteration, replay_state(trainer))
 
     def before_optimizer_step(self, trainer: Trainer) -> None:
-        self.mirror.wait_packed()
+        self.mirror.wait_exchanged()
 
     def log_fields(self, trainer: Trainer) -> List[str]:
         held = self.mirror.held_iteration()

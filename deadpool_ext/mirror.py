@@ -18,7 +18,7 @@ import datetime
 import queue
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,10 @@ class MirrorError(RuntimeError):
 
 
 def new_mirror_group(backend: str, timeout_s: float):
-    """A process group used by mirror traffic only (all ranks must call it)."""
+    """A process group used by mirror traffic only (all ranks must call it).
+    In a spare's fake world it is fake too, until the real one replaces it."""
+    if dist.get_backend() == "fake":
+        backend = None
     return dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -60,8 +63,12 @@ class Mirror:
         self._idle = threading.Condition(self._lock)
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._last_event = None
-        self._thread = threading.Thread(target=self._work, name=f"deadpool-mirror-{rank}",
-                                        daemon=True)
+        self.before_exchange = None  # fault injection: called with the iteration
+        self._thread = self._new_thread()
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._work, name=f"deadpool-mirror-{self.rank}",
+                                daemon=True)
 
     def allocate(self, buffer_device: str = "cpu") -> None:
         pin = self.cuda and buffer_device == "cpu"
@@ -125,10 +132,73 @@ class Mirror:
                 return None
             return snap.snapshot_iteration(self.held[self.held_index])
 
+    def wait_exchanged(self) -> None:
+        """Before the optimizer step: this iteration's snapshot must have
+        reached the buddy (and the owner's reached us). Every step holds a
+        grad-norm all-reduce over all ranks, so no rank can finish step t
+        before every buddy holds snapshot t: survivors are never more than
+        one iteration ahead of what the buddies hold."""
+        self.wait_packed()
+        self.wait_idle()
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join(timeout=10)
+
+    # ----- recovery -----
+    def halt(self, timeout_s: float = 60.0) -> None:
+        """Stop the worker: drop queued jobs, let the running one finish or
+        fail (its peers are released as their old groups die)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                with self._idle:
+                    self._pending -= 1
+        self._jobs.put(None)
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            raise MirrorError(f"the mirror thread is still in an exchange after {timeout_s} s")
+
+    def resume(self, source_index: int) -> None:
+        """After a restore from own[source_index]: forget every other copy
+        (a later rollback must not find a snapshot of the abandoned timeline)
+        and start a fresh worker."""
+        for i, buffer in enumerate(self.own + self.held):
+            if i != source_index:
+                snap.header(buffer)[snap.H_MAGIC] = 0
+        self.own_index, self.held_index = source_index, None
+        self.error, self._pending = None, 0
+        self._packed.set()
+        self._jobs = queue.Queue()
+        self._thread = self._new_thread()
+        self._thread.start()
+
+    def iterations(self, which: str) -> List[int]:
+        """Iterations of the own (or held) snapshots that verify, newest first."""
+        buffers, owner = (self.own, self.rank) if which == "own" else (self.held, self.owner)
+        found = []
+        for buffer in buffers:
+            try:
+                snap.verify(buffer, self.layout, owner=owner)
+            except snap.SnapshotError:
+                continue
+            found.append(snap.snapshot_iteration(buffer))
+        return sorted(set(found), reverse=True)
+
+    def find(self, which: str, iteration: int) -> int:
+        """Index of the verified own (or held) snapshot of ``iteration``."""
+        buffers, owner = (self.own, self.rank) if which == "own" else (self.held, self.owner)
+        for i, buffer in enumerate(buffers):
+            try:
+                snap.verify(buffer, self.layout, iteration=iteration, owner=owner)
+                return i
+            except snap.SnapshotError:
+                continue
+        raise MirrorError(f"no verified {which} snapshot of iteration {iteration}")
 
     # ----- worker thread -----
     def _work(self) -> None:
@@ -163,6 +233,8 @@ class Mirror:
         self.own_index = index
         t2 = time.perf_counter()
         target = 0 if self.held_index is None else 1 - self.held_index
+        if self.before_exchange is not None:
+            self.before_exchange(iteration)
         self.exchange(buffer, self.held[target])
         t3 = time.perf_counter()
         snap.verify(self.held[target], self.layout, iteration=iteration, owner=self.owner)

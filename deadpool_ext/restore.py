@@ -10,10 +10,11 @@ from megatron.training.training import Progress, Trainer
 from deadpool_ext import snapshot as snap
 
 
-def restore_snapshot(trainer: Trainer, layout: snap.ShardLayout, buffer: torch.Tensor) -> int:
+def restore_snapshot(trainer: Trainer, layout: snap.ShardLayout, buffer: torch.Tensor,
+                     iteration=None) -> int:
     """Collective over data-parallel peers (the parameter all-gather).
     Returns the iteration training resumes at."""
-    snap.verify(buffer, layout, owner=trainer.runtime.rank)
+    snap.verify(buffer, layout, iteration=iteration, owner=trainer.runtime.rank)
     side = snap.read_sidecar(buffer, layout)
     state = trainer.state
     snap.unpack_shard(state.optimizer, layout, buffer, side["steps"])

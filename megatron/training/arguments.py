@@ -40,6 +40,8 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
         kwargs = {"dest": f.name, "default": default, "help": meta.get("help", "")}
         if kind is bool:
             kwargs["action"] = "store_true"
+        elif kind is list and meta.get("action") == "append":  # a repeatable flag
+            kwargs.update(type=item, action="append")
         elif kind is list:
             kwargs.update(type=item, nargs=meta.get("nargs", "+"))
         else:

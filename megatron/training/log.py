@@ -87,6 +87,18 @@ class MetricsFile:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
 
+    def rewind(self, iteration: int) -> None:
+        """Forget the records after ``iteration`` (a recovery redoes them)."""
+        if self.file is None:
+            return
+        self.file.flush()
+        with open(self.file.name) as f:
+            kept = [line for line in f if json.loads(line)["iteration"] <= iteration]
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.writelines(kept)
+        self.file.flush()
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()

@@ -187,22 +187,31 @@ class Trainer:
             print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
 
     # ----- the loop -----
+    # A process joining a running job (a spare) restores its state from peers
+    # instead of loading, and appends to the metrics file it takes over.
+    joining = False
+
     def setup(self) -> None:
-        self.load()
+        if not self.joining:
+            self.load()
         self.reset_train_iterator()
         self.metrics = MetricsFile(self.config.logging.metrics_file if self.runtime.is_last_rank
-                                   else None, append=self.progress.iteration > 0)
+                                   else None, append=self.progress.iteration > 0 or self.joining)
         for hook in self.hooks:
             hook.on_setup(self)
 
     def train(self) -> Progress:
         self.setup()
         if self.loop():
-            self.maybe_validate(final=True)
-            if self.config.checkpoint.save and not self.just_saved:
-                self.save()
+            self.wrap_up()
         self.finish()
         return self.progress
+
+    def wrap_up(self) -> None:
+        """After the last iteration: final validation and checkpoint."""
+        self.maybe_validate(final=True)
+        if self.config.checkpoint.save and not self.just_saved:
+            self.save()
 
     def loop(self, until: Optional[int] = None) -> bool:
         """Train up to iteration ``until`` (default --train-iters); False if
@@ -319,8 +328,9 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
 
 
 def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
-                  hooks=()) -> Trainer:
-    """Process groups, tokenizer, model, optimizer and data, ready to train."""
+                  hooks=(), datasets=None) -> Trainer:
+    """Process groups, tokenizer, model, optimizer and data (unless built
+    already: a warm spare builds them before it knows its place), ready to train."""
     runtime = initialize(config)
     config.extra["on_cpu"] = runtime.on_cpu
     tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
@@ -330,5 +340,6 @@ def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
     init_num_microbatches_calculator(runtime.rank, None, config.batch.global_batch_size,
                                      config.batch.micro_batch_size, config.data_parallel_size)
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
-    datasets = data.build_datasets(config, tokenizer)
+    if datasets is None:
+        datasets = data.build_datasets(config, tokenizer)
     return Trainer(config, runtime, state, forward_step, datasets, hooks)

@@ -109,3 +109,35 @@ def test_pretrain_gpt_refuses_before_any_process_group():
                           timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "pretrain_gpt.py: error: --deadpool found no buddy on another node" in proc.stderr
+
+
+LAUNCHED = {"DEADPOOL_SLOT": "0.0", "LOCAL_WORLD_SIZE": "1"}
+
+
+def test_recovery_needs_gradient_clipping():
+    message = error(DEADPOOL + ["--clip-grad", "0"], 2, LAUNCHED)
+    assert "--clip-grad > 0" in message
+
+
+def test_fault_injection_is_checked_and_needs_the_launcher():
+    assert "deadpool-launch" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3"], 2,
+                                      {"LOCAL_WORLD_SIZE": "1"})
+    assert "iter=N" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1"], 2, LAUNCHED)
+    assert "does not exist" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=7:iter=2"], 2,
+                                     LAUNCHED)
+    config = parse(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3",
+                               "--deadpool-inject", "hang:rank=0:iter=5"], 2, LAUNCHED)
+    assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3",
+                                                        "hang:rank=0:iter=5"]
+
+
+def test_heartbeat_timeout_must_be_positive():
+    assert "heartbeat" in error(DEADPOOL + ["--deadpool-heartbeat-timeout", "0"], 2, LAUNCHED)
+
+
+def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
+    env = {k: v for k, v in os.environ.items() if k != "DEADPOOL_SECRET"}
+    proc = subprocess.run([sys.executable, "-m", "deadpool_ext.launch", "--nnodes", "2",
+                           "--node-rank", "1", "--master-port", "29500", "pretrain_gpt.py"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "DEADPOOL_SECRET" in proc.stderr

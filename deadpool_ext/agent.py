@@ -1,0 +1,107 @@
+"""One agent per node: starts the node's workers (active ranks or warm
+spares), reports their exits at once, beats for the node, and carries out
+the coordinator's commands (kill a hung worker, stop).
+
+Run by the launcher; ``python -m deadpool_ext.agent`` takes its settings
+from the environment the launcher sets (the secret never goes on a command
+line, where other users could read it).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List
+
+import torch.distributed as dist
+
+from deadpool_ext.control import Channel, connect, job_secret, slot_name
+
+
+class Agent:
+    def __init__(self, channel: Channel, node: int, nproc: int, active: bool, world_size: int,
+                 command: List[str], store_addr: str, heartbeat_s: float = 0.5):
+        self.channel, self.node, self.nproc = channel, node, nproc
+        self.active, self.world_size, self.command = active, world_size, command
+        self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
+        self.workers: Dict[str, subprocess.Popen] = {}
+        self.commands = channel.reader(f"agent/{node}")
+        self.stopping = False
+        self.seq = 0
+
+    def worker_env(self, local: int) -> dict:
+        env = dict(os.environ)
+        slot = slot_name(self.node, local)
+        env.update(DEADPOOL_SLOT=slot, DEADPOOL_ROLE="active" if self.active else "spare",
+                   DEADPOOL_STORE=self.store_addr, DEADPOOL_NODE=str(self.node),
+                   DEADPOOL_RANKS_PER_NODE=str(self.nproc), LOCAL_RANK=str(local),
+                   LOCAL_WORLD_SIZE=str(self.nproc), WORLD_SIZE=str(self.world_size))
+        if self.active:
+            env["RANK"] = str(self.node * self.nproc + local)
+        return env
+
+    def start(self) -> None:
+        for local in range(self.nproc):
+            self.workers[slot_name(self.node, local)] = subprocess.Popen(
+                self.command, env=self.worker_env(local))
+        self.channel.post("coordinator", kind="node", node=self.node, active=self.active,
+                          pids={s: p.pid for s, p in self.workers.items()})
+
+    def beat(self) -> None:
+        self.seq += 1
+        self.channel.put(f"hb/node/{self.node}", seq=self.seq, time=time.time())
+
+    def watch_once(self) -> None:
+        for slot, proc in list(self.workers.items()):
+            code = proc.poll()
+            if code is not None:
+                del self.workers[slot]
+                if not self.stopping:
+                    self.channel.post("coordinator", kind="exit", slot=slot, code=code)
+        for command in self.commands.poll():
+            self.obey(command)
+
+    def obey(self, command: dict) -> None:
+        kind = command.get("kind")
+        if kind == "kill" and command.get("slot") in self.workers:
+            self.workers[command["slot"]].kill()
+            self.workers[command["slot"]].send_signal(signal.SIGCONT)  # a stopped one too
+        elif kind in ("kill_all", "stop"):
+            self.stopping = kind == "stop"
+            for proc in self.workers.values():
+                proc.terminate() if kind == "stop" else proc.kill()
+
+    def run(self) -> int:
+        self.start()
+        last = 0.0
+        try:
+            while self.workers:
+                if time.monotonic() - last >= self.heartbeat_s:
+                    self.beat()
+                    last = time.monotonic()
+                self.watch_once()
+                time.sleep(0.02)
+        except dist.DistError:
+            # The coordinator is gone, and with it the job: leave no orphans.
+            self.obey({"kind": "kill_all"})
+            return 1
+        return 0
+
+
+def main() -> int:
+    settings = json.loads(os.environ["DEADPOOL_AGENT"])
+    host, port = settings["store"].rsplit(":", 1)
+    store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
+    agent = Agent(Channel(store, job_secret()), settings["node"], settings["nproc"],
+                  settings["active"], settings["world_size"], settings["command"],
+                  settings["store"])
+    signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": "stop"}))
+    threading.current_thread().name = f"deadpool-agent-{settings['node']}"
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

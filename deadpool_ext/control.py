@@ -1,0 +1,130 @@
+"""The control plane's wire: signed JSON messages in the coordinator's store.
+
+The coordinator hosts a ``TCPStore``; agents and workers connect to it. It
+carries the process-group rendezvous of each generation (under
+``gen{N}/``) and the control messages below. Every control message is JSON
+with an HMAC-SHA256 over its topic, sequence number and body, keyed by the
+per-job secret. Anything that fails the check is dropped and counted, so a
+process without the secret cannot register as a spare, report a failure or
+take a rank; and since messages are JSON, nothing from the network is ever
+unpickled.
+
+Two shapes:
+  * topics: append-only logs (``post`` / ``Reader.poll``), e.g. reports to
+    the coordinator or commands to an agent;
+  * keys: one signed value that is overwritten (``put`` / ``get``), e.g.
+    heartbeats, the current generation and each generation's decision.
+"""
+
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from typing import List, Optional, Tuple
+
+import torch.distributed as dist
+
+SECRET_ENV = "DEADPOOL_SECRET"
+
+
+class ControlError(RuntimeError):
+    """A control message could not be read or trusted."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def job_secret(environ=os.environ) -> bytes:
+    """The launcher's secret, else one derived from the Slurm job (every
+    node of the job can derive it, nobody outside the job's user can
+    read the key file it mixes in)."""
+    if environ.get(SECRET_ENV):
+        return environ[SECRET_ENV].encode()
+    raise ControlError(f"no {SECRET_ENV} in the environment: start workers with "
+                       "deadpool-launch (python -m deadpool_ext.launch)")
+
+
+def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = False):
+    return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), use_libuv=True)
+
+
+class Channel:
+    def __init__(self, store, secret: bytes):
+        self.store, self.secret = store, secret
+        self.rejected = 0
+
+    # ----- signing -----
+    def _mac(self, where: str, body: str) -> str:
+        return hmac.new(self.secret, f"{where}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+    def _seal(self, where: str, body: dict) -> bytes:
+        text = json.dumps(body, sort_keys=True)
+        return json.dumps({"body": text, "mac": self._mac(where, text)}).encode()
+
+    def _open(self, where: str, raw: bytes) -> Optional[dict]:
+        try:
+            outer = json.loads(raw.decode())
+            text, mac = outer["body"], outer["mac"]
+            if hmac.compare_digest(mac, self._mac(where, text)):
+                body = json.loads(text)
+                if isinstance(body, dict):
+                    return body
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            pass
+        self.rejected += 1
+        return None
+
+    # ----- keys -----
+    def put(self, key: str, **body) -> None:
+        self.store.set(f"key/{key}", self._seal(f"key/{key}", body))
+
+    def get(self, key: str) -> Optional[dict]:
+        """The key's verified value, or None if absent or not authentic."""
+        name = f"key/{key}"
+        if not self.store.check([name]):
+            return None
+        return self._open(name, self.store.get(name))
+
+    # ----- topics -----
+    def post(self, topic: str, **body) -> None:
+        seq = self.store.add(f"topic/{topic}/n", 1)
+        name = f"topic/{topic}/{seq}"
+        self.store.set(name, self._seal(name, body))
+
+    def reader(self, topic: str) -> "Reader":
+        return Reader(self, topic)
+
+
+class Reader:
+    """Reads a topic in order; a message whose slot was claimed but not yet
+    written is waited for on the next poll, not skipped."""
+
+    def __init__(self, channel: Channel, topic: str):
+        self.channel, self.topic, self.cursor = channel, topic, 0
+
+    def poll(self) -> List[dict]:
+        store, out = self.channel.store, []
+        count = store.add(f"topic/{self.topic}/n", 0)
+        while self.cursor < count:
+            name = f"topic/{self.topic}/{self.cursor + 1}"
+            if not store.check([name]):
+                break
+            self.cursor += 1
+            body = self.channel._open(name, store.get(name))
+            if body is not None:
+                out.append(body)
+        return out
+
+
+def slot_name(node: int, local: int) -> str:
+    """A worker process's place: node index and local index on the node."""
+    return f"{node}.{local}"
+
+
+def parse_slot(slot: str) -> Tuple[int, int]:
+    node, local = slot.split(".")
+    return int(node), int(local)

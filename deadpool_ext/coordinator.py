@@ -1,0 +1,252 @@
+"""The coordinator: membership, the generation number, and every decision.
+
+It runs on the master node, outside the worker processes, in the launcher.
+It hears from agents (node up, a worker exited, node heartbeats) and from
+workers (their buddy plan, heartbeats, recovery reports, resumed, done),
+and answers through signed keys: ``gen`` (the current generation and its
+state) and ``decision/{gen}``.
+
+Failure detection, fastest first:
+  1. an agent sees its worker exit and reports it at once;
+  2. the launcher sees an emulated node's agent exit (standalone);
+  3. a node's heartbeats stop for --deadpool-heartbeat-timeout (node lost);
+  4. a worker's heartbeats stop for the same timeout (a hang: its agent is
+     told to SIGKILL it, which turns it into case 1 for its peers).
+Survivors blocked in a collective are released as their peers drop the old
+groups; gloo's own timeout (--distributed-timeout-minutes) is the last resort.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set
+
+from deadpool_ext.control import Channel, parse_slot, slot_name
+from deadpool_ext.events import EventLog
+from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
+
+COORDINATOR_RANK = -1  # in the event log
+
+
+@dataclass
+class Membership:
+    members: Dict[int, str]                      # rank -> slot
+    spares: List[str] = field(default_factory=list)  # ready spare slots, in order
+    lost_slots: Set[str] = field(default_factory=set)
+
+    def rank_of(self, slot: str) -> Optional[int]:
+        return next((r for r, s in self.members.items() if s == slot), None)
+
+
+class Coordinator:
+    def __init__(self, channel: Channel, nnodes: int, spare_nodes: int, nproc: int,
+                 events: Optional[EventLog] = None, heartbeat_timeout: float = 30.0,
+                 recovery_timeout: float = 120.0, clock=time.monotonic):
+        self.channel, self.nproc = channel, nproc
+        self.nnodes, self.spare_nodes = nnodes, spare_nodes
+        self.world_size = nnodes * nproc
+        self.events = events or EventLog(None, COORDINATOR_RANK)
+        self.heartbeat_timeout, self.recovery_timeout = heartbeat_timeout, recovery_timeout
+        self.clock = clock
+        self.view = Membership({r: slot_name(r // nproc, r % nproc)
+                                for r in range(self.world_size)})
+        self.inbox = channel.reader("coordinator")
+        self.gen, self.state = 0, "starting"  # starting, training, recovering, rebuilding
+        self.lost: Set[int] = set()
+        self.reports: Dict[int, Report] = {}
+        self.resumed: Set[int] = set()
+        self.joining: Set[int] = set()
+        self.done: Set[int] = set()
+        self.buddy: Optional[List[int]] = None
+        self.owner: Optional[List[int]] = None
+        self.train_iters: Optional[int] = None
+        self.result: Optional[Decision] = None  # set when the job ends by abort
+        self.started_recovery = 0.0
+        self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
+        self.progress: Dict[int, int] = {}
+        self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
+        self.publish()
+
+    # ----- outputs -----
+    def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
+        """``assign``: the spares a decision will most likely pick, so that
+        they can build their model while the survivors tear down."""
+        self.channel.put("gen", gen=self.gen, state=self.state, lost=sorted(self.lost),
+                         assign={str(r): s for r, s in (assign or {}).items()})
+
+    def tell_agent(self, node: int, **command) -> None:
+        self.channel.post(f"agent/{node}", **command)
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or len(self.done) == self.world_size
+
+    # ----- one poll -----
+    def step(self) -> None:
+        for message in self.inbox.poll():
+            self.handle(message)
+        # Heartbeats change slowly; reading every key on every poll would
+        # slow the reaction to exits, which matter more.
+        if self.clock() - self.last_heartbeat_check >= self.heartbeat_check_s:
+            self.last_heartbeat_check = self.clock()
+            self.check_heartbeats()
+        if self.state == "recovering":
+            self.maybe_decide()
+        elif self.state == "rebuilding" and self.clock() - self.started_recovery > \
+                self.recovery_timeout:
+            self.end(abort(self.gen, f"generation {self.gen} did not resume within "
+                           f"{self.recovery_timeout:.0f} s", self.view.members))
+
+    def handle(self, m: dict) -> None:
+        kind = m.get("kind")
+        if kind == "plan" and self.buddy is None:
+            self.buddy, self.owner = m["buddy"], m["owner"]
+            self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
+            self.train_iters = m.get("train_iters")
+        elif kind == "exit":
+            self.on_exit(m["slot"], int(m["code"]))
+        elif kind == "node_lost":
+            self.lose_node(int(m["node"]), m.get("reason", "agent exited"))
+        elif kind == "spare_ready" and m["slot"] not in self.view.lost_slots:
+            if m["slot"] not in self.view.spares and self.view.rank_of(m["slot"]) is None:
+                self.view.spares.append(m["slot"])
+        elif kind == "report" and m["gen"] == self.gen and self.state == "recovering":
+            self.reports[m["rank"]] = Report(m["rank"], m["slot"], m["own"], m["held"])
+        elif kind == "joining" and m["gen"] == self.gen and self.state == "rebuilding":
+            # Everyone enters the new groups' rendezvous together, so that a
+            # failure before it is seen by polling, not by a gloo timeout.
+            self.joining.add(m["rank"])
+            if len(self.joining) == self.world_size:
+                self.channel.put(f"join/{self.gen}", gen=self.gen)
+        elif kind == "resumed" and m["gen"] == self.gen and self.state == "rebuilding":
+            self.resumed.add(m["rank"])
+            if len(self.resumed) == self.world_size:
+                self.state = "training"
+                self.events.emit("recovered", gen=self.gen,
+                                 seconds=round(self.clock() - self.started_recovery, 3))
+                self.publish()
+        elif kind == "done":
+            self.done.add(m["rank"])
+
+    # ----- failures -----
+    def on_exit(self, slot: str, code: int) -> None:
+        rank = self.view.rank_of(slot)
+        if rank is not None and rank in self.done:
+            return  # finished normally
+        if rank is None and slot in self.view.spares:
+            self.view.spares.remove(slot)
+        self.lose_slots([slot], f"process exited with code {code}")
+
+    def lose_node(self, node: int, reason: str) -> None:
+        slots = [slot_name(node, i) for i in range(self.nproc)]
+        self.lose_slots(slots, f"node {node} lost: {reason}")
+        self.tell_agent(node, kind="kill_all")
+
+    def lose_slots(self, slots: List[str], reason: str) -> None:
+        slots = [s for s in slots if s not in self.view.lost_slots]
+        if not slots or self.finished:
+            return
+        self.view.lost_slots.update(slots)
+        self.view.spares = [s for s in self.view.spares if s not in slots]
+        ranks = {r for r in map(self.view.rank_of, slots) if r is not None}
+        if not ranks:
+            self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
+            return
+        self.lost |= ranks
+        self.gen += 1
+        self.state, self.reports, self.resumed, self.joining = "recovering", {}, set(), set()
+        self.started_recovery = self.clock()
+        self.events.emit("failure_detected", gen=self.gen, ranks=sorted(ranks), slots=slots,
+                         reason=reason, iteration=max(self.progress.values(), default=0))
+        self.publish(self.likely_spares())
+
+    def likely_spares(self) -> Dict[int, str]:
+        """What decide() will pick if nothing else fails (same inputs)."""
+        if self.buddy is None or len(self.view.spares) < len(self.lost) or \
+                any(self.buddy[r] in self.lost for r in self.lost):
+            return {}
+        return choose_spares(sorted(self.lost), self.view.spares, self.view.members,
+                             self.buddy, self.owner)[0]
+
+    def check_heartbeats(self) -> None:
+        now = self.clock()
+        for node in range(self.nnodes + self.spare_nodes):
+            if self.stale(f"hb/node/{node}", now) and slot_name(node, 0) not in \
+                    self.view.lost_slots:
+                self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
+        watched = list(self.view.members.values()) + list(self.view.spares)
+        for slot in watched:
+            if slot in self.view.lost_slots:
+                continue
+            if self.stale(f"hb/{slot}", now):
+                self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
+                self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
+                                "(hung)")
+
+    def stale(self, key: str, now: float) -> bool:
+        """True once a key that has been beating stops for the timeout."""
+        body = self.channel.get(key)
+        if body is None:
+            return False
+        seq = body.get("seq")
+        if body.get("iteration") is not None and not key.startswith("hb/node"):
+            rank = self.view.rank_of(key[3:])
+            if rank is not None:
+                self.progress[rank] = body["iteration"]
+        last = self.seen.get(key)
+        if last is None or last[0] != seq:
+            self.seen[key] = (seq, now)
+            return False
+        if body.get("state") == "done":
+            return False
+        return now - last[1] > self.heartbeat_timeout
+
+    # ----- decisions -----
+    def maybe_decide(self) -> None:
+        waiting = [r for r in self.view.members if r not in self.lost and r not in self.reports]
+        if waiting:
+            if self.clock() - self.started_recovery > self.recovery_timeout:
+                slots = [self.view.members[r] for r in waiting]
+                for slot in slots:
+                    self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
+                self.lose_slots(slots, f"did not report within {self.recovery_timeout:.0f} s")
+            return
+        if self.buddy is None:
+            self.end(abort(self.gen, "no buddy plan was received from rank 0",
+                           self.view.members))
+            return
+        decision = decide(self.gen, self.view.members, self.lost, self.reports,
+                          self.view.spares, self.buddy, self.owner)
+        if decision.action == "abort":
+            self.end(decision)
+            return
+        self.view.members = decision.members
+        self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
+        self.lost = set()
+        self.state = "rebuilding"
+        self.channel.put(f"decision/{self.gen}", **decision.to_message())
+        self.events.emit("decision", gen=self.gen, rollback_to=decision.rollback_to,
+                         replaced={str(r): s for r, s in decision.replaced.items()},
+                         from_buddy=decision.from_buddy, warnings=decision.warnings,
+                         spares_left=len(self.view.spares))
+        self.publish()
+
+    def end(self, decision: Decision) -> None:
+        self.result = decision
+        self.state = "aborted"
+        self.channel.put(f"decision/{decision.gen}", **decision.to_message())
+        self.events.emit("abort", gen=decision.gen, reason=decision.reason)
+        self.publish()
+
+    def mark_training(self) -> None:
+        """Every active rank has finished an iteration: spares may build data."""
+        if self.state == "starting" and len(self.progress) == self.world_size and \
+                min(self.progress.values()) >= 1:
+            self.state = "training"
+            self.publish()
+
+    def run(self, poll_s: float = 0.01, alive=lambda: True) -> int:
+        while not self.finished and alive():
+            self.step()
+            self.mark_training()
+            time.sleep(poll_s)
+        return 0 if len(self.done) == self.world_size else 1

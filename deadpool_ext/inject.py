@@ -1,0 +1,121 @@
+"""Fault injection for tests and demos: ``--deadpool-inject SPEC`` (repeatable).
+
+    kill:rank=5:iter=7:phase=backward   SIGKILL rank 5 in iteration 7's backward
+    kill:node=1:iter=4                  SIGKILL every process of node 1 (its agent too)
+                                        at the start of iteration 4
+    hang:rank=2:iter=6                  SIGSTOP rank 2 (a hang: only heartbeats notice)
+
+Phases: forward (default), backward, grad-reduce, optimizer (after the
+shard update, before the parameter all-gather), mirror (in the mirror's
+exchange), recovery (after reporting to the coordinator, before its
+decision; ``iter`` is then ignored). A spec fires once per job: only in the
+process that held the rank from the start, never in a spare that replaced it
+(the spare redoes the iteration and must not die again).
+
+Faults in the training phases fire once the iteration's starting snapshot
+has reached the buddy (its exchange takes the first milliseconds of the
+iteration), so a run redoes exactly the interrupted iteration. phase=mirror
+kills inside that exchange, the one window where the buddy still holds the
+snapshot of the iteration before, and one more iteration is redone.
+"""
+
+import os
+import signal
+from dataclasses import dataclass
+from typing import List, Optional
+
+PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "recovery")
+ACTIONS = ("kill", "hang")
+
+
+class InjectError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    rank: Optional[int]
+    node: Optional[int]
+    iteration: Optional[int]
+    phase: str
+
+    def targets(self, rank: int, node: int) -> bool:
+        return self.rank == rank if self.rank is not None else self.node == node
+
+    @property
+    def point(self) -> str:
+        """A whole node dies at the start of the iteration, once all its ranks
+        are there (in forward, pipeline stages would wait on each other)."""
+        return "start" if self.node is not None and self.phase == "forward" else self.phase
+
+
+def parse_fault(spec: str) -> Fault:
+    parts = spec.split(":")
+    action, fields = parts[0], {}
+    if action not in ACTIONS:
+        raise InjectError(f"--deadpool-inject {spec}: the action must be one of "
+                          f"{', '.join(ACTIONS)}")
+    for part in parts[1:]:
+        key, _, value = part.partition("=")
+        if key not in ("rank", "node", "iter", "phase") or not value or key in fields:
+            raise InjectError(f"--deadpool-inject {spec}: '{part}' is not rank=N, node=N, "
+                              "iter=N or phase=NAME (each once)")
+        fields[key] = value
+    if ("rank" in fields) == ("node" in fields):
+        raise InjectError(f"--deadpool-inject {spec}: name exactly one of rank=N or node=N")
+    phase = fields.get("phase", "forward")
+    if phase not in PHASES:
+        raise InjectError(f"--deadpool-inject {spec}: phase must be one of {', '.join(PHASES)}")
+    if phase != "recovery" and "iter" not in fields:
+        raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
+    if action == "hang" and "node" in fields:
+        raise InjectError(f"--deadpool-inject {spec}: hang takes rank=N")
+    try:
+        number = {k: int(v) for k, v in fields.items() if k != "phase"}
+    except ValueError:
+        raise InjectError(f"--deadpool-inject {spec}: rank, node and iter are integers") from None
+    if any(v < 0 for v in number.values()):
+        raise InjectError(f"--deadpool-inject {spec}: rank, node and iter must be >= 0")
+    return Fault(action, number.get("rank"), number.get("node"), number.get("iter"), phase)
+
+
+def parse_faults(specs: Optional[List[str]]) -> List[Fault]:
+    return [parse_fault(spec) for spec in specs or []]
+
+
+class Injector:
+    """The faults aimed at this process; ``at(phase, iteration)`` fires them."""
+
+    def __init__(self, faults: List[Fault], rank: int, node: int, original: bool,
+                 on_fire=None, settle=None, node_barrier=None):
+        self.faults = [f for f in faults if original and f.targets(rank, node)]
+        self.on_fire = on_fire  # called just before (an event record)
+        self.settle = settle    # training phases: wait for the mirror exchange
+        self.node_barrier = node_barrier  # all ranks of a node at the kill point
+        self.fired = set()
+
+    def at(self, phase: str, iteration: Optional[int] = None) -> None:
+        for fault in self.faults:
+            if fault in self.fired or fault.point != phase:
+                continue
+            if phase != "recovery" and fault.iteration != iteration:
+                continue
+            self.fired.add(fault)
+            if self.settle is not None and phase not in ("mirror", "recovery"):
+                self.settle()
+            if self.node_barrier is not None and phase == "start":
+                self.node_barrier(fault)
+            if self.on_fire is not None:
+                self.on_fire(fault, iteration)
+            fire(fault)
+
+
+def fire(fault: Fault) -> None:
+    if fault.action == "hang":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.node is not None:
+        # The agent started this node's workers in its own process group.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,296 @@
+"""Recovery inside a worker: tear down, report, rebuild, restore, resume.
+
+A survivor keeps its process and memory: its model, optimizer, data, own
+snapshots and the copy it holds for its owner. After a failure it
+
+  1. halts the mirror and swaps every process group for a placeholder
+     (``regroup.detach``), so its old sockets close and any peer still
+     blocked on it is released;
+  2. reports to the coordinator which snapshots it can restore, for the
+     generation the coordinator announced;
+  3. gets the decision: the rollback iteration R, and which spare takes
+     which lost rank (or the reason the job must stop);
+  4. joins generation N: default group, megatron's groups and the mirror
+     group, and re-points its objects to them (``regroup.attach``);
+  5. restores: survivors from their own snapshot of R, a spare from the
+     copy its buddy holds (sent over the mirror group, checksum verified);
+     the parameters are rebuilt from the shards, then training goes on
+     at R, redoing at most the interrupted iteration.
+
+A failure during any of this sends every survivor back to step 1 for the
+next generation. A spare joins at step 4, with a model it built for its
+position against a fake world (no collectives), re-pointed the same way.
+"""
+
+import datetime
+import os
+import sys
+import time
+from typing import Optional
+
+import torch.distributed as dist
+
+from megatron.training.initialize import init_process_groups
+from megatron.training.log import get_logger
+from megatron.training.training import Trainer, _LogWindow, build_trainer
+
+from deadpool_ext import regroup
+from deadpool_ext.config import section
+from deadpool_ext.hook import mirror_backend
+from deadpool_ext.mirror import MirrorError, new_mirror_group
+from deadpool_ext.plan import Decision
+from deadpool_ext.restore import restore_snapshot
+
+ABORT_EXIT_CODE = 3
+MIRROR_ROLE = "deadpool_mirror"
+
+
+class FailureAnnounced(RuntimeError):
+    """The coordinator started a new generation (some rank was lost)."""
+
+
+# What a failed collective, a lost buddy or an announcement raises.
+RECOVERABLE = (RuntimeError, MirrorError, ConnectionError, TimeoutError)
+
+
+class Recovery:
+    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook):
+        self.ctx, self.trainer = ctx, trainer
+        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
+        self.config = trainer.config
+        self.slots = None  # GroupSlots while the groups are down
+        self.injector = None
+        self.logger = get_logger(trainer.runtime.rank)
+        self._check_between_microbatches()
+
+    def _check_between_microbatches(self) -> None:
+        """A survivor computing its own microbatches would notice a failure
+        only at its next collective with the lost ranks (for a pipeline
+        stage, at the end of backward): look at the announced generation
+        before every microbatch's forward instead."""
+        forward_step, ctx = self.trainer.forward_step, self.ctx
+
+        def forward_unless_announced(data_iterator, model):
+            if ctx.failure_announced():
+                raise FailureAnnounced(f"the coordinator announced generation "
+                                       f"{ctx.latest['gen']}")
+            return forward_step(data_iterator, model)
+
+        self.trainer.forward_step = forward_unless_announced
+
+    @property
+    def mirror(self):
+        return self.mirror_hook.mirror
+
+    @property
+    def events(self):
+        return self.mirror_hook.events
+
+    def roots(self) -> dict:
+        return {"state": self.trainer.state, "mirror": self.mirror}
+
+    def emit(self, event: str, **fields) -> None:
+        self.events.emit(event, gen=self.ctx.gen, iteration=self.trainer.progress.iteration,
+                         **fields)
+
+    # ----- the loop -----
+    def train(self) -> None:
+        while True:
+            error = self._train_until_failure()
+            if error is None:
+                break
+            self.recover(error)
+        self.trainer.wrap_up()
+        self.trainer.finish()
+
+    def _train_until_failure(self) -> Optional[str]:
+        try:
+            self.trainer.loop()
+            return None
+        except RECOVERABLE as error:
+            # Only the text leaves this block: the traceback's frames hold
+            # references to the old groups.
+            return f"{type(error).__name__}: {str(error)[:300]}"
+
+    # ----- survivor -----
+    def recover(self, error: str, after_gen: Optional[int] = None) -> None:
+        """Until a generation after ``after_gen`` (default: this one) resumes."""
+        self.emit("failure_seen", error=error)
+        self.logger.warning("failure seen at iteration %d: %s", self.trainer.progress.iteration,
+                            error)
+        after_gen = self.ctx.gen if after_gen is None else after_gen
+        while True:
+            self.tear_down()
+            decision = self.report_and_wait(after_gen)
+            if decision.action == "abort":
+                self.stop(decision)
+            try:
+                self.rebuild(decision)
+                self.restore(decision)
+                return
+            except RECOVERABLE as failure:
+                message = f"{type(failure).__name__}: {str(failure)[:300]}"
+            after_gen = decision.gen
+            self.emit("failure_seen", error=message, during="recovery")
+
+    def tear_down(self) -> None:
+        start = time.monotonic()
+        try:
+            self.mirror.halt(timeout_s=section(self.config).deadpool_mirror_timeout)
+        except MirrorError as error:
+            self.emit("mirror_halt_failed", error=str(error))
+        if self.slots is None:
+            self.slots = regroup.detach(self.roots(), {MIRROR_ROLE: self.mirror.group})
+        else:
+            regroup.reset()
+        self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1))
+
+    def report_and_wait(self, after_gen: int) -> Decision:
+        """Report for the newest generation until its decision comes."""
+        timeout = max(120.0, 10 * section(self.config).deadpool_heartbeat_timeout)
+        ctx = self.ctx
+        ctx.wait(lambda: ctx.current()["gen"] > after_gen, timeout, "the coordinator to "
+                 "announce a new generation")
+        while True:
+            gen = ctx.current()["gen"]
+            ctx.post(kind="report", gen=gen, rank=self.trainer.runtime.rank, slot=ctx.slot,
+                     own=self.mirror.iterations("own"), held=self.mirror.iterations("held"))
+            self.emit("reported", for_gen=gen)
+            if self.injector is not None:
+                self.injector.at("recovery")
+            while ctx.current()["gen"] == gen:
+                decision = ctx.decision(gen)
+                if decision is not None:
+                    self.emit("decision_received", for_gen=gen, action=decision.action,
+                              rollback_to=decision.rollback_to)
+                    return decision
+                time.sleep(0.02)
+
+    def stop(self, decision: Decision) -> None:
+        self.emit("stopping", reason=decision.reason)
+        self.logger.error("deadpool: the job stops: %s. Resume from the last --save "
+                          "checkpoint with more spare nodes.", decision.reason)
+        self.events.close()
+        sys.stdout.flush()
+        os._exit(ABORT_EXIT_CODE)
+
+    # ----- the new generation -----
+    def rebuild(self, decision: Decision) -> None:
+        start = time.monotonic()
+        p, rank = self.config.parallel, self.trainer.runtime.rank
+        self.ctx.post(kind="joining", gen=decision.gen, rank=rank)
+        while self.ctx.channel.get(f"join/{decision.gen}") is None:
+            if self.ctx.current()["gen"] != decision.gen:
+                raise FailureAnnounced("another failure before the rebuild")
+            time.sleep(0.01)
+        dist.init_process_group(
+            p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", self.ctx.store),
+            rank=rank, world_size=self.config.world_size,
+            timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+        init_process_groups(self.config)
+        group = new_mirror_group(mirror_backend(self.config),
+                                 section(self.config).deadpool_mirror_timeout)
+        regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
+        self.slots = None
+        self.ctx.gen = decision.gen
+        self.emit("groups_rebuilt", ms=round((time.monotonic() - start) * 1e3, 1))
+
+    def restore(self, decision: Decision) -> None:
+        start = time.monotonic()
+        rank, mirror, R = self.trainer.runtime.rank, self.mirror, decision.rollback_to
+        requests = []
+        for lost in decision.from_buddy:  # the buddy sends its copy to the new process
+            if mirror.owner == lost and rank != lost:
+                held = mirror.held[mirror.find("held", R)]
+                requests.append(dist.isend(held, lost, group=mirror.group))
+        if rank in decision.from_buddy:
+            source, index = "buddy", 0
+            requests.append(dist.irecv(mirror.own[0], mirror.buddy, group=mirror.group))
+        else:
+            source, index = "own", mirror.find("own", R)
+        for request in requests:
+            request.wait()
+        restore_snapshot(self.trainer, self.mirror_hook.layout, mirror.own[index], iteration=R)
+        mirror.resume(index)
+        if self.trainer.metrics is not None:
+            self.trainer.metrics.rewind(R)
+        self.trainer.window = _LogWindow()
+        self.ctx.iteration = R
+        self.ctx.post(kind="resumed", gen=decision.gen, rank=rank)
+        self.recovery_hook.recovered_at = time.monotonic()
+        self.emit("state_restored", source=source, rollback_to=R,
+                  ms=round((time.monotonic() - start) * 1e3, 1))
+        self.logger.info("deadpool: generation %d, resuming at iteration %d (state from %s)",
+                         decision.gen, R + 1, source)
+
+
+def prepare_spare(ctx, rank: int, config, model_provider, forward_step, hooks,
+                  datasets) -> Recovery:
+    """A warm spare readies itself for a lost rank: the model and optimizer
+    for that position, built against a fake world (its collectives are
+    no-ops), with every group swapped for a placeholder. It starts as soon
+    as the coordinator names the likely spares, while survivors tear down."""
+    import torch.testing._internal.distributed.fake_pg as fake_pg
+
+    start = time.monotonic()
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank,
+                            world_size=config.world_size)
+    trainer = build_trainer(config, model_provider, forward_step, list(hooks),
+                            datasets=datasets)
+    trainer.joining = True
+    trainer.setup()
+    rec = Recovery(ctx, trainer, *hooks)
+    rec.mirror.halt()
+    rec.slots = regroup.detach(rec.roots(), {MIRROR_ROLE: rec.mirror.group})
+    rec.emit("spare_built", rank=rank, slot=ctx.slot,
+             ms=round((time.monotonic() - start) * 1e3, 1))
+    return rec
+
+
+def join(rec: Recovery, decision: Decision) -> Recovery:
+    """The prepared spare enters the decision's generation and restores."""
+    rec.ctx.gen = decision.gen - 1
+    try:
+        rec.rebuild(decision)
+        rec.restore(decision)
+        return rec
+    except RECOVERABLE as failure:
+        message = f"{type(failure).__name__}: {str(failure)[:300]}"
+    rec.recover(message, after_gen=decision.gen)
+    return rec
+
+
+def install_fault_points(trainer: Trainer, rec: Recovery) -> None:
+    """Where --deadpool-inject phases fire (the iteration is Megatron's
+    1-based number of the iteration in progress)."""
+    injector, state = rec.injector, trainer.state
+
+    def current() -> int:
+        return trainer.progress.iteration + 1
+
+    forward_step = trainer.forward_step
+
+    def forward_with_faults(data_iterator, model):
+        injector.at("forward", current())
+        output, loss = forward_step(data_iterator, model)
+        if output.requires_grad:
+            output.register_hook(lambda grad: injector.at("backward", current()) or grad)
+        return output, loss
+
+    trainer.forward_step = forward_with_faults
+    finalize = state.tf_config.finalize_model_grads_func
+
+    def finalize_with_faults(*args, **kwargs):
+        injector.at("grad-reduce", current())
+        return finalize(*args, **kwargs)
+
+    state.tf_config.finalize_model_grads_func = finalize_with_faults
+    for chunk in state.model:
+        sync = chunk.start_param_sync
+
+        def sync_with_faults(*args, _sync=sync, **kwargs):
+            injector.at("optimizer", current())
+            return _sync(*args, **kwargs)
+
+        chunk.start_param_sync = sync_with_faults
+    rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)

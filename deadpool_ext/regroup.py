@@ -1,0 +1,262 @@
+"""Re-point every process group that training objects hold to a new generation.
+
+About sixty references per rank (DDP, its buffers and bucket groups, the
+distributed optimizer, the model's pg_collection and layers, the mirror)
+point at process groups. Rather than list them, ``swap_groups`` walks the
+objects and replaces groups by identity, which also covers layers this
+module has never heard of. Groups are named by their *role*: the
+``parallel_state`` global that holds them, ``WORLD``, or a role the caller
+adds (the mirror's group).
+
+A rebuild has two halves because the new groups can only be created once
+every old one is gone (gloo closes a group's sockets only when its last
+Python reference dies, and peers blocked on us are released only then):
+
+    slots = detach(roots)       # groups -> GroupSlot(role), old groups destroyed
+    ... every rank creates the new generation ...
+    attach(roots, slots)        # GroupSlot(role) -> the new group of that role
+
+The same pair moves a warm spare's model, built against a fake world, onto
+the real one.
+"""
+
+import gc
+import time
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+ProcessGroup = dist.ProcessGroup
+
+
+class RegroupError(RuntimeError):
+    """A group could not be re-pointed or an old group stayed alive."""
+
+
+@dataclass(frozen=True, eq=False)
+class GroupSlot:
+    """Stands where a group was while the groups are being rebuilt."""
+
+    role: str
+
+
+# Values that never hold a process group: not worth walking into.
+_LEAVES = (torch.Tensor, str, bytes, int, float, bool, complex, type(None), type,
+           types.ModuleType, torch.dtype, torch.device, torch.Size, weakref.ref,
+           types.BuiltinFunctionType)
+
+
+def groups_by_role(extra: Optional[Dict[str, object]] = None) -> Dict[str, ProcessGroup]:
+    """Every group megatron's parallel_state holds, by global name, plus the
+    default group and the caller's own."""
+    roles: Dict[str, ProcessGroup] = {}
+    for name, value in vars(parallel_state).items():
+        if isinstance(value, ProcessGroup):
+            roles[name] = value
+        elif isinstance(value, (list, tuple)):
+            roles.update({f"{name}[{i}]": v for i, v in enumerate(value)
+                          if isinstance(v, ProcessGroup)})
+        elif isinstance(value, dict):
+            roles.update({f"{name}[{k!r}]": v for k, v in value.items()
+                          if isinstance(v, ProcessGroup)})
+    if dist.is_initialized():
+        roles["WORLD"] = dist.group.WORLD
+    roles.update(extra or {})
+    return roles
+
+
+def _key(key) -> str:
+    """A dict key for error paths (repr of a tensor key would be slow)."""
+    return repr(key) if isinstance(key, (str, int)) else type(key).__name__
+
+
+class _Swapper:
+    """One walk over an object graph, replacing values found in ``mapping``
+    (keyed by id) wherever they can be replaced."""
+
+    def __init__(self, mapping: Dict[int, object], kinds: tuple):
+        self.mapping, self.kinds = mapping, kinds
+        self.seen = set()
+        self.count = 0
+        self.unknown: List[str] = []
+        self.stuck: List[str] = []
+
+    def visit(self, value, path: str):
+        """Returns the replacement for ``value`` (itself if unchanged)."""
+        if isinstance(value, self.kinds):
+            if id(value) in self.mapping:
+                self.count += 1
+                return self.mapping[id(value)]
+            self.unknown.append(path)
+            return value
+        if isinstance(value, _LEAVES) or id(value) in self.seen:
+            return value
+        self.seen.add(id(value))
+        if isinstance(value, dict):
+            for key, item in list(value.items()):
+                new = self.visit(item, f"{path}[{_key(key)}]")
+                if new is not item:
+                    value[key] = new
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                new = self.visit(item, f"{path}[{i}]")
+                if new is not item:
+                    value[i] = new
+        elif isinstance(value, tuple):
+            items = [self.visit(item, f"{path}[{i}]") for i, item in enumerate(value)]
+            if any(a is not b for a, b in zip(items, value)):
+                return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        elif isinstance(value, (set, frozenset)):
+            for item in value:
+                if self.visit(item, f"{path}{{}}") is not item:
+                    self.stuck.append(path)
+        elif isinstance(value, types.MethodType):
+            self.visit(value.__self__, f"{path}.__self__")
+        elif isinstance(value, types.FunctionType):
+            for i, cell in enumerate(value.__closure__ or ()):
+                self._visit_cell(cell, f"{path}.<closure {i}>")
+        else:
+            self._visit_object(value, path)
+        return value
+
+    def _visit_cell(self, cell, path: str) -> None:
+        try:
+            item = cell.cell_contents
+        except ValueError:  # an empty cell
+            return
+        new = self.visit(item, path)
+        if new is not item:
+            cell.cell_contents = new
+
+    def _visit_object(self, value, path: str) -> None:
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict):
+            for key, item in list(attrs.items()):
+                new = self.visit(item, f"{path}.{key}")
+                if new is not item:
+                    attrs[key] = new
+        for cls in type(value).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if name in ("__dict__", "__weakref__") or not hasattr(value, name):
+                    continue
+                item = getattr(value, name)
+                new = self.visit(item, f"{path}.{name}")
+                if new is not item:
+                    try:
+                        setattr(value, name, new)
+                    except AttributeError:
+                        self.stuck.append(f"{path}.{name}")
+
+
+def swap_groups(roots: Dict[str, object], mapping: Dict[int, object], kinds: tuple) -> int:
+    """Replace, everywhere reachable from ``roots``, each value of a type in
+    ``kinds`` by ``mapping[id(value)]``. Raises if one is not in the mapping
+    or sits where it cannot be replaced. Returns how many were replaced."""
+    swapper = _Swapper(mapping, kinds)
+    for name, root in roots.items():
+        swapper.visit(root, name)
+    if swapper.unknown:
+        raise RegroupError("process groups of no known role at " + ", ".join(swapper.unknown[:5]))
+    if swapper.stuck:
+        raise RegroupError("process groups held where they cannot be replaced: "
+                           + ", ".join(swapper.stuck[:5]))
+    return swapper.count
+
+
+def _forget_parallel_state() -> None:
+    """destroy_model_parallel() leaves some groups and rank lists set; a new
+    initialize_model_parallel() must start from nothing."""
+    parallel_state.destroy_model_parallel()
+    for name, value in list(vars(parallel_state).items()):
+        if not name.startswith("_") or callable(value) or isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, ProcessGroup) or name.endswith(("_GLOBAL_RANKS", "_RANKS")):
+            setattr(parallel_state, name, None)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, ProcessGroup) for v in value):
+            setattr(parallel_state, name, None)
+        elif isinstance(value, dict) and any(isinstance(v, ProcessGroup) for v in value.values()):
+            setattr(parallel_state, name, {})
+
+
+def _swap_out(roots: Dict[str, object], extra_roles) -> tuple:
+    """Groups -> slots; returns the slots and weak references to the groups
+    (a helper so that no local of the caller keeps a group alive)."""
+    roles = groups_by_role(extra_roles)
+    slots: Dict[str, GroupSlot] = {}
+    mapping: Dict[int, GroupSlot] = {}
+    for role in roles:
+        if id(roles[role]) not in mapping:
+            mapping[id(roles[role])] = slots[role] = GroupSlot(role)
+    alive = {role: weakref.ref(roles[role]) for role in slots}
+    swap_groups(roots, mapping, (ProcessGroup,))
+    return slots, alive
+
+
+def detach(roots: Dict[str, object], extra_roles: Optional[Dict[str, object]] = None,
+           settle_s: float = 5.0) -> Dict[str, GroupSlot]:
+    """Swap every group under ``roots`` for a GroupSlot, destroy the groups
+    and wait until no old group object is alive. Returns the slots by role."""
+    slots, alive = _swap_out(roots, extra_roles)
+    extra_roles = None
+    _forget_parallel_state()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    deadline = time.monotonic() + settle_s
+    while True:
+        left = [role for role in alive if alive[role]() is not None]
+        if left:  # only cycles keep them now: collect (slow on a big heap)
+            gc.collect()
+            left = [role for role in alive if alive[role]() is not None]
+        if not left:
+            return slots
+        if time.monotonic() > deadline:
+            raise RegroupError("old process groups still referenced: " + "; ".join(
+                f"{role} (held by {_holders(alive[role]())})" for role in left[:5]))
+        time.sleep(0.05)
+
+
+def reset() -> None:
+    """Drop a half-built generation (a failure during a rebuild); the
+    objects still hold GroupSlots."""
+    _forget_parallel_state()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def _holders(obj) -> str:
+    """Who keeps an old group alive: for the error message."""
+    found = []
+    for ref in gc.get_referrers(obj):
+        if ref is found or isinstance(ref, types.FrameType) and ref.f_code.co_name == "_holders":
+            continue
+        if isinstance(ref, dict):
+            keys = [key for key in ref if ref[key] is obj]
+            found.append(f"dict[{keys[0]!r}]" if keys else "dict")
+        else:
+            found.append(f"{type(ref).__name__} {repr(ref)[:80]}")
+    return ", ".join(found[:4]) or "nothing Python can see"
+
+
+def attach(roots: Dict[str, object], slots: Dict[str, GroupSlot],
+           extra_roles: Optional[Dict[str, object]] = None) -> int:
+    """Put the new generation's group of each role where its slot stands."""
+    roles = groups_by_role(extra_roles)
+    missing = [role for role in slots if role not in roles]
+    if missing:
+        raise RegroupError(f"the new generation has no group for {', '.join(missing[:5])}")
+    mapping = {id(slot): roles[role] for role, slot in slots.items()}
+    return swap_groups(roots, mapping, (GroupSlot,))
+
+
+def live_groups(objects: Iterable[object]) -> int:
+    """How many process groups are reachable from ``objects`` (for tests)."""
+    swapper = _Swapper({}, (ProcessGroup,))
+    for i, obj in enumerate(objects):
+        swapper.visit(obj, f"root{i}")
+    return len(swapper.unknown)

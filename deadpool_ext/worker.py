@@ -1,0 +1,222 @@
+"""A worker under deadpool-launch: an active rank, or a warm spare that
+waits to take a lost rank's place; both then train with recovery.
+
+Environment from the agent: DEADPOOL_SLOT (node.local), DEADPOOL_ROLE
+(active or spare), DEADPOOL_STORE (host:port), DEADPOOL_SECRET, RANK and
+WORLD_SIZE.
+"""
+
+import datetime
+import os
+import threading
+import time
+from typing import Callable, Optional
+
+import torch.distributed as dist
+
+from megatron.training import data
+from megatron.training.config import Config
+from megatron.training.initialize import setup_device
+from megatron.training.log import get_logger
+from megatron.training.tokenizer import build_tokenizer
+from megatron.training.training import Hook, Trainer, build_trainer
+
+from deadpool_ext import recovery
+from deadpool_ext.config import section
+from deadpool_ext.control import Channel, connect, job_secret
+from deadpool_ext.hook import MirrorHook
+from deadpool_ext.inject import Injector, parse_faults
+from deadpool_ext.plan import Decision
+
+
+class ControlClient:
+    """This process's line to the coordinator, plus a heartbeat thread that
+    also watches the generation (so a failure is noticed between iterations
+    even by ranks no collective has failed yet)."""
+
+    def __init__(self, environ=os.environ, heartbeat_s: float = 0.5):
+        self.slot, self.role = environ["DEADPOOL_SLOT"], environ["DEADPOOL_ROLE"]
+        self.node = int(environ["DEADPOOL_NODE"])
+        host, port = environ["DEADPOOL_STORE"].rsplit(":", 1)
+        secret = job_secret(environ)
+        self.store = connect(host, int(port))
+        self.channel = Channel(self.store, secret)
+        # The heartbeat thread has its own connection.
+        self._beat_channel = Channel(connect(host, int(port)), secret)
+        self.heartbeat_s = heartbeat_s
+        self.gen = 0           # the generation this process trains in
+        self.iteration = None  # last started iteration, for the coordinator
+        self.state = "starting"
+        self.latest = {"gen": 0, "state": "starting"}
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self, watch_s: float = 0.05) -> None:
+        """Beat every heartbeat_s; read the generation every watch_s."""
+        last_beat = 0.0
+        while not self._stop.wait(watch_s):
+            try:
+                if time.monotonic() - last_beat >= self.heartbeat_s:
+                    self._seq += 1
+                    self._beat_channel.put(f"hb/{self.slot}", seq=self._seq,
+                                           iteration=self.iteration, state=self.state)
+                    last_beat = time.monotonic()
+                latest = self._beat_channel.get("gen")
+            except dist.DistError:
+                # The coordinator is gone, and with it the job.
+                os._exit(1)
+            if latest is not None:
+                self.latest = latest
+
+    def post(self, **body) -> None:
+        self.channel.post("coordinator", **body)
+
+    def failure_announced(self) -> bool:
+        return self.latest["gen"] > self.gen
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+            time.sleep(0.02)
+
+    def current(self) -> dict:
+        return self.channel.get("gen") or self.latest
+
+    def decision(self, gen: int) -> Optional[Decision]:
+        body = self.channel.get(f"decision/{gen}")
+        return None if body is None else Decision.from_message(body)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class RecoveryHook(Hook):
+    """Heartbeat progress, failure announcements between iterations, the
+    buddy plan for the coordinator, and the first iteration after a recovery."""
+
+    def __init__(self, ctx: ControlClient, mirror_hook: MirrorHook, config: Config):
+        self.ctx, self.mirror_hook, self.config = ctx, mirror_hook, config
+        self.recovered_at: Optional[float] = None
+        self.injector = None
+
+    def on_setup(self, trainer: Trainer) -> None:
+        self.ctx.iteration = trainer.progress.iteration
+        if trainer.runtime.rank == 0 and self.ctx.role == "active":
+            buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
+            self.ctx.post(kind="plan", buddy=[buddies.buddy[r] for r in ranks],
+                          owner=[buddies.owner[r] for r in ranks],
+                          heartbeat_timeout=section(self.config).deadpool_heartbeat_timeout,
+                          train_iters=self.config.training.train_iters)
+
+    def before_step(self, trainer: Trainer) -> None:
+        self.ctx.iteration = trainer.progress.iteration
+        self.ctx.state = "training"
+        if self.injector is not None:
+            self.injector.at("start", trainer.progress.iteration + 1)
+        if self.ctx.failure_announced():
+            raise recovery.FailureAnnounced(f"the coordinator announced generation "
+                                            f"{self.ctx.latest['gen']}")
+
+    def after_step(self, trainer: Trainer, metrics: dict) -> None:
+        self.ctx.iteration = trainer.progress.iteration
+        if self.recovered_at is not None:
+            self.mirror_hook.events.emit(
+                "first_iteration_after_recovery", gen=self.ctx.gen,
+                iteration=trainer.progress.iteration,
+                seconds=round(time.monotonic() - self.recovered_at, 3))
+            self.recovered_at = None
+
+
+def build_hooks(config: Config, ctx: ControlClient):
+    mirror_hook = MirrorHook(config)
+    return mirror_hook, RecoveryHook(ctx, mirror_hook, config)
+
+
+def install_faults(trainer: Trainer, rec: "recovery.Recovery", original: bool) -> None:
+    dp = section(trainer.config)
+    events = rec.mirror_hook.events
+
+    def record(fault, iteration):
+        events.emit("fault_injected", gen=rec.ctx.gen, iteration=iteration,
+                    action=fault.action, phase=fault.phase, node=fault.node)
+
+    def node_barrier(fault):
+        key = f"inject/{fault}"
+        rec.ctx.store.add(key, 1)
+        deadline = time.monotonic() + 10  # a rank replaced earlier never comes
+        while rec.ctx.store.add(key, 0) < int(os.environ["LOCAL_WORLD_SIZE"]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    rec.injector = Injector(parse_faults(dp.deadpool_inject), trainer.runtime.rank,
+                            rec.ctx.node, original, on_fire=record,
+                            settle=lambda: rec.mirror.wait_idle(), node_barrier=node_barrier)
+    rec.recovery_hook.injector = rec.injector
+    if rec.injector.faults:
+        recovery.install_fault_points(trainer, rec)
+
+
+def start_active(ctx: ControlClient, config: Config, model_provider, forward_step):
+    setup_device(config)
+    p = config.parallel
+    dist.init_process_group(
+        p.distributed_backend, store=dist.PrefixStore("gen0/", ctx.store),
+        rank=int(os.environ["RANK"]), world_size=config.world_size,
+        timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+    mirror_hook, recovery_hook = build_hooks(config, ctx)
+    trainer = build_trainer(config, model_provider, forward_step, [mirror_hook, recovery_hook])
+    trainer.setup()
+    rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook)
+    install_faults(trainer, rec, original=True)
+    return rec
+
+
+def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step):
+    """Warm up (imports, device, tokenizer, data), then wait to be assigned."""
+    logger = get_logger(0)
+    setup_device(config)
+    tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
+                                config.data.vocab_size)
+    # The active ranks write the dataset index caches first; read them after.
+    ctx.wait(lambda: ctx.current()["state"] != "starting", 24 * 3600, "the job to start")
+    datasets = data.build_datasets(config, tokenizer)
+    ctx.state = "spare"
+    ctx.post(kind="spare_ready", slot=ctx.slot)
+    logger.info("warm spare %s ready", ctx.slot)
+    prepared = None  # (rank, Recovery) built ahead of the decision
+    while True:
+        time.sleep(0.01)
+        latest = ctx.current()
+        likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
+        if ctx.slot in likely and (prepared is None or prepared[0] != likely[ctx.slot]):
+            prepared = (likely[ctx.slot], recovery.prepare_spare(
+                ctx, likely[ctx.slot], config, model_provider, forward_step,
+                build_hooks(config, ctx), datasets))
+        decision = ctx.decision(latest["gen"]) if latest["state"] == "rebuilding" else None
+        if decision is None or ctx.slot not in decision.replaced.values():
+            continue
+        rank = next(r for r, slot in decision.replaced.items() if slot == ctx.slot)
+        if prepared is None or prepared[0] != rank:
+            prepared = (rank, recovery.prepare_spare(ctx, rank, config, model_provider,
+                                                     forward_step, build_hooks(config, ctx),
+                                                     datasets))
+        return recovery.join(prepared[1], decision)
+
+
+def run(config: Config, model_provider, forward_step) -> int:
+    ctx = ControlClient()
+    if ctx.role == "active":
+        rec = start_active(ctx, config, model_provider, forward_step)
+    else:
+        rec = start_spare(ctx, config, model_provider, forward_step)
+        install_faults(rec.trainer, rec, original=False)
+    rec.train()
+    ctx.state = "done"
+    ctx.post(kind="done", rank=rec.trainer.runtime.rank)
+    ctx.stop()
+    return 0

@@ -1,0 +1,77 @@
+"""The control plane admits only holders of the job's secret, and never
+unpickles: a real TCPStore in this process."""
+
+import json
+
+import pytest
+
+from deadpool_ext.control import Channel, connect
+from deadpool_ext.inject import InjectError, parse_fault
+from deadpool_ext.launch import flag_value, free_port
+
+
+@pytest.fixture(scope="module")
+def store():
+    port = free_port()
+    return connect("127.0.0.1", port, timeout_s=10, is_master=True)
+
+
+def test_messages_round_trip_in_order(store):
+    a, b = Channel(store, b"job-secret"), Channel(store, b"job-secret")
+    reader = b.reader("t1")
+    a.post("t1", kind="exit", slot="1.0", code=-9)
+    a.post("t1", kind="spare_ready", slot="2.0")
+    assert [m["kind"] for m in reader.poll()] == ["exit", "spare_ready"]
+    assert reader.poll() == []
+    a.put("gen", gen=3, state="recovering")
+    assert b.get("gen") == {"gen": 3, "state": "recovering"}
+
+
+def test_a_process_without_the_secret_cannot_announce_or_register(store):
+    ours, intruder = Channel(store, b"job-secret"), Channel(store, b"guessed")
+    reader = ours.reader("t2")
+    intruder.post("t2", kind="exit", slot="0.0", code=-9)      # a fake failure
+    intruder.post("t2", kind="spare_ready", slot="9.9")        # a fake spare
+    intruder.put("decision/1", action="recover", replaced={"0": "9.9"})
+    assert reader.poll() == []
+    assert ours.get("decision/1") is None
+    assert ours.rejected == 3
+
+
+def test_replayed_or_tampered_messages_are_rejected(store):
+    ours = Channel(store, b"job-secret")
+    ours.post("t3", kind="exit", slot="0.0", code=-9)
+    raw = store.get("topic/t3/1")
+    # Replay a genuine message into the next slot of the topic.
+    store.add("topic/t3/n", 1)
+    store.set("topic/t3/2", raw)
+    outer = json.loads(raw)
+    outer["body"] = outer["body"].replace("0.0", "0.1")
+    store.add("topic/t3/n", 1)
+    store.set("topic/t3/3", json.dumps(outer).encode())
+    store.add("topic/t3/n", 1)
+    store.set("topic/t3/4", b"\x80\x04\x95 not json, and never unpickled")
+    got = ours.reader("t3").poll()
+    assert got == [{"kind": "exit", "slot": "0.0", "code": -9}]
+    assert ours.rejected == 3
+
+
+def test_fault_specs_parse_and_bad_ones_say_what_to_change():
+    f = parse_fault("kill:rank=5:iter=7:phase=backward")
+    assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")
+    assert parse_fault("kill:node=1:iter=4").node == 1
+    assert parse_fault("kill:rank=0:phase=recovery").iteration is None
+    for bad, words in [("kill:rank=1", "iter=N"), ("explode:rank=1:iter=2", "action"),
+                       ("kill:rank=1:node=0:iter=2", "exactly one"),
+                       ("kill:rank=1:iter=2:phase=lunch", "phase"),
+                       ("hang:node=1:iter=2", "hang takes rank"),
+                       ("kill:rank=x:iter=2", "integers")]:
+        with pytest.raises(InjectError, match=words):
+            parse_fault(bad)
+
+
+def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
+    args = ["--deadpool", "--deadpool-events", "e.jsonl", "--deadpool-heartbeat-timeout=3"]
+    assert flag_value(args, "--deadpool-events") == "e.jsonl"
+    assert flag_value(args, "--deadpool-heartbeat-timeout") == "3"
+    assert flag_value(args, "--save") is None

@@ -1,0 +1,110 @@
+"""The coordinator's state machine, driven by hand: messages in, decisions
+out, with a fake clock for heartbeat timeouts (no worker processes)."""
+
+import pytest
+
+from deadpool_ext.control import Channel, connect
+from deadpool_ext.coordinator import Coordinator
+from deadpool_ext.launch import free_port
+from deadpool_ext.plan import Decision
+
+SECRET = b"test-secret"
+BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture()
+def job():
+    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
+    clock = Clock()
+    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2,
+                              heartbeat_timeout=3.0, clock=clock)
+    coordinator.heartbeat_check_s = 0.0  # every step
+    worker = Channel(store, SECRET)
+    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, heartbeat_timeout=3.0)
+    for slot in ("2.0", "2.1"):
+        worker.post("coordinator", kind="spare_ready", slot=slot)
+    coordinator.step()
+    return coordinator, worker, clock
+
+
+def report_all(worker, gen, ranks, own=(5, 4)):
+    for rank in ranks:
+        worker.post("coordinator", kind="report", gen=gen, rank=rank, slot=f"{rank // 2}.{rank % 2}",
+                    own=list(own), held=list(own))
+
+
+def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    # The likely spare is named at once, so it builds while survivors report.
+    assert worker.get("gen") == {"gen": 1, "state": "recovering", "lost": [3],
+                                 "assign": {"3": "2.0"}}
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {3: "2.0"}
+    assert decision.rollback_to == 5 and coordinator.view.spares == ["2.1"]
+    for rank in range(4):
+        worker.post("coordinator", kind="resumed", gen=1, rank=rank)
+    coordinator.step()
+    assert coordinator.state == "training"
+
+
+def test_a_failure_during_recovery_moves_to_the_next_generation(job):
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [1, 2])
+    worker.post("coordinator", kind="exit", slot="0.0", code=-9)  # rank 0, before reporting
+    coordinator.step()
+    assert worker.get("gen")["gen"] == 2 and worker.get("decision/1") is None
+    report_all(worker, 2, [1, 2])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/2"))
+    assert decision.action == "recover" and decision.replaced == {0: "2.0", 3: "2.1"}
+
+
+def test_a_silent_worker_is_declared_hung_and_killed(job):
+    coordinator, worker, clock = job
+    commands = worker.reader("agent/1")
+    for rank in range(4):
+        worker.put(f"hb/{rank // 2}.{rank % 2}", seq=1, iteration=3, state="training")
+    coordinator.step()
+    clock.now += 2.0
+    for rank in (0, 1, 3):  # rank 2 stops beating
+        worker.put(f"hb/{rank // 2}.{rank % 2}", seq=2, iteration=4, state="training")
+    coordinator.step()
+    assert coordinator.gen == 0  # 2 s of silence is within the 3 s timeout
+    clock.now += 2.0
+    coordinator.step()
+    assert coordinator.lost == {2}
+    assert {"kind": "kill", "slot": "1.0"} in commands.poll()
+
+
+def test_spares_exhausted_ends_the_job_with_the_reason(job):
+    coordinator, worker, _ = job
+    for slot in ("1.0", "1.1", "0.1"):
+        worker.post("coordinator", kind="exit", slot=slot, code=-9)
+    coordinator.step()
+    report_all(worker, coordinator.gen, [0])
+    coordinator.step()
+    assert coordinator.finished and "rank 1 and its buddy rank 3" in coordinator.result.reason
+
+
+def test_forged_messages_change_nothing(job):
+    coordinator, worker, _ = job
+    intruder = Channel(worker.store, b"not-the-secret")
+    intruder.post("coordinator", kind="exit", slot="0.0", code=-9)
+    intruder.post("coordinator", kind="spare_ready", slot="9.9")
+    coordinator.step()
+    assert coordinator.gen == 0 and "9.9" not in coordinator.view.spares
+    assert coordinator.channel.rejected == 2

@@ -1,0 +1,63 @@
+"""Re-pointing process groups by identity, wherever objects hold them."""
+
+import functools
+
+import pytest
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg as fake_pg
+
+from deadpool_ext import regroup
+
+
+class Holder:
+    __slots__ = ("group", "other")
+
+
+@pytest.fixture()
+def fake_world():
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=1, world_size=4)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def holders(group):
+    slotted = Holder()
+    slotted.group, slotted.other = group, 3
+
+    def closure():
+        return group
+
+    class Plain:
+        pass
+
+    plain = Plain()
+    plain.nested = {"list": [group, (1, group)], "fn": closure, "slotted": slotted}
+    plain.bound = functools.partial(print)
+    return plain, closure
+
+
+def test_detach_then_attach_moves_every_reference_to_the_new_group(fake_world):
+    root, closure = holders(dist.group.WORLD)
+    slots = regroup.detach({"root": root})
+    assert not dist.is_initialized()
+    assert regroup.live_groups([root]) == 0
+    assert isinstance(closure(), regroup.GroupSlot)
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=1, world_size=4)
+    new = dist.group.WORLD
+    assert regroup.attach({"root": root}, slots) == 4
+    assert root.nested["list"][0] is new and root.nested["list"][1] == (1, new)
+    assert root.nested["slotted"].group is new and closure() is new
+
+
+def test_a_group_of_no_known_role_is_refused(fake_world):
+    stranger = dist.new_group([0, 1])  # held by nobody megatron knows
+    with pytest.raises(regroup.RegroupError, match="no known role"):
+        regroup.swap_groups({"root": {"g": stranger}}, {}, (dist.ProcessGroup,))
+
+
+def test_detach_fails_loudly_if_an_old_group_stays_referenced(fake_world):
+    kept = [dist.group.WORLD]  # outside the roots: the walk cannot see it
+    with pytest.raises(regroup.RegroupError, match="still referenced"):
+        regroup.detach({"root": {}}, settle_s=0.2)
+    del kept
