@@ -5,8 +5,10 @@ One worker thread per rank runs the jobs in order: pack (CPU; on GPU the
 main thread queues the copy on a side stream), seal with a checksum, then one
 send to the buddy and one receive from the owner on a process group of its
 own, so mirror traffic never interleaves with training collectives. The
-optimizer step waits only for the pack (it rewrites what is being copied);
-the exchange overlaps the next forward and backward.
+snapshot of iteration t is taken before its forward and exchanged while
+forward and backward run; step t waits until that exchange is done, so the
+buddies always hold the state survivors would roll back to (at most one
+iteration behind).
 
 Buffers: two own snapshots (the last two iteration starts, so survivors can
 roll back to whichever one the buddies hold) and two held ones (the last
@@ -138,8 +140,10 @@ class Mirror:
         grad-norm all-reduce over all ranks, so no rank can finish step t
         before every buddy holds snapshot t: survivors are never more than
         one iteration ahead of what the buddies hold."""
+        start = time.perf_counter()
         self.wait_packed()
         self.wait_idle()
+        self.last["wait_ms"] = (time.perf_counter() - start) * 1e3
 
     def close(self) -> None:
         if self._thread.is_alive():

@@ -275,7 +275,7 @@ class Trainer:
 
     def maybe_save_and_exit(self) -> bool:
         """Interval saves; exits on SIGTERM, --exit-interval, --exit-duration."""
-        c, log, it = self.config.checkpoint, self.config.logging, self.progress.iteration
+        c, it = self.config.checkpoint, self.progress.iteration
         self.just_saved = False
         if c.save and c.save_interval and it % c.save_interval == 0:
             self.save()
