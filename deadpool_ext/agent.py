@@ -18,7 +18,9 @@ from typing import Dict, List
 
 import torch.distributed as dist
 
-from deadpool_ext.control import Channel, connect, job_secret, slot_name
+from deadpool_ext.control import Channel, connect, job_secret, parse_slot, slot_name
+
+RELEASED_EXIT_CODE = 4  # recovery.RELEASED_EXIT_CODE (not imported: keeps the agent light)
 
 
 class Agent:
@@ -32,21 +34,21 @@ class Agent:
         self.stopping = False
         self.seq = 0
 
-    def worker_env(self, local: int) -> dict:
+    def worker_env(self, local: int, active: bool) -> dict:
         env = dict(os.environ)
         slot = slot_name(self.node, local)
-        env.update(DEADPOOL_SLOT=slot, DEADPOOL_ROLE="active" if self.active else "spare",
+        env.update(DEADPOOL_SLOT=slot, DEADPOOL_ROLE="active" if active else "spare",
                    DEADPOOL_STORE=self.store_addr, DEADPOOL_NODE=str(self.node),
                    DEADPOOL_RANKS_PER_NODE=str(self.nproc), LOCAL_RANK=str(local),
                    LOCAL_WORLD_SIZE=str(self.nproc), WORLD_SIZE=str(self.world_size))
-        if self.active:
+        if active:
             env["RANK"] = str(self.node * self.nproc + local)
         return env
 
     def start(self) -> None:
         for local in range(self.nproc):
             self.workers[slot_name(self.node, local)] = subprocess.Popen(
-                self.command, env=self.worker_env(local))
+                self.command, env=self.worker_env(local, self.active))
         self.channel.post("coordinator", kind="node", node=self.node, active=self.active,
                           pids={s: p.pid for s, p in self.workers.items()})
 
@@ -61,6 +63,11 @@ class Agent:
                 del self.workers[slot]
                 if not self.stopping:
                     self.channel.post("coordinator", kind="exit", slot=slot, code=code)
+                if code == RELEASED_EXIT_CODE and not self.stopping:
+                    # A shrink dropped its replica: the slot serves as a warm spare.
+                    local = parse_slot(slot)[1]
+                    self.workers[slot] = subprocess.Popen(
+                        self.command, env=self.worker_env(local, active=False))
         for command in self.commands.poll():
             self.obey(command)
 

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Set
 from deadpool_ext.control import Channel, parse_slot, slot_name
 from deadpool_ext.events import EventLog
 from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
+from deadpool_ext.shrink import Grid, plan_shrink, world_of
 
 COORDINATOR_RANK = -1  # in the event log
 
@@ -56,9 +57,12 @@ class Coordinator:
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
+        self.plan: Optional[dict] = None  # layout and buddies from rank 0, per world
         self.buddy: Optional[List[int]] = None
         self.owner: Optional[List[int]] = None
         self.train_iters: Optional[int] = None
+        self.world: Optional[dict] = None  # size and rank nodes after a shrink
+        self.released: Set[str] = set()     # slots whose replica a shrink dropped
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.started_recovery = 0.0
         self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
@@ -71,7 +75,8 @@ class Coordinator:
         """``assign``: the spares a decision will most likely pick, so that
         they can build their model while the survivors tear down."""
         self.channel.put("gen", gen=self.gen, state=self.state, lost=sorted(self.lost),
-                         assign={str(r): s for r, s in (assign or {}).items()})
+                         assign={str(r): s for r, s in (assign or {}).items()},
+                         world=self.world)
 
     def tell_agent(self, node: int, **command) -> None:
         self.channel.post(f"agent/{node}", **command)
@@ -98,10 +103,13 @@ class Coordinator:
 
     def handle(self, m: dict) -> None:
         kind = m.get("kind")
-        if kind == "plan" and self.buddy is None:
+        if kind == "plan" and self.plan is None:
+            self.plan = m
             self.buddy, self.owner = m["buddy"], m["owner"]
             self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
             self.train_iters = m.get("train_iters")
+        elif kind == "exit" and m["slot"] in self.released:
+            self.released.discard(m["slot"])  # left on a shrink; its agent starts a spare
         elif kind == "exit":
             self.on_exit(m["slot"], int(m["code"]))
         elif kind == "node_lost":
@@ -210,14 +218,16 @@ class Coordinator:
                     self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots(slots, f"did not report within {self.recovery_timeout:.0f} s")
             return
-        if self.buddy is None:
+        if self.plan is None:
             self.end(abort(self.gen, "no buddy plan was received from rank 0",
                            self.view.members))
             return
-        decision = decide(self.gen, self.view.members, self.lost, self.reports,
-                          self.view.spares, self.buddy, self.owner)
+        decision = self.choose()
         if decision.action == "abort":
             self.end(decision)
+            return
+        if decision.action == "shrink":
+            self.apply_shrink(decision)
             return
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
@@ -227,6 +237,41 @@ class Coordinator:
         self.events.emit("decision", gen=self.gen, rollback_to=decision.rollback_to,
                          replaced={str(r): s for r, s in decision.replaced.items()},
                          from_buddy=decision.from_buddy, warnings=decision.warnings,
+                         spares_left=len(self.view.spares))
+        self.publish()
+
+    def choose(self) -> Decision:
+        """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
+        shrink = self.plan.get("on_spares_exhausted") == "shrink"
+        if len(self.view.spares) >= len(self.lost) and self.buddy is not None or not shrink:
+            if self.buddy is None:
+                return abort(self.gen, f"ranks {sorted(self.lost)} were lost and no copy of "
+                             "their state exists (the job runs without a mirror)",
+                             self.view.members)
+            return decide(self.gen, self.view.members, self.lost, self.reports,
+                          self.view.spares, self.buddy, self.owner)
+        grid = Grid(self.plan["tp"], self.plan["pp"],
+                    self.world_size // (self.plan["tp"] * self.plan["pp"]),
+                    self.plan["tp_pp_dp"])
+        return plan_shrink(self.gen, self.view.members, self.lost, self.reports, self.buddy,
+                           grid)
+
+    def apply_shrink(self, decision: Decision) -> None:
+        """The kept replicas form the new world; the dropped replicas' live
+        ranks exit and come back as spares; rank 0 of the new world sends
+        the new layout."""
+        self.view.members = decision.members
+        self.released |= set(decision.released)
+        self.world_size = decision.world_size
+        self.world = world_of(decision)
+        self.plan = self.buddy = self.owner = None
+        self.lost, self.progress = set(), {}
+        self.state = "rebuilding"
+        self.channel.put(f"decision/{self.gen}", **decision.to_message())
+        self.events.emit("decision", gen=self.gen, action="shrink",
+                         rollback_to=decision.rollback_to, dp_before=decision.old_dp,
+                         dp_after=decision.new_dp, world_size=decision.world_size,
+                         released=decision.released, warnings=decision.warnings,
                          spares_left=len(self.view.spares))
         self.publish()
 

@@ -42,6 +42,7 @@ from deadpool_ext.plan import Decision
 from deadpool_ext.restore import restore_snapshot
 
 ABORT_EXIT_CODE = 3
+RELEASED_EXIT_CODE = 4  # a shrink dropped this rank's replica: become a spare
 MIRROR_ROLE = "deadpool_mirror"
 
 
@@ -54,14 +55,24 @@ RECOVERABLE = (RuntimeError, MirrorError, ConnectionError, TimeoutError)
 
 
 class Recovery:
-    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook):
-        self.ctx, self.trainer = ctx, trainer
-        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
-        self.config = trainer.config
+    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook, builders=None):
+        """builders: (model_provider, forward_step, make_hooks), what a shrink
+        needs to build this rank's objects again for a smaller world."""
+        self.ctx = ctx
+        self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
         self.injector = None
+        self.adopt(trainer, mirror_hook, recovery_hook)
+
+    def adopt(self, trainer: Trainer, mirror_hook, recovery_hook) -> None:
+        """Train with these objects from now on (at start, and after a shrink)."""
+        self.trainer, self.config = trainer, trainer.config
+        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
         self.logger = get_logger(trainer.runtime.rank)
         self._check_between_microbatches()
+        if self.injector is not None:
+            self.recovery_hook.injector = self.injector
+            install_fault_points(trainer, self)
 
     def _check_between_microbatches(self) -> None:
         """A survivor computing its own microbatches would notice a failure
@@ -124,9 +135,15 @@ class Recovery:
             decision = self.report_and_wait(after_gen)
             if decision.action == "abort":
                 self.stop(decision)
+            if self.ctx.slot in decision.released:
+                self.release(decision)
             try:
-                self.rebuild(decision)
-                self.restore(decision)
+                if decision.action == "shrink":
+                    from deadpool_ext.resize import shrink
+                    shrink(self, decision)
+                else:
+                    self.rebuild(decision)
+                    self.restore(decision)
                 return
             except RECOVERABLE as failure:
                 message = f"{type(failure).__name__}: {str(failure)[:300]}"
@@ -136,11 +153,14 @@ class Recovery:
     def tear_down(self) -> None:
         start = time.monotonic()
         try:
-            self.mirror.halt(timeout_s=section(self.config).deadpool_mirror_timeout)
+            if self.mirror is not None:
+                self.mirror.halt(timeout_s=section(self.config).deadpool_mirror_timeout)
         except MirrorError as error:
             self.emit("mirror_halt_failed", error=str(error))
         if self.slots is None:
-            self.slots = regroup.detach(self.roots(), {MIRROR_ROLE: self.mirror.group})
+            # No local may hold a group (detach checks that none is left alive).
+            self.slots = regroup.detach(
+                self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group})
         else:
             regroup.reset()
         self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1))
@@ -153,8 +173,10 @@ class Recovery:
                  "announce a new generation")
         while True:
             gen = ctx.current()["gen"]
+            mirror = self.mirror
             ctx.post(kind="report", gen=gen, rank=self.trainer.runtime.rank, slot=ctx.slot,
-                     own=self.mirror.iterations("own"), held=self.mirror.iterations("held"))
+                     own=mirror.iterations("own") if mirror else [],
+                     held=mirror.iterations("held") if mirror else [])
             self.emit("reported", for_gen=gen)
             if self.injector is not None:
                 self.injector.at("recovery")
@@ -174,10 +196,19 @@ class Recovery:
         sys.stdout.flush()
         os._exit(ABORT_EXIT_CODE)
 
+    def release(self, decision: Decision) -> None:
+        """This rank's replica leaves the job (a shrink): exit, and the agent
+        starts a warm spare in this slot."""
+        self.emit("released", for_gen=decision.gen, reason="its replica was dropped")
+        self.events.close()
+        sys.stdout.flush()
+        os._exit(RELEASED_EXIT_CODE)
+
     # ----- the new generation -----
-    def rebuild(self, decision: Decision) -> None:
-        start = time.monotonic()
-        p, rank = self.config.parallel, self.trainer.runtime.rank
+    def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:
+        """Everyone arrives (a store barrier, so a failure now is seen by
+        polling), then generation N's default group under its own prefix."""
+        p = self.config.parallel
         self.ctx.post(kind="joining", gen=decision.gen, rank=rank)
         while self.ctx.channel.get(f"join/{decision.gen}") is None:
             if self.ctx.current()["gen"] != decision.gen:
@@ -185,8 +216,12 @@ class Recovery:
             time.sleep(0.01)
         dist.init_process_group(
             p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", self.ctx.store),
-            rank=rank, world_size=self.config.world_size,
+            rank=rank, world_size=world_size,
             timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+
+    def rebuild(self, decision: Decision) -> None:
+        start = time.monotonic()
+        self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
         init_process_groups(self.config)
         group = new_mirror_group(mirror_backend(self.config),
                                  section(self.config).deadpool_mirror_timeout)
@@ -224,8 +259,7 @@ class Recovery:
                          decision.gen, R + 1, source)
 
 
-def prepare_spare(ctx, rank: int, config, model_provider, forward_step, hooks,
-                  datasets) -> Recovery:
+def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
     """A warm spare readies itself for a lost rank: the model and optimizer
     for that position, built against a fake world (its collectives are
     no-ops), with every group swapped for a placeholder. It starts as soon
@@ -233,13 +267,17 @@ def prepare_spare(ctx, rank: int, config, model_provider, forward_step, hooks,
     import torch.testing._internal.distributed.fake_pg as fake_pg
 
     start = time.monotonic()
+    model_provider, forward_step, make_hooks = builders
+    hooks = make_hooks(config, ctx)
     dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank,
                             world_size=config.world_size)
     trainer = build_trainer(config, model_provider, forward_step, list(hooks),
                             datasets=datasets)
     trainer.joining = True
     trainer.setup()
-    rec = Recovery(ctx, trainer, *hooks)
+    rec = Recovery(ctx, trainer, *hooks, builders=builders)
+    if rec.mirror is None:
+        raise RuntimeError("a spare cannot take a rank in a job without a mirror")
     rec.mirror.halt()
     rec.slots = regroup.detach(rec.roots(), {MIRROR_ROLE: rec.mirror.group})
     rec.emit("spare_built", rank=rank, slot=ctx.slot,
@@ -293,4 +331,5 @@ def install_fault_points(trainer: Trainer, rec: Recovery) -> None:
             return _sync(*args, **kwargs)
 
         chunk.start_param_sync = sync_with_faults
-    rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)
+    if rec.mirror is not None:
+        rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)

@@ -10,7 +10,7 @@ import datetime
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch.distributed as dist
 
@@ -27,6 +27,7 @@ from deadpool_ext.control import Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.plan import Decision
+from deadpool_ext.resize import world_config
 
 
 class ControlClient:
@@ -105,13 +106,30 @@ class RecoveryHook(Hook):
         self.injector = None
 
     def on_setup(self, trainer: Trainer) -> None:
+        """Rank 0 tells the coordinator the layout: at start, and after a
+        shrink (a spare that took rank 0 repeats it; only the first counts)."""
         self.ctx.iteration = trainer.progress.iteration
-        if trainer.runtime.rank == 0 and self.ctx.role == "active":
-            buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
-            self.ctx.post(kind="plan", buddy=[buddies.buddy[r] for r in ranks],
-                          owner=[buddies.owner[r] for r in ranks],
-                          heartbeat_timeout=section(self.config).deadpool_heartbeat_timeout,
-                          train_iters=self.config.training.train_iters)
+        if trainer.runtime.rank != 0:
+            return
+        buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
+        p, dp = self.config.parallel, section(self.config)
+        self.ctx.post(kind="plan", gen=self.ctx.gen,
+                      buddy=[buddies.buddy[r] for r in ranks] if buddies else None,
+                      owner=[buddies.owner[r] for r in ranks] if buddies else None,
+                      tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                      tp_pp_dp=p.use_tp_pp_dp_mapping,
+                      on_spares_exhausted=dp.deadpool_on_spares_exhausted,
+                      heartbeat_timeout=dp.deadpool_heartbeat_timeout,
+                      train_iters=self.config.training.train_iters)
+
+    def log_fields(self, trainer: Trainer) -> List[str]:
+        planned = self.config.extra.get("planned_world_size", self.config.world_size)
+        if planned == self.config.world_size:
+            return []
+        p = self.config.parallel
+        per_replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        return [f"shrunk: data-parallel size {self.config.data_parallel_size} of "
+                f"{planned // per_replica} ({self.config.world_size} of {planned} ranks)"]
 
     def before_step(self, trainer: Trainer) -> None:
         self.ctx.iteration = trainer.progress.iteration
@@ -171,7 +189,8 @@ def start_active(ctx: ControlClient, config: Config, model_provider, forward_ste
     mirror_hook, recovery_hook = build_hooks(config, ctx)
     trainer = build_trainer(config, model_provider, forward_step, [mirror_hook, recovery_hook])
     trainer.setup()
-    rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook)
+    rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook,
+                            builders=(model_provider, forward_step, build_hooks))
     install_faults(trainer, rec, original=True)
     return rec
 
@@ -188,24 +207,25 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
     ctx.state = "spare"
     ctx.post(kind="spare_ready", slot=ctx.slot)
     logger.info("warm spare %s ready", ctx.slot)
-    prepared = None  # (rank, Recovery) built ahead of the decision
+    builders = (model_provider, forward_step, build_hooks)
+    prepared = None  # (rank, world, Recovery) built ahead of the decision
     while True:
         time.sleep(0.01)
         latest = ctx.current()
+        world = latest.get("world")  # size and node map since the last shrink
         likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
-        if ctx.slot in likely and (prepared is None or prepared[0] != likely[ctx.slot]):
-            prepared = (likely[ctx.slot], recovery.prepare_spare(
-                ctx, likely[ctx.slot], config, model_provider, forward_step,
-                build_hooks(config, ctx), datasets))
+        if ctx.slot in likely and (prepared is None or prepared[:2] != (likely[ctx.slot],
+                                                                        world)):
+            prepared = (likely[ctx.slot], world, recovery.prepare_spare(
+                ctx, likely[ctx.slot], world_config(config, world), builders, datasets))
         decision = ctx.decision(latest["gen"]) if latest["state"] == "rebuilding" else None
         if decision is None or ctx.slot not in decision.replaced.values():
             continue
-        rank = next(r for r, slot in decision.replaced.items() if slot == ctx.slot)
-        if prepared is None or prepared[0] != rank:
-            prepared = (rank, recovery.prepare_spare(ctx, rank, config, model_provider,
-                                                     forward_step, build_hooks(config, ctx),
-                                                     datasets))
-        return recovery.join(prepared[1], decision)
+        rank = decision.rank_of(ctx.slot)
+        if prepared is None or prepared[:2] != (rank, world):
+            prepared = (rank, world, recovery.prepare_spare(
+                ctx, rank, world_config(config, world), builders, datasets))
+        return recovery.join(prepared[2], decision)
 
 
 def run(config: Config, model_provider, forward_step) -> int:
