@@ -678,12 +678,13 @@ taking one node out. Strategies:
 - **in-process restart**: the same checkpoints and rollback, a shorter restart (processes
   live; groups rebuilt, checkpoint reloaded).
 - **hot swap** (this project): the interrupted iteration is redone on a warm spare node;
-  with no spare free (nodes come back after repair) the job falls back to checkpoint-restart,
-  as `deadpool-launch` does today; a second failure during a swap on the lost node's buddy
-  or owner node loses the mirror (checkpoint-restart). Durable checkpoints are kept at
-  Daly's interval for the failures the mirror cannot absorb, at least daily.
-- **hot swap + shrink**: as hot swap, but with no spare the job drops a DP replica and goes
-  on at (DP-k)/DP throughput, growing back when a repaired node returns.
+  with no spare free (nodes come back after repair) the job falls back to checkpoint-restart
+  (`--deadpool-on-spares-exhausted abort`); a second failure during a swap on the lost
+  node's buddy or owner node loses the mirror (checkpoint-restart). Durable checkpoints are
+  kept at Daly's interval for the failures the mirror cannot absorb, at least daily.
+- **hot swap + shrink** (`--deadpool-on-spares-exhausted shrink`): as hot swap, but with no
+  spare the job drops a DP replica and goes on at (DP-k)/DP throughput, growing back when a
+  repaired node returns (growing back is modelled here; in the code it is the next step).
 
 The ratio is useful work (full-throughput compute never rolled back) over wall time; the
 lost hours split into rework, recovery, checkpointing and slowdown (shrunk throughput,
