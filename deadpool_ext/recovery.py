@@ -247,16 +247,23 @@ class Recovery:
             request.wait()
         restore_snapshot(self.trainer, self.mirror_hook.layout, mirror.own[index], iteration=R)
         mirror.resume(index)
-        if self.trainer.metrics is not None:
-            self.trainer.metrics.rewind(R)
-        self.trainer.window = _LogWindow()
-        self.ctx.iteration = R
-        self.ctx.post(kind="resumed", gen=decision.gen, rank=rank)
-        self.recovery_hook.recovered_at = time.monotonic()
+        self.resume_at(decision)
         self.emit("state_restored", source=source, rollback_to=R,
                   ms=round((time.monotonic() - start) * 1e3, 1))
         self.logger.info("deadpool: generation %d, resuming at iteration %d (state from %s)",
                          decision.gen, R + 1, source)
+
+
+    def resume_at(self, decision: Decision) -> None:
+        """Training goes on from the rollback iteration: forget the redone
+        iterations' metrics and tell the coordinator."""
+        R = decision.rollback_to
+        if self.trainer.metrics is not None:
+            self.trainer.metrics.rewind(R)
+        self.trainer.window = _LogWindow()
+        self.ctx.iteration = R
+        self.ctx.post(kind="resumed", gen=decision.gen, rank=self.trainer.runtime.rank)
+        self.recovery_hook.recovered_at = time.monotonic()
 
 
 def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:

@@ -13,7 +13,7 @@ import time
 from typing import List, Optional
 
 from megatron.training.config import Config
-from megatron.training.training import Trainer, _LogWindow, build_trainer
+from megatron.training.training import Trainer, build_trainer
 
 from deadpool_ext import reshard
 from deadpool_ext import snapshot as snap
@@ -91,24 +91,16 @@ def shrink(rec, decision: Decision) -> None:
         old_mirror.close()
     rec.slots = None
     rec.adopt(trainer, *hooks)
-    finish(rec, decision, start)
+    finish(rec, decision, start, old_rank)
 
 
-def finish(rec, decision: Decision, start: float) -> None:
-    trainer, R = rec.trainer, decision.rollback_to
-    if trainer.metrics is not None:
-        trainer.metrics.rewind(R)
-    trainer.window = _LogWindow()
-    rec.ctx.gen, rec.ctx.iteration = decision.gen, R
-    rec.ctx.post(kind="resumed", gen=decision.gen, rank=trainer.runtime.rank)
-    rec.recovery_hook.recovered_at = time.monotonic()
-    rec.emit("shrunk", old_rank=decision_old_rank(decision, trainer.runtime.rank),
-             rollback_to=R, dp_before=decision.old_dp, dp_after=decision.new_dp,
-             world_size=decision.world_size, ms=round((time.monotonic() - start) * 1e3, 1))
+def finish(rec, decision: Decision, start: float, old_rank: int) -> None:
+    R = decision.rollback_to
+    rec.ctx.gen = decision.gen
+    rec.resume_at(decision)
+    rec.emit("shrunk", old_rank=old_rank, rollback_to=R, dp_before=decision.old_dp,
+             dp_after=decision.new_dp, world_size=decision.world_size,
+             ms=round((time.monotonic() - start) * 1e3, 1))
     rec.logger.warning("deadpool: generation %d shrank the job to %d of %d data-parallel "
                        "replicas; resuming at iteration %d", decision.gen, decision.new_dp,
                        decision.old_dp, R + 1)
-
-
-def decision_old_rank(decision: Decision, new_rank: int) -> int:
-    return next(o for o, n in decision.renumber.items() if n == new_rank)
