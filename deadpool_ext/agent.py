@@ -9,6 +9,7 @@ line, where other users could read it).
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,12 +26,19 @@ RELEASED_EXIT_CODE = 4  # recovery.RELEASED_EXIT_CODE (not imported: keeps the a
 
 class Agent:
     def __init__(self, channel: Channel, node: int, nproc: int, active: bool, world_size: int,
-                 command: List[str], store_addr: str, heartbeat_s: float = 0.5):
+                 command: List[str], store_addr: str, heartbeat_s: float = 0.5,
+                 join: bool = False):
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
         self.workers: Dict[str, subprocess.Popen] = {}
         self.commands = channel.reader(f"agent/{node}")
+        self.join, self.refused = join, None
+        self.nonce = secrets.token_hex(8) if join else None  # where the admission comes
+        if join:
+            # A repaired node takes its old index: its predecessor's commands
+            # (kill_all when it was lost) are not for this agent.
+            self.commands.skip_history()
         self.stopping = False
         self.seq = 0
 
@@ -50,6 +58,7 @@ class Agent:
             self.workers[slot_name(self.node, local)] = subprocess.Popen(
                 self.command, env=self.worker_env(local, self.active))
         self.channel.post("coordinator", kind="node", node=self.node, active=self.active,
+                          join=self.join, nproc=self.nproc, nonce=self.nonce,
                           pids={s: p.pid for s, p in self.workers.items()})
 
     def beat(self) -> None:
@@ -68,8 +77,22 @@ class Agent:
                     local = parse_slot(slot)[1]
                     self.workers[slot] = subprocess.Popen(
                         self.command, env=self.worker_env(local, active=False))
+        if self.nonce is not None:
+            self.check_admission()
         for command in self.commands.poll():
             self.obey(command)
+
+    def check_admission(self) -> None:
+        """A joining node waits for the coordinator's answer; refused, it stops."""
+        answer = self.channel.get(f"admit/{self.nonce}")
+        if answer is None:
+            return
+        self.nonce = None
+        if not answer["accepted"]:
+            self.refused = answer["reason"]
+            print(f"deadpool-launch --join: refused: {self.refused}", file=sys.stderr,
+                  flush=True)
+            self.obey({"kind": "stop"})
 
     def obey(self, command: dict) -> None:
         kind = command.get("kind")
@@ -93,9 +116,11 @@ class Agent:
                 time.sleep(0.02)
         except dist.DistError:
             # The coordinator is gone, and with it the job: leave no orphans.
+            # After its stop command that is the normal end of the job.
+            stopped = self.stopping
             self.obey({"kind": "kill_all"})
-            return 1
-        return 0
+            return 0 if stopped else 1
+        return 2 if self.refused else 0
 
 
 def main() -> int:
@@ -104,7 +129,7 @@ def main() -> int:
     store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
     agent = Agent(Channel(store, job_secret()), settings["node"], settings["nproc"],
                   settings["active"], settings["world_size"], settings["command"],
-                  settings["store"])
+                  settings["store"], join=settings.get("join", False))
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": "stop"}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"
     return agent.run()

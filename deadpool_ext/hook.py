@@ -65,17 +65,22 @@ class MirrorHook(Hook):
         logger = get_logger(rank)
         self.events = EventLog(dp.deadpool_events, rank)
         self.layout = snap.build_layout(trainer.state.optimizer)
-        if self.config.data_parallel_size < 2:
-            # Only a job shrunk to one replica gets here (parse_args refuses
-            # DP=1): there is no peer to mirror to.
-            logger.warning("deadpool mirror off: one data-parallel replica is left")
-            self.events.emit("mirror_off", reason="one data-parallel replica left")
-            return
-        buddies = self.buddies = runtime_buddies(self.config)
         device = None if trainer.runtime.on_cpu else torch.device("cuda",
                                                                    torch.cuda.current_device())
         in_device = dp.deadpool_mirror_memory == "device"
         group = new_mirror_group(mirror_backend(self.config), dp.deadpool_mirror_timeout)
+        if self.config.data_parallel_size < 2:
+            # Only a job shrunk to one replica gets here (parse_args refuses
+            # DP=1): there is no peer to mirror to, and a lost rank ends the
+            # job. Own snapshots are still taken: a grow starts from them.
+            logger.warning("deadpool mirror: one data-parallel replica is left; own "
+                           "snapshots only, no buddy")
+            self.events.emit("mirror_local", reason="one data-parallel replica left")
+            self.mirror = Mirror(trainer.state.optimizer, self.layout, rank, rank, rank, group,
+                                 self.events, device)
+            self.mirror.allocate("device" if in_device else "cpu")
+            return
+        buddies = self.buddies = runtime_buddies(self.config)
         self.mirror = Mirror(trainer.state.optimizer, self.layout, rank, buddies.buddy[rank],
                              buddies.owner[rank], group, self.events, device)
         self.mirror.allocate("device" if in_device else "cpu")
@@ -111,6 +116,8 @@ class MirrorHook(Hook):
     def log_fields(self, trainer: Trainer) -> List[str]:
         if self.mirror is None:
             return ["mirror: off"]
+        if self.mirror.local:
+            return ["mirror: local"]
         held = self.mirror.held_iteration()
         return [f"mirror held: {'-' if held is None else held}"]
 

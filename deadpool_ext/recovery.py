@@ -82,7 +82,8 @@ class Recovery:
         forward_step, ctx = self.trainer.forward_step, self.ctx
 
         def forward_unless_announced(data_iterator, model):
-            if ctx.failure_announced():
+            # A grow waits for the iteration boundary (RecoveryHook.before_step).
+            if ctx.failure_announced() and not ctx.grow_announced():
                 raise FailureAnnounced(f"the coordinator announced generation "
                                        f"{ctx.latest['gen']}")
             return forward_step(data_iterator, model)
@@ -127,7 +128,7 @@ class Recovery:
     def recover(self, error: str, after_gen: Optional[int] = None) -> None:
         """Until a generation after ``after_gen`` (default: this one) resumes."""
         self.emit("failure_seen", error=error)
-        self.logger.warning("failure seen at iteration %d: %s", self.trainer.progress.iteration,
+        self.logger.warning("stopped after iteration %d: %s", self.trainer.progress.iteration,
                             error)
         after_gen = self.ctx.gen if after_gen is None else after_gen
         while True:
@@ -138,9 +139,9 @@ class Recovery:
             if self.ctx.slot in decision.released:
                 self.release(decision)
             try:
-                if decision.action == "shrink":
-                    from deadpool_ext.resize import shrink
-                    shrink(self, decision)
+                if decision.action in ("shrink", "grow"):
+                    from deadpool_ext.resize import resize
+                    resize(self, decision)
                 else:
                     self.rebuild(decision)
                     self.restore(decision)
@@ -152,11 +153,13 @@ class Recovery:
 
     def tear_down(self) -> None:
         start = time.monotonic()
-        try:
-            if self.mirror is not None:
-                self.mirror.halt(timeout_s=section(self.config).deadpool_mirror_timeout)
-        except MirrorError as error:
-            self.emit("mirror_halt_failed", error=str(error))
+        if self.mirror is not None:
+            if self.ctx.grow_announced():
+                # Nobody is lost: let the boundary's snapshot reach the
+                # buddy, so a grow redoes no iteration.
+                self._mirror_step("drain", self.mirror.wait_idle)
+            timeout = section(self.config).deadpool_mirror_timeout
+            self._mirror_step("halt", lambda: self.mirror.halt(timeout_s=timeout))
         if self.slots is None:
             # No local may hold a group (detach checks that none is left alive).
             self.slots = regroup.detach(
@@ -164,6 +167,12 @@ class Recovery:
         else:
             regroup.reset()
         self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1))
+
+    def _mirror_step(self, name: str, step) -> None:
+        try:
+            step()
+        except MirrorError as error:
+            self.emit(f"mirror_{name}_failed", error=str(error))
 
     def report_and_wait(self, after_gen: int) -> Decision:
         """Report for the newest generation until its decision comes."""
@@ -206,18 +215,7 @@ class Recovery:
 
     # ----- the new generation -----
     def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:
-        """Everyone arrives (a store barrier, so a failure now is seen by
-        polling), then generation N's default group under its own prefix."""
-        p = self.config.parallel
-        self.ctx.post(kind="joining", gen=decision.gen, rank=rank)
-        while self.ctx.channel.get(f"join/{decision.gen}") is None:
-            if self.ctx.current()["gen"] != decision.gen:
-                raise FailureAnnounced("another failure before the rebuild")
-            time.sleep(0.01)
-        dist.init_process_group(
-            p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", self.ctx.store),
-            rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+        enter_generation(self.ctx, self.config, decision, rank, world_size)
 
     def rebuild(self, decision: Decision) -> None:
         start = time.monotonic()
@@ -264,6 +262,21 @@ class Recovery:
         self.ctx.iteration = R
         self.ctx.post(kind="resumed", gen=decision.gen, rank=self.trainer.runtime.rank)
         self.recovery_hook.recovered_at = time.monotonic()
+
+
+def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int) -> None:
+    """Everyone arrives (a store barrier, so a failure now is seen by
+    polling), then generation N's default group under its own prefix."""
+    p = config.parallel
+    ctx.post(kind="joining", gen=decision.gen, rank=rank)
+    while ctx.channel.get(f"join/{decision.gen}") is None:
+        if ctx.current()["gen"] != decision.gen:
+            raise FailureAnnounced("another failure before the rebuild")
+        time.sleep(0.01)
+    dist.init_process_group(
+        p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", ctx.store),
+        rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
 
 
 def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:

@@ -8,18 +8,19 @@ bucket's full flat state; each parameter's state is cut out of it by its
 place in the old buffers and put at its place in the new ones, whose padding
 and shard bounds depend on the new DP size. Parameters are matched by name.
 
-The exchange: every old snapshot of a position is broadcast, checksum
-verified, from the kept rank that contributes it (``shrink.shard_sources``)
-over the new data-parallel group of that position.
+The exchange, per (tp, pp) position, over gloo (the snapshots live in host
+memory, on GPU too): every old snapshot is broadcast, checksum verified,
+from the rank that contributes it (``shrink.shard_sources``; after a grow,
+its owner) to the position's ranks that held state before. After a grow
+the position's first rank then sends the whole re-laid state, sealed like a
+snapshot, to every rank of the position, the new ones included.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
-
 from megatron.training.checkpointing import inner_optimizers
 
 from deadpool_ext import snapshot as snap
@@ -67,27 +68,86 @@ def full_state(layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
     return state
 
 
+def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]]
+               ) -> torch.Tensor:
+    """(3, total numel): every bucket's full flat state, buckets in order,
+    each parameter at its place in the (new) buckets, padding zero."""
+    flats = torch.zeros(len(snap.STATES), sum(b.numel for b in layout_buckets))
+    base = 0
+    for bucket in layout_buckets:
+        for name, (start, numel) in bucket.params.items():
+            for region in range(len(snap.STATES)):
+                flats[region, base + start:base + start + numel] = state[name][region]
+        base += bucket.numel
+    return flats
+
+
+def shard_of(layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int,
+             dp_size: int) -> List[torch.Tensor]:
+    """This DP rank's state regions: its slice of every bucket."""
+    parts, base = [], 0
+    for bucket in layout_buckets:
+        size = bucket.numel // dp_size
+        parts.append(flats[:, base + dp_rank * size:base + (dp_rank + 1) * size])
+        base += bucket.numel
+    whole = torch.cat(parts, dim=1)
+    return [whole[region].clone() for region in range(len(snap.STATES))]
+
+
 def new_shard(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]],
               dp_rank: int, dp_size: int) -> List[torch.Tensor]:
     """This DP rank's state regions under the new buckets."""
-    regions = [[] for _ in snap.STATES]
-    for bucket in layout_buckets:
-        size = bucket.numel // dp_size
-        for region in range(len(snap.STATES)):
-            flat = torch.zeros(bucket.numel, dtype=torch.float32)
-            for name, (start, numel) in bucket.params.items():
-                flat[start:start + numel] = state[name][region]
-            regions[region].append(flat[dp_rank * size:(dp_rank + 1) * size])
-    return [torch.cat(parts) for parts in regions]
+    return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
+
+
+def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:
+    """Gloo groups of this rank's (tp, pp) position in ``grid`` (the new
+    world): its ranks that held state before, and all of them. Collective:
+    every rank creates every position's groups, in the same order."""
+    me = dist.get_rank()
+    mine_holders, mine_all = None, None
+    for pp in range(grid.pp):
+        for tp in range(grid.tp):
+            ranks = [grid.rank(tp, d, pp) for d in range(grid.dp)]
+            kept = [r for r in ranks if r in holders]
+            group = dist.new_group(ranks, backend="gloo")
+            kept_group = group if kept == ranks else dist.new_group(kept, backend="gloo")
+            if me in ranks:
+                mine_all = group
+                mine_holders = kept_group if me in kept else None
+    return mine_holders, mine_all
+
+
+def share_position(layout: snap.ShardLayout, flats: Optional[torch.Tensor],
+                   sidecar: Optional[dict], iteration: int, root: int,
+                   group) -> Tuple[torch.Tensor, dict]:
+    """The root's full state and sidecar on every rank of the position,
+    sealed and verified like a snapshot. ``layout``: this rank's new shard
+    layout (its sidecar room is the same on every rank of the position)."""
+    whole = snap.ShardLayout([], flats.shape[1] if flats is not None else 0,
+                             layout.sidecar_capacity)
+    size = torch.tensor([whole.numel], dtype=torch.int64)
+    dist.broadcast(size, root, group=group)
+    whole.numel = int(size.item())
+    buffer = snap.allocate(whole)
+    if dist.get_rank() == root:
+        for view, values in zip(snap.regions(buffer, whole), flats):
+            view.copy_(values)
+        # One Adam step for all: the receivers' segments differ from the root's.
+        steps = sorted(set(sidecar["steps"]))[:1]
+        snap.seal(buffer, whole, iteration, root,
+                  snap.encode_sidecar(dict(sidecar, steps=steps)))
+    dist.broadcast(buffer, root, group=group)
+    snap.verify(buffer, whole, iteration=iteration, owner=root)
+    return torch.stack(snap.regions(buffer, whole)), snap.read_sidecar(buffer, whole)
 
 
 def gather_position(old_layout: snap.ShardLayout, own: Dict[int, torch.Tensor],
                     sources: Dict[int, List], old_ring: List[int], renumber: Dict[int, int],
-                    iteration: int) -> List[torch.Tensor]:
+                    iteration: int, group) -> List[torch.Tensor]:
     """Every old snapshot of this position, in old DP order, on every rank
-    of the new DP group: broadcast by its contributor, verified on arrival.
-    ``own``: old rank -> buffer this process contributes."""
-    group = parallel_state.get_data_parallel_group()
+    of ``group`` (the position's holders): broadcast by its contributor,
+    verified on arrival. ``own``: old rank -> buffer this process contributes."""
     buffers = []
     for old_rank in old_ring:
         contributor = renumber[sources[old_rank][0]]
@@ -95,7 +155,7 @@ def gather_position(old_layout: snap.ShardLayout, own: Dict[int, torch.Tensor],
         if buffer is None:
             buffer = snap.allocate(old_layout)
         else:
-            buffer = buffer.clone()
+            buffer = buffer.to("cpu", copy=True)  # device-memory mirrors too
         dist.broadcast(buffer, contributor, group=group)
         snap.verify(buffer, old_layout, iteration=iteration, owner=old_rank)
         buffers.append(buffer)

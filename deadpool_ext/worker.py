@@ -21,13 +21,12 @@ from megatron.training.log import get_logger
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import Hook, Trainer, build_trainer
 
-from deadpool_ext import recovery
+from deadpool_ext import recovery, resize
 from deadpool_ext.config import section
 from deadpool_ext.control import Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.plan import Decision
-from deadpool_ext.resize import world_config
 
 
 class ControlClient:
@@ -76,7 +75,12 @@ class ControlClient:
         self.channel.post("coordinator", **body)
 
     def failure_announced(self) -> bool:
+        """A new generation: a failure, or a grow (see ``grow_announced``)."""
         return self.latest["gen"] > self.gen
+
+    def grow_announced(self) -> bool:
+        """The new generation grows the job: stop at the iteration's end."""
+        return self.failure_announced() and bool(self.latest.get("grow"))
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -137,8 +141,9 @@ class RecoveryHook(Hook):
         if self.injector is not None:
             self.injector.at("start", trainer.progress.iteration + 1)
         if self.ctx.failure_announced():
+            why = " to grow the job" if self.ctx.grow_announced() else ""
             raise recovery.FailureAnnounced(f"the coordinator announced generation "
-                                            f"{self.ctx.latest['gen']}")
+                                            f"{self.ctx.latest['gen']}{why}")
 
     def after_step(self, trainer: Trainer, metrics: dict) -> None:
         self.ctx.iteration = trainer.progress.iteration
@@ -163,11 +168,18 @@ def install_faults(trainer: Trainer, rec: "recovery.Recovery", original: bool) -
         events.emit("fault_injected", gen=rec.ctx.gen, iteration=iteration,
                     action=fault.action, phase=fault.phase, node=fault.node)
 
+    def ranks_on_this_node() -> int:
+        """In the current world (a resized one names each rank's node)."""
+        nodes = rec.config.extra.get("rank_nodes")
+        if nodes is None:
+            return int(os.environ["LOCAL_WORLD_SIZE"])
+        return sum(1 for name in nodes if name == f"node{rec.ctx.node}")
+
     def node_barrier(fault):
         key = f"inject/{fault}"
         rec.ctx.store.add(key, 1)
         deadline = time.monotonic() + 10  # a rank replaced earlier never comes
-        while rec.ctx.store.add(key, 0) < int(os.environ["LOCAL_WORLD_SIZE"]) and \
+        while rec.ctx.store.add(key, 0) < ranks_on_this_node() and \
                 time.monotonic() < deadline:
             time.sleep(0.005)
 
@@ -196,7 +208,8 @@ def start_active(ctx: ControlClient, config: Config, model_provider, forward_ste
 
 
 def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step):
-    """Warm up (imports, device, tokenizer, data), then wait to be assigned."""
+    """Warm up (imports, device, tokenizer, data), then wait to be assigned:
+    to a lost rank (hot swap) or to a new replica (grow)."""
     logger = get_logger(0)
     setup_device(config)
     tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
@@ -217,14 +230,17 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
         if ctx.slot in likely and (prepared is None or prepared[:2] != (likely[ctx.slot],
                                                                         world)):
             prepared = (likely[ctx.slot], world, recovery.prepare_spare(
-                ctx, likely[ctx.slot], world_config(config, world), builders, datasets))
+                ctx, likely[ctx.slot], resize.world_config(config, world), builders, datasets))
         decision = ctx.decision(latest["gen"]) if latest["state"] == "rebuilding" else None
         if decision is None or ctx.slot not in decision.replaced.values():
             continue
+        if decision.action == "grow":
+            prepared = None  # built for a hot swap that did not pick it
+            return resize.join_grown(ctx, config, builders, datasets, decision)
         rank = decision.rank_of(ctx.slot)
         if prepared is None or prepared[:2] != (rank, world):
             prepared = (rank, world, recovery.prepare_spare(
-                ctx, rank, world_config(config, world), builders, datasets))
+                ctx, rank, resize.world_config(config, world), builders, datasets))
         return recovery.join(prepared[2], decision)
 
 
