@@ -27,7 +27,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo test bench bench-mirror bench-recovery clean print-demo-args print-deadpool-args
+.PHONY: setup data demo test bench bench-mirror bench-recovery bench-shrink clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ bench-mirror: data
 
 bench-recovery: data
 	OMP_NUM_THREADS=1 $(PY) tools/bench_recovery.py
+
+bench-shrink: data
+	OMP_NUM_THREADS=1 $(PY) tools/bench_shrink.py
 
 clean:
 	rm -rf $(VENV) data runs *.egg-info

@@ -39,6 +39,11 @@ class DeadpoolConfig:
     deadpool_heartbeat_timeout: float = arg(
         10.0, help="Seconds without a heartbeat after which the coordinator declares a "
         "node lost or a worker hung (hung workers are killed and replaced).")
+    deadpool_on_spares_exhausted: str = arg(
+        "shrink", help="When a rank is lost and no spare is left: shrink (drop the "
+        "data-parallel replicas that lost a rank and go on with the rest, same global batch), "
+        "or abort (exit non-zero; resume from the last --save checkpoint).",
+        choices=["shrink", "abort"])
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
         "hang:rank=R:iter=N; phases forward, backward, grad-reduce, optimizer, mirror, "
@@ -68,6 +73,8 @@ def nodes_are_emulated(config: Config, environ=os.environ) -> bool:
 
 
 def node_names(config: Config, environ=os.environ) -> List[str]:
+    if config.extra.get("rank_nodes"):  # a shrunk job: nodes as the coordinator placed them
+        return list(config.extra["rank_nodes"])
     dp = section(config)
     per_node = ranks_per_node(dp, config.world_size, environ)
     return nodes_by_block(config.world_size, per_node)

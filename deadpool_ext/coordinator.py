@@ -14,6 +14,13 @@ Failure detection, fastest first:
      told to SIGKILL it, which turns it into case 1 for its peers).
 Survivors blocked in a collective are released as their peers drop the old
 groups; gloo's own timeout (--distributed-timeout-minutes) is the last resort.
+
+Sizes: while spares last a lost rank is swapped; then the job shrinks
+(--deadpool-on-spares-exhausted shrink), and it grows back towards its
+launched size whenever the ready spares make up a whole replica (a node
+that registers with ``deadpool-launch --join`` brings new spares). A loss
+while the job is being resized ends it: the survivors' snapshots are of the
+old layout, which no decision could combine with the new one.
 """
 
 import time
@@ -22,7 +29,9 @@ from typing import Dict, List, Optional, Set
 
 from deadpool_ext.control import Channel, parse_slot, slot_name
 from deadpool_ext.events import EventLog
+from deadpool_ext.grow import plan_grow, replicas_to_add
 from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
+from deadpool_ext.shrink import Grid, plan_shrink, world_of
 
 COORDINATOR_RANK = -1  # in the event log
 
@@ -43,7 +52,7 @@ class Coordinator:
                  recovery_timeout: float = 120.0, clock=time.monotonic):
         self.channel, self.nproc = channel, nproc
         self.nnodes, self.spare_nodes = nnodes, spare_nodes
-        self.world_size = nnodes * nproc
+        self.world_size = self.planned_size = nnodes * nproc
         self.events = events or EventLog(None, COORDINATOR_RANK)
         self.heartbeat_timeout, self.recovery_timeout = heartbeat_timeout, recovery_timeout
         self.clock = clock
@@ -56,9 +65,15 @@ class Coordinator:
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
+        self.plan: Optional[dict] = None  # layout and buddies from rank 0, per world
         self.buddy: Optional[List[int]] = None
         self.owner: Optional[List[int]] = None
         self.train_iters: Optional[int] = None
+        self.world: Optional[dict] = None  # size and rank nodes after a shrink
+        self.released: Set[str] = set()     # slots whose replica a shrink dropped
+        self.joined_nodes: Set[int] = set()  # registered with deadpool-launch --join
+        self.growing = False   # this generation grows the job (no rank was lost)
+        self.resizing = False  # a shrink or grow is being carried out
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.started_recovery = 0.0
         self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
@@ -69,9 +84,12 @@ class Coordinator:
     # ----- outputs -----
     def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
         """``assign``: the spares a decision will most likely pick, so that
-        they can build their model while the survivors tear down."""
+        they can build their model while the survivors tear down. ``grow``
+        tells workers to stop at their next iteration boundary, not within
+        an iteration."""
         self.channel.put("gen", gen=self.gen, state=self.state, lost=sorted(self.lost),
-                         assign={str(r): s for r, s in (assign or {}).items()})
+                         assign={str(r): s for r, s in (assign or {}).items()},
+                         world=self.world, grow=self.growing)
 
     def tell_agent(self, node: int, **command) -> None:
         self.channel.post(f"agent/{node}", **command)
@@ -79,6 +97,9 @@ class Coordinator:
     @property
     def finished(self) -> bool:
         return self.result is not None or len(self.done) == self.world_size
+
+    def nodes(self) -> List[int]:
+        return sorted(set(range(self.nnodes + self.spare_nodes)) | self.joined_nodes)
 
     # ----- one poll -----
     def step(self) -> None:
@@ -91,6 +112,8 @@ class Coordinator:
             self.check_heartbeats()
         if self.state == "recovering":
             self.maybe_decide()
+        elif self.state == "training":
+            self.maybe_grow()
         elif self.state == "rebuilding" and self.clock() - self.started_recovery > \
                 self.recovery_timeout:
             self.end(abort(self.gen, f"generation {self.gen} did not resume within "
@@ -98,17 +121,24 @@ class Coordinator:
 
     def handle(self, m: dict) -> None:
         kind = m.get("kind")
-        if kind == "plan" and self.buddy is None:
+        if kind == "plan" and self.plan is None:
+            self.plan = m
             self.buddy, self.owner = m["buddy"], m["owner"]
             self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
             self.train_iters = m.get("train_iters")
+        elif kind == "exit" and m["slot"] in self.released:
+            self.released.discard(m["slot"])  # left on a shrink; its agent starts a spare
         elif kind == "exit":
             self.on_exit(m["slot"], int(m["code"]))
+        elif kind == "node" and m.get("join"):
+            self.register_node(int(m["node"]), int(m.get("nproc", 0)), str(m.get("nonce")))
         elif kind == "node_lost":
             self.lose_node(int(m["node"]), m.get("reason", "agent exited"))
         elif kind == "spare_ready" and m["slot"] not in self.view.lost_slots:
             if m["slot"] not in self.view.spares and self.view.rank_of(m["slot"]) is None:
                 self.view.spares.append(m["slot"])
+                self.events.emit("spare_ready", gen=self.gen, slot=m["slot"],
+                                 spares=len(self.view.spares))
         elif kind == "report" and m["gen"] == self.gen and self.state == "recovering":
             self.reports[m["rank"]] = Report(m["rank"], m["slot"], m["own"], m["held"])
         elif kind == "joining" and m["gen"] == self.gen and self.state == "rebuilding":
@@ -120,7 +150,7 @@ class Coordinator:
         elif kind == "resumed" and m["gen"] == self.gen and self.state == "rebuilding":
             self.resumed.add(m["rank"])
             if len(self.resumed) == self.world_size:
-                self.state = "training"
+                self.state, self.resizing = "training", False
                 self.events.emit("recovered", gen=self.gen,
                                  seconds=round(self.clock() - self.started_recovery, 3))
                 self.publish()
@@ -151,7 +181,13 @@ class Coordinator:
         if not ranks:
             self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
             return
+        if self.resizing:
+            self.end(abort(self.gen, f"{reason} (ranks {sorted(ranks)}) while the job was "
+                           "being resized: resume from the last --save checkpoint",
+                           self.view.members))
+            return
         self.lost |= ranks
+        self.growing = False  # a loss turns a pending grow into a recovery
         self.gen += 1
         self.state, self.reports, self.resumed, self.joining = "recovering", {}, set(), set()
         self.started_recovery = self.clock()
@@ -167,9 +203,31 @@ class Coordinator:
         return choose_spares(sorted(self.lost), self.view.spares, self.view.members,
                              self.buddy, self.owner)[0]
 
+    def register_node(self, node: int, nproc: int, nonce: str) -> None:
+        """A repaired or new node (``deadpool-launch --join``): its workers
+        start as spares and count once they report ready. A node index is
+        free when no node had it or every slot of the node it named was lost.
+        The answer goes to the joining agent alone (``admit/{nonce}``): the
+        index's command topic may belong to a live agent."""
+        slots = [slot_name(node, i) for i in range(self.nproc)]
+        taken = node in self.nodes() and not all(s in self.view.lost_slots for s in slots)
+        if nproc != self.nproc or taken:
+            why = (f"it runs {nproc} ranks per node, the job {self.nproc}"
+                   if nproc != self.nproc else f"node {node} is still part of the job")
+            self.events.emit("join_refused", gen=self.gen, node=node, reason=why)
+            self.channel.put(f"admit/{nonce}", accepted=False, reason=why)
+            return
+        self.channel.put(f"admit/{nonce}", accepted=True)
+        self.view.lost_slots.difference_update(slots)
+        # Its old heartbeats are stale; the new processes' sequence starts again.
+        for key in [f"hb/node/{node}"] + [f"hb/{s}" for s in slots]:
+            self.seen.pop(key, None)
+        self.joined_nodes.add(node)
+        self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
+
     def check_heartbeats(self) -> None:
         now = self.clock()
-        for node in range(self.nnodes + self.spare_nodes):
+        for node in self.nodes():
             if self.stale(f"hb/node/{node}", now) and slot_name(node, 0) not in \
                     self.view.lost_slots:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
@@ -210,14 +268,17 @@ class Coordinator:
                     self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots(slots, f"did not report within {self.recovery_timeout:.0f} s")
             return
-        if self.buddy is None:
+        if self.plan is None:
             self.end(abort(self.gen, "no buddy plan was received from rank 0",
                            self.view.members))
             return
-        decision = decide(self.gen, self.view.members, self.lost, self.reports,
-                          self.view.spares, self.buddy, self.owner)
+        decision = self.choose()
+        self.growing = False
         if decision.action == "abort":
             self.end(decision)
+            return
+        if decision.action in ("shrink", "grow"):
+            self.apply_resize(decision)
             return
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
@@ -228,6 +289,67 @@ class Coordinator:
                          replaced={str(r): s for r, s in decision.replaced.items()},
                          from_buddy=decision.from_buddy, warnings=decision.warnings,
                          spares_left=len(self.view.spares))
+        self.publish()
+
+    def grid(self) -> Grid:
+        return Grid(self.plan["tp"], self.plan["pp"],
+                    self.world_size // (self.plan["tp"] * self.plan["pp"]),
+                    self.plan["tp_pp_dp"])
+
+    def planned_dp(self) -> int:
+        return self.planned_size // (self.plan["tp"] * self.plan["pp"])
+
+    def maybe_grow(self) -> None:
+        """Announce a grow once the ready spares fill a whole replica."""
+        if self.plan is None or self.world_size >= self.planned_size or self.finished:
+            return
+        grid = self.grid()
+        add = replicas_to_add(grid, self.planned_dp(), self.view.spares)
+        if add == 0:
+            return
+        self.gen += 1
+        self.state, self.reports, self.resumed, self.joining = "recovering", {}, set(), set()
+        self.growing, self.started_recovery = True, self.clock()
+        self.events.emit("grow_announced", gen=self.gen, dp_before=grid.dp,
+                         dp_after=grid.dp + add, spares=list(self.view.spares),
+                         iteration=max(self.progress.values(), default=0))
+        self.publish()
+
+    def choose(self) -> Decision:
+        """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
+        if self.growing:
+            return plan_grow(self.gen, self.view.members, self.reports, self.view.spares,
+                             self.grid(), self.planned_dp())
+        shrink = self.plan.get("on_spares_exhausted") == "shrink"
+        if len(self.view.spares) >= len(self.lost) and self.buddy is not None or not shrink:
+            if self.buddy is None:
+                return abort(self.gen, f"ranks {sorted(self.lost)} were lost and no copy of "
+                             "their state exists (the job runs without a mirror)",
+                             self.view.members)
+            return decide(self.gen, self.view.members, self.lost, self.reports,
+                          self.view.spares, self.buddy, self.owner)
+        return plan_shrink(self.gen, self.view.members, self.lost, self.reports, self.buddy,
+                           self.grid())
+
+    def apply_resize(self, decision: Decision) -> None:
+        """The decision's members form the new world. A shrink's dropped
+        replicas' live ranks exit and come back as spares; a grow's spares
+        join. Rank 0 of the new world then sends the new layout."""
+        self.view.members = decision.members
+        self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
+        self.released |= set(decision.released)
+        self.world_size = decision.world_size
+        self.world = world_of(decision)
+        self.plan = self.buddy = self.owner = None
+        self.lost, self.progress = set(), {}
+        self.state, self.resizing = "rebuilding", True
+        self.channel.put(f"decision/{self.gen}", **decision.to_message())
+        self.events.emit("decision", gen=self.gen, action=decision.action,
+                         rollback_to=decision.rollback_to, dp_before=decision.old_dp,
+                         dp_after=decision.new_dp, world_size=decision.world_size,
+                         released=decision.released,
+                         joined={str(r): s for r, s in decision.replaced.items()},
+                         warnings=decision.warnings, spares_left=len(self.view.spares))
         self.publish()
 
     def end(self, decision: Decision) -> None:

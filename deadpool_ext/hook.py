@@ -63,13 +63,24 @@ class MirrorHook(Hook):
     def on_setup(self, trainer: Trainer) -> None:
         dp, rank = section(self.config), trainer.runtime.rank
         logger = get_logger(rank)
-        buddies = self.buddies = runtime_buddies(self.config)
         self.events = EventLog(dp.deadpool_events, rank)
         self.layout = snap.build_layout(trainer.state.optimizer)
         device = None if trainer.runtime.on_cpu else torch.device("cuda",
                                                                    torch.cuda.current_device())
         in_device = dp.deadpool_mirror_memory == "device"
         group = new_mirror_group(mirror_backend(self.config), dp.deadpool_mirror_timeout)
+        if self.config.data_parallel_size < 2:
+            # Only a job shrunk to one replica gets here (parse_args refuses
+            # DP=1): there is no peer to mirror to, and a lost rank ends the
+            # job. Own snapshots are still taken: a grow starts from them.
+            logger.warning("deadpool mirror: one data-parallel replica is left; own "
+                           "snapshots only, no buddy")
+            self.events.emit("mirror_local", reason="one data-parallel replica left")
+            self.mirror = Mirror(trainer.state.optimizer, self.layout, rank, rank, rank, group,
+                                 self.events, device)
+            self.mirror.allocate("device" if in_device else "cpu")
+            return
+        buddies = self.buddies = runtime_buddies(self.config)
         self.mirror = Mirror(trainer.state.optimizer, self.layout, rank, buddies.buddy[rank],
                              buddies.owner[rank], group, self.events, device)
         self.mirror.allocate("device" if in_device else "cpu")
@@ -95,17 +106,26 @@ class MirrorHook(Hook):
         self.mirror.optimizer = trainer.state.optimizer
 
     def before_step(self, trainer: Trainer) -> None:
-        self.mirror.start(trainer.progress.iteration, replay_state(trainer))
+        if self.mirror is not None:
+            self.mirror.start(trainer.progress.iteration, replay_state(trainer))
 
     def before_optimizer_step(self, trainer: Trainer) -> None:
-        self.mirror.wait_exchanged()
+        if self.mirror is not None:
+            self.mirror.wait_exchanged()
 
     def log_fields(self, trainer: Trainer) -> List[str]:
+        if self.mirror is None:
+            return ["mirror: off"]
+        if self.mirror.local:
+            return ["mirror: local"]
         held = self.mirror.held_iteration()
         return [f"mirror held: {'-' if held is None else held}"]
 
     def on_train_end(self, trainer: Trainer) -> None:
         """Mirror the final state too, so the buddies hold where training ended."""
+        if self.mirror is None:
+            self.events.close()
+            return
         self.mirror.start(trainer.progress.iteration, replay_state(trainer))
         self.mirror.wait_idle()
         self.events.emit("mirror_done", iteration=trainer.progress.iteration,

@@ -8,6 +8,15 @@ agent process per node. On a real cluster run one launcher per node with
 ``--node-rank`` (or Slurm's SLURM_NODEID), ``--master-addr`` and
 ``--master-port``: node 0 also hosts the store and the coordinator. Nodes
 ``nnodes`` .. ``nnodes + spare-nodes - 1`` start warm spares.
+
+A repaired or new node joins a running job as a spare node with the job's
+own launcher flags plus ``--join --node-rank K`` (K not a live node's
+index; a repaired node may take its old one); a job that shrank grows back
+once the spares make up a whole data-parallel replica::
+
+    DEADPOOL_SECRET=... python -m deadpool_ext.launch --join --node-rank 3 \
+        --nnodes 2 --nproc-per-node 4 --master-addr HOST --master-port PORT \
+        pretrain_gpt.py --deadpool ...
 """
 
 import argparse
@@ -42,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Host of node 0 (store and coordinator).")
     p.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", "0")),
                    help="Port of the store (0: a free one; standalone only).")
+    p.add_argument("--join", action="store_true",
+                   help="Join a running job as a spare node (a repaired or new node); give "
+                        "--node-rank, --master-addr and --master-port.")
     p.add_argument("script", help="The training script, e.g. pretrain_gpt.py.")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p
@@ -64,7 +76,8 @@ def free_port() -> int:
 
 
 def agent_settings(opts, node: int, store: str) -> dict:
-    return {"node": node, "nproc": opts.nproc_per_node, "active": node < opts.nnodes,
+    return {"node": node, "nproc": opts.nproc_per_node,
+            "active": node < opts.nnodes and not opts.join, "join": opts.join,
             "world_size": opts.nnodes * opts.nproc_per_node, "store": store,
             "command": [sys.executable, "-u", opts.script, *opts.script_args]}
 
@@ -80,6 +93,10 @@ def check(opts) -> None:
     if opts.nnodes < 1 or opts.nproc_per_node < 1 or opts.spare_nodes < 0:
         raise SystemExit("deadpool-launch: --nnodes and --nproc-per-node must be >= 1, "
                          "--spare-nodes >= 0")
+    if opts.join and (opts.standalone or not opts.master_port or opts.node_rank < 1):
+        raise SystemExit("deadpool-launch --join: give the running job's --master-addr and "
+                         "--master-port, and --node-rank >= 1 (node 0 hosts the coordinator); "
+                         "not --standalone")
     if not opts.standalone and not os.environ.get(SECRET_ENV):
         raise SystemExit(f"deadpool-launch: set {SECRET_ENV} to the same random string on "
                          "every node (e.g. export DEADPOOL_SECRET=$(openssl rand -hex 32) "
@@ -107,7 +124,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: coordinator.end(
         abort(coordinator.gen, "the launcher got SIGTERM", coordinator.view.members)))
     code = coordinator.run(alive=agents_alive)
-    for node in range(opts.nnodes + opts.spare_nodes):
+    for node in coordinator.nodes():
         coordinator.tell_agent(node, kind="stop")
     deadline = time.monotonic() + 30
     for proc in agents.values():

@@ -48,6 +48,8 @@ class Mirror:
         the buffers in pinned host memory or in device memory)."""
         self.optimizer, self.layout = optimizer, layout
         self.rank, self.buddy, self.owner = rank, buddy, owner
+        # A job shrunk to one replica: own snapshots only (for a grow).
+        self.local = buddy == rank
         self.group, self.events = group, events
         self.cuda = device is not None and device.type == "cuda"
         self.device = device
@@ -76,7 +78,8 @@ class Mirror:
         pin = self.cuda and buffer_device == "cpu"
         where = self.device if buffer_device == "device" else "cpu"
         self.own = [snap.allocate(self.layout, where, pin) for _ in range(2)]
-        self.held = [snap.allocate(self.layout, where, pin) for _ in range(2)]
+        self.held = [] if self.local else [snap.allocate(self.layout, where, pin)
+                                           for _ in range(2)]
         self._thread.start()
 
     @property
@@ -215,7 +218,9 @@ class Mirror:
             try:
                 self._run(*job)
             except BaseException as error:  # the main thread raises it
-                self.error = error
+                # Without its traceback: those frames hold the process group,
+                # and a recovery must be able to drop every reference to it.
+                self.error = MirrorError(f"{type(error).__name__}: {error}")
                 self._packed.set()
                 self.events.emit("mirror_failed", iteration=job[0], error=str(error))
             with self._idle:
@@ -236,6 +241,9 @@ class Mirror:
         snap.seal(buffer, self.layout, iteration, self.rank, snap.encode_sidecar(sidecar))
         self.own_index = index
         t2 = time.perf_counter()
+        if self.local:
+            self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3)
+            return
         target = 0 if self.held_index is None else 1 - self.held_index
         if self.before_exchange is not None:
             self.before_exchange(iteration)

@@ -33,13 +33,30 @@ class Decision:
     replaced: Dict[int, str] = field(default_factory=dict)  # rank -> spare slot taking it
     from_buddy: List[int] = field(default_factory=list)     # ranks restored from the buddy
     warnings: List[str] = field(default_factory=list)
+    # A shrink ("shrink") renumbers the survivors of the kept replicas into a
+    # smaller world; every old shard comes from one contributor.
+    renumber: Dict[int, int] = field(default_factory=dict)  # old rank -> new rank
+    sources: Dict[int, List] = field(default_factory=dict)  # old rank -> [old rank, own|held]
+    released: List[str] = field(default_factory=list)       # live slots that leave
+    old_dp: int = 0
+    new_dp: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, slot: str) -> Optional[int]:
+        return next((r for r, s in self.members.items() if s == slot), None)
 
     def to_message(self) -> dict:
         return {"gen": self.gen, "action": self.action, "reason": self.reason,
                 "rollback_to": self.rollback_to,
                 "members": {str(r): s for r, s in self.members.items()},
                 "replaced": {str(r): s for r, s in self.replaced.items()},
-                "from_buddy": self.from_buddy, "warnings": self.warnings}
+                "from_buddy": self.from_buddy, "warnings": self.warnings,
+                "renumber": {str(o): n for o, n in self.renumber.items()},
+                "sources": {str(o): src for o, src in self.sources.items()},
+                "released": self.released, "old_dp": self.old_dp, "new_dp": self.new_dp}
 
     @classmethod
     def from_message(cls, body: dict) -> "Decision":
@@ -47,7 +64,11 @@ class Decision:
                    rollback_to=body["rollback_to"],
                    members={int(r): s for r, s in body["members"].items()},
                    replaced={int(r): s for r, s in body["replaced"].items()},
-                   from_buddy=list(body["from_buddy"]), warnings=list(body["warnings"]))
+                   from_buddy=list(body["from_buddy"]), warnings=list(body["warnings"]),
+                   renumber={int(o): int(n) for o, n in body.get("renumber", {}).items()},
+                   sources={int(o): list(src) for o, src in body.get("sources", {}).items()},
+                   released=list(body.get("released", [])),
+                   old_dp=body.get("old_dp", 0), new_dp=body.get("new_dp", 0))
 
 
 def abort(gen: int, reason: str, members: Dict[int, str]) -> Decision:

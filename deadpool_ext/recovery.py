@@ -42,6 +42,7 @@ from deadpool_ext.plan import Decision
 from deadpool_ext.restore import restore_snapshot
 
 ABORT_EXIT_CODE = 3
+RELEASED_EXIT_CODE = 4  # a shrink dropped this rank's replica: become a spare
 MIRROR_ROLE = "deadpool_mirror"
 
 
@@ -54,14 +55,24 @@ RECOVERABLE = (RuntimeError, MirrorError, ConnectionError, TimeoutError)
 
 
 class Recovery:
-    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook):
-        self.ctx, self.trainer = ctx, trainer
-        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
-        self.config = trainer.config
+    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook, builders=None):
+        """builders: (model_provider, forward_step, make_hooks), what a shrink
+        needs to build this rank's objects again for a smaller world."""
+        self.ctx = ctx
+        self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
         self.injector = None
+        self.adopt(trainer, mirror_hook, recovery_hook)
+
+    def adopt(self, trainer: Trainer, mirror_hook, recovery_hook) -> None:
+        """Train with these objects from now on (at start, and after a shrink)."""
+        self.trainer, self.config = trainer, trainer.config
+        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
         self.logger = get_logger(trainer.runtime.rank)
         self._check_between_microbatches()
+        if self.injector is not None:
+            self.recovery_hook.injector = self.injector
+            install_fault_points(trainer, self)
 
     def _check_between_microbatches(self) -> None:
         """A survivor computing its own microbatches would notice a failure
@@ -71,7 +82,8 @@ class Recovery:
         forward_step, ctx = self.trainer.forward_step, self.ctx
 
         def forward_unless_announced(data_iterator, model):
-            if ctx.failure_announced():
+            # A grow waits for the iteration boundary (RecoveryHook.before_step).
+            if ctx.failure_announced() and not ctx.grow_announced():
                 raise FailureAnnounced(f"the coordinator announced generation "
                                        f"{ctx.latest['gen']}")
             return forward_step(data_iterator, model)
@@ -116,7 +128,7 @@ class Recovery:
     def recover(self, error: str, after_gen: Optional[int] = None) -> None:
         """Until a generation after ``after_gen`` (default: this one) resumes."""
         self.emit("failure_seen", error=error)
-        self.logger.warning("failure seen at iteration %d: %s", self.trainer.progress.iteration,
+        self.logger.warning("stopped after iteration %d: %s", self.trainer.progress.iteration,
                             error)
         after_gen = self.ctx.gen if after_gen is None else after_gen
         while True:
@@ -124,9 +136,15 @@ class Recovery:
             decision = self.report_and_wait(after_gen)
             if decision.action == "abort":
                 self.stop(decision)
+            if self.ctx.slot in decision.released:
+                self.release(decision)
             try:
-                self.rebuild(decision)
-                self.restore(decision)
+                if decision.action in ("shrink", "grow"):
+                    from deadpool_ext.resize import resize
+                    resize(self, decision)
+                else:
+                    self.rebuild(decision)
+                    self.restore(decision)
                 return
             except RECOVERABLE as failure:
                 message = f"{type(failure).__name__}: {str(failure)[:300]}"
@@ -135,15 +153,26 @@ class Recovery:
 
     def tear_down(self) -> None:
         start = time.monotonic()
-        try:
-            self.mirror.halt(timeout_s=section(self.config).deadpool_mirror_timeout)
-        except MirrorError as error:
-            self.emit("mirror_halt_failed", error=str(error))
+        if self.mirror is not None:
+            if self.ctx.grow_announced():
+                # Nobody is lost: let the boundary's snapshot reach the
+                # buddy, so a grow redoes no iteration.
+                self._mirror_step("drain", self.mirror.wait_idle)
+            timeout = section(self.config).deadpool_mirror_timeout
+            self._mirror_step("halt", lambda: self.mirror.halt(timeout_s=timeout))
         if self.slots is None:
-            self.slots = regroup.detach(self.roots(), {MIRROR_ROLE: self.mirror.group})
+            # No local may hold a group (detach checks that none is left alive).
+            self.slots = regroup.detach(
+                self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group})
         else:
             regroup.reset()
         self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1))
+
+    def _mirror_step(self, name: str, step) -> None:
+        try:
+            step()
+        except MirrorError as error:
+            self.emit(f"mirror_{name}_failed", error=str(error))
 
     def report_and_wait(self, after_gen: int) -> Decision:
         """Report for the newest generation until its decision comes."""
@@ -153,8 +182,10 @@ class Recovery:
                  "announce a new generation")
         while True:
             gen = ctx.current()["gen"]
+            mirror = self.mirror
             ctx.post(kind="report", gen=gen, rank=self.trainer.runtime.rank, slot=ctx.slot,
-                     own=self.mirror.iterations("own"), held=self.mirror.iterations("held"))
+                     own=mirror.iterations("own") if mirror else [],
+                     held=mirror.iterations("held") if mirror else [])
             self.emit("reported", for_gen=gen)
             if self.injector is not None:
                 self.injector.at("recovery")
@@ -174,19 +205,21 @@ class Recovery:
         sys.stdout.flush()
         os._exit(ABORT_EXIT_CODE)
 
+    def release(self, decision: Decision) -> None:
+        """This rank's replica leaves the job (a shrink): exit, and the agent
+        starts a warm spare in this slot."""
+        self.emit("released", for_gen=decision.gen, reason="its replica was dropped")
+        self.events.close()
+        sys.stdout.flush()
+        os._exit(RELEASED_EXIT_CODE)
+
     # ----- the new generation -----
+    def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:
+        enter_generation(self.ctx, self.config, decision, rank, world_size)
+
     def rebuild(self, decision: Decision) -> None:
         start = time.monotonic()
-        p, rank = self.config.parallel, self.trainer.runtime.rank
-        self.ctx.post(kind="joining", gen=decision.gen, rank=rank)
-        while self.ctx.channel.get(f"join/{decision.gen}") is None:
-            if self.ctx.current()["gen"] != decision.gen:
-                raise FailureAnnounced("another failure before the rebuild")
-            time.sleep(0.01)
-        dist.init_process_group(
-            p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", self.ctx.store),
-            rank=rank, world_size=self.config.world_size,
-            timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+        self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
         init_process_groups(self.config)
         group = new_mirror_group(mirror_backend(self.config),
                                  section(self.config).deadpool_mirror_timeout)
@@ -212,20 +245,41 @@ class Recovery:
             request.wait()
         restore_snapshot(self.trainer, self.mirror_hook.layout, mirror.own[index], iteration=R)
         mirror.resume(index)
-        if self.trainer.metrics is not None:
-            self.trainer.metrics.rewind(R)
-        self.trainer.window = _LogWindow()
-        self.ctx.iteration = R
-        self.ctx.post(kind="resumed", gen=decision.gen, rank=rank)
-        self.recovery_hook.recovered_at = time.monotonic()
+        self.resume_at(decision)
         self.emit("state_restored", source=source, rollback_to=R,
                   ms=round((time.monotonic() - start) * 1e3, 1))
         self.logger.info("deadpool: generation %d, resuming at iteration %d (state from %s)",
                          decision.gen, R + 1, source)
 
 
-def prepare_spare(ctx, rank: int, config, model_provider, forward_step, hooks,
-                  datasets) -> Recovery:
+    def resume_at(self, decision: Decision) -> None:
+        """Training goes on from the rollback iteration: forget the redone
+        iterations' metrics and tell the coordinator."""
+        R = decision.rollback_to
+        if self.trainer.metrics is not None:
+            self.trainer.metrics.rewind(R)
+        self.trainer.window = _LogWindow()
+        self.ctx.iteration = R
+        self.ctx.post(kind="resumed", gen=decision.gen, rank=self.trainer.runtime.rank)
+        self.recovery_hook.recovered_at = time.monotonic()
+
+
+def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int) -> None:
+    """Everyone arrives (a store barrier, so a failure now is seen by
+    polling), then generation N's default group under its own prefix."""
+    p = config.parallel
+    ctx.post(kind="joining", gen=decision.gen, rank=rank)
+    while ctx.channel.get(f"join/{decision.gen}") is None:
+        if ctx.current()["gen"] != decision.gen:
+            raise FailureAnnounced("another failure before the rebuild")
+        time.sleep(0.01)
+    dist.init_process_group(
+        p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", ctx.store),
+        rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
+
+
+def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
     """A warm spare readies itself for a lost rank: the model and optimizer
     for that position, built against a fake world (its collectives are
     no-ops), with every group swapped for a placeholder. It starts as soon
@@ -233,13 +287,17 @@ def prepare_spare(ctx, rank: int, config, model_provider, forward_step, hooks,
     import torch.testing._internal.distributed.fake_pg as fake_pg
 
     start = time.monotonic()
+    model_provider, forward_step, make_hooks = builders
+    hooks = make_hooks(config, ctx)
     dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank,
                             world_size=config.world_size)
     trainer = build_trainer(config, model_provider, forward_step, list(hooks),
                             datasets=datasets)
     trainer.joining = True
     trainer.setup()
-    rec = Recovery(ctx, trainer, *hooks)
+    rec = Recovery(ctx, trainer, *hooks, builders=builders)
+    if rec.mirror is None:
+        raise RuntimeError("a spare cannot take a rank in a job without a mirror")
     rec.mirror.halt()
     rec.slots = regroup.detach(rec.roots(), {MIRROR_ROLE: rec.mirror.group})
     rec.emit("spare_built", rank=rank, slot=ctx.slot,
@@ -293,4 +351,5 @@ def install_fault_points(trainer: Trainer, rec: Recovery) -> None:
             return _sync(*args, **kwargs)
 
         chunk.start_param_sync = sync_with_faults
-    rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)
+    if rec.mirror is not None:
+        rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)

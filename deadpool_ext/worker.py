@@ -10,7 +10,7 @@ import datetime
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch.distributed as dist
 
@@ -21,7 +21,7 @@ from megatron.training.log import get_logger
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import Hook, Trainer, build_trainer
 
-from deadpool_ext import recovery
+from deadpool_ext import recovery, resize
 from deadpool_ext.config import section
 from deadpool_ext.control import Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
@@ -75,7 +75,12 @@ class ControlClient:
         self.channel.post("coordinator", **body)
 
     def failure_announced(self) -> bool:
+        """A new generation: a failure, or a grow (see ``grow_announced``)."""
         return self.latest["gen"] > self.gen
+
+    def grow_announced(self) -> bool:
+        """The new generation grows the job: stop at the iteration's end."""
+        return self.failure_announced() and bool(self.latest.get("grow"))
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -105,13 +110,30 @@ class RecoveryHook(Hook):
         self.injector = None
 
     def on_setup(self, trainer: Trainer) -> None:
+        """Rank 0 tells the coordinator the layout: at start, and after a
+        shrink (a spare that took rank 0 repeats it; only the first counts)."""
         self.ctx.iteration = trainer.progress.iteration
-        if trainer.runtime.rank == 0 and self.ctx.role == "active":
-            buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
-            self.ctx.post(kind="plan", buddy=[buddies.buddy[r] for r in ranks],
-                          owner=[buddies.owner[r] for r in ranks],
-                          heartbeat_timeout=section(self.config).deadpool_heartbeat_timeout,
-                          train_iters=self.config.training.train_iters)
+        if trainer.runtime.rank != 0:
+            return
+        buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
+        p, dp = self.config.parallel, section(self.config)
+        self.ctx.post(kind="plan", gen=self.ctx.gen,
+                      buddy=[buddies.buddy[r] for r in ranks] if buddies else None,
+                      owner=[buddies.owner[r] for r in ranks] if buddies else None,
+                      tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                      tp_pp_dp=p.use_tp_pp_dp_mapping,
+                      on_spares_exhausted=dp.deadpool_on_spares_exhausted,
+                      heartbeat_timeout=dp.deadpool_heartbeat_timeout,
+                      train_iters=self.config.training.train_iters)
+
+    def log_fields(self, trainer: Trainer) -> List[str]:
+        planned = self.config.extra.get("planned_world_size", self.config.world_size)
+        if planned == self.config.world_size:
+            return []
+        p = self.config.parallel
+        per_replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        return [f"shrunk: data-parallel size {self.config.data_parallel_size} of "
+                f"{planned // per_replica} ({self.config.world_size} of {planned} ranks)"]
 
     def before_step(self, trainer: Trainer) -> None:
         self.ctx.iteration = trainer.progress.iteration
@@ -119,8 +141,9 @@ class RecoveryHook(Hook):
         if self.injector is not None:
             self.injector.at("start", trainer.progress.iteration + 1)
         if self.ctx.failure_announced():
+            why = " to grow the job" if self.ctx.grow_announced() else ""
             raise recovery.FailureAnnounced(f"the coordinator announced generation "
-                                            f"{self.ctx.latest['gen']}")
+                                            f"{self.ctx.latest['gen']}{why}")
 
     def after_step(self, trainer: Trainer, metrics: dict) -> None:
         self.ctx.iteration = trainer.progress.iteration
@@ -145,11 +168,18 @@ def install_faults(trainer: Trainer, rec: "recovery.Recovery", original: bool) -
         events.emit("fault_injected", gen=rec.ctx.gen, iteration=iteration,
                     action=fault.action, phase=fault.phase, node=fault.node)
 
+    def ranks_on_this_node() -> int:
+        """In the current world (a resized one names each rank's node)."""
+        nodes = rec.config.extra.get("rank_nodes")
+        if nodes is None:
+            return int(os.environ["LOCAL_WORLD_SIZE"])
+        return sum(1 for name in nodes if name == f"node{rec.ctx.node}")
+
     def node_barrier(fault):
         key = f"inject/{fault}"
         rec.ctx.store.add(key, 1)
         deadline = time.monotonic() + 10  # a rank replaced earlier never comes
-        while rec.ctx.store.add(key, 0) < int(os.environ["LOCAL_WORLD_SIZE"]) and \
+        while rec.ctx.store.add(key, 0) < ranks_on_this_node() and \
                 time.monotonic() < deadline:
             time.sleep(0.005)
 
@@ -171,13 +201,15 @@ def start_active(ctx: ControlClient, config: Config, model_provider, forward_ste
     mirror_hook, recovery_hook = build_hooks(config, ctx)
     trainer = build_trainer(config, model_provider, forward_step, [mirror_hook, recovery_hook])
     trainer.setup()
-    rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook)
+    rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook,
+                            builders=(model_provider, forward_step, build_hooks))
     install_faults(trainer, rec, original=True)
     return rec
 
 
 def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step):
-    """Warm up (imports, device, tokenizer, data), then wait to be assigned."""
+    """Warm up (imports, device, tokenizer, data), then wait to be assigned:
+    to a lost rank (hot swap) or to a new replica (grow)."""
     logger = get_logger(0)
     setup_device(config)
     tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
@@ -188,24 +220,28 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
     ctx.state = "spare"
     ctx.post(kind="spare_ready", slot=ctx.slot)
     logger.info("warm spare %s ready", ctx.slot)
-    prepared = None  # (rank, Recovery) built ahead of the decision
+    builders = (model_provider, forward_step, build_hooks)
+    prepared = None  # (rank, world, Recovery) built ahead of the decision
     while True:
         time.sleep(0.01)
         latest = ctx.current()
+        world = latest.get("world")  # size and node map since the last shrink
         likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
-        if ctx.slot in likely and (prepared is None or prepared[0] != likely[ctx.slot]):
-            prepared = (likely[ctx.slot], recovery.prepare_spare(
-                ctx, likely[ctx.slot], config, model_provider, forward_step,
-                build_hooks(config, ctx), datasets))
+        if ctx.slot in likely and (prepared is None or prepared[:2] != (likely[ctx.slot],
+                                                                        world)):
+            prepared = (likely[ctx.slot], world, recovery.prepare_spare(
+                ctx, likely[ctx.slot], resize.world_config(config, world), builders, datasets))
         decision = ctx.decision(latest["gen"]) if latest["state"] == "rebuilding" else None
         if decision is None or ctx.slot not in decision.replaced.values():
             continue
-        rank = next(r for r, slot in decision.replaced.items() if slot == ctx.slot)
-        if prepared is None or prepared[0] != rank:
-            prepared = (rank, recovery.prepare_spare(ctx, rank, config, model_provider,
-                                                     forward_step, build_hooks(config, ctx),
-                                                     datasets))
-        return recovery.join(prepared[1], decision)
+        if decision.action == "grow":
+            prepared = None  # built for a hot swap that did not pick it
+            return resize.join_grown(ctx, config, builders, datasets, decision)
+        rank = decision.rank_of(ctx.slot)
+        if prepared is None or prepared[:2] != (rank, world):
+            prepared = (rank, world, recovery.prepare_spare(
+                ctx, rank, resize.world_config(config, world), builders, datasets))
+        return recovery.join(prepared[2], decision)
 
 
 def run(config: Config, model_provider, forward_step) -> int:

@@ -114,24 +114,58 @@ def microbatch_indices(consumed_samples: int, microbatch: int, micro_batch_size:
     return list(range(start, start + micro_batch_size))
 
 
+def microbatches_per_iteration(global_batch_size: int, micro_batch_size: int, dp_rank: int,
+                               dp_size: int) -> int:
+    """This DP rank's quota of the iteration's G/mbs microbatch slots.
+
+    Slot k (samples [k*mbs, (k+1)*mbs) of the iteration) goes to DP rank
+    k mod DP, which is Megatron's order when DP divides the slots; when it
+    does not (a job shrunk to fewer replicas), the first slots-mod-DP ranks
+    take one microbatch more, and the iteration still sees every sample once.
+    """
+    slots = global_batch_size // micro_batch_size
+    return slots // dp_size + (1 if dp_rank < slots % dp_size else 0)
+
+
 class MicrobatchSampler:
-    """Yields this DP rank's microbatches from ``consumed_samples`` on."""
+    """Yields this DP rank's microbatches from ``consumed_samples`` on.
+
+    With ``global_batch_size`` it walks whole iterations and takes this
+    rank's quota of each (``microbatches_per_iteration``); the order is the
+    same as without it whenever DP divides the iteration's microbatches."""
 
     def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 dp_rank: int, dp_size: int):
+                 dp_rank: int, dp_size: int, global_batch_size: Optional[int] = None):
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size
+        self.global_batch_size = global_batch_size
 
     def __iter__(self) -> Iterator[List[int]]:
+        if self.global_batch_size is not None:
+            yield from self._by_iteration()
+            return
         step = self.micro_batch_size * self.dp_size
         for chunk_start in range(self.consumed_samples, self.total_samples - step + 1, step):
             yield microbatch_indices(chunk_start, 0, self.micro_batch_size,
                                      self.dp_rank, self.dp_size)
 
+    def _by_iteration(self) -> Iterator[List[int]]:
+        gbs, mbs = self.global_batch_size, self.micro_batch_size
+        quota = microbatches_per_iteration(gbs, mbs, self.dp_rank, self.dp_size)
+        for base in range(self.consumed_samples, self.total_samples - gbs + 1, gbs):
+            for j in range(quota):
+                start = base + (j * self.dp_size + self.dp_rank) * mbs
+                yield list(range(start, start + mbs))
+
     def __len__(self) -> int:
+        if self.global_batch_size is not None:
+            iterations = max(0, (self.total_samples - self.consumed_samples)
+                             // self.global_batch_size)
+            return iterations * microbatches_per_iteration(
+                self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_size)
         step = self.micro_batch_size * self.dp_size
         return max(0, (self.total_samples - self.consumed_samples) // step)
 
@@ -142,7 +176,8 @@ def build_iterator(dataset, consumed_samples: int, config: Config, dp_rank: int,
     if dataset is None:
         return None
     sampler = MicrobatchSampler(len(dataset), consumed_samples,
-                                config.batch.micro_batch_size, dp_rank, dp_size)
+                                config.batch.micro_batch_size, dp_rank, dp_size,
+                                config.batch.global_batch_size)
     workers = config.data.num_workers
     # A private generator: building a loader draws a base seed, and drawing it
     # from the global stream would shift dropout whenever an iterator is

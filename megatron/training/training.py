@@ -12,8 +12,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import (
-    get_num_microbatches, init_num_microbatches_calculator)
+from megatron.core.num_microbatches_calculator import (init_num_microbatches_calculator,
+                                                        unset_num_microbatches_calculator)
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron.training import checkpointing, data
@@ -85,6 +85,28 @@ class Trainer:
         self.start_time = time.time()
 
     # ----- data -----
+    @property
+    def num_microbatches(self) -> int:
+        """This replica's share of the global batch (uneven after a shrink)."""
+        b = self.config.batch
+        return data.microbatches_per_iteration(b.global_batch_size, b.micro_batch_size,
+                                               self.runtime.dp_rank,
+                                               self.config.data_parallel_size)
+
+    def scale_gradients_by_quota(self) -> None:
+        """DDP averages gradients over DP (x 1/DP), each replica having
+        averaged its own microbatches (x 1/quota). With uneven quotas the
+        global mean needs x quota/slots instead: set it on every bucket."""
+        b, dp = self.config.batch, self.config.data_parallel_size
+        slots = b.global_batch_size // b.micro_batch_size
+        if slots % dp == 0:
+            return  # Megatron's own 1/DP is already exact
+        factor = self.num_microbatches / slots
+        for chunk in self.state.model:
+            for buffer in chunk.buffers + chunk.expert_parallel_buffers:
+                for bucket in buffer.buckets:
+                    bucket.gradient_scaling_factor = factor
+
     def data_iterator(self, dataset, consumed_samples: int):
         """Only the first and last pipeline stages read data."""
         needs_data = (parallel_state.is_pipeline_first_stage()
@@ -129,7 +151,7 @@ class Trainer:
         state.optimizer.zero_grad()
         losses = self.forward_backward(
             forward_step_func=self.forward_step, data_iterator=self.train_iterator,
-            model=state.model, num_microbatches=get_num_microbatches(),
+            model=state.model, num_microbatches=self.num_microbatches,
             seq_length=cfg.model.seq_length, micro_batch_size=cfg.batch.micro_batch_size,
             forward_only=False)
         for hook in self.hooks:
@@ -147,8 +169,13 @@ class Trainer:
         names = list(microbatch_losses[0].keys())
         values = torch.stack([torch.stack([mb[n].float() for mb in microbatch_losses]).mean()
                               for n in names])
+        dp = parallel_state.get_data_parallel_world_size()
+        b = self.config.batch
+        slots = b.global_batch_size // b.micro_batch_size
+        if slots % dp:  # uneven quotas: weight each replica's mean by its share
+            values *= len(microbatch_losses) * dp / slots
         dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
-        values /= parallel_state.get_data_parallel_world_size()
+        values /= dp
         return {n: v.item() for n, v in zip(names, values)}
 
     # ----- validation -----
@@ -163,7 +190,7 @@ class Trainer:
             for _ in range(cfg.logging.eval_iters):
                 losses = self.forward_backward(
                     forward_step_func=self.forward_step, data_iterator=iterator,
-                    model=self.state.model, num_microbatches=get_num_microbatches(),
+                    model=self.state.model, num_microbatches=self.num_microbatches,
                     seq_length=cfg.model.seq_length,
                     micro_batch_size=cfg.batch.micro_batch_size, forward_only=True)
                 for name, value in self.reduce_losses(losses).items():
@@ -337,9 +364,16 @@ def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
                                 config.data.vocab_size)
     config.extra["tokenizer"] = tokenizer
     config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
-    init_num_microbatches_calculator(runtime.rank, None, config.batch.global_batch_size,
-                                     config.batch.micro_batch_size, config.data_parallel_size)
+    b = config.batch
+    unset_num_microbatches_calculator()  # a shrunk job builds again in the same process
+    if b.global_batch_size % (b.micro_batch_size * config.data_parallel_size) == 0:
+        # Only megatron-core's CUDA graphs read it; a shrunk job's uneven
+        # quotas live in Trainer.num_microbatches instead.
+        init_num_microbatches_calculator(runtime.rank, None, b.global_batch_size,
+                                         b.micro_batch_size, config.data_parallel_size)
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
     if datasets is None:
         datasets = data.build_datasets(config, tokenizer)
-    return Trainer(config, runtime, state, forward_step, datasets, hooks)
+    trainer = Trainer(config, runtime, state, forward_step, datasets, hooks)
+    trainer.scale_gradients_by_quota()
+    return trainer

@@ -76,3 +76,43 @@ def assert_same_state(a, b, path: str = "") -> None:
         assert torch.equal(a, b), f"{path}: values differ"
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def deadpool_args(tmp, layout: List[str], faults: List[str], iters: int,
+                  heartbeat_timeout: float = 3) -> List[str]:
+    """pretrain_gpt.py's arguments: TINY_GPT with --deadpool, writing to tmp."""
+    return (TINY_GPT + layout + [
+        "--use-distributed-optimizer", "--global-batch-size", "8", "--train-iters", str(iters),
+        "--data-path", os.environ["HOT_SWAP_CORPUS"], "--save", str(tmp / "ckpt"),
+        "--metrics-file", str(tmp / "metrics.jsonl"), "--deadpool",
+        "--deadpool-events", str(tmp / "events.jsonl"), "--deadpool-heartbeat-timeout", str(heartbeat_timeout)]
+        + [f"--deadpool-inject={f}" for f in faults])
+
+
+def launch_command(launcher: List[str], args: List[str]) -> List[str]:
+    return [sys.executable, "-m", "deadpool_ext.launch", *launcher,
+            os.path.join(REPO, "pretrain_gpt.py"), *args]
+
+
+def leftovers(tmp) -> str:
+    """Processes still running that mention ``tmp`` (a run must leave none)."""
+    return subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout
+
+
+def launch_deadpool(tmp, layout: List[str], nodes: int, spares: int, per_node: int,
+                    faults: List[str], iters: int, timeout: float = 420):
+    """TINY_GPT through deadpool-launch on emulated nodes; returns the
+    finished process and any process left behind that mentions ``tmp``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    command = launch_command(["--standalone", "--nnodes", str(nodes), "--spare-nodes",
+                              str(spares), "--nproc-per-node", str(per_node)],
+                             deadpool_args(tmp, layout, faults, iters))
+    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, leftovers(tmp)
+
+
+def must_succeed(result) -> None:
+    proc, left = result
+    assert proc.returncode == 0, f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert not left, f"processes left behind: {left}"

@@ -75,3 +75,15 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     assert flag_value(args, "--deadpool-events") == "e.jsonl"
     assert flag_value(args, "--deadpool-heartbeat-timeout") == "3"
     assert flag_value(args, "--save") is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--join", "--standalone", "--node-rank", "1", "x.py"], "not --standalone"),
+    (["--join", "--node-rank", "0", "--master-port", "29500", "x.py"], "--node-rank >= 1"),
+    (["--join", "--node-rank", "2", "x.py"], "--master-port"),
+])
+def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
+    from deadpool_ext.launch import build_parser, check
+    with pytest.raises(SystemExit) as error:
+        check(build_parser().parse_args(argv))
+    assert message in str(error.value)

@@ -47,7 +47,7 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
     coordinator.step()
     # The likely spare is named at once, so it builds while survivors report.
     assert worker.get("gen") == {"gen": 1, "state": "recovering", "lost": [3],
-                                 "assign": {"3": "2.0"}}
+                                 "assign": {"3": "2.0"}, "world": None, "grow": False}
     report_all(worker, 1, [0, 1, 2])
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
@@ -108,3 +108,81 @@ def test_forged_messages_change_nothing(job):
     coordinator.step()
     assert coordinator.gen == 0 and "9.9" not in coordinator.view.spares
     assert coordinator.channel.rejected == 2
+
+
+@pytest.fixture()
+def shrinking_job():
+    """PP2 x DP2 on two 2-rank nodes (tp-pp-dp order: replica d = ranks 2d,
+    2d+1 = node d), no spare node, shrink when spares run out."""
+    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
+    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=0, nproc=2,
+                              heartbeat_timeout=3.0, clock=Clock())
+    worker = Channel(store, SECRET)
+    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, tp=1, pp=2,
+                tp_pp_dp=True, on_spares_exhausted="shrink", heartbeat_timeout=3.0)
+    coordinator.step()
+    return coordinator, worker
+
+
+def resume(coordinator, worker, ranks):
+    for rank in ranks:
+        worker.post("coordinator", kind="resumed", gen=coordinator.gen, rank=rank)
+    coordinator.step()
+
+
+def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
+    coordinator, worker = shrinking_job
+    worker.post("coordinator", kind="node_lost", node=1)  # replica 1 is gone
+    coordinator.step()
+    report_all(worker, 1, [0, 1])
+    coordinator.step()
+    assert Decision.from_message(worker.get("decision/1")).action == "shrink"
+    resume(coordinator, worker, [0, 1])
+    worker.post("coordinator", kind="plan", buddy=None, owner=None, tp=1, pp=2,
+                tp_pp_dp=True, on_spares_exhausted="shrink")
+    worker.post("coordinator", kind="spare_ready", slot="1.0")  # a lost slot: ignored
+    coordinator.step()
+    assert coordinator.state == "training" and coordinator.view.spares == []
+    # Node 1 is repaired and joins; one spare is no replica yet, two are.
+    worker.post("coordinator", kind="node", node=1, join=True, nproc=2, nonce="n1")
+    worker.post("coordinator", kind="spare_ready", slot="1.1")
+    coordinator.step()
+    assert coordinator.gen == 1 and coordinator.view.spares == ["1.1"]
+    worker.post("coordinator", kind="spare_ready", slot="1.0")
+    coordinator.step()
+    assert worker.get("gen")["grow"] is True and coordinator.gen == 2
+    report_all(worker, 2, [0, 1], own=(9, 8))
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/2"))
+    assert decision.action == "grow" and decision.rollback_to == 9
+    assert decision.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
+    assert coordinator.world_size == 4 and coordinator.view.spares == []
+    resume(coordinator, worker, range(4))
+    assert coordinator.state == "training" and not coordinator.resizing
+
+
+def test_a_join_into_a_live_node_is_refused(shrinking_job):
+    coordinator, worker = shrinking_job
+    commands = worker.reader("agent/1")  # the live node 1's
+    worker.post("coordinator", kind="node", node=1, join=True, nproc=2, nonce="a1")
+    worker.post("coordinator", kind="node", node=5, join=True, nproc=3, nonce="b2")
+    coordinator.step()
+    assert worker.get("admit/a1") == {"accepted": False,
+                                      "reason": "node 1 is still part of the job"}
+    assert worker.get("admit/b2")["accepted"] is False
+    assert commands.poll() == [] and coordinator.joined_nodes == set()
+    worker.post("coordinator", kind="node", node=5, join=True, nproc=2, nonce="c3")
+    coordinator.step()
+    assert worker.get("admit/c3") == {"accepted": True} and coordinator.joined_nodes == {5}
+
+
+def test_a_loss_while_resizing_ends_the_job(shrinking_job):
+    coordinator, worker = shrinking_job
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    worker.post("coordinator", kind="exit", slot="0.1", code=-9)  # before everyone resumed
+    coordinator.step()
+    assert coordinator.finished and "while the job was being resized" in \
+        coordinator.result.reason

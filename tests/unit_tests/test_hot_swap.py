@@ -8,13 +8,11 @@ identical. Runs are shared between tests through module fixtures.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from dist_utils import (REPO, TINY_GPT, assert_same_state, checkpoint_files, curve,
-                        read_metrics, worker_env)
+from dist_utils import (assert_same_state, checkpoint_files, curve, launch_deadpool,
+                        must_succeed, read_metrics)
 from deadpool_ext.events import read_events
 
 ITERS = 8
@@ -38,27 +36,8 @@ SCENARIOS = {
 }
 
 
-def launch(tmp, layout, nodes, spares, per_node, faults, timeout=420):
-    tmp.mkdir(parents=True, exist_ok=True)
-    args = (TINY_GPT + layout + [
-        "--use-distributed-optimizer", "--global-batch-size", "8", "--train-iters", str(ITERS),
-        "--data-path", os.environ["HOT_SWAP_CORPUS"], "--save", str(tmp / "ckpt"),
-        "--metrics-file", str(tmp / "metrics.jsonl"), "--deadpool",
-        "--deadpool-events", str(tmp / "events.jsonl"), "--deadpool-heartbeat-timeout", "3"]
-        + [f"--deadpool-inject={f}" for f in faults])
-    command = [sys.executable, "-m", "deadpool_ext.launch", "--standalone", "--nnodes",
-               str(nodes), "--spare-nodes", str(spares), "--nproc-per-node", str(per_node),
-               os.path.join(REPO, "pretrain_gpt.py"), *args]
-    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-    left = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout
-    return proc, left
-
-
-def must_succeed(result):
-    proc, left = result
-    assert proc.returncode == 0, f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert not left, f"processes left behind: {left}"
+def launch(tmp, layout, nodes, spares, per_node, faults, extra=()):
+    return launch_deadpool(tmp, layout + list(extra), nodes, spares, per_node, faults, ITERS)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +116,14 @@ def test_events_tell_the_recovery(recovered):
 
 
 @pytest.mark.parametrize("faults,spares,reason", [
+    # (The default policy would shrink instead: tests/unit_tests/test_shrink.py.)
     (["kill:rank=1:iter=3"], 0, "spares exhausted"),
     # With DP=2 ranks 0 and 2 are each other's buddy (and on different nodes).
     (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),
 ], ids=["spares-exhausted", "rank-and-buddy-lost"])
 def test_unrecoverable_failures_stop_the_job_clearly(tmp_path, corpus, faults, spares, reason):
-    proc, left = launch(tmp_path, SMALL, 2, spares, 2, faults)
+    proc, left = launch(tmp_path, SMALL, 2, spares, 2, faults,
+                        extra=["--deadpool-on-spares-exhausted", "abort"])
     assert proc.returncode != 0
     assert reason in proc.stderr, proc.stderr[-3000:]
     assert not left, f"processes left behind: {left}"

@@ -1,0 +1,348 @@
+"""Shrinking when spares run out (--deadpool-on-spares-exhausted shrink),
+and growing back when a node joins.
+
+Pure parts first (the plans, the sample quotas, the re-sharding arithmetic),
+then real runs: deadpool-launch with no spare node, ranks SIGKILLed, the job
+drops the replicas that lost a rank and goes on with the survivors and the
+same global batch; a repaired node joins (deadpool-launch --join) and the
+job grows back to its launched size.
+
+Tolerance. After a shrink the run is the failure-free one with the
+data-parallel reduction done over fewer replicas: the same samples, the same
+weights and optimizer state at the rollback point, no dropout (the tests
+turn it off: dropout masks follow each replica's RNG stream, so they depend
+on which replica a sample lands on), only the order of fp32 additions in the
+gradient reduction and the loss average differs. A reordered fp32 sum of n
+terms moves by a few units of 2**-24 relative to its terms; over the few
+Adam steps of these runs the measured differences in loss and grad norm stay
+below 2e-7 relative. We assert 1e-5: fifty times the measured drift. The
+runs are kept short (20 iterations) because the dynamics amplify the
+reordering: over 160 iterations the loss still stayed within 2e-7, but the
+grad norm, a sum of squares in which parameter drift adds up, moved by up
+to 9e-5 relative (iteration 70). A
+wrong assignment (a microbatch missing or counted twice, a replica weighted
+1/DP instead of by its quota) changes which samples' gradients enter an
+iteration: an effect of the order of the spread between microbatch losses,
+not of fp32 rounding.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from typing import List
+
+import pytest
+import torch
+
+from dist_utils import (REPO, checkpoint_files, deadpool_args, launch_command, launch_deadpool,
+                        leftovers, must_succeed, read_metrics, worker_env)
+from deadpool_ext.control import new_secret
+from deadpool_ext.events import read_events
+from deadpool_ext.grow import plan_grow
+from deadpool_ext.launch import free_port
+from deadpool_ext.plan import Report
+from deadpool_ext.reshard import Bucket, full_state, new_shard
+from deadpool_ext.shrink import Grid, plan_shrink, renumber
+from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
+
+TOLERANCE = 1e-5
+ITERS = 20
+NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
+# 8 ranks as PP2 x DP4 on two 4-rank nodes: replicas 0, 1 on node 0, 2, 3 on node 1.
+DP4 = ["--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping"] + NO_DROPOUT
+# 4 ranks as TP2 x DP2 on two 2-rank nodes.
+DP2 = ["--num-layers", "2", "--tensor-model-parallel-size", "2",
+       "--use-tp-pp-dp-mapping"] + NO_DROPOUT
+
+
+# --- pure arithmetic -----------------------------------------------------------------
+
+
+def reports(ranks, own=(2, 3), held=(2, 3)):
+    return {r: Report(r, f"s{r}", list(own), list(held)) for r in ranks}
+
+
+def test_renumber_keeps_positions_and_order():
+    grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
+    assert renumber(grid, [0, 1, 3]) == {0: 0, 1: 1, 2: 2, 3: 3, 6: 4, 7: 5}
+    grid = Grid(tp=2, pp=2, dp=3)                   # rank = tp + 2 * (dp + 3 * pp)
+    mapping = renumber(grid, [0, 2])
+    new = grid.with_dp(2)
+    for old, new_rank in mapping.items():
+        tp, dp, pp = grid.coords(old)
+        assert new.coords(new_rank) == (tp, [0, 2].index(dp), pp)
+
+
+def test_plan_shrink_drops_the_broken_replica_and_names_sources():
+    grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)
+    members = {r: f"{r // 4}.{r % 4}" for r in range(8)}
+    buddy = [(r + 4) % 8 for r in range(8)]  # replica d -> replica d+2
+    live = [r for r in range(8) if r != 5]
+    d = plan_shrink(1, members, {5}, reports(live), buddy, grid)
+    assert d.action == "shrink" and (d.old_dp, d.new_dp) == (4, 3)
+    assert d.members == {0: "0.0", 1: "0.1", 2: "0.2", 3: "0.3", 4: "1.2", 5: "1.3"}
+    assert d.released == ["1.0"]
+    assert d.sources[5] == [1, "held"] and d.sources[4] == [0, "held"]
+    assert d.sources[6] == [6, "own"] and d.rollback_to == 3
+
+
+def test_plan_shrink_refuses_when_no_replica_or_no_copy_is_left():
+    grid = Grid(tp=1, pp=1, dp=2)
+    members = {0: "0.0", 1: "1.0"}
+    d = plan_shrink(1, members, {0, 1}, {}, [1, 0], grid)
+    assert d.action == "abort" and "no complete data-parallel replica" in d.reason
+    grid = Grid(tp=1, pp=1, dp=3)
+    members = {r: f"{r}.0" for r in range(3)}
+    # rank 1's copy is on rank 2, whose replica also broke
+    d = plan_shrink(1, members, {1, 2}, reports([0]), [1, 2, 0], grid)
+    assert d.action == "abort" and "rank 1's optimizer shard has no copy" in d.reason
+    d = plan_shrink(1, members, {1}, reports([0, 2], own=(4,), held=(3,)), [1, 2, 0], grid)
+    assert d.action == "abort" and "no iteration" in d.reason
+
+
+def test_plan_grow_appends_whole_replicas_from_spares_in_node_order():
+    grid = Grid(tp=2, pp=2, dp=1)                    # rank = tp + 2 * (dp + 1 * pp)
+    members = {0: "0.0", 1: "0.1", 2: "0.2", 3: "0.3"}
+    spares = ["2.1", "1.0", "2.0", "1.3", "1.1", "1.2", "2.2"]  # 7: one replica of 4
+    d = plan_grow(5, members, reports(range(4), own=(7, 6)), spares, grid, planned_dp=4)
+    assert d.action == "grow" and (d.old_dp, d.new_dp) == (1, 2) and d.rollback_to == 7
+    new = grid.with_dp(2)                            # rank = tp + 2 * (dp + 2 * pp)
+    assert d.renumber == {0: 0, 1: 1, 2: 4, 3: 5}
+    # The new replica's TP pairs are consecutive slots of node 1.
+    assert d.replaced == {new.rank(0, 1, 0): "1.0", new.rank(1, 1, 0): "1.1",
+                          new.rank(0, 1, 1): "1.2", new.rank(1, 1, 1): "1.3"}
+    assert d.world_size == 8 and set(d.members.values()) == set(members.values()) | {
+        "1.0", "1.1", "1.2", "1.3"}
+    assert all(d.sources[r] == [r, "own"] for r in range(4))
+
+
+def test_plan_grow_stops_at_the_launched_size_and_needs_a_common_snapshot():
+    grid = Grid(tp=1, pp=1, dp=2)
+    members = {0: "0.0", 1: "0.1"}
+    d = plan_grow(3, members, reports([0, 1]), ["1.0", "1.1", "1.2"], grid, planned_dp=3)
+    assert d.new_dp == 3 and d.replaced == {2: "1.0"}
+    d = plan_grow(3, members, reports([0, 1]), [], grid, planned_dp=3)
+    assert d.action == "recover" and d.members == members and d.rollback_to == 3
+    lagging = {0: Report(0, "0.0", [5], []), 1: Report(1, "0.1", [4], [])}
+    d = plan_grow(3, members, lagging, ["1.0"], grid, planned_dp=3)
+    assert d.action == "abort" and "no snapshot iteration" in d.reason
+
+
+@pytest.mark.parametrize("gbs, mbs, dp", [(8, 2, 3), (32, 4, 3), (24, 2, 5), (8, 2, 4),
+                                          (6, 1, 4)])
+def test_quotas_cover_every_sample_of_every_iteration_once(gbs, mbs, dp):
+    quotas = [microbatches_per_iteration(gbs, mbs, r, dp) for r in range(dp)]
+    assert sum(quotas) == gbs // mbs and max(quotas) - min(quotas) <= 1
+    total = 5 * gbs
+    samplers = [list(MicrobatchSampler(total, gbs, mbs, r, dp, gbs)) for r in range(dp)]
+    for it in range(4):
+        seen = sorted(i for r in range(dp) for mb in samplers[r][it * quotas[r]:
+                                                                 (it + 1) * quotas[r]]
+                      for i in mb)
+        assert seen == list(range(gbs * (it + 1), gbs * (it + 2)))
+
+
+def test_sampler_with_global_batch_is_megatrons_order_when_dp_divides():
+    for r in range(2):
+        assert list(MicrobatchSampler(64, 16, 2, r, 2, 16)) == \
+            list(MicrobatchSampler(64, 16, 2, r, 2))
+
+
+def test_reshard_round_trip_between_dp_sizes():
+    """Shards of a DP=3 layout -> per-parameter state -> DP=2 shards -> back."""
+    torch.manual_seed(0)
+    params = {"a": torch.randn(3, 7), "b": torch.randn(5), "c": torch.randn(4, 4)}
+
+    def layout(dp):  # one bucket, parameters at padded offsets, size divisible by dp
+        places, offset = {}, 0
+        for name, value in params.items():
+            places[name] = (offset, value.numel())
+            offset += -(-value.numel() // 8) * 8
+        return [Bucket(-(-offset // (8 * dp)) * 8 * dp, places)]
+
+    def shards(dp):
+        bucket = layout(dp)[0]
+        flat = [torch.zeros(bucket.numel) for _ in range(3)]
+        for name, (start, numel) in bucket.params.items():
+            for k in range(3):
+                flat[k][start:start + numel] = params[name].view(-1) * (k + 1)
+        size = bucket.numel // dp
+        return [[f[r * size:(r + 1) * size] for f in flat] for r in range(dp)]
+
+    state = full_state(layout(3), shards(3))
+    for name, value in params.items():
+        for k in range(3):
+            assert torch.equal(state[name][k], value.view(-1) * (k + 1))
+    for r in range(2):
+        got = new_shard(layout(2), state, r, 2)
+        assert all(torch.equal(g, w) for g, w in zip(got, shards(2)[r]))
+
+
+# --- real runs -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_prefix):
+    os.environ["HOT_SWAP_CORPUS"] = corpus_prefix
+    return corpus_prefix
+
+
+def run(tmp, layout, nodes, per_node, faults, spares=0):
+    return launch_deadpool(tmp, layout, nodes, spares, per_node, faults, ITERS)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("reference")
+    must_succeed(run(tmp, DP4, 2, 4, []))
+    return tmp
+
+
+def assert_close_curves(got, want):
+    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
+    for g, w in zip(got, want):
+        assert g["consumed_samples"] == w["consumed_samples"]
+        assert g["lr"] == w["lr"]
+        for key in ("lm_loss", "grad_norm"):
+            assert abs(g[key] - w[key]) <= TOLERANCE * abs(w[key]), (g, w)
+
+
+def assert_close_models(tmp, reference):
+    """Every position's weights (one DP copy each) against the reference's."""
+    got, want = checkpoint_files(str(tmp / "ckpt")), checkpoint_files(str(reference / "ckpt"))
+    for name, state in got.items():
+        position = name.rsplit("_dp", 1)[0]
+        ref = next(s for n, s in want.items() if n.startswith(position))
+        for key, value in state["model"].items():
+            if torch.is_tensor(value) and value.is_floating_point():
+                scale = ref["model"][key].abs().max().clamp(min=1e-6)
+                assert (value - ref["model"][key]).abs().max() <= 10 * TOLERANCE * scale, key
+
+
+def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
+    """Rank 5 dies in backward: replica 2 leaves (rank 4 becomes a spare),
+    DP 4 -> 3 with quotas 2, 1, 1 of the 4 microbatches."""
+    must_succeed(run(tmp_path, DP4, 2, 4, ["kill:rank=5:iter=4:phase=backward"]))
+    assert_close_curves(read_metrics(tmp_path / "metrics.jsonl"),
+                        read_metrics(reference / "metrics.jsonl"))
+    assert_close_models(tmp_path, reference)
+    assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 6
+    events = read_events(str(tmp_path / "events.jsonl"))
+    decision = next(e for e in events if e["event"] == "decision")
+    assert decision["action"] == "shrink" and (decision["dp_before"], decision["dp_after"]) \
+        == (4, 3)
+    assert decision["released"] == ["1.0"]
+    shrunk = [e for e in events if e["event"] == "shrunk"]
+    assert len(shrunk) == 6 and all(e["rollback_to"] == 3 for e in shrunk)
+    assert any(e["event"] == "released" for e in events)
+    assert any(e["event"] == "spare_ready" or e["event"] == "recovered" for e in events)
+
+
+def wait_for_events(path, predicate, proc, timeout: float, count: int = 1):
+    """The first ``count`` events that match, once there are as many."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(path):
+            found = [e for e in read_events(str(path)) if predicate(e)]
+            if len(found) >= count:
+                return found[:count]
+        time.sleep(0.1)
+    return None
+
+
+def training_workers(tmp) -> List[int]:
+    """Pids of the job's training processes (not its launcher or agents)."""
+    script = os.path.join(REPO, "pretrain_gpt.py")
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+        except OSError:
+            continue
+        if argv[1:3] == ["-u", script] and any(str(tmp) in a for a in argv):
+            pids.append(int(pid))
+    return pids
+
+
+def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path, reference):
+    """Rank 5 dies (DP 4 -> 3; rank 4's slot becomes a spare), then all of
+    node 1 dies, that spare with it (DP 3 -> 2, on node 0 alone). Node 1
+    comes back through deadpool-launch --join with 4 new spares, and the
+    job grows to DP 4 at an iteration boundary and trains to the end.
+
+    A new node needs seconds to import and warm up, longer than this short
+    run lasts: the test pauses the training processes (SIGSTOP) from the
+    second shrink until the new node's four spares are ready, with the
+    heartbeat timeout above the pause, so the grow comes at a known point
+    and takes them all."""
+    args = deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=3:phase=forward",
+                                         "kill:node=1:iter=6"], ITERS, heartbeat_timeout=120)
+    common = ["--nnodes", "2", "--nproc-per-node", "4", "--master-port", str(free_port())]
+    env = dict(worker_env(), DEADPOOL_SECRET=new_secret())
+    events = tmp_path / "events.jsonl"
+    with open(tmp_path / "job.log", "w") as log, open(tmp_path / "join.log", "w") as join_log:
+        job = subprocess.Popen(launch_command(["--standalone", *common], args), env=env,
+                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        joiner, paused = None, []
+        try:
+            shrunk = wait_for_events(events, lambda e: e["event"] == "decision" and
+                                     e.get("dp_after") == 2, job, 300)
+            assert shrunk is not None, (tmp_path / "job.log").read_text()[-4000:]
+            resumed = wait_for_events(events, lambda e: e["event"] == "recovered" and
+                                      e["gen"] == shrunk[0]["gen"], job, 60)
+            assert resumed is not None, (tmp_path / "job.log").read_text()[-4000:]
+            paused = training_workers(tmp_path)
+            for pid in paused:
+                os.kill(pid, signal.SIGSTOP)
+            joiner = subprocess.Popen(
+                launch_command(["--join", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                *common], args),
+                env=env, cwd=REPO, stdout=join_log, stderr=subprocess.STDOUT)
+            # All four ready before anyone reports, so the grow takes them all.
+            ready = wait_for_events(events, lambda e: e["event"] == "spare_ready" and
+                                    e["slot"].startswith("1."), job, 100, count=4)
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+            assert ready is not None, (tmp_path / "join.log").read_text()[-4000:]
+            assert job.wait(timeout=300) == 0, (tmp_path / "job.log").read_text()[-6000:]
+            assert joiner.wait(timeout=60) == 0, (tmp_path / "join.log").read_text()[-4000:]
+        finally:
+            for pid in paused:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            for proc in (job, joiner):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+    assert not leftovers(tmp_path)
+    assert len(paused) == 4  # node 0's ranks, the only ones left
+    assert_close_curves(read_metrics(tmp_path / "metrics.jsonl"),
+                        read_metrics(reference / "metrics.jsonl"))
+    assert_close_models(tmp_path, reference)
+    assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 8  # the whole DP 4 again
+    found = read_events(str(events))
+    decisions = [e for e in found if e["event"] == "decision"]
+    assert [(e["action"], e["dp_after"]) for e in decisions] == \
+        [("shrink", 3), ("shrink", 2), ("grow", 4)]
+    assert sorted(decisions[-1]["joined"].values()) == ["1.0", "1.1", "1.2", "1.3"]
+    assert any(e["event"] == "node_joined" and e["node"] == 1 for e in found)
+    grown = [e for e in found if e["event"] == "grown"]
+    assert len(grown) == 8 and len({e["rollback_to"] for e in grown}) == 1
+    assert ITERS > grown[0]["rollback_to"] >= 6
+
+
+def test_shrink_to_one_replica_and_then_a_failure_ends_clearly(tmp_path, corpus):
+    """DP 2 -> 1 (no mirror is possible then); the next loss leaves no
+    complete replica: the job says so and exits non-zero, leaving nothing."""
+    proc, left = run(tmp_path, DP2, 2, 2, ["kill:rank=3:iter=3",
+                                           "kill:rank=0:iter=6:phase=backward"])
+    assert proc.returncode != 0
+    assert "no complete data-parallel replica" in proc.stderr, proc.stderr[-3000:]
+    assert not left, f"processes left behind: {left}"
+    events = read_events(str(tmp_path / "events.jsonl"))
+    assert any(e["event"] == "mirror_local" for e in events)
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert metrics[-1]["iteration"] >= 5  # it trained on one replica until the second loss
