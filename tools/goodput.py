@@ -74,6 +74,16 @@ def daly_ratio(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float
     return interval_s / wall
 
 
+def hot_swap_ratio(iteration_s: float, swap_s: float, mtbf_s: float) -> float:
+    """Expected useful work / wall time of hot swap with a spare always
+    free and no checkpoints. A cycle is compute until a failure (X ~ Exp),
+    of which the whole iterations are kept, T / (e^(T/M) - 1) on average,
+    then a swap that a failure during it starts again, M (e^(S/M) - 1): so
+    the ratio is (T/M) e^(-S/M) / (e^(T/M) - 1)."""
+    t, s = iteration_s / mtbf_s, swap_s / mtbf_s
+    return t * math.exp(-s) / math.expm1(t)
+
+
 def probability_no_spare(rate_per_s: float, repair_s: float, spares: int) -> float:
     """Share of failures that find every spare in repair: nodes in repair
     form an M/G/inf queue, Poisson with mean rate x repair time, and Poisson

@@ -120,9 +120,10 @@ class Hardware:
 HARDWARE = {
     "perlmutter-a100-40": Hardware(
         "Perlmutter A100-40GB", 4, 40, 256, 312, 25, 25,
-        "NERSC Perlmutter architecture page: 4x A100 and 4x HPE Slingshot 11 NICs "
-        "(200 Gb/s = 25 GB/s each) per node, 256 GB host memory; A100 datasheet: 312 "
-        "TFLOP/s dense bf16; PCIe 4.0 x16 host link, 25 GB/s assumed achievable"),
+        "NERSC Perlmutter architecture page: 4x A100 and 4x HPE Slingshot 11 NICs per "
+        "node (Cassini, 200 Gb/s = 25 GB/s each way), 256 GB host memory; A100 datasheet: "
+        "312 TFLOP/s dense bf16, PCIe 4.0 x16 to the host (32 GB/s each way peak; 25 GB/s "
+        "assumed achievable)"),
     "perlmutter-a100-80": Hardware(
         "Perlmutter A100-80GB", 4, 80, 256, 312, 25, 25,
         "as perlmutter-a100-40, the 256 large-memory GPU nodes"),
@@ -452,8 +453,10 @@ MODELS = {
 
 
 def paper_layouts(gpus: int = 512) -> Dict[str, Parallel]:
-    """Our choice of layout for 4-GPU nodes: TP within a node (NVLink), the
-    smallest PP that fits 40 GB with selective recompute, DP for the rest.
+    """Our choice of layout for 4-GPU nodes: TP within a node (NVLink) first,
+    then PP, the first that keeps the worst stage under two thirds of 40 GB
+    with selective recompute (the activations are an estimate, and the rest
+    leaves room for the mirror in GPU memory), DP for the rest.
     Every model takes LLaMA's 4M-token batch (2048 x 2048): at 512 GPUs the
     GPT-3 paper's 1-2M-token batches would leave the small models' gradient
     traffic longer than their compute."""

@@ -7,6 +7,7 @@ published closed forms."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -208,6 +209,19 @@ def test_65b_on_512_a100s_fits_with_the_mirror_anywhere():
     assert p.layout.shard_numel == pytest.approx(65.3e9 / 512, rel=0.03)
     device = ps.plan(p.model, p.parallel, p.hardware, 0.45, mirror_in_device=True)
     assert device.memory.total == p.memory.total + p.memory.mirror_bytes and device.fits
+
+
+def test_paper_layouts_are_the_first_to_leave_a_third_of_the_memory_free():
+    """TP grows inside the node first, then PP; each model's layout is the
+    first in that order whose worst stage stays under two thirds of 40 GB."""
+    hw = ps.HARDWARE["perlmutter-a100-40"]
+    order = [(1, 1), (2, 1), (4, 1), (4, 2), (4, 4), (4, 8), (4, 16)]
+    for key, par in ps.paper_layouts(512).items():
+        def used(tp, pp):
+            trial = replace(par, tp=tp, pp=pp, dp=512 // (tp * pp), sequence_parallel=tp > 1)
+            return ps.worst_stage_memory(ps.MODELS[key], trial).total
+        first = next(l for l in order if used(*l) <= 2 / 3 * hw.gpu_memory_gib * ps.GiB)
+        assert first == (par.tp, par.pp), key
 
 
 def test_the_cli_prints_a_plan(capsys):
