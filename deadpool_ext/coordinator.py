@@ -285,7 +285,8 @@ class Coordinator:
         self.lost = set()
         self.state = "rebuilding"
         self.channel.put(f"decision/{self.gen}", **decision.to_message())
-        self.events.emit("decision", gen=self.gen, rollback_to=decision.rollback_to,
+        self.events.emit("decision", gen=self.gen, action=decision.action,
+                         rollback_to=decision.rollback_to,
                          replaced={str(r): s for r, s in decision.replaced.items()},
                          from_buddy=decision.from_buddy, warnings=decision.warnings,
                          spares_left=len(self.view.spares))

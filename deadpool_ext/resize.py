@@ -27,8 +27,9 @@ from deadpool_ext.shrink import Grid, world_of
 
 
 def world_config(config: Config, world: Optional[dict]) -> Config:
-    """The config of the world a job runs in after a shrink: its size, and
-    the node of every rank (buddies are placed by it); unchanged before."""
+    """The config of the world a job runs in after a shrink or grow: its
+    size, and the node of every rank (buddies are placed by it); unchanged
+    before the first."""
     if not world or world["size"] == config.world_size and world.get("nodes") is None:
         return config
     extra = dict(config.extra)

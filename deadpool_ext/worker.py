@@ -207,6 +207,22 @@ def start_active(ctx: ControlClient, config: Config, model_provider, forward_ste
     return rec
 
 
+def newest_assignment(ctx: ControlClient, checked: int, gen: int):
+    """The decision that names this spare, looking at the generations after
+    ``checked`` up to ``gen``; and the last generation fully looked at. A
+    busy spare (building its model) may see a decision only after the next
+    generation began: it is a member all the same, and must join and report."""
+    for g in range(checked + 1, gen + 1):
+        decision = ctx.decision(g)
+        if decision is None and g == gen:
+            return None, g - 1  # not decided yet
+        if decision is not None and ctx.slot in decision.replaced.values():
+            return decision, g
+        # Decided without this spare, or superseded before any decision
+        # (the coordinator writes decisions only for its current generation).
+    return None, gen
+
+
 def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step):
     """Warm up (imports, device, tokenizer, data), then wait to be assigned:
     to a lost rank (hot swap) or to a new replica (grow)."""
@@ -218,6 +234,9 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
     ctx.wait(lambda: ctx.current()["state"] != "starting", 24 * 3600, "the job to start")
     datasets = data.build_datasets(config, tokenizer)
     ctx.state = "spare"
+    # No decision before this generation can name this process (a slot that
+    # served earlier may be named in old ones).
+    checked = ctx.current()["gen"] - 1
     ctx.post(kind="spare_ready", slot=ctx.slot)
     logger.info("warm spare %s ready", ctx.slot)
     builders = (model_provider, forward_step, build_hooks)
@@ -231,8 +250,8 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
                                                                         world)):
             prepared = (likely[ctx.slot], world, recovery.prepare_spare(
                 ctx, likely[ctx.slot], resize.world_config(config, world), builders, datasets))
-        decision = ctx.decision(latest["gen"]) if latest["state"] == "rebuilding" else None
-        if decision is None or ctx.slot not in decision.replaced.values():
+        decision, checked = newest_assignment(ctx, checked, latest["gen"])
+        if decision is None:
             continue
         if decision.action == "grow":
             prepared = None  # built for a hot swap that did not pick it

@@ -94,7 +94,8 @@ def trace_deadpool(opts, workdir: str) -> dict:
     args = trace_layout(workload(opts.iters, workdir, []))
     faults = [f"kill:rank={rank}:iter={it}" for it, rank in opts.trace]
     out = deadpool_run(args, workdir, faults)
-    sizes = [(e["action"], e["dp_after"]) for e in out["events"] if e["event"] == "decision"]
+    sizes = [(e["action"], e.get("dp_after")) for e in out["events"]
+             if e["event"] == "decision"]
     return {"total_s": out["total_s"], "decisions": sizes}
 
 
@@ -141,6 +142,7 @@ def main(argv=None) -> int:
                    help="ITERATION:RANK failures for the trace (launch ranks).")
     p.add_argument("--save-interval", type=int, default=10)
     p.add_argument("--output", help="Also write the results as JSON here.")
+    p.add_argument("--only", nargs="+", choices=["shrink", "trace"], help="A part.")
     opts = p.parse_args(argv)
     opts.trace = parse_trace(opts.trace)
     runs = [("shrink", one_shrink), ("trace_failure_free", trace_failure_free),
@@ -149,25 +151,36 @@ def main(argv=None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in runs:
+            if opts.only and name.split("_")[0] not in opts.only:
+                continue
             workdir = os.path.join(tmp, name)
             os.makedirs(workdir)
             results[name] = fn(opts, workdir)
             print(name, json.dumps(results[name]), flush=True)
-    s = results["shrink"]
+    if "shrink" in results:
+        print_shrink(results["shrink"])
+    if "trace_deadpool" in results:
+        print_trace(results)
+    if opts.output:
+        with open(opts.output, "w") as f:
+            json.dump({"options": {**vars(opts), "trace": opts.trace}, **results}, f, indent=1)
+    return 0
+
+
+def print_shrink(s: dict) -> None:
     print(f"\nshrink DP{s['dp'][0]} -> DP{s['dp'][1]}: failure -> first iteration "
           f"{s['to_first_iteration_s']:.2f} s, {s['iterations_lost']} iteration(s) lost; "
           f"iteration {s['iteration_s_before']:.3f} s before, {s['iteration_s_after']:.3f} s "
           f"after (throughput ratio {s['iteration_s_before'] / s['iteration_s_after']:.2f})")
+
+
+def print_trace(results: dict) -> None:
     free = results["trace_failure_free"]["total_s"]
     for name in ("trace_deadpool", "trace_checkpoint_restart"):
         total = results[name]["total_s"]
         print(f"{name}: {total:.1f} s, effective throughput {free / total:.2f} of failure-free")
     dp, cr = results["trace_deadpool"]["total_s"], results["trace_checkpoint_restart"]["total_s"]
     print(f"deadpool / checkpoint-restart effective throughput: {cr / dp:.2f}x")
-    if opts.output:
-        with open(opts.output, "w") as f:
-            json.dump({"options": {**vars(opts), "trace": opts.trace}, **results}, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -186,3 +186,23 @@ def test_a_loss_while_resizing_ends_the_job(shrinking_job):
     coordinator.step()
     assert coordinator.finished and "while the job was being resized" in \
         coordinator.result.reason
+
+
+def test_a_spare_finds_its_assignment_after_a_new_generation_began():
+    """Generation 1 named spare 2.0; generation 2 began before the spare
+    looked (it was building its model), and generation 3 has no decision yet."""
+    from deadpool_ext.worker import newest_assignment
+
+    class Ctx:
+        slot = "2.0"
+        decisions = {1: Decision(gen=1, action="recover", replaced={3: "2.0"})}
+
+        def decision(self, gen):
+            return self.decisions.get(gen)
+
+    ctx = Ctx()
+    decision, checked = newest_assignment(ctx, 0, 3)
+    assert decision.gen == 1 and checked == 1
+    ctx.slot = "2.1"  # not named: generation 2 was overtaken, 3 is pending
+    assert newest_assignment(ctx, 0, 3) == (None, 2)
+    assert newest_assignment(ctx, 2, 2) == (None, 2)
