@@ -54,7 +54,7 @@ require_int() {  # NAME MIN: the variable NAME is an integer >= MIN
 }
 
 require_array() {
-    declare -p "$1" 2>/dev/null | grep -q '^declare -a' ||
+    [[ $(declare -p "$1" 2>/dev/null) == "declare -a"* ]] ||
         die "$1 must be set as an array, e.g. $1=(--flag value)"
 }
 
@@ -146,6 +146,8 @@ load_modules() {
 cluster_env() {
     case $CLUSTER in
         perlmutter)
+            # NERSC's PyTorch module, unless MODULES says otherwise (empty: none).
+            MODULES=${MODULES-pytorch}
             load_modules
             export CUDA_DEVICE_MAX_CONNECTIONS=1
             # NCCL over Slingshot through the aws-ofi-nccl plugin, with HPE's
