@@ -27,7 +27,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo test bench bench-mirror bench-recovery bench-shrink clean print-demo-args print-deadpool-args
+.PHONY: setup data demo test test-slurm bench bench-mirror bench-recovery bench-shrink clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,17 @@ demo: data
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
+
+# A real Slurm cluster on this machine (root, no systemd; Debian's slurmctld,
+# slurmd, munge: tools/slurm_local.sh), then examples/slurm/cpu_demo.sh
+# submitted with sbatch: failure-free, with a node killed (its slurmd and
+# tasks), and stopped by SIGTERM. Several minutes; not part of `make test`.
+SLURM_NODES ?= 4
+test-slurm: data
+	tools/slurm_local.sh install
+	tools/slurm_local.sh start $(SLURM_NODES)
+	DEADPOOL_TEST_SLURM=1 DEADPOOL_SLURM_REPORT=runs/slurm-test.log OMP_NUM_THREADS=1 \
+		$(PY) -m pytest -q -p no:warnings tests/unit_tests/test_slurm_cluster.py
 
 bench: data
 	OMP_NUM_THREADS=1 $(PY) tools/bench_training.py

@@ -235,10 +235,19 @@ class Coordinator:
         for slot in watched:
             if slot in self.view.lost_slots:
                 continue
-            if self.stale(f"hb/{slot}", now):
+            if self.stale(f"hb/{slot}", now) and self.node_beats(parse_slot(slot)[0], now):
                 self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
                                 "(hung)")
+
+    def node_beats(self, node: int, now: float) -> bool:
+        """Whether a node's agent beat within half the timeout. On a cluster a
+        dead node is seen only through heartbeats, its agent's and its
+        workers' stopping together: a silent worker on a silent node is not
+        hung, and the node's own timeout (due within the other half) takes
+        all its ranks in one generation instead of one per worker."""
+        last = self.seen.get(f"hb/node/{node}")
+        return last is None or now - last[1] <= self.heartbeat_timeout / 2
 
     def stale(self, key: str, now: float) -> bool:
         """True once a key that has been beating stops for the timeout."""

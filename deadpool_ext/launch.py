@@ -103,6 +103,19 @@ def check(opts) -> None:
                          "in the sbatch script)")
 
 
+def on_sigterm(opts, coordinator: Coordinator, agents: dict) -> None:
+    """With --exit-signal-handler the ranks save a checkpoint at the end of
+    this iteration and finish: pass SIGTERM on to this host's agents (which
+    stop their workers with it; Slurm's --signal reaches them anyway) and
+    keep coordinating until every rank is done. Otherwise end the job."""
+    if "--exit-signal-handler" not in opts.script_args:
+        coordinator.end(abort(coordinator.gen, "the launcher got SIGTERM",
+                              coordinator.view.members))
+        return
+    for proc in agents.values():
+        proc.send_signal(signal.SIGTERM)
+
+
 def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     """Node 0 (or standalone): host the store, start local agents, decide."""
     store = connect(store_host if not opts.standalone else "127.0.0.1", port, is_master=True)
@@ -121,8 +134,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
                 coordinator.lose_node(node, f"agent exited with code {proc.returncode}")
         return True
 
-    signal.signal(signal.SIGTERM, lambda *_: coordinator.end(
-        abort(coordinator.gen, "the launcher got SIGTERM", coordinator.view.members)))
+    signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
     code = coordinator.run(alive=agents_alive)
     for node in coordinator.nodes():
         coordinator.tell_agent(node, kind="stop")

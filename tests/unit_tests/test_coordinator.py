@@ -206,3 +206,31 @@ def test_a_spare_finds_its_assignment_after_a_new_generation_began():
     ctx.slot = "2.1"  # not named: generation 2 was overtaken, 3 is pending
     assert newest_assignment(ctx, 0, 3) == (None, 2)
     assert newest_assignment(ctx, 2, 2) == (None, 2)
+
+
+def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
+    """A node that dies is seen only through heartbeats (on a cluster no
+    launcher watches its agent): its workers' may time out a moment before
+    its agent's. The node is still lost whole, in one generation."""
+    coordinator, worker, clock = job
+
+    def beat(seq, nodes, ranks):
+        for node in nodes:
+            worker.put(f"hb/node/{node}", seq=seq, time=0.0)
+        for rank in ranks:
+            worker.put(f"hb/{rank // 2}.{rank % 2}", seq=seq, iteration=3, state="training")
+
+    beat(1, [0, 1, 2], range(4))
+    coordinator.step()
+    clock.now += 1.0
+    beat(2, [0, 1, 2], [0, 1])  # ranks 2 and 3 (node 1) are gone; node 1 beats once more
+    coordinator.step()
+    clock.now += 2.5  # ranks 2, 3 silent for 3.5 s > 3 s; node 1 for 2.5 s
+    beat(3, [0, 2], [0, 1])
+    coordinator.step()
+    assert coordinator.gen == 0
+    clock.now += 1.0
+    beat(4, [0, 2], [0, 1])
+    coordinator.step()
+    assert coordinator.gen == 1 and coordinator.lost == {2, 3}
+    assert worker.get("gen")["lost"] == [2, 3]

@@ -1,0 +1,276 @@
+"""examples/slurm/cpu_demo.sh on a real Slurm cluster (tools/slurm_local.sh):
+sbatch, 2 active nodes of 4 ranks and 1 warm spare node, one launcher per
+node through srun.
+
+* a failure-free submission;
+* the same submission where a node dies mid-training: its slurmd, its step
+  daemon and every process of the job on it are SIGKILLed at once, as a power
+  loss would; the job must finish every iteration on the spare node with the
+  failure-free curve and final checkpoints, bit for bit, and Slurm must see
+  the node go DOWN;
+* a submission stopped by SIGTERM sent to every job step (what
+  `#SBATCH --signal=TERM@T` does before the time limit): every rank saves a
+  checkpoint at the same iteration and the job ends cleanly.
+
+Slow (a few minutes on 2 cores) and needs root and Slurm, so it runs only
+under `make test-slurm` (DEADPOOL_TEST_SLURM=1), which starts the cluster.
+With DEADPOOL_SLURM_REPORT=FILE it writes what it saw there
+(docs/slurm-test.log is one such report).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dist_utils import REPO, assert_same_state, checkpoint_files, curve, read_metrics
+from deadpool_ext.events import read_events
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("DEADPOOL_TEST_SLURM") != "1",
+                       reason="needs a Slurm cluster: `make test-slurm` starts one and runs this"),
+    # Each test waits for whole Slurm jobs (and a test's fixtures for earlier ones).
+    pytest.mark.timeout(3 * 1800),
+]
+
+SCRIPT = os.path.join(REPO, "examples", "slurm", "cpu_demo.sh")
+ITERS = 20
+# The demo's model and layout; fewer iterations, every one logged, a short
+# heartbeat timeout so the lost node is declared within seconds.
+ARGS = ["--train-iters", str(ITERS), "--save-interval", "10", "--log-interval", "1",
+        "--eval-interval", "1000", "--deadpool-heartbeat-timeout", "5"]
+JOB_TIMEOUT = 1800  # seconds; a loaded 2-core machine starts 12 processes slowly
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+# ----- Slurm -----
+def run(*command: str) -> str:
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+
+def job_fields(job: str) -> dict:
+    text = run("scontrol", "show", "job", "-o", job)
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+def submit(run_dir, extra=()) -> str:
+    env = dict(os.environ, RUN_DIR=str(run_dir), PYTHON=sys.executable,
+               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    out = subprocess.run(["sbatch", "--parsable", "-o", str(run_dir) + ".out", SCRIPT,
+                          *ARGS, *extra], cwd=REPO, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return out.strip().split(";")[0]
+
+
+def wait_for_job(job: str, timeout: float = JOB_TIMEOUT) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = job_fields(job)
+        if fields["JobState"] in TERMINAL:
+            return fields
+        time.sleep(2)
+    run("scancel", job)
+    raise AssertionError(f"job {job} did not end within {timeout:.0f} s")
+
+
+def wait_for_iteration(run_dir, iteration: int, job: str, timeout: float = JOB_TIMEOUT):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and len(read_metrics(path)) >= iteration:
+            return
+        assert job_fields(job)["JobState"] in ("PENDING", "RUNNING"), job_fields(job)
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} did not reach iteration {iteration}")
+
+
+def job_nodes(job: str) -> list:
+    return run("scontrol", "show", "hostnames", job_fields(job)["NodeList"]).split()
+
+
+def node_state(node: str) -> str:
+    return re.search(r"State=(\S+)", run("scontrol", "show", "node", node)).group(1)
+
+
+def wait_for_node_down(node: str, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = node_state(node)
+        if "DOWN" in state:
+            return state
+        time.sleep(2)
+    raise AssertionError(f"Slurm never marked {node} DOWN (state {node_state(node)})")
+
+
+def slurm_local(*args: str) -> str:
+    return run(os.path.join(REPO, "tools", "slurm_local.sh"), *args)
+
+
+def left_behind(run_dir) -> str:
+    return subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True,
+                          text=True).stdout
+
+
+def log_lines(run_dir) -> list:
+    with open(str(run_dir) + ".out") as f:
+        return [line.rstrip() for line in f if "Warning" not in line and "warn(" not in line]
+
+
+# ----- the report -----
+class Report:
+    def __init__(self, path):
+        self.path, self.lines = path, []
+
+    def add(self, *lines: str) -> None:
+        self.lines += list(lines)
+        if self.path:
+            with open(self.path, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return Report(os.environ.get("DEADPOOL_SLURM_REPORT"))
+
+
+@pytest.fixture(scope="module")
+def cluster(report):
+    try:
+        run("scontrol", "ping")
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.fail(f"no Slurm controller ({error}): run `tools/slurm_local.sh start`")
+    if not os.path.exists(os.path.join(REPO, "data", "corpus_text_document.bin")):
+        pytest.fail("no data/corpus_text_document.bin: run `make data`")
+    report.add("# make test-slurm: examples/slurm/cpu_demo.sh on a one-machine Slurm cluster",
+               f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, {run('sbatch', '--version').strip()}",
+               "", "$ sinfo -N", run("sinfo", "-N").rstrip(),
+               "", f"$ sbatch examples/slurm/cpu_demo.sh {' '.join(ARGS)}", "")
+
+
+def timed_job(run_dir, report, name, extra=(), during=None) -> dict:
+    start = time.monotonic()
+    job = submit(run_dir, extra)
+    if during is not None:
+        during(job)
+    fields = wait_for_job(job)
+    seconds = time.monotonic() - start
+    report.add(f"## {name}: job {job} on {fields['NodeList']}: {fields['JobState']}, exit "
+               f"{fields['ExitCode']}, {seconds:.0f} s from sbatch to the end")
+    return {"job": job, "fields": fields, "seconds": seconds, "dir": run_dir}
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, report, tmp_path_factory):
+    return timed_job(tmp_path_factory.mktemp("slurm") / "reference", report, "failure-free")
+
+
+@pytest.fixture(scope="module")
+def node_failure(reference, report, tmp_path_factory):
+    """Kill the second active node (deadpool node 1) in iteration 6."""
+    seen = {}
+
+    def kill_node(job):
+        wait_for_iteration(run_dir, 5, job)
+        victim = job_nodes(job)[1]
+        seen["victim"] = victim
+        seen["killed_at"] = time.time()
+        seen["kill"] = slurm_local("kill-node", victim).strip()
+        seen["state"] = wait_for_node_down(victim)
+
+    run_dir = tmp_path_factory.mktemp("slurm") / "node-failure"
+    try:
+        result = timed_job(run_dir, report, "node failure", during=kill_node)
+    finally:
+        if "victim" in seen:
+            slurm_local("revive-node", seen["victim"])
+    result.update(seen)
+    report.add(f"after iteration 5: tools/slurm_local.sh kill-node {seen['victim']} -> "
+               f"{seen['kill']}; Slurm then marked it {seen['state']}")
+    return result
+
+
+def test_failure_free_submission_completes(reference):
+    assert reference["fields"]["JobState"] == "COMPLETED", log_lines(reference["dir"])[-40:]
+    assert [m["iteration"] for m in read_metrics(reference["dir"] / "metrics.jsonl")] == \
+        list(range(1, ITERS + 1))
+    assert not left_behind(reference["dir"])
+
+
+def test_node_failure_is_hot_swapped_with_the_same_curve_bit_for_bit(node_failure, reference,
+                                                                    report):
+    lines = log_lines(node_failure["dir"])
+    assert node_failure["fields"]["JobState"] == "COMPLETED", lines[-60:]
+    assert any("first node exited with 0" in line for line in lines)
+    got = read_metrics(node_failure["dir"] / "metrics.jsonl")
+    want = read_metrics(reference["dir"] / "metrics.jsonl")
+    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
+    report.add("", "iteration  lm loss (failure-free)   lm loss (node failure)   grad norm "
+               "(failure-free)   grad norm (node failure)")
+    report.add(*[f"{a['iteration']:>9}  {a['lm_loss']!r:>22}   {b['lm_loss']!r:>22}   "
+                 f"{a['grad_norm']!r:>23}   {b['grad_norm']!r:>23}" for a, b in zip(want, got)])
+    assert curve(got) == curve(want)
+    report.add("curves (loss, grad norm, lr of every iteration): equal bit for bit")
+
+
+def test_node_failure_final_checkpoints_equal_bit_for_bit(node_failure, reference, report):
+    got = checkpoint_files(str(node_failure["dir"] / "checkpoints"))
+    want = checkpoint_files(str(reference["dir"] / "checkpoints"))
+    assert got.keys() == want.keys() and len(want) == 8
+    for name in want:
+        assert_same_state(got[name], want[name], name)
+    report.add(f"final checkpoints (iteration {ITERS}, {len(want)} rank files: model, optimizer "
+               "shard, scheduler, RNG): equal bit for bit")
+
+
+def test_node_failure_events_tell_the_swap(node_failure, report):
+    events = read_events(str(node_failure["dir"] / "events.jsonl"))
+    detected = [e for e in events if e["event"] == "failure_detected"]
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert len(detected) == 1 and "node 1 lost" in detected[0]["reason"]
+    assert detected[0]["ranks"] == [4, 5, 6, 7]
+    assert decisions and sorted(decisions[0]["replaced"]) == ["4", "5", "6", "7"]
+    assert all(slot.startswith("2.") for slot in decisions[0]["replaced"].values())
+    assert any(e["event"] == "recovered" for e in events)
+    assert not left_behind(node_failure["dir"])
+    killed = node_failure["killed_at"]
+    report.add("", "events (coordinator; seconds after the kill):")
+    report.add(*[f"  {e['time'] - killed:6.1f} s  {e['event']}: " + ", ".join(
+        f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
+        for e in events if e["rank"] == -1])
+    report.add("", "batch output (warnings, and the same line from other ranks, dropped):",
+               *lines_of_interest(node_failure["dir"]))
+
+
+def lines_of_interest(run_dir) -> list:
+    """The log without the lines every rank prints alike (rank 0's is kept)."""
+    per_rank = ("no checkpoint in", "saved checkpoint", "deadpool mirror:", "resuming at",
+                "failure seen", "exiting at iteration")
+    return ["  " + line for line in log_lines(run_dir)
+            if not any(k in line for k in per_rank) or line.startswith("[rank 0]")]
+
+
+def test_sigterm_before_the_time_limit_saves_a_checkpoint(cluster, report, tmp_path):
+    """scancel --signal=TERM reaches every job step but not the batch shell,
+    exactly as `#SBATCH --signal=TERM@T` does at T seconds before the limit."""
+    def signal_job(job):
+        wait_for_iteration(run_dir, 4, job)
+        run("scancel", "--signal=TERM", job)
+
+    run_dir = tmp_path / "sigterm"
+    result = timed_job(run_dir, report, "SIGTERM", ["--train-iters", "1000"], signal_job)
+    lines = log_lines(run_dir)
+    assert result["fields"]["JobState"] == "COMPLETED", lines[-60:]
+    done = read_metrics(run_dir / "metrics.jsonl")
+    saved = checkpoint_files(str(run_dir / "checkpoints"))
+    assert 4 <= len(done) < 1000 and len(saved) == 8
+    for state in saved.values():
+        assert state["iteration"] == done[-1]["iteration"]
+    assert not left_behind(run_dir)
+    assert any("first node exited with 0" in line for line in lines)
+    report.add(f"after iteration 4: scancel --signal=TERM {result['job']} -> every rank saved "
+               f"iteration {done[-1]['iteration']} and the job ended "
+               f"{result['fields']['JobState']} (exit {result['fields']['ExitCode']})",
+               "", "batch output:", *lines_of_interest(run_dir))

@@ -1,0 +1,297 @@
+"""The sbatch scripts of examples/slurm/, without Slurm and without a GPU:
+each script's own dry run (bash, then tools/slurm_plan.py with
+pretrain_gpt.py's parser) checked against what the paper's runs need: 4 GPUs
+per Perlmutter node (1 on Vista), the layouts and shapes of
+tools/plan_scale.py, tensor parallelism inside a node, every buddy on another
+node, spare nodes in the same allocation, the header sbatch reads, and a
+checkpoint on SIGTERM before the time limit. Also the pieces the scripts
+rely on: on_node.sh, the launcher's SIGTERM handling, bad input."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dist_utils import REPO
+from deadpool_ext import launch
+from deadpool_ext.buddies import rank_of
+from tools import plan_scale, slurm_plan
+
+SLURM = os.path.join(REPO, "examples", "slurm")
+# script: (tools/plan_scale.py model, GPUs per node)
+GPU_SCRIPTS = {
+    "gpt_1.3b.sh": ("gpt-1.3b", 4),
+    "gpt_6.7b.sh": ("gpt-6.7b", 4),
+    "gpt_13b.sh": ("gpt-13b", 4),
+    "llama_30b.sh": ("llama-30b", 4),
+    "llama_65b.sh": ("llama-65b", 4),
+    "vista_gpt_13b.sh": ("gpt-13b", 1),
+}
+
+
+def script_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHON=sys.executable, PYTHONWARNINGS="ignore")
+    return env
+
+
+def dry_run(script: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", script, "--dry-run", *extra], cwd=REPO, env=script_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """Every script's dry run as JSON, run side by side (one Python start each)."""
+    names = list(GPU_SCRIPTS) + ["cpu_demo.sh"]
+    # The CPU script's data check reads the corpus with megatron-core (seconds
+    # of imports); the layout does not depend on the data.
+    cpu_env = dict(script_env(), DATA="--mock-data --tokenizer-type ByteLevelTokenizer")
+    procs = {n: subprocess.Popen(["bash", os.path.join(SLURM, n), "--dry-run", "--json"],
+                                 cwd=REPO, env=cpu_env if n == "cpu_demo.sh" else script_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in names}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"{name}: {stderr[-3000:]}"
+        out[name] = json.loads(stdout)
+    return out
+
+
+gpu_script = pytest.mark.parametrize("name", list(GPU_SCRIPTS))
+
+
+@gpu_script
+def test_world_is_active_nodes_times_gpus_per_node(plans, name):
+    p, gpus = plans[name], GPU_SCRIPTS[name][1]
+    assert p["ranks_per_node"] == gpus
+    assert p["world_size"] == p["nodes"] * gpus == len(p["ranks"])
+    assert p["tp"] * p["pp"] * p["dp"] == p["world_size"]
+    assert {r["node"] for r in p["ranks"]} == set(range(p["nodes"]))
+
+
+@gpu_script
+def test_perlmutter_layouts_are_the_planned_ones(plans, name):
+    """tools/plan_scale.py's layouts for 512 A100s, which docs/scale.md sizes."""
+    p, (model, gpus) = plans[name], GPU_SCRIPTS[name]
+    if gpus != 4:
+        pytest.skip("Vista has its own layout (TP 1)")
+    want = plan_scale.paper_layouts(512)[model]
+    got = (p["tp"], p["pp"], p["dp"], p["micro_batch"], p["global_batch"],
+           p["sequence_parallel"])
+    assert got == (want.tp, want.pp, want.dp, want.micro_batch, want.global_batch,
+                   want.sequence_parallel)
+
+
+def test_vista_runs_without_tensor_parallelism(plans):
+    p = plans["vista_gpt_13b.sh"]
+    assert p["tp"] == 1 and p["hardware"] == "vista-gh200"
+
+
+@gpu_script
+def test_shape_is_the_papers_model(plans, name):
+    model = GPU_SCRIPTS[name][0]
+    got = plan_scale.ModelShape(**plans[name]["shape"])
+    assert slurm_plan.comparable(got) == slurm_plan.comparable(plan_scale.MODELS[model])
+
+
+@gpu_script
+def test_memory_fits_the_gpu(plans, name):
+    memory = plans[name]["memory"]
+    assert memory["fits"] and memory["total_gib"] <= memory["limit_gib"]
+
+
+@gpu_script
+def test_rank_coordinates_follow_megatrons_tp_pp_dp_order(plans, name):
+    p = plans[name]
+    assert p["tp_pp_dp_mapping"]
+    for r in p["ranks"]:
+        assert r["rank"] == rank_of(r["tp"], r["dp"], r["pp"], p["tp"], p["dp"], p["pp"],
+                                    tp_pp_dp=True)
+        assert r["node"] == r["rank"] // p["ranks_per_node"]
+
+
+@gpu_script
+def test_tensor_parallel_groups_stay_inside_one_node(plans, name):
+    groups = {}
+    for r in plans[name]["ranks"]:
+        groups.setdefault((r["pp"], r["dp"]), set()).add(r["node"])
+    assert all(len(nodes) == 1 for nodes in groups.values())
+
+
+@pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
+def test_every_buddy_is_a_dp_peer_on_another_node(plans, name):
+    ranks = {r["rank"]: r for r in plans[name]["ranks"]}
+    for r in ranks.values():
+        buddy = ranks[r["buddy"]]
+        assert (buddy["tp"], buddy["pp"]) == (r["tp"], r["pp"]) and buddy["dp"] != r["dp"]
+        assert buddy["node"] != r["node"]
+        assert ranks[r["owner"]]["buddy"] == r["rank"]
+    # each rank holds exactly one peer's mirror
+    assert sorted(r["owner"] for r in ranks.values()) == sorted(ranks)
+
+
+@pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
+def test_spare_nodes_are_in_the_allocation_and_idle(plans, name):
+    p = plans[name]
+    assert p["spare_nodes"] >= 1
+    assert p["spare_node_ids"] == list(range(p["nodes"], p["nodes"] + p["spare_nodes"]))
+    assert len(p["hosts"]) == p["nodes"] + p["spare_nodes"]
+    assert all(r["node"] < p["nodes"] for r in p["ranks"])
+    assert all(p["checks"].values()), p["checks"]
+
+
+def header_value(options, *names):
+    return slurm_plan.directive(options, *names)
+
+
+@pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
+def test_header_allocates_active_and_spare_nodes(plans, name):
+    p = plans[name]
+    options = p["sbatch"]
+    assert header_value(options, "-N", "--nodes") == str(p["nodes"] + p["spare_nodes"])
+    assert header_value(options, "--ntasks-per-node") == "1"  # one launcher per node
+    assert "--no-kill" in options  # a failed node does not end the job
+    assert header_value(options, "-t", "--time")
+
+
+@gpu_script
+def test_perlmutter_and_vista_headers(plans, name):
+    options, gpus = plans[name]["sbatch"], GPU_SCRIPTS[name][1]
+    assert not any(o.startswith("--gpus-per-task") for o in options)
+    if gpus == 4:
+        assert header_value(options, "-C", "--constraint") == "gpu"
+        assert header_value(options, "--gpus-per-node") == "4"
+        assert header_value(options, "--gpu-bind") == "none"  # CUDA IPC inside the node
+    else:
+        assert header_value(options, "-p", "--partition") == "gh"
+
+
+@gpu_script
+def test_sigterm_comes_early_enough_to_save(plans, name):
+    """The signal reaches the job steps (no B:), leaving several iterations
+    (the planner's estimate) for the running one and the checkpoint."""
+    p = plans[name]
+    assert not header_value(p["sbatch"], "--signal").startswith("B:")
+    assert p["signal_lead_s"] >= 120
+    assert p["signal_lead_s"] >= 5 * p["memory"]["iteration_s"]
+
+
+def test_cpu_variant_is_the_demo_on_gloo(plans):
+    p = plans["cpu_demo.sh"]
+    assert (p["nodes"], p["spare_nodes"], p["ranks_per_node"]) == (2, 1, 4)
+    assert (p["tp"], p["pp"], p["dp"]) == (2, 2, 2)
+    assert p["hardware"] is None and p["memory"] is None
+
+
+@pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
+def test_job_mirrors_and_saves_on_sigterm(plans, name):
+    args = plans[name]["training_args"]
+    for flag in ("--deadpool", "--use-distributed-optimizer", "--use-tp-pp-dp-mapping",
+                 "--exit-signal-handler"):
+        assert flag in args, flag
+    save, load = args[args.index("--save") + 1], args[args.index("--load") + 1]
+    assert save == load  # a resubmission resumes from the SIGTERM checkpoint
+
+
+# ----- bad input -----
+def model_file(tmp_path, **changes) -> str:
+    """A copy of cpu_demo.sh with some settings changed."""
+    with open(os.path.join(SLURM, "cpu_demo.sh")) as f:
+        text = f.read()
+    for name, value in changes.items():
+        text, count = re.subn(rf"^{name}=.*$", f"{name}={value}", text, flags=re.M)
+        assert count == 1, name
+    path = tmp_path / "model.sh"
+    path.write_text(text)
+    return str(path)
+
+
+def run_model(path, *args, **env):
+    return subprocess.run(["bash", path, *args], cwd=REPO, capture_output=True, text=True,
+                          env=dict(script_env(), DEADPOOL_REPO=REPO, **env), timeout=120)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"CLUSTER": "summit"}, "CLUSTER must be perlmutter, vista or cpu"),
+    ({"NODES": "two"}, "NODES must be a whole number"),
+    ({"TP": "3"}, "TP 3 does not divide RANKS_PER_NODE 4"),
+    ({"SPARE_NODES": "2"}, "#SBATCH -N 3, but NODES + SPARE_NODES = 4"),
+    ({"GLOBAL_BATCH": "30"}, "--global-batch-size 30 is not divisible"),
+], ids=["cluster", "nodes", "tp", "header", "batch"])
+def test_bad_settings_stop_with_a_clear_message(tmp_path, changes, message):
+    proc = run_model(model_file(tmp_path, **changes), "--dry-run")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_outside_a_job_it_says_to_use_sbatch(tmp_path):
+    proc = run_model(os.path.join(SLURM, "cpu_demo.sh"))
+    assert proc.returncode == 2 and "not inside a Slurm job" in proc.stderr
+
+
+def test_wrong_allocation_size_is_refused(tmp_path):
+    proc = run_model(os.path.join(SLURM, "cpu_demo.sh"), SLURM_JOB_ID="7",
+                     SLURM_JOB_NUM_NODES="2")
+    assert proc.returncode == 2 and "the job has 2 nodes" in proc.stderr
+
+
+# ----- on_node.sh and the launcher's SIGTERM -----
+ON_NODE = os.path.join(SLURM, "on_node.sh")
+# A child that, like the launcher, handles SIGTERM and finishes its work.
+CHILD = ("import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+         "time.sleep(1.5)\nsys.exit(3)\n")
+
+
+@pytest.mark.parametrize("node", ["0", "1"])
+def test_on_node_waits_through_sigterm_and_records_node_0(tmp_path, node):
+    status = tmp_path / "status"
+    env = dict(script_env(), SLURM_NODEID=node, DEADPOOL_STATUS_FILE=str(status))
+    proc = subprocess.Popen(["bash", ON_NODE, sys.executable, "-c", CHILD], env=env)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # Slurm signals every process of the step
+    assert proc.wait(timeout=30) == 3  # the child's status, not death by SIGTERM
+    assert (status.read_text().strip() == "3") if node == "0" else not status.exists()
+
+
+class FakeAgent:
+    def __init__(self):
+        self.signals = []
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+
+class FakeCoordinator:
+    gen, view, ended = 0, SimpleNamespace(members={0: "0.0"}), None
+
+    def end(self, decision):
+        self.ended = decision
+
+
+@pytest.mark.parametrize("handler", [True, False])
+def test_launcher_sigterm_lets_ranks_save_or_ends_the_job(handler):
+    args = ["--exit-signal-handler"] if handler else []
+    opts = SimpleNamespace(script_args=["--train-iters", "9", *args])
+    coordinator, agent = FakeCoordinator(), FakeAgent()
+    launch.on_sigterm(opts, coordinator, {0: agent})
+    if handler:
+        assert agent.signals == [signal.SIGTERM] and coordinator.ended is None
+    else:
+        assert agent.signals == [] and coordinator.ended.action == "abort"
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_scripts_are_shellcheck_clean():
+    scripts = sorted(os.path.join(SLURM, n) for n in os.listdir(SLURM) if n.endswith(".sh"))
+    proc = subprocess.run(["shellcheck", "-x", *scripts, "tools/slurm_local.sh"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
