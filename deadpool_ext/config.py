@@ -42,8 +42,10 @@ class DeadpoolConfig:
     deadpool_on_spares_exhausted: str = arg(
         "shrink", help="When a rank is lost and no spare is left: shrink (drop the "
         "data-parallel replicas that lost a rank and go on with the rest, same global batch), "
-        "or abort (exit non-zero; resume from the last --save checkpoint).",
-        choices=["shrink", "abort"])
+        "checkpoint (gather every shard on the survivors, save the newest iteration to --save "
+        "and stop with exit code 3; --load it at any data-parallel size), or abort (exit "
+        "non-zero; resume from the last --save checkpoint).",
+        choices=["shrink", "checkpoint", "abort"])
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
         "hang:rank=R:iter=N; phases forward, backward, grad-reduce, optimizer, mirror, "
@@ -114,6 +116,9 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
+        raise ConfigError("--deadpool-on-spares-exhausted checkpoint writes the job's state to "
+                          "--save when spares run out: add --save DIR")
     if (config.training.clip_grad or 0) <= 0:
         raise ConfigError("--deadpool needs --clip-grad > 0: the grad-norm all-reduce over "
                           "all ranks in every step keeps ranks within one iteration of each "

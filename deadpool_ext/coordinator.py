@@ -34,6 +34,9 @@ from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
 from deadpool_ext.shrink import Grid, plan_shrink, world_of
 
 COORDINATOR_RANK = -1  # in the event log
+# deadpool-launch's exit code when the job stopped after saving a checkpoint
+# (--deadpool-on-spares-exhausted checkpoint): not finished, resumable.
+STOPPED_WITH_CHECKPOINT = 3
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Coordinator:
         self.growing = False   # this generation grows the job (no rank was lost)
         self.resizing = False  # a shrink or grow is being carried out
         self.result: Optional[Decision] = None  # set when the job ends by abort
+        self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
         self.started_recovery = 0.0
         self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
         self.progress: Dict[int, int] = {}
@@ -181,9 +185,10 @@ class Coordinator:
         if not ranks:
             self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
             return
-        if self.resizing:
+        if self.resizing or self.stopping:
+            what = "saving its checkpoint" if self.stopping else "being resized"
             self.end(abort(self.gen, f"{reason} (ranks {sorted(ranks)}) while the job was "
-                           "being resized: resume from the last --save checkpoint",
+                           f"{what}: resume from the last --save checkpoint",
                            self.view.members))
             return
         self.lost |= ranks
@@ -286,7 +291,7 @@ class Coordinator:
         if decision.action == "abort":
             self.end(decision)
             return
-        if decision.action in ("shrink", "grow"):
+        if decision.action in ("shrink", "grow", "checkpoint"):
             self.apply_resize(decision)
             return
         self.view.members = decision.members
@@ -311,7 +316,8 @@ class Coordinator:
 
     def maybe_grow(self) -> None:
         """Announce a grow once the ready spares fill a whole replica."""
-        if self.plan is None or self.world_size >= self.planned_size or self.finished:
+        if self.plan is None or self.world_size >= self.planned_size or self.finished or \
+                self.stopping:
             return
         grid = self.grid()
         add = replicas_to_add(grid, self.planned_dp(), self.view.spares)
@@ -330,16 +336,26 @@ class Coordinator:
         if self.growing:
             return plan_grow(self.gen, self.view.members, self.reports, self.view.spares,
                              self.grid(), self.planned_dp())
-        shrink = self.plan.get("on_spares_exhausted") == "shrink"
-        if len(self.view.spares) >= len(self.lost) and self.buddy is not None or not shrink:
+        policy = self.plan.get("on_spares_exhausted")
+        if len(self.view.spares) >= len(self.lost) and self.buddy is not None or \
+                policy not in ("shrink", "checkpoint"):
             if self.buddy is None:
                 return abort(self.gen, f"ranks {sorted(self.lost)} were lost and no copy of "
                              "their state exists (the job runs without a mirror)",
                              self.view.members)
             return decide(self.gen, self.view.members, self.lost, self.reports,
                           self.view.spares, self.buddy, self.owner)
-        return plan_shrink(self.gen, self.view.members, self.lost, self.reports, self.buddy,
-                           self.grid())
+        decision = plan_shrink(self.gen, self.view.members, self.lost, self.reports,
+                               self.buddy, self.grid())
+        if policy == "checkpoint" and decision.action == "shrink":
+            # The survivors gather every shard the way a shrink does, save
+            # it, and stop; the checkpoint loads at any data-parallel size.
+            decision.action = "checkpoint"
+            decision.reason = (f"spares exhausted ({len(self.lost)} rank(s) lost): saved "
+                               f"iteration {decision.rollback_to} and stopped "
+                               "(--deadpool-on-spares-exhausted checkpoint); resubmit with "
+                               "--load when nodes are back")
+        return decision
 
     def apply_resize(self, decision: Decision) -> None:
         """The decision's members form the new world. A shrink's dropped
@@ -353,6 +369,8 @@ class Coordinator:
         self.plan = self.buddy = self.owner = None
         self.lost, self.progress = set(), {}
         self.state, self.resizing = "rebuilding", True
+        if decision.action == "checkpoint":
+            self.stopping = decision
         self.channel.put(f"decision/{self.gen}", **decision.to_message())
         self.events.emit("decision", gen=self.gen, action=decision.action,
                          rollback_to=decision.rollback_to, dp_before=decision.old_dp,
@@ -381,4 +399,10 @@ class Coordinator:
             self.step()
             self.mark_training()
             time.sleep(poll_s)
-        return 0 if len(self.done) == self.world_size else 1
+        if len(self.done) < self.world_size:
+            return 1
+        if self.stopping is not None:
+            self.events.emit("stopped", gen=self.gen, reason=self.stopping.reason,
+                             iteration=self.stopping.rollback_to)
+            return STOPPED_WITH_CHECKPOINT
+        return 0

@@ -144,9 +144,9 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    if coordinator.result is not None:
-        print(f"deadpool-launch: job stopped: {coordinator.result.reason}", file=sys.stderr,
-              flush=True)
+    stopped = coordinator.result or coordinator.stopping
+    if stopped is not None:
+        print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     events.close()
     return code
 

@@ -62,6 +62,7 @@ class Recovery:
         self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
         self.injector = None
+        self.completed = False  # the loop reached --train-iters
         self.adopt(trainer, mirror_hook, recovery_hook)
 
     def adopt(self, trainer: Trainer, mirror_hook, recovery_hook) -> None:
@@ -111,13 +112,31 @@ class Recovery:
             error = self._train_until_failure()
             if error is None:
                 break
-            self.recover(error)
-        self.trainer.wrap_up()
+            if self.recover(error).action == "checkpoint":
+                self.save_and_stop()
+                return
+        if self.completed:  # not stopped early by a signal or an exit flag (saved then)
+            self.trainer.wrap_up()
         self.trainer.finish()
+
+    def save_and_stop(self) -> None:
+        """Spares ran out under --deadpool-on-spares-exhausted checkpoint:
+        the survivors hold every shard; save them and end without training on."""
+        start = time.monotonic()
+        self.trainer.save()
+        directory = self.config.checkpoint.save
+        self.emit("checkpoint_saved", directory=directory,
+                  data_parallel_size=self.config.data_parallel_size,
+                  ms=round((time.monotonic() - start) * 1e3, 1))
+        self.trainer.finish()  # closes the event log
+        self.logger.error("deadpool: no spare left; saved iteration %d to %s and stopped. "
+                          "Resubmit with --load %s when nodes are back (any data-parallel "
+                          "size, the same TP and PP).", self.trainer.progress.iteration,
+                          directory, directory)
 
     def _train_until_failure(self) -> Optional[str]:
         try:
-            self.trainer.loop()
+            self.completed = self.trainer.loop()
             return None
         except RECOVERABLE as error:
             # Only the text leaves this block: the traceback's frames hold
@@ -125,8 +144,9 @@ class Recovery:
             return f"{type(error).__name__}: {str(error)[:300]}"
 
     # ----- survivor -----
-    def recover(self, error: str, after_gen: Optional[int] = None) -> None:
-        """Until a generation after ``after_gen`` (default: this one) resumes."""
+    def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:
+        """Until a generation after ``after_gen`` (default: this one) resumes;
+        returns its decision."""
         self.emit("failure_seen", error=error)
         self.logger.warning("stopped after iteration %d: %s", self.trainer.progress.iteration,
                             error)
@@ -139,13 +159,13 @@ class Recovery:
             if self.ctx.slot in decision.released:
                 self.release(decision)
             try:
-                if decision.action in ("shrink", "grow"):
+                if decision.action in ("shrink", "grow", "checkpoint"):
                     from deadpool_ext.resize import resize
                     resize(self, decision)
                 else:
                     self.rebuild(decision)
                     self.restore(decision)
-                return
+                return decision
             except RECOVERABLE as failure:
                 message = f"{type(failure).__name__}: {str(failure)[:300]}"
             after_gen = decision.gen

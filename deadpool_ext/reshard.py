@@ -1,12 +1,7 @@
-"""Re-shard the distributed optimizer's state onto a different DP size.
-
-A snapshot's shard for DP rank k is, bucket by bucket, the slice
-[k*S, (k+1)*S) of the bucket's flat buffer (S = bucket numel / DP), and
-buckets follow each other in the optimizers' order (``snapshot.build_layout``).
-So the DP snapshots of one (tp, pp) position, side by side, give every
-bucket's full flat state; each parameter's state is cut out of it by its
-place in the old buffers and put at its place in the new ones, whose padding
-and shard bounds depend on the new DP size. Parameters are matched by name.
+"""Re-shard the distributed optimizer's state onto a different DP size,
+between live ranks (a shrink or a grow). The arithmetic is in
+``megatron.training.optimizer_layout``; a snapshot's regions are a DP
+rank's flat shard in exactly that layout (``snapshot.build_layout``).
 
 The exchange, per (tp, pp) position, over gloo (the snapshots live in host
 memory, on GPU too): every old snapshot is broadcast, checksum verified,
@@ -16,88 +11,12 @@ the position's first rank then sends the whole re-laid state, sealed like a
 snapshot, to every rank of the position, the new ones included.
 """
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
-from megatron.training.checkpointing import inner_optimizers
 
 from deadpool_ext import snapshot as snap
-
-
-@dataclass
-class Bucket:
-    numel: int                    # the whole bucket, padding included
-    params: Dict[str, tuple]      # name -> (start in the bucket, numel)
-
-
-def buckets(model, optimizer) -> List[Bucket]:
-    """The buckets in snapshot order, with each parameter's place by name."""
-    names = {param: name for chunk in model for name, param in chunk.named_parameters()}
-    result = []
-    for opt in inner_optimizers(optimizer):
-        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
-            buffer = opt.buffers[gbuf_index]
-            for bucket_list in per_dtype.values():
-                for bucket_index, _ in enumerate(bucket_list):
-                    bucket = buffer.buckets[bucket_index]
-                    places = {}
-                    for param in bucket.params_list:
-                        start, end, _ = buffer.param_index_map[param]
-                        places[names[param]] = (start - bucket.offset, end - start)
-                    result.append(Bucket(bucket.grad_data.numel(), places))
-    return result
-
-
-def full_state(layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
-               ) -> Dict[str, List[torch.Tensor]]:
-    """Per parameter name, its flat (param, exp_avg, exp_avg_sq) from the
-    state regions of every DP rank's snapshot (``shards[k]``, in DP order)."""
-    dp = len(shards)
-    state: Dict[str, List[torch.Tensor]] = {}
-    base = 0
-    for bucket in layout_buckets:
-        size = bucket.numel // dp
-        for region in range(len(snap.STATES)):
-            flat = torch.cat([shards[k][region][base:base + size] for k in range(dp)])
-            for name, (start, numel) in bucket.params.items():
-                state.setdefault(name, [None] * len(snap.STATES))[region] = \
-                    flat[start:start + numel].clone()
-        base += size
-    return state
-
-
-def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]]
-               ) -> torch.Tensor:
-    """(3, total numel): every bucket's full flat state, buckets in order,
-    each parameter at its place in the (new) buckets, padding zero."""
-    flats = torch.zeros(len(snap.STATES), sum(b.numel for b in layout_buckets))
-    base = 0
-    for bucket in layout_buckets:
-        for name, (start, numel) in bucket.params.items():
-            for region in range(len(snap.STATES)):
-                flats[region, base + start:base + start + numel] = state[name][region]
-        base += bucket.numel
-    return flats
-
-
-def shard_of(layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int,
-             dp_size: int) -> List[torch.Tensor]:
-    """This DP rank's state regions: its slice of every bucket."""
-    parts, base = [], 0
-    for bucket in layout_buckets:
-        size = bucket.numel // dp_size
-        parts.append(flats[:, base + dp_rank * size:base + (dp_rank + 1) * size])
-        base += bucket.numel
-    whole = torch.cat(parts, dim=1)
-    return [whole[region].clone() for region in range(len(snap.STATES))]
-
-
-def new_shard(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]],
-              dp_rank: int, dp_size: int) -> List[torch.Tensor]:
-    """This DP rank's state regions under the new buckets."""
-    return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
 
 
 def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:

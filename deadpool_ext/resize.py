@@ -14,6 +14,7 @@ import dataclasses
 import time
 from typing import List, Optional
 
+from megatron.training import optimizer_layout
 from megatron.training.config import Config
 from megatron.training.training import Trainer, build_trainer
 
@@ -78,15 +79,15 @@ def restore_resharded(trainer: Trainer, hooks, decision: Decision, groups,
     take this rank's slice, and restore it. ``state`` is None on a spare
     a grow brings in: after a grow every rank takes the position's first
     rank's copy."""
-    new_buckets = reshard.buckets(trainer.state.model, trainer.state.optimizer)
+    new_buckets = optimizer_layout.buckets(trainer.state.model, trainer.state.optimizer)
     layout = hooks[0].layout or snap.build_layout(trainer.state.optimizer)
     R, runtime, grid = decision.rollback_to, trainer.runtime, grid_of(trainer.config)
-    flats = None if state is None else reshard.flat_state(new_buckets, state)
+    flats = None if state is None else optimizer_layout.flat_state(new_buckets, state)
     if decision.action == "grow":
         tp, _, pp = grid.coords(runtime.rank)
         flats, sidecar = reshard.share_position(layout, flats, sidecar, R,
                                                 grid.rank(tp, 0, pp), groups[1])
-    regions = reshard.shard_of(new_buckets, flats, runtime.dp_rank, grid.dp)
+    regions = optimizer_layout.shard_of(new_buckets, flats, runtime.dp_rank, grid.dp)
     buffer = reshard.build_snapshot(layout, regions, sidecar, R, runtime.rank)
     restore_snapshot(trainer, layout, buffer, iteration=R)
 
@@ -100,7 +101,7 @@ def resize(rec: Recovery, decision: Decision) -> None:
     tp, _, pp = grid_of(old.config).coords(old_rank)
     ring = [grid_of(old.config).rank(tp, d, pp) for d in range(decision.old_dp)]
     mine = contributions(rec, decision, ring)
-    old_buckets = reshard.buckets(old.state.model, old.state.optimizer)
+    old_buckets = optimizer_layout.buckets(old.state.model, old.state.optimizer)
     config = world_config(old.config, world_of(decision))
     # The new last rank appends to the metrics file: close ours first.
     if old.metrics is not None:
@@ -112,7 +113,8 @@ def resize(rec: Recovery, decision: Decision) -> None:
     groups = reshard.position_groups(grid_of(config), set(decision.renumber.values()))
     buffers = reshard.gather_position(old_layout, mine, decision.sources, ring,
                                       decision.renumber, R, groups[0])
-    state = reshard.full_state(old_buckets, [snap.regions(b, old_layout) for b in buffers])
+    state = optimizer_layout.full_state(old_buckets,
+                                        [snap.regions(b, old_layout) for b in buffers])
     sidecar = snap.read_sidecar(buffers[ring.index(old_rank)], old_layout)
     del buffers
     restore_resharded(trainer, hooks, decision, groups, state, sidecar)
@@ -142,7 +144,8 @@ def finish(rec: Recovery, decision: Decision, start: float, old_rank: Optional[i
     rec.ctx.gen = decision.gen
     rec.resume_at(decision)
     verb = "grew" if decision.action == "grow" else "shrank"
-    rec.emit("grown" if decision.action == "grow" else "shrunk", old_rank=old_rank,
+    rec.emit("grown" if decision.action == "grow" else "shrunk", action=decision.action,
+             old_rank=old_rank,
              rollback_to=R, dp_before=decision.old_dp, dp_after=decision.new_dp,
              world_size=decision.world_size,
              planned_world_size=rec.config.extra.get("planned_world_size"),
@@ -150,6 +153,11 @@ def finish(rec: Recovery, decision: Decision, start: float, old_rank: Optional[i
     p = rec.config.parallel
     planned = rec.config.extra.get("planned_world_size", rec.config.world_size) // (
         p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+    if decision.action == "checkpoint":
+        rec.logger.warning("deadpool: generation %d gathered the state of %d data-parallel "
+                           "replicas on %d, to save iteration %d", decision.gen,
+                           decision.old_dp, decision.new_dp, R)
+        return
     rec.logger.warning("deadpool: generation %d %s the job from %d to %d data-parallel "
                        "replicas (launched with %d); resuming at iteration %d", decision.gen,
                        verb, decision.old_dp, decision.new_dp, planned, R + 1)

@@ -24,13 +24,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from megatron.training.checkpointing import inner_optimizers
+from megatron.training.optimizer_layout import REGIONS, inner_optimizers
 
 MAGIC = 0x44504D4952524F52  # "DPMIRROR"
 HEADER_WORDS = 8
 HEADER_BYTES = HEADER_WORDS * 8
 CHUNK_WORDS = 4096  # checksum granularity: buffers are padded to whole chunks
-STATES = ("param", "exp_avg", "exp_avg_sq")
+STATES = REGIONS
 # header slots
 H_MAGIC, H_ITERATION, H_NUMEL, H_SIDECAR, H_CHECKSUM, H_OWNER = range(6)
 

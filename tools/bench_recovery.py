@@ -10,7 +10,10 @@ on two emulated 4-rank nodes), in one run:
       restarts and training resumes from the last checkpoint. (torchrun's
       own --max-restarts cannot restart gloo jobs here: the new attempt
       reads the old attempt's gloo addresses from the store and fails.)
-  (c) failure-free, through deadpool-launch.
+  (c) failure-free, through deadpool-launch;
+  (d) shrink: deadpool-launch with no spare node, the same node killed at
+      the same point; the job goes on as DP1 (``tools/bench_shrink.py``,
+      which also runs a trace of several failures against checkpoint-restart).
 
 Reported: time from the failure to the first completed iteration after it
 (with the hot swap's breakdown), time until the job is back at the
@@ -159,6 +162,11 @@ def checkpoint_restart(opts, workdir: str) -> dict:
             "iterations_lost": opts.fail_at - 1 - last_saved}
 
 
+def shrink(opts, workdir: str) -> dict:
+    from tools.bench_shrink import one_shrink  # it builds on this module
+    return one_shrink(opts, workdir)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=40)
@@ -166,12 +174,14 @@ def main(argv=None) -> int:
     p.add_argument("--save-interval", type=int, default=10)
     p.add_argument("--output", help="Also write the results as JSON here.")
     p.add_argument("--only", nargs="+", choices=["failure_free", "hot_swap",
-                                                 "checkpoint_restart"], help="A subset.")
+                                                 "checkpoint_restart", "shrink"],
+                   help="A subset.")
     opts = p.parse_args(argv)
     results = {}
     runs = [("failure_free", lambda d: hot_swap(opts, d, fault=False)),
             ("hot_swap", lambda d: hot_swap(opts, d, fault=True)),
-            ("checkpoint_restart", lambda d: checkpoint_restart(opts, d))]
+            ("checkpoint_restart", lambda d: checkpoint_restart(opts, d)),
+            ("shrink", lambda d: shrink(opts, d))]
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in runs:
             if opts.only and name not in opts.only:
@@ -194,6 +204,8 @@ def main(argv=None) -> int:
           f"{cr['iterations_lost']}; total time: failure-free "
           f"{results['failure_free']['total_s']:.1f} s, hot swap {hs['total_s']:.1f} s, "
           f"checkpoint-restart {cr['total_s']:.1f} s")
+    from tools.bench_shrink import print_shrink
+    print_shrink(results["shrink"])
     if opts.output:
         with open(opts.output, "w") as f:
             json.dump({"options": vars(opts), **results}, f, indent=1)

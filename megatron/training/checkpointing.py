@@ -16,12 +16,10 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
+from megatron.training import optimizer_layout
+from megatron.training.optimizer_layout import inner_optimizers
+
 TRACKER = "latest_checkpointed_iteration.txt"
-
-
-def inner_optimizers(optimizer) -> list:
-    """The megatron optimizers under a ChainedOptimizer (or the one given)."""
-    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
 def optimizer_shard(optimizer) -> List[Dict[str, torch.Tensor]]:
@@ -49,16 +47,16 @@ def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> N
     states = [opt.optimizer.state for opt in inner_optimizers(optimizer)
               for g in opt.optimizer.param_groups for _ in g["params"]]
     for param, state, entry in zip(params, states, entries):
-        param.data.copy_(entry["param"])
+        param.data.copy_(entry["param"].view_as(param))
         for key, value in entry.items():
             if key == "param":
                 continue
             if key in state[param]:
-                state[param][key].copy_(value)
+                state[param][key].copy_(value.view_as(state[param][key]))
             elif key == "step":
                 state[param][key] = value.clone()  # torch keeps Adam's step on the host
             else:
-                state[param][key] = value.to(param.device, copy=True)
+                state[param][key] = value.view_as(param).to(param.device, copy=True)
 
 
 def schedule_state(state) -> dict:
@@ -130,6 +128,7 @@ def save_checkpoint(directory: str, iteration: int, consumed_samples: int, state
         "layout": layout(),
         "model": state.model[0].state_dict(),
         "optimizer": optimizer_shard(state.optimizer),
+        **shard_layout(state),
         **schedule_state(state),
         "rng": rng_state(),
     }, path)
@@ -151,17 +150,40 @@ def latest_iteration(directory: str) -> Optional[int]:
         return int(f.read().strip())
 
 
+def shard_layout(state) -> dict:
+    """With the distributed optimizer: where the shard's entries sit in the
+    buckets, so that a run with another data-parallel size can load it."""
+    if not optimizer_layout.is_distributed(state.optimizer):
+        return {}
+    return {"shard_places": [list(place) for place in
+                             optimizer_layout.shard_places(state.model, state.optimizer)],
+            "buckets": optimizer_layout.table(optimizer_layout.buckets(state.model,
+                                                                       state.optimizer))}
+
+
 def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bool = True,
                     finetune: bool = False) -> Optional[dict]:
     """Restore this rank's state; returns {'iteration', 'consumed_samples'} or
-    None when there is no checkpoint."""
+    None when there is no checkpoint. A checkpoint of another data-parallel
+    size is re-sharded (same TP and PP, distributed optimizer)."""
     iteration = latest_iteration(directory)
     if iteration is None:
         return None
-    saved = torch.load(rank_file(directory, iteration), map_location="cpu", weights_only=True)
-    if saved["layout"] != layout():
+    path = rank_file(directory, iteration)
+    if not os.path.exists(path):
+        saved = _any_rank_file(directory, iteration)
+        if saved["layout"] == layout():
+            raise RuntimeError(f"checkpoint {directory} has no file {path}: it is incomplete")
+    else:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    resharded = saved["layout"]["dp"] != layout()["dp"]
+    if {k: v for k, v in saved["layout"].items() if k != "dp"} != \
+            {k: v for k, v in layout().items() if k != "dp"}:
         raise RuntimeError(f"checkpoint {directory} was saved with layout {saved['layout']}, "
-                           f"this run has {layout()}: resume with the same TP/PP/DP")
+                           f"this run has {layout()}: resume with the same TP and PP (the "
+                           "data-parallel size may differ)")
+    if resharded:
+        saved = _resharded(directory, iteration, saved["layout"]["dp"], state, load_optim)
     state.model[0].load_state_dict(saved["model"], strict=True)
     if finetune:
         return {"iteration": 0, "consumed_samples": 0}
@@ -171,3 +193,68 @@ def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bo
     if load_rng:
         set_rng_state(saved["rng"])
     return {"iteration": saved["iteration"], "consumed_samples": saved["consumed_samples"]}
+
+
+def _position_file(directory: str, iteration: int, dp_rank: int) -> str:
+    return os.path.join(directory, f"iter_{iteration:07d}", "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_pipeline_model_parallel_rank(), dp_rank))
+
+
+def _any_rank_file(directory: str, iteration: int) -> dict:
+    """The first data-parallel rank's file of this rank's position."""
+    path = _position_file(directory, iteration, 0)
+    if not os.path.exists(path):
+        raise RuntimeError(f"checkpoint {directory} has no file {path}: it is incomplete or "
+                           "from another TP/PP layout")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _resharded(directory: str, iteration: int, old_dp: int, state, load_optim: bool) -> dict:
+    """This rank's file as if it had been saved with this run's data-parallel
+    size: the model and schedule are the same on every DP rank; the RNG
+    comes from DP rank (this rank mod the old size), since DP peers draw
+    alike; the optimizer shard is cut anew from all old shards of this
+    position."""
+    dp_rank, dp = parallel_state.get_data_parallel_rank(), layout()["dp"]
+    files = [torch.load(_position_file(directory, iteration, k), map_location="cpu",
+                        weights_only=True) for k in range(old_dp)]
+    saved = dict(files[dp_rank % old_dp])
+    if not load_optim:
+        return saved
+    if "shard_places" not in saved or not optimizer_layout.is_distributed(state.optimizer):
+        raise RuntimeError(f"checkpoint {directory} was saved with data-parallel size {old_dp}, "
+                           f"this run has {dp}: a different size needs the distributed "
+                           "optimizer (--use-distributed-optimizer) on both sides")
+    by_name = optimizer_layout.full_state(optimizer_layout.from_table(saved["buckets"]),
+                                          [_regions(f) for f in files])
+    regions = optimizer_layout.new_shard(optimizer_layout.buckets(state.model, state.optimizer),
+                                         by_name, dp_rank, dp)
+    steps = {float(e["step"]) for f in files for e in f["optimizer"] if "step" in e}
+    if len(steps) > 1:
+        raise RuntimeError(f"checkpoint {directory}: Adam's step differs between parameters "
+                           f"({sorted(steps)})")
+    saved["optimizer"] = [_entry(regions, offset, numel, steps)
+                          for _, offset, numel in
+                          optimizer_layout.shard_places(state.model, state.optimizer)]
+    return saved
+
+
+def _regions(saved: dict) -> List[torch.Tensor]:
+    """A saved shard as flat (param, exp_avg, exp_avg_sq) regions."""
+    numel = sum(bucket_numel // saved["layout"]["dp"] for bucket_numel, _ in saved["buckets"])
+    regions = [torch.zeros(numel) for _ in optimizer_layout.REGIONS]
+    for entry, (_, offset, n) in zip(saved["optimizer"], saved["shard_places"]):
+        for region, key in zip(regions, optimizer_layout.REGIONS):
+            if key in entry:
+                region[offset:offset + n] = entry[key].reshape(-1)
+    return regions
+
+
+def _entry(regions: List[torch.Tensor], offset: int, numel: int, steps: set) -> dict:
+    entry = {"param": regions[0][offset:offset + numel]}
+    if steps:  # no Adam state before the first step
+        entry.update(exp_avg=regions[1][offset:offset + numel],
+                     exp_avg_sq=regions[2][offset:offset + numel],
+                     step=torch.tensor(next(iter(steps))))
+    return entry

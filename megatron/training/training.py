@@ -310,6 +310,7 @@ class Trainer:
         exit_now = self.should_exit()
         if exit_now and not self.just_saved:
             self.save()
+            self.just_saved = True
         return exit_now
 
     def should_exit(self) -> bool:

@@ -188,6 +188,46 @@ def test_a_loss_while_resizing_ends_the_job(shrinking_job):
         coordinator.result.reason
 
 
+def checkpoint_decided(coordinator, worker) -> Decision:
+    """Rank 3 lost under the checkpoint policy; the survivors have resumed
+    (and are saving)."""
+    coordinator.plan["on_spares_exhausted"] = "checkpoint"
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    resume(coordinator, worker, [0, 1])
+    return Decision.from_message(worker.get("decision/1"))
+
+
+def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job):
+    """--deadpool-on-spares-exhausted checkpoint: the shrink's decision
+    under another action; once the survivors report done the job ends with
+    STOPPED_WITH_CHECKPOINT, and ready spares never grow it meanwhile."""
+    from deadpool_ext.coordinator import STOPPED_WITH_CHECKPOINT
+    coordinator, worker = shrinking_job
+    decision = checkpoint_decided(coordinator, worker)
+    assert decision.action == "checkpoint" and (decision.old_dp, decision.new_dp) == (2, 1)
+    assert "saved iteration 5 and stopped" in decision.reason
+    for slot in ("1.0", "1.1"):  # the dropped replica's slots come back as spares
+        coordinator.view.lost_slots.discard(slot)
+        worker.post("coordinator", kind="spare_ready", slot=slot)
+    coordinator.step()
+    assert coordinator.gen == 1 and not worker.get("gen")["grow"]
+    for rank in (0, 1):
+        worker.post("coordinator", kind="done", rank=rank)
+    assert coordinator.run(poll_s=0) == STOPPED_WITH_CHECKPOINT
+
+
+def test_a_loss_while_saving_the_checkpoint_ends_the_job(shrinking_job):
+    coordinator, worker = shrinking_job
+    checkpoint_decided(coordinator, worker)
+    worker.post("coordinator", kind="exit", slot="0.0", code=-9)
+    coordinator.step()
+    assert coordinator.finished and "while the job was saving its checkpoint" in \
+        coordinator.result.reason
+
+
 def test_a_spare_finds_its_assignment_after_a_new_generation_began():
     """Generation 1 named spare 2.0; generation 2 began before the spare
     looked (it was building its model), and generation 3 has no decision yet."""

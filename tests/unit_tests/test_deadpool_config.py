@@ -141,3 +141,10 @@ def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
                            "--node-rank", "1", "--master-port", "29500", "pretrain_gpt.py"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "DEADPOOL_SECRET" in proc.stderr
+
+
+def test_checkpoint_policy_needs_a_save_directory():
+    args = DEADPOOL + ["--deadpool-on-spares-exhausted", "checkpoint"]
+    assert "add --save DIR" in error(args, 2, LAUNCHED)
+    config = parse(args + ["--save", "/tmp/unused-ckpt"], 2, LAUNCHED)
+    assert config.extra["deadpool"].deadpool_on_spares_exhausted == "checkpoint"

@@ -57,3 +57,24 @@ def test_resume_continues_the_same_curve(reference, tmp_path, corpus_prefix):
     final_resumed = checkpoint_files(str(tmp_path / "ckpt"))
     for name in final_ref:
         assert_same_state(final_ref[name], final_resumed[name], name)
+
+
+def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, corpus_prefix):
+    """The reference's final checkpoint (DP 2) loaded by 4 ranks (DP 1, its
+    optimizer shards cut anew for other bucket padding) and saved again,
+    then loaded by 8 ranks (DP 2) and saved: every file equals the
+    reference's, bit for bit. Nothing is trained (the loads are at the last
+    iteration), so any element misplaced by the re-sharding shows."""
+    common = TINY_GPT + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                         "2", "--use-distributed-optimizer", "--global-batch-size", "8",
+                         "--data-path", corpus_prefix, "--train-iters", str(ITERS)]
+    run_pretrain(4, common + ["--load", str(reference / "ckpt"), "--save", str(tmp_path / "dp1")])
+    dp1 = checkpoint_files(str(tmp_path / "dp1"))
+    assert sorted(dp1) == [f"tp{t:02d}_pp{p:03d}_dp000.pt" for t in range(2) for p in range(2)]
+    assert all(state["layout"]["dp"] == 1 for state in dp1.values())
+    run_pretrain(8, common + ["--load", str(tmp_path / "dp1"), "--save", str(tmp_path / "dp2")])
+    final_ref = checkpoint_files(str(reference / "ckpt"))
+    again = checkpoint_files(str(tmp_path / "dp2"))
+    assert sorted(again) == sorted(final_ref)
+    for name in final_ref:
+        assert_same_state(final_ref[name], again[name], name)

@@ -35,16 +35,17 @@ from typing import List
 import pytest
 import torch
 
-from dist_utils import (REPO, checkpoint_files, deadpool_args, launch_command, launch_deadpool,
-                        leftovers, must_succeed, read_metrics, worker_env)
+from dist_utils import (REPO, assert_same_state, checkpoint_files, curve, deadpool_args,
+                        launch_command, launch_deadpool, leftovers, must_succeed, read_metrics,
+                        worker_env)
 from deadpool_ext.control import new_secret
 from deadpool_ext.events import read_events
 from deadpool_ext.grow import plan_grow
 from deadpool_ext.launch import free_port
 from deadpool_ext.plan import Report
-from deadpool_ext.reshard import Bucket, full_state, new_shard
 from deadpool_ext.shrink import Grid, plan_shrink, renumber
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
+from megatron.training.optimizer_layout import Bucket, full_state, new_shard
 
 TOLERANCE = 1e-5
 ITERS = 20
@@ -237,6 +238,39 @@ def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
     assert len(shrunk) == 6 and all(e["rollback_to"] == 3 for e in shrunk)
     assert any(e["event"] == "released" for e in events)
     assert any(e["event"] == "spare_ready" or e["event"] == "recovered" for e in events)
+
+
+def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, reference):
+    """--deadpool-on-spares-exhausted checkpoint: rank 5 dies, no spare; the
+    survivors gather every shard (on DP 3), save the rollback iteration and
+    stop with exit code 3. The same job resubmitted at its launched size
+    (DP 4) loads that checkpoint, re-sharded, and goes on. No iteration
+    ran on fewer replicas, so the whole curve and the final state equal
+    the failure-free run's bit for bit."""
+    from deadpool_ext.coordinator import STOPPED_WITH_CHECKPOINT
+    policy = ["--deadpool-on-spares-exhausted", "checkpoint"]
+    proc, left = run(tmp_path, DP4 + policy, 2, 4, ["kill:rank=5:iter=8:phase=forward"])
+    assert proc.returncode == STOPPED_WITH_CHECKPOINT, proc.stderr[-6000:]
+    assert not left, f"processes left behind: {left}"
+    assert "--deadpool-on-spares-exhausted checkpoint" in proc.stderr
+    events = read_events(str(tmp_path / "events.jsonl"))
+    decision = next(e for e in events if e["event"] == "decision")
+    assert decision["action"] == "checkpoint" and decision["dp_after"] == 3
+    saved = [e for e in events if e["event"] == "checkpoint_saved"]
+    assert len(saved) == 6 and {e["iteration"] for e in saved} == {decision["rollback_to"]}
+    assert 5 <= decision["rollback_to"] < 8
+    stopped = checkpoint_files(str(tmp_path / "ckpt"))
+    assert len(stopped) == 6 and all(s["layout"]["dp"] == 3 for s in stopped.values())
+    assert [m["iteration"] for m in read_metrics(tmp_path / "metrics.jsonl")] == \
+        list(range(1, decision["rollback_to"] + 1))
+
+    must_succeed(run(tmp_path, DP4 + ["--load", str(tmp_path / "ckpt")], 2, 4, []))
+    got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
+    assert curve(got) == curve(want)
+    final, final_ref = (checkpoint_files(str(p / "ckpt")) for p in (tmp_path, reference))
+    assert sorted(final) == sorted(final_ref)
+    for name in final_ref:
+        assert_same_state(final_ref[name], final[name], name)
 
 
 def wait_for_events(path, predicate, proc, timeout: float, count: int = 1):

@@ -1,0 +1,144 @@
+"""Where the distributed optimizer keeps each parameter's state, and how to
+cut that state again for another data-parallel size.
+
+megatron-core's DistributedOptimizer splits every gradient bucket's flat
+buffer (padded to a multiple of DP) into DP equal slices; DP rank k owns
+slice k of every bucket, buckets following each other in the optimizers'
+order. So the DP shards of one (tp, pp) position, side by side, give every
+bucket's full flat state, from which each parameter's state is cut by its
+place in the bucket and put at its place in the buckets of the new size
+(whose padding and slice bounds depend on that size). Parameters are
+matched by name. Used to re-shard checkpoints on load (a different
+--data-parallel size) and by deadpool's shrink and grow.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import torch
+
+REGIONS = ("param", "exp_avg", "exp_avg_sq")  # the fp32 main parameter and Adam's moments
+
+
+def inner_optimizers(optimizer) -> list:
+    """The megatron optimizers under a ChainedOptimizer (or the one given)."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def is_distributed(optimizer) -> bool:
+    return all(hasattr(opt, "gbuf_ranges") for opt in inner_optimizers(optimizer))
+
+
+@dataclass
+class Bucket:
+    numel: int                    # the whole bucket, padding included
+    params: Dict[str, tuple]      # name -> (start in the bucket, numel)
+
+
+def _param_names(model) -> dict:
+    return {param: name for chunk in model for name, param in chunk.named_parameters()}
+
+
+def buckets(model, optimizer) -> List[Bucket]:
+    """The buckets in shard order, with each parameter's place by name."""
+    names = _param_names(model)
+    result = []
+    for opt in inner_optimizers(optimizer):
+        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
+            buffer = opt.buffers[gbuf_index]
+            for bucket_list in per_dtype.values():
+                for bucket_index, _ in enumerate(bucket_list):
+                    bucket = buffer.buckets[bucket_index]
+                    places = {}
+                    for param in bucket.params_list:
+                        start, end, _ = buffer.param_index_map[param]
+                        places[names[param]] = (start - bucket.offset, end - start)
+                    result.append(Bucket(bucket.grad_data.numel(), places))
+    return result
+
+
+def shard_places(model, optimizer) -> List[Tuple[str, int, int]]:
+    """(name, offset, numel) in this rank's flat shard of every main
+    parameter, in the optimizer's own parameter order (that of
+    ``checkpointing.optimizer_shard``)."""
+    names = _param_names(model)
+    places = []
+    base = 0
+    for opt in inner_optimizers(optimizer):
+        dp_size = opt.data_parallel_group.size()
+        offset = {}
+        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
+            for bucket_list in per_dtype.values():
+                for bucket_index, bucket_range in enumerate(bucket_list):
+                    for model_param, ranges in bucket_range["param_map"].items():
+                        local = ranges["gbuf_local"]
+                        offset[model_param] = (base + local.start, local.end - local.start)
+                    base += opt.buffers[gbuf_index].buckets[bucket_index].grad_data.numel() \
+                        // dp_size
+        by_position = {where: param for param, where in opt.model_param_group_index_map.items()}
+        for group_index, group in enumerate(opt.optimizer.param_groups):
+            for order in range(len(group["params"])):
+                model_param = by_position[(group_index, order)]
+                places.append((names[model_param], *offset[model_param]))
+    return places
+
+
+def full_state(layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
+               ) -> Dict[str, List[torch.Tensor]]:
+    """Per parameter name, its flat (param, exp_avg, exp_avg_sq) from the
+    regions of every DP rank's shard (``shards[k]``, in DP order)."""
+    dp = len(shards)
+    state: Dict[str, List[torch.Tensor]] = {}
+    base = 0
+    for bucket in layout_buckets:
+        size = bucket.numel // dp
+        for region in range(len(REGIONS)):
+            flat = torch.cat([shards[k][region][base:base + size] for k in range(dp)])
+            for name, (start, numel) in bucket.params.items():
+                state.setdefault(name, [None] * len(REGIONS))[region] = \
+                    flat[start:start + numel].clone()
+        base += size
+    return state
+
+
+def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]]
+               ) -> torch.Tensor:
+    """(3, total numel): every bucket's full flat state, buckets in order,
+    each parameter at its place in the (new) buckets, padding zero."""
+    flats = torch.zeros(len(REGIONS), sum(b.numel for b in layout_buckets))
+    base = 0
+    for bucket in layout_buckets:
+        for name, (start, numel) in bucket.params.items():
+            for region in range(len(REGIONS)):
+                flats[region, base + start:base + start + numel] = state[name][region]
+        base += bucket.numel
+    return flats
+
+
+def shard_of(layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int,
+             dp_size: int) -> List[torch.Tensor]:
+    """This DP rank's regions: its slice of every bucket."""
+    parts, base = [], 0
+    for bucket in layout_buckets:
+        size = bucket.numel // dp_size
+        parts.append(flats[:, base + dp_rank * size:base + (dp_rank + 1) * size])
+        base += bucket.numel
+    whole = torch.cat(parts, dim=1)
+    return [whole[region].clone() for region in range(len(REGIONS))]
+
+
+def new_shard(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]],
+              dp_rank: int, dp_size: int) -> List[torch.Tensor]:
+    """This DP rank's regions under the new buckets."""
+    return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
+
+
+def table(layout_buckets: List[Bucket]) -> list:
+    """Plain containers for a checkpoint file (loadable with weights_only)."""
+    return [[b.numel, {name: list(place) for name, place in b.params.items()}]
+            for b in layout_buckets]
+
+
+def from_table(rows: list) -> List[Bucket]:
+    return [Bucket(int(numel), {name: tuple(place) for name, place in params.items()})
+            for numel, params in rows]
