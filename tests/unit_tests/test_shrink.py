@@ -273,6 +273,48 @@ def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, refe
         assert_same_state(final_ref[name], final[name], name)
 
 
+WRONG_QUOTA_SCRIPT = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from megatron.training.training import Trainer
+Trainer.scale_gradients_by_quota = lambda self: None  # the defect: every replica 1/DP
+sys.argv[0] = os.path.join({repo!r}, "pretrain_gpt.py")
+import pretrain_gpt
+sys.exit(pretrain_gpt.main())
+"""
+
+
+def relative_drift(got, want) -> float:
+    return max(abs(g[key] - w[key]) / abs(w[key]) for g, w in zip(got, want)
+               for key in ("lm_loss", "grad_norm"))
+
+
+def test_the_tolerance_catches_a_wrong_quota_weighting(tmp_path, reference):
+    """Negative control for the 1e-5 bound: the shrink of the first test
+    with the uneven quotas (2, 1, 1) weighted as Megatron's even 1/DP,
+    so the first replica's two microbatches count half as much each. The
+    same samples, the same lr, and a drift far above the bound: measured
+    7e-3 relative at the first shrunk iteration and up to 4e-2 after,
+    against at most 3e-7 for the correct weighting."""
+    script = tmp_path / "pretrain_wrong_quota.py"
+    script.write_text(WRONG_QUOTA_SCRIPT.format(repo=REPO))
+    command = launch_command(["--standalone", "--nnodes", "2", "--spare-nodes", "0",
+                              "--nproc-per-node", "4"],
+                             deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=4:phase=backward"],
+                                           ITERS))
+    command[command.index(os.path.join(REPO, "pretrain_gpt.py"))] = str(script)
+    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=420)
+    must_succeed((proc, leftovers(tmp_path)))
+    got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
+    assert [(g["consumed_samples"], g["lr"]) for g in got] == \
+        [(w["consumed_samples"], w["lr"]) for w in want]
+    assert relative_drift(got[:3], want[:3]) == 0  # before the shrink: bit for bit
+    assert relative_drift(got, want) > 100 * TOLERANCE
+    with pytest.raises(AssertionError):
+        assert_close_curves(got, want)
+
+
 def wait_for_events(path, predicate, proc, timeout: float, count: int = 1):
     """The first ``count`` events that match, once there are as many."""
     deadline = time.monotonic() + timeout
