@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, NoReturn
 
 import torch.distributed as dist
 
@@ -119,11 +119,20 @@ class Agent:
             # After its stop command that is the normal end of the job.
             stopped = self.stopping
             self.obey({"kind": "kill_all"})
-            return 0 if stopped else 1
+            leave(0 if stopped else 1)
         return 2 if self.refused else 0
 
 
-def main() -> int:
+def leave(code: int) -> NoReturn:
+    """Exit without destroying the store client: when the store's server
+    (node 0's launcher) is already gone, its thread aborts the interpreter's
+    exit ("terminate called without an active exception")."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> NoReturn:
     settings = json.loads(os.environ["DEADPOOL_AGENT"])
     host, port = settings["store"].rsplit(":", 1)
     store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
@@ -132,7 +141,7 @@ def main() -> int:
                   settings["store"], join=settings.get("join", False))
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": "stop"}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"
-    return agent.run()
+    leave(agent.run())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import datetime
 import os
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, NoReturn, Optional
 
 import torch.distributed as dist
 
@@ -22,6 +22,7 @@ from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import Hook, Trainer, build_trainer
 
 from deadpool_ext import recovery, resize
+from deadpool_ext.agent import leave
 from deadpool_ext.config import section
 from deadpool_ext.control import Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
@@ -243,15 +244,22 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
     prepared = None  # (rank, world, Recovery) built ahead of the decision
     while True:
         time.sleep(0.01)
-        latest = ctx.current()
+        try:
+            latest = ctx.current()
+            decision, checked = newest_assignment(ctx, checked, latest["gen"])
+        except dist.DistError:
+            # The coordinator is gone, and with it the job (at its end, the
+            # first node's launcher may exit before this node's agent stops
+            # us): leave as the heartbeat thread does, without a traceback.
+            os._exit(1)
         world = latest.get("world")  # size and node map since the last shrink
-        likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
-        if ctx.slot in likely and (prepared is None or prepared[:2] != (likely[ctx.slot],
-                                                                        world)):
-            prepared = (likely[ctx.slot], world, recovery.prepare_spare(
-                ctx, likely[ctx.slot], resize.world_config(config, world), builders, datasets))
-        decision, checked = newest_assignment(ctx, checked, latest["gen"])
         if decision is None:
+            likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
+            if ctx.slot in likely and (prepared is None or prepared[:2] != (likely[ctx.slot],
+                                                                            world)):
+                prepared = (likely[ctx.slot], world, recovery.prepare_spare(
+                    ctx, likely[ctx.slot], resize.world_config(config, world), builders,
+                    datasets))
             continue
         if decision.action == "grow":
             prepared = None  # built for a hot swap that did not pick it
@@ -263,7 +271,7 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
         return recovery.join(prepared[2], decision)
 
 
-def run(config: Config, model_provider, forward_step) -> int:
+def run(config: Config, model_provider, forward_step) -> NoReturn:
     ctx = ControlClient()
     if ctx.role == "active":
         rec = start_active(ctx, config, model_provider, forward_step)
@@ -274,4 +282,4 @@ def run(config: Config, model_provider, forward_step) -> int:
     ctx.state = "done"
     ctx.post(kind="done", rank=rec.trainer.runtime.rank)
     ctx.stop()
-    return 0
+    leave(0)  # as the agent does, for the same reason
