@@ -68,6 +68,10 @@ class Coordinator:
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
+        self.exited: Set[str] = set()  # slots whose process exit an agent reported
+        # After an abort, how long the ranks that reported may take to read
+        # it and stop on their own before their agents are told to stop them.
+        self.abort_grace_s = 10.0
         self.plan: Optional[dict] = None  # layout and buddies from rank 0, per world
         self.buddy: Optional[List[int]] = None
         self.owner: Optional[List[int]] = None
@@ -125,6 +129,8 @@ class Coordinator:
 
     def handle(self, m: dict) -> None:
         kind = m.get("kind")
+        if kind == "exit":
+            self.exited.add(m["slot"])
         if kind == "plan" and self.plan is None:
             self.plan = m
             self.buddy, self.owner = m["buddy"], m["owner"]
@@ -387,6 +393,17 @@ class Coordinator:
         self.events.emit("abort", gen=decision.gen, reason=decision.reason)
         self.publish()
 
+    def let_reporters_stop(self, poll_s: float, alive) -> None:
+        """The ranks that reported in this generation wait for its decision:
+        after an abort they log why and exit by themselves (the reason then
+        reaches each rank's log and the events), unless the grace runs out."""
+        waiting = {self.view.members[r] for r in self.reports if r in self.view.members}
+        deadline = time.monotonic() + self.abort_grace_s
+        while waiting - self.exited and time.monotonic() < deadline and alive():
+            for message in self.inbox.poll():
+                self.handle(message)
+            time.sleep(poll_s)
+
     def mark_training(self) -> None:
         """Every active rank has finished an iteration: spares may build data."""
         if self.state == "starting" and len(self.progress) == self.world_size and \
@@ -399,6 +416,8 @@ class Coordinator:
             self.step()
             self.mark_training()
             time.sleep(poll_s)
+        if self.result is not None:
+            self.let_reporters_stop(poll_s, alive)
         if len(self.done) < self.world_size:
             return 1
         if self.stopping is not None:

@@ -100,6 +100,29 @@ def test_spares_exhausted_ends_the_job_with_the_reason(job):
     assert coordinator.finished and "rank 1 and its buddy rank 3" in coordinator.result.reason
 
 
+def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
+    """The launcher tells agents to stop (SIGTERM) only once the ranks
+    waiting for the decision have exited, or after a grace period: the
+    reason then reaches their logs and the events."""
+    import time
+    coordinator, worker, _ = job
+    coordinator.abort_grace_s = 0.5
+    for slot in ("1.0", "1.1", "0.1"):
+        worker.post("coordinator", kind="exit", slot=slot, code=-9)
+    coordinator.step()
+    report_all(worker, coordinator.gen, [0])
+    coordinator.step()
+    assert coordinator.finished
+    start = time.monotonic()
+    assert coordinator.run(poll_s=0.01) == 1
+    assert time.monotonic() - start >= 0.5  # rank 0 never exited: the grace ran out
+    worker.post("coordinator", kind="exit", slot="0.0", code=3)
+    coordinator.abort_grace_s = 30
+    start = time.monotonic()
+    assert coordinator.run(poll_s=0.01) == 1
+    assert time.monotonic() - start < 5  # rank 0 has exited: no wait
+
+
 def test_forged_messages_change_nothing(job):
     coordinator, worker, _ = job
     intruder = Channel(worker.store, b"not-the-secret")
