@@ -26,9 +26,11 @@ iteration: an effect of the order of the spread between microbatch losses,
 not of fp32 rounding.
 """
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import List
 
@@ -219,6 +221,59 @@ def assert_close_models(tmp, reference):
             if torch.is_tensor(value) and value.is_floating_point():
                 scale = ref["model"][key].abs().max().clamp(min=1e-6)
                 assert (value - ref["model"][key]).abs().max() <= 10 * TOLERANCE * scale, key
+
+
+SPARE_PREPARED_TWICE_SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import pretrain_gpt
+from deadpool_ext import recovery, resize
+from deadpool_ext.config import parse_args
+from deadpool_ext.worker import build_hooks
+from megatron.training import data
+from megatron.training.tokenizer import build_tokenizer
+
+class Control:  # what a spare's objects read from the control client while they build
+    gen, slot, iteration = 0, "2.0", 0
+    def post(self, **event):
+        pass
+
+config = parse_args(sys.argv[1:])
+tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
+                            config.data.vocab_size)
+datasets = data.build_datasets(config, tokenizer)
+builders = (pretrain_gpt.model_provider, pretrain_gpt.forward_step, build_hooks)
+built = []
+for rank, world in [(5, None), (1, {{"size": 4, "nodes": ["node0"] * 4}})]:
+    trainer = recovery.prepare_spare(Control(), rank, resize.world_config(config, world),
+                                     builders, datasets).trainer
+    r = trainer.runtime
+    built.append([r.rank, r.world_size, r.tp_rank, r.pp_rank, r.dp_rank,
+                  trainer.num_microbatches])
+print(json.dumps(built))
+"""
+
+
+def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
+    """A warm spare builds ahead for the rank the coordinator will likely
+    give it; when a shrink changes the world before the spare is picked, it
+    builds again in the same process (worker.start_spare). Here: rank 5 of
+    TP2·PP2·DP2, then rank 1 of the DP1 world left after a shrink. The
+    second build once died with megatron-core's "num microbatches
+    calculator is already initialized"."""
+    script = tmp_path / "spare_prepared_twice.py"
+    script.write_text(SPARE_PREPARED_TWICE_SCRIPT.format(repo=REPO))
+    flags = deadpool_args(tmp_path, ["--tensor-model-parallel-size", "2",
+                                     "--pipeline-model-parallel-size", "2",
+                                     "--use-tp-pp-dp-mapping"], [], ITERS)
+    env = dict(worker_env(), WORLD_SIZE="8", DEADPOOL_RANKS_PER_NODE="4")
+    proc = subprocess.run([sys.executable, str(script), *flags], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # rank = tp + 2·pp + 4·dp; 8 samples in microbatches of 2 over DP2, then DP1.
+    assert json.loads(proc.stdout.splitlines()[-1]) == [[5, 8, 1, 0, 1, 2], [1, 4, 1, 0, 0, 4]]
+    built = [e for e in read_events(str(tmp_path / "events.jsonl")) if e["event"] == "spare_built"]
+    assert [e["rank"] for e in built] == [5, 1]
 
 
 def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
