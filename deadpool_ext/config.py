@@ -46,6 +46,10 @@ class DeadpoolConfig:
         "and stop with exit code 3; --load it at any data-parallel size), or abort (exit "
         "non-zero; resume from the last --save checkpoint).",
         choices=["shrink", "checkpoint", "abort"])
+    deadpool_spare_wait: float = arg(
+        60.0, help="Seconds a recovery may wait for warm spares that are still starting "
+        "(imports, device, data) when too few are ready, to swap once instead of applying "
+        "--deadpool-on-spares-exhausted and growing back; 0 never waits.")
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
         "hang:rank=R:iter=N; phases forward, backward, grad-reduce, optimizer, mirror, "
@@ -116,6 +120,9 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if dp.deadpool_spare_wait < 0:
+        raise ConfigError("--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
+                          "spares that are still starting)")
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
         raise ConfigError("--deadpool-on-spares-exhausted checkpoint writes the job's state to "
                           "--save when spares run out: add --save DIR")

@@ -84,6 +84,12 @@ class Coordinator:
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
         self.started_recovery = 0.0
+        self.decided_at = 0.0  # when the current generation's decision was made
+        # --deadpool-spare-wait (from rank 0's plan), and the spares that are
+        # still starting while a recovery waits for them.
+        self.spare_wait = 0.0
+        self.warming: List[str] = []
+        self.waited_gen: Optional[int] = None
         self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
         self.progress: Dict[int, int] = {}
         self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
@@ -122,7 +128,7 @@ class Coordinator:
             self.maybe_decide()
         elif self.state == "training":
             self.maybe_grow()
-        elif self.state == "rebuilding" and self.clock() - self.started_recovery > \
+        elif self.state == "rebuilding" and self.clock() - self.decided_at > \
                 self.recovery_timeout:
             self.end(abort(self.gen, f"generation {self.gen} did not resume within "
                            f"{self.recovery_timeout:.0f} s", self.view.members))
@@ -135,6 +141,7 @@ class Coordinator:
             self.plan = m
             self.buddy, self.owner = m["buddy"], m["owner"]
             self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
+            self.spare_wait = float(m.get("spare_wait", self.spare_wait))
             self.train_iters = m.get("train_iters")
         elif kind == "exit" and m["slot"] in self.released:
             self.released.discard(m["slot"])  # left on a shrink; its agent starts a spare
@@ -149,6 +156,8 @@ class Coordinator:
                 self.view.spares.append(m["slot"])
                 self.events.emit("spare_ready", gen=self.gen, slot=m["slot"],
                                  spares=len(self.view.spares))
+                if self.state == "recovering" and not self.growing:
+                    self.publish(self.likely_spares())  # it may build while we wait
         elif kind == "report" and m["gen"] == self.gen and self.state == "recovering":
             self.reports[m["rank"]] = Report(m["rank"], m["slot"], m["own"], m["held"])
         elif kind == "joining" and m["gen"] == self.gen and self.state == "rebuilding":
@@ -242,6 +251,7 @@ class Coordinator:
             if self.stale(f"hb/node/{node}", now) and slot_name(node, 0) not in \
                     self.view.lost_slots:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
+        self.warming = self.warming_spares(now)
         watched = list(self.view.members.values()) + list(self.view.spares)
         for slot in watched:
             if slot in self.view.lost_slots:
@@ -250,6 +260,21 @@ class Coordinator:
                 self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
                                 "(hung)")
+
+    def warming_spares(self, now: float) -> List[str]:
+        """Slots whose process beats but is still starting: spares warming
+        up (imports, device, data) that will report ready."""
+        busy = set(self.view.members.values()) | set(self.view.spares) | \
+            self.view.lost_slots | self.released
+        found = []
+        for node in self.nodes():
+            for slot in (slot_name(node, i) for i in range(self.nproc)):
+                if slot in busy or self.stale(f"hb/{slot}", now):
+                    continue
+                body = self.channel.get(f"hb/{slot}")
+                if body is not None and body.get("state") == "starting":
+                    found.append(slot)
+        return found
 
     def node_beats(self, node: int, now: float) -> bool:
         """Whether a node's agent beat within half the timeout. On a cluster a
@@ -292,8 +317,11 @@ class Coordinator:
             self.end(abort(self.gen, "no buddy plan was received from rank 0",
                            self.view.members))
             return
+        if self.waiting_for_spares():
+            return
         decision = self.choose()
         self.growing = False
+        self.decided_at = self.clock()
         if decision.action == "abort":
             self.end(decision)
             return
@@ -311,6 +339,21 @@ class Coordinator:
                          from_buddy=decision.from_buddy, warnings=decision.warnings,
                          spares_left=len(self.view.spares))
         self.publish()
+
+    def waiting_for_spares(self) -> bool:
+        """Too few spares are ready, but enough are still starting: wait for
+        them, up to --deadpool-spare-wait after the failure, and swap once
+        rather than shrink now and grow back when they are ready."""
+        short = len(self.lost) - len(self.view.spares)
+        if self.growing or short <= 0 or len(self.warming) < short or \
+                self.clock() - self.started_recovery >= self.spare_wait:
+            return False
+        if self.waited_gen != self.gen:
+            self.waited_gen = self.gen
+            self.events.emit("waiting_for_spares", gen=self.gen, lost=len(self.lost),
+                             ready=len(self.view.spares), warming=sorted(self.warming),
+                             up_to_s=self.spare_wait)
+        return True
 
     def grid(self) -> Grid:
         return Grid(self.plan["tp"], self.plan["pp"],

@@ -4,6 +4,9 @@
     kill:node=1:iter=4                  SIGKILL every process of node 1 (its agent too)
                                         at the start of iteration 4
     hang:rank=2:iter=6                  SIGSTOP rank 2 (a hang: only heartbeats notice)
+    kill:rank=3:iter=5:phase=backward:delay=40
+                                        SIGKILL rank 3 40 ms after it entered iteration
+                                        5's backward, wherever it is by then
 
 Phases: forward (default), backward, grad-reduce, optimizer (after the
 shard update, before the parameter all-gather), mirror (in the mirror's
@@ -17,10 +20,13 @@ has reached the buddy (its exchange takes the first milliseconds of the
 iteration), so a run redoes exactly the interrupted iteration. phase=mirror
 kills inside that exchange, the one window where the buddy still holds the
 snapshot of the iteration before, and one more iteration is redone.
+``delay=MS`` fires from a timer thread while the rank goes on, so the
+fault lands anywhere in or after the phase (the fault campaign draws it).
 """
 
 import os
 import signal
+import threading
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -39,6 +45,7 @@ class Fault:
     node: Optional[int]
     iteration: Optional[int]
     phase: str
+    delay_ms: int = 0
 
     def targets(self, rank: int, node: int) -> bool:
         return self.rank == rank if self.rank is not None else self.node == node
@@ -58,9 +65,10 @@ def parse_fault(spec: str) -> Fault:
                           f"{', '.join(ACTIONS)}")
     for part in parts[1:]:
         key, _, value = part.partition("=")
-        if key not in ("rank", "node", "iter", "phase") or not value or key in fields:
+        if key not in ("rank", "node", "iter", "phase", "delay") or not value or \
+                key in fields:
             raise InjectError(f"--deadpool-inject {spec}: '{part}' is not rank=N, node=N, "
-                              "iter=N or phase=NAME (each once)")
+                              "iter=N, phase=NAME or delay=MS (each once)")
         fields[key] = value
     if ("rank" in fields) == ("node" in fields):
         raise InjectError(f"--deadpool-inject {spec}: name exactly one of rank=N or node=N")
@@ -74,10 +82,12 @@ def parse_fault(spec: str) -> Fault:
     try:
         number = {k: int(v) for k, v in fields.items() if k != "phase"}
     except ValueError:
-        raise InjectError(f"--deadpool-inject {spec}: rank, node and iter are integers") from None
+        raise InjectError(f"--deadpool-inject {spec}: rank, node, iter and delay are "
+                          "integers") from None
     if any(v < 0 for v in number.values()):
-        raise InjectError(f"--deadpool-inject {spec}: rank, node and iter must be >= 0")
-    return Fault(action, number.get("rank"), number.get("node"), number.get("iter"), phase)
+        raise InjectError(f"--deadpool-inject {spec}: rank, node, iter and delay must be >= 0")
+    return Fault(action, number.get("rank"), number.get("node"), number.get("iter"), phase,
+                 number.get("delay", 0))
 
 
 def parse_faults(specs: Optional[List[str]]) -> List[Fault]:
@@ -108,7 +118,10 @@ class Injector:
                 self.node_barrier(fault)
             if self.on_fire is not None:
                 self.on_fire(fault, iteration)
-            fire(fault)
+            if fault.delay_ms:
+                threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
+            else:
+                fire(fault)
 
 
 def fire(fault: Fault) -> None:

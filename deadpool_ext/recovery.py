@@ -173,11 +173,16 @@ class Recovery:
 
     def tear_down(self) -> None:
         start = time.monotonic()
+        if self.mirror is not None and self.ctx.grow_announced():
+            # Nobody is lost: let the boundary's snapshot reach the buddy,
+            # so a grow redoes no iteration.
+            self._mirror_step("drain", self.mirror.wait_idle)
+        # Shut this generation's connections down (the heartbeat thread may
+        # have done it already): every peer blocked on this rank, and the
+        # mirror's exchange, fail at once instead of waiting on sockets
+        # that forked processes or live objects keep open.
+        self.ctx.generation.release(by="tear_down")
         if self.mirror is not None:
-            if self.ctx.grow_announced():
-                # Nobody is lost: let the boundary's snapshot reach the
-                # buddy, so a grow redoes no iteration.
-                self._mirror_step("drain", self.mirror.wait_idle)
             timeout = section(self.config).deadpool_mirror_timeout
             self._mirror_step("halt", lambda: self.mirror.halt(timeout_s=timeout))
         if self.slots is None:
@@ -186,7 +191,16 @@ class Recovery:
                 self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group})
         else:
             regroup.reset()
-        self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1))
+        self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1),
+                  released=self.ctx.generation.released)
+
+    def generation_built(self) -> None:
+        """Every group of the generation exists: fix the set of connections
+        a release shuts down (NCCL groups among them are aborted)."""
+        groups = list(regroup.groups_by_role().values())
+        if self.mirror is not None:
+            groups.append(self.mirror.group)
+        self.ctx.generation.built(groups)
 
     def _mirror_step(self, name: str, step) -> None:
         try:
@@ -245,6 +259,7 @@ class Recovery:
                                  section(self.config).deadpool_mirror_timeout)
         regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
         self.slots = None
+        self.generation_built()
         self.ctx.gen = decision.gen
         self.emit("groups_rebuilt", ms=round((time.monotonic() - start) * 1e3, 1))
 
@@ -293,8 +308,10 @@ def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int
         if ctx.current()["gen"] != decision.gen:
             raise FailureAnnounced("another failure before the rebuild")
         time.sleep(0.01)
+    ctx.generation.begin(decision.gen)
     dist.init_process_group(
-        p.distributed_backend, store=dist.PrefixStore(f"gen{decision.gen}/", ctx.store),
+        p.distributed_backend,
+        store=dist.PrefixStore(f"gen{decision.gen}/", ctx.generation_store()),
         rank=rank, world_size=world_size,
         timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
 

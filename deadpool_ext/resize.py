@@ -141,6 +141,7 @@ def join_grown(ctx, config: Config, builders, datasets, decision: Decision) -> R
 
 def finish(rec: Recovery, decision: Decision, start: float, old_rank: Optional[int]) -> None:
     R = decision.rollback_to
+    rec.generation_built()
     rec.ctx.gen = decision.gen
     rec.resume_at(decision)
     verb = "grew" if decision.action == "grow" else "shrank"

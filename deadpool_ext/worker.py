@@ -7,7 +7,9 @@ WORLD_SIZE.
 """
 
 import datetime
+import faulthandler
 import os
+import signal
 import threading
 import time
 from typing import Callable, List, NoReturn, Optional
@@ -28,6 +30,7 @@ from deadpool_ext.control import Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.plan import Decision
+from deadpool_ext.release import Generation
 
 
 class ControlClient:
@@ -39,9 +42,13 @@ class ControlClient:
         self.slot, self.role = environ["DEADPOOL_SLOT"], environ["DEADPOOL_ROLE"]
         self.node = int(environ["DEADPOOL_NODE"])
         host, port = environ["DEADPOOL_STORE"].rsplit(":", 1)
+        self.store_address = (host, int(port))
         secret = job_secret(environ)
         self.store = connect(host, int(port))
         self.channel = Channel(self.store, secret)
+        # The groups this process holds or is building, and their sockets.
+        self.generation = Generation()
+        self.release_error: Optional[str] = None
         # The heartbeat thread has its own connection.
         self._beat_channel = Channel(connect(host, int(port)), secret)
         self.heartbeat_s = heartbeat_s
@@ -71,6 +78,27 @@ class ControlClient:
                 os._exit(1)
             if latest is not None:
                 self.latest = latest
+                self._release_if_superseded(latest)
+
+    def _release_if_superseded(self, latest: dict) -> None:
+        """A newer generation that is not a grow means the groups held now
+        are dead: shut their connections down at once, so a main thread
+        blocked in a collective (and every peer blocked on this rank) is
+        released now, not when its peers' sockets happen to close. A grow
+        lets the iteration finish; ranks release at the boundary."""
+        if latest.get("grow"):
+            return
+        try:
+            self.generation.release_if_older(int(latest["gen"]), by="heartbeat thread")
+        except Exception as error:  # noqa: BLE001 - the thread must go on beating
+            # tear_down releases again, from the main thread, and reports it.
+            self.release_error = f"{type(error).__name__}: {error}"
+
+    def generation_store(self):
+        """A store connection of the generation's own, for its rendezvous:
+        releasing the generation shuts it down too, which frees a rank
+        waiting for the address of a peer that died."""
+        return connect(*self.store_address)
 
     def post(self, **body) -> None:
         self.channel.post("coordinator", **body)
@@ -125,6 +153,7 @@ class RecoveryHook(Hook):
                       tp_pp_dp=p.use_tp_pp_dp_mapping,
                       on_spares_exhausted=dp.deadpool_on_spares_exhausted,
                       heartbeat_timeout=dp.deadpool_heartbeat_timeout,
+                      spare_wait=dp.deadpool_spare_wait,
                       train_iters=self.config.training.train_iters)
 
     def log_fields(self, trainer: Trainer) -> List[str]:
@@ -167,7 +196,8 @@ def install_faults(trainer: Trainer, rec: "recovery.Recovery", original: bool) -
 
     def record(fault, iteration):
         events.emit("fault_injected", gen=rec.ctx.gen, iteration=iteration,
-                    action=fault.action, phase=fault.phase, node=fault.node)
+                    action=fault.action, phase=fault.phase, node=fault.node,
+                    delay_ms=fault.delay_ms)
 
     def ranks_on_this_node() -> int:
         """In the current world (a resized one names each rank's node)."""
@@ -195,8 +225,9 @@ def install_faults(trainer: Trainer, rec: "recovery.Recovery", original: bool) -
 def start_active(ctx: ControlClient, config: Config, model_provider, forward_step):
     setup_device(config)
     p = config.parallel
+    ctx.generation.begin(0)
     dist.init_process_group(
-        p.distributed_backend, store=dist.PrefixStore("gen0/", ctx.store),
+        p.distributed_backend, store=dist.PrefixStore("gen0/", ctx.generation_store()),
         rank=int(os.environ["RANK"]), world_size=config.world_size,
         timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
     mirror_hook, recovery_hook = build_hooks(config, ctx)
@@ -204,6 +235,7 @@ def start_active(ctx: ControlClient, config: Config, model_provider, forward_ste
     trainer.setup()
     rec = recovery.Recovery(ctx, trainer, mirror_hook, recovery_hook,
                             builders=(model_provider, forward_step, build_hooks))
+    rec.generation_built()
     install_faults(trainer, rec, original=True)
     return rec
 
@@ -272,6 +304,9 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
 
 
 def run(config: Config, model_provider, forward_step) -> NoReturn:
+    # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
+    # a report of a hang (the fault campaign sends it before it gives up).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ctx = ControlClient()
     if ctx.role == "active":
         rec = start_active(ctx, config, model_provider, forward_step)

@@ -297,3 +297,64 @@ def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
     coordinator.step()
     assert coordinator.gen == 1 and coordinator.lost == {2, 3}
     assert worker.get("gen")["lost"] == [2, 3]
+
+
+@pytest.fixture()
+def warming_job():
+    """Two 2-rank nodes (PP2 x DP2) and one spare node whose two workers
+    beat but are still starting (--deadpool-spare-wait 30)."""
+    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
+    clock = Clock()
+    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2,
+                              heartbeat_timeout=3.0, clock=clock)
+    coordinator.heartbeat_check_s = 0.0
+    worker = Channel(store, SECRET)
+    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, tp=1, pp=2,
+                tp_pp_dp=True, on_spares_exhausted="shrink", heartbeat_timeout=3.0,
+                spare_wait=30.0)
+    for slot in ("2.0", "2.1"):
+        worker.put(f"hb/{slot}", seq=1, iteration=None, state="starting")
+    coordinator.step()
+    return coordinator, worker, clock
+
+
+def lose_rank_3_and_report(coordinator, worker, clock):
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2])
+    clock.now += 1.0
+    for seq, slot in enumerate(("2.0", "2.1"), start=2):  # still beating, still starting
+        worker.put(f"hb/{slot}", seq=seq, iteration=None, state="starting")
+    coordinator.step()
+
+
+def test_a_recovery_waits_for_warming_spares_and_swaps_once(warming_job):
+    coordinator, worker, clock = warming_job
+    lose_rank_3_and_report(coordinator, worker, clock)
+    assert worker.get("decision/1") is None and coordinator.warming == ["2.0", "2.1"]
+    worker.post("coordinator", kind="spare_ready", slot="2.1")
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {3: "2.1"}
+
+
+def test_the_wait_for_warming_spares_is_bounded(warming_job):
+    coordinator, worker, clock = warming_job
+    lose_rank_3_and_report(coordinator, worker, clock)
+    assert worker.get("decision/1") is None
+    clock.now += 30.0
+    for seq, slot in enumerate(("2.0", "2.1"), start=3):
+        worker.put(f"hb/{slot}", seq=seq, iteration=None, state="starting")
+    coordinator.step()
+    assert Decision.from_message(worker.get("decision/1")).action == "shrink"
+
+
+def test_no_wait_without_warming_spares(warming_job):
+    coordinator, worker, clock = warming_job
+    clock.now += 10.0  # the spare node's workers stopped beating: not coming
+    coordinator.step()
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    assert Decision.from_message(worker.get("decision/1")).action == "shrink"

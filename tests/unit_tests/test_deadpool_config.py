@@ -135,6 +135,25 @@ def test_heartbeat_timeout_must_be_positive():
     assert "heartbeat" in error(DEADPOOL + ["--deadpool-heartbeat-timeout", "0"], 2, LAUNCHED)
 
 
+def test_spare_wait_must_not_be_negative():
+    assert "--deadpool-spare-wait" in error(DEADPOOL + ["--deadpool-spare-wait", "-1"], 2,
+                                            LAUNCHED)
+    assert parse(DEADPOOL + ["--deadpool-spare-wait", "0"], 2,
+                 LAUNCHED).extra["deadpool"].deadpool_spare_wait == 0
+
+
+def test_a_fault_may_fire_a_delay_into_its_phase():
+    from deadpool_ext.inject import parse_fault
+
+    fault = parse_fault("kill:rank=1:iter=3:phase=backward:delay=40")
+    assert (fault.phase, fault.delay_ms) == ("backward", 40)
+    assert parse_fault("kill:rank=1:iter=3").delay_ms == 0
+    assert "delay" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=-5"], 2,
+                            LAUNCHED)
+    assert "integers" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=x"],
+                               2, LAUNCHED)
+
+
 def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
     env = {k: v for k, v in os.environ.items() if k != "DEADPOOL_SECRET"}
     proc = subprocess.run([sys.executable, "-m", "deadpool_ext.launch", "--nnodes", "2",

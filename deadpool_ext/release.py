@@ -1,0 +1,145 @@
+"""Free every rank blocked on an old generation, whatever it is blocked in.
+
+A gloo operation waits until its peer's socket delivers data or closes.
+Dropping a group does not close its sockets while anything else holds
+them: the data loader's worker processes, forked after the groups exist,
+inherit every socket's descriptor; an unfinished asynchronous operation
+keeps its group alive in C++. Live ranks blocked on such a peer, or on
+each other, are then never released (``abort()`` and ``set_timeout()`` do
+not interrupt a gloo operation already waiting).
+
+So a generation's connections are shut down explicitly. ``shutdown()``
+acts on the connection, not on one descriptor: the peer reads the end of
+the stream whatever else holds a copy, and this rank's own operations on
+it fail at once ("Connection closed by peer"), which the trainer turns
+into a recovery. A generation's connections are the TCP sockets the
+process opened while building it: its own store connection (the
+rendezvous, so a rank stuck waiting for a dead peer's address is freed
+too) and the full mesh gloo connects when each group is created. The
+control plane's connections are older and never touched. NCCL groups of
+the generation are aborted, which releases their kernels.
+
+Two callers: ``tear_down`` (the rank stops using the generation; peers
+blocked on it are released), and the heartbeat thread, as soon as the
+coordinator announces a newer generation that is not a grow, so a main
+thread blocked in a collective is released within a watch interval of the
+announcement. Neither touches the state: snapshots live in tensors that
+no group owns.
+"""
+
+import os
+import socket
+import threading
+import weakref
+from typing import Iterable, List, Optional, Set
+
+import torch.distributed as dist
+
+# /proc/self/fd links of sockets read "socket:[INODE]".
+_SOCKET_PREFIX = "socket:["
+
+
+def socket_descriptors() -> dict:
+    """Inode -> a descriptor of it, for every socket this process has open."""
+    found = {}
+    fd_dir = "/proc/self/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith(_SOCKET_PREFIX):
+            found.setdefault(int(target[len(_SOCKET_PREFIX):-1]), int(name))
+    return found
+
+
+def shut_down(fd: int) -> bool:
+    """Shut a connected TCP socket down in both directions; False for
+    anything else (a listener, a unix socket) or a socket already gone."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or \
+                sock.type != socket.SOCK_STREAM:
+            return False
+        sock.getpeername()  # raises for a listener or an unconnected socket
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()  # the duplicate only; the original stays open
+
+
+class Generation:
+    """The connections and NCCL groups of the generation this process holds
+    or is building. Thread-safe: the heartbeat thread may release it while
+    the main thread builds or uses it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.number: Optional[int] = None
+        self._baseline: Optional[Set[int]] = None  # sockets open before it began
+        self._inodes: Set[int] = set()              # recorded once built
+        self._building = False
+        self._done = False  # released since it began (it is built again only anew)
+        self._groups: List[weakref.ref] = []
+        # Who shut the generation's connections down, and how many (events).
+        self.released: Optional[dict] = None
+
+    def begin(self, number: int) -> None:
+        """Before the generation's first connection (its store) is opened."""
+        with self._lock:
+            self.number, self._building = number, True
+            self._baseline = set(socket_descriptors())
+            self._inodes, self._groups = set(), []
+            self.released, self._done = None, False
+
+    def built(self, groups: Iterable[object] = ()) -> None:
+        """Every group of the generation exists: fix its set of connections,
+        so sockets the process opens later (not ours) are never touched."""
+        with self._lock:
+            if not self._building:
+                return
+            self._inodes = set(socket_descriptors()) - self._baseline
+            self._groups = [weakref.ref(g) for g in groups]
+            self._building = False
+
+    def release_if_older(self, newer: int, by: str) -> int:
+        """Release this generation if it is older than ``newer``."""
+        with self._lock:
+            if self.number is None or self.number >= newer or self._done:
+                return 0
+        return self.release(by)
+
+    def release(self, by: str) -> int:
+        """Shut every connection of the generation down and abort its NCCL
+        groups; returns the number of connections shut down. Idempotent."""
+        with self._lock:
+            if self.number is None:
+                return 0
+            open_now = socket_descriptors()
+            inodes = (set(open_now) - self._baseline) if self._building else self._inodes
+            groups, self._groups = self._groups, []
+            count = sum(shut_down(open_now[i]) for i in inodes if i in open_now)
+            self._inodes, self._baseline = set(), set(open_now)
+            self._done = not self._building
+            if count and self.released is None:
+                self.released = {"by": by, "connections": count}
+        abort_nccl([ref() for ref in groups])
+        return count
+
+
+def abort_nccl(groups: Iterable[Optional[object]]) -> None:
+    """ncclCommAbort for every NCCL group still alive: kernels waiting on a
+    lost peer return, and the next use of the group raises."""
+    for group in groups:
+        if group is None or not isinstance(group, dist.ProcessGroup):
+            continue
+        try:
+            if group._get_backend_name() == "nccl":
+                group.abort()
+        except RuntimeError:
+            pass  # already aborted, or torn down meanwhile

@@ -1,0 +1,141 @@
+"""Releasing ranks blocked on an old generation (deadpool_ext.release).
+
+Three gloo processes. Ranks 0 and 1 enter an all-reduce; rank 2 is alive
+but never joins it (a survivor blocked elsewhere). A forked child of every
+rank holds copies of all its sockets, as the data loader's workers do.
+Rank 2 then stops using the generation:
+
+  * with ``Generation.release()`` (what tear_down and the heartbeat thread
+    do), rank 0 and rank 1 are released by the closed connection, long
+    before the group's timeout;
+  * negative control: rank 2 merely drops the group, as recovery did
+    before; the forked child keeps the sockets open, and ranks 0 and 1 are
+    released only by the group's timeout.
+"""
+
+import datetime
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from deadpool_ext.control import connect
+from deadpool_ext.launch import free_port
+from deadpool_ext.release import Generation, shut_down, socket_descriptors
+
+GROUP_TIMEOUT_S = 20
+
+
+def _rank(rank: int, port: int, release: bool, results) -> None:
+    generation = Generation()
+    generation.begin(0)
+    store = connect("127.0.0.1", port, is_master=rank == 0, timeout_s=30)
+    dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
+                            world_size=3, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    generation.built()
+    child = os.fork()
+    if child == 0:  # holds every socket, like a data-loader worker
+        time.sleep(GROUP_TIMEOUT_S + 10)
+        os._exit(0)
+    try:
+        if rank == 2:
+            time.sleep(1.0)
+            if release:
+                generation.release(by="test")
+            else:
+                dist.destroy_process_group()
+            results[rank] = "left"
+            time.sleep(GROUP_TIMEOUT_S + 5)  # alive, never joining
+            return
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(8))
+            results[rank] = "completed"
+        except RuntimeError as error:
+            results[rank] = f"{time.monotonic() - start:.1f}s {error}"
+    finally:
+        os.kill(child, 9)
+
+
+def run_three(release: bool) -> dict:
+    port = free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        procs = [mp.get_context("fork").Process(target=_rank, args=(r, port, release, results))
+                 for r in range(3)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + GROUP_TIMEOUT_S + 20
+        while len(results) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = dict(results)
+        for p in procs:
+            p.kill()
+            p.join()
+    return out
+
+
+@pytest.mark.parametrize("release", [True, False], ids=["release", "drop-only"])
+def test_a_live_rank_that_leaves_releases_its_blocked_peers(release):
+    results = run_three(release)
+    assert results[2] == "left"
+    for rank in (0, 1):
+        if release:
+            assert "Connection closed" in results[rank] or "Connection reset" in results[rank], \
+                results
+        else:  # the negative control: only the group's own timeout frees them
+            assert "Timed out" in results[rank], results
+
+
+def test_shut_down_touches_only_connected_tcp_sockets():
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    left, right = socket.socketpair()  # a unix socket
+    try:
+        assert not shut_down(listener.fileno())
+        assert not shut_down(left.fileno())
+        assert shut_down(client.fileno())
+        assert server.recv(1) == b""  # the peer sees the end of the stream
+        assert client.fileno() in socket_descriptors().values()  # still open here
+    finally:
+        for s in (listener, client, server, left, right):
+            s.close()
+
+
+def test_a_generation_releases_only_what_it_opened():
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    before = socket.create_connection(listener.getsockname())
+    before_peer, _ = listener.accept()
+    generation = Generation()
+    generation.begin(3)
+    ours = socket.create_connection(listener.getsockname())
+    ours_peer, _ = listener.accept()
+    generation.built()
+    after = socket.create_connection(listener.getsockname())
+    after_peer, _ = listener.accept()
+    try:
+        assert generation.release_if_older(3, by="test") == 0  # not older: kept
+        # ours and the accepted end of it (both opened while building)
+        assert generation.release_if_older(4, by="test") == 2
+        assert ours_peer.recv(1) == b""
+        for sock in (before_peer, after_peer):
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):  # still connected, nothing sent
+                sock.recv(1)
+        assert generation.released == {"by": "test", "connections": 2}
+        assert generation.release_if_older(5, by="test") == 0  # once
+    finally:
+        for s in (listener, before, before_peer, ours, ours_peer, after, after_peer):
+            s.close()

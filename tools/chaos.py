@@ -1,0 +1,431 @@
+"""A seeded, randomized fault campaign against deadpool-launch.
+
+Each trial draws a topology (TP/PP/DP on two emulated 4-rank nodes, with or
+without a warm spare node), a model size (tiny to the demo's), a target (a
+rank, a node, or a rank together with its buddy), the iteration, the phase,
+and a delay within the phase in milliseconds. It runs the job as a user
+would (mock data, Megatron's default data-loader workers) and checks:
+
+  * hot swap (spares enough): the loss, grad-norm and lr curve and every
+    rank's final checkpoint equal the failure-free run's bit for bit;
+  * shrink (no spare): every iteration runs with the failure-free run's
+    samples and lr, loss and grad norm within 1e-5 relative (dropout is
+    off in these trials; see tests/unit_tests/test_shrink.py for why);
+  * rank and buddy lost: the job stops with the documented reason;
+  * always: every survivor tore its groups down within the heartbeat
+    timeout of the failure's detection (the release bound), the job ended
+    before the trial's time limit, and no process was left behind.
+
+A hang is a failed trial: every worker's stacks are dumped (py-spy when
+installed, else faulthandler through SIGUSR1) into the trial's folder.
+
+    python tools/chaos.py --trials 100 --seed 1 [--workdir runs/chaos]
+    python tools/chaos.py --seed 1 --only 37        # replay trial 37 of seed 1
+
+Failure-free references are run once per (topology, model, dropout) and
+shared between trials.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODES, PER_NODE, ITERS, HEARTBEAT_TIMEOUT = 2, 4, 8, 5.0
+TOLERANCE = 1e-5
+# (TP, PP) on 8 ranks; DP = 8 / (TP * PP) >= 2 so that buddies exist.
+SHAPES = [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]
+MODELS = {  # name: hidden, sequence, micro batch, global batch
+    "tiny": (64, 32, 2, 16),
+    "small": (96, 64, 2, 16),
+    "demo": (128, 128, 4, 32),
+    "issue": (64, 32, 2, 8),  # the runs of the issue that made recovery release ranks
+}
+DRAWN_MODELS = ["tiny", "small", "demo"]
+PHASES = ["forward", "backward", "grad-reduce", "optimizer", "mirror"]
+ABORT_REASONS = ("buddy", "no complete data-parallel replica", "no copy of their")
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int
+    seed: int
+    tp: int
+    pp: int
+    spares: int
+    model: str
+    target: str      # rank, node, or rank+buddy
+    victim: int      # the rank (or node) killed
+    iteration: int
+    phase: str
+    delay_ms: int
+    with_dropout: Optional[bool] = None   # default: on, unless the job shrinks
+    spare_wait: Optional[float] = None    # --deadpool-spare-wait, default the flag's
+    expect: Optional[str] = None          # swap, shrink or stop; default from the draw
+
+    @property
+    def dp(self) -> int:
+        return NODES * PER_NODE // (self.tp * self.pp)
+
+    @property
+    def expected(self) -> str:
+        if self.expect is not None:
+            return self.expect
+        if self.target == "rank+buddy":
+            return "stop"
+        return "swap" if self.spares else "shrink"
+
+    @property
+    def dropout(self) -> bool:
+        """Shrunk runs are compared within a tolerance, which dropout masks
+        drawn by another replica would break."""
+        if self.with_dropout is not None:
+            return self.with_dropout
+        return self.expected != "shrink"
+
+    def describe(self) -> str:
+        return (f"TP{self.tp}·PP{self.pp}·DP{self.dp} spares={self.spares} {self.model} "
+                f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
+                f"+{self.delay_ms}ms")
+
+
+def draw(seed: int, index: int) -> Trial:
+    rng = random.Random(f"{seed}:{index}")
+    tp, pp = rng.choice(SHAPES)
+    target = rng.choices(["rank", "node", "rank+buddy"], weights=[5, 4, 1])[0]
+    victim = rng.randrange(NODES) if target == "node" else rng.randrange(NODES * PER_NODE)
+    delay = 0 if rng.random() < 0.3 else rng.randrange(1, 200)
+    return Trial(index, seed, tp, pp, rng.choice([0, 1]), rng.choice(DRAWN_MODELS), target,
+                 victim, rng.randrange(2, ITERS), rng.choice(PHASES), delay)
+
+
+def buddy_of(trial: Trial, rank: int) -> int:
+    """Its DP peer on the other node (the buddy map of --use-tp-pp-dp-mapping
+    with two nodes: the rank at the same place in the other node's block)."""
+    sys.path.insert(0, REPO)
+    from deadpool_ext.buddies import buddy_map, nodes_by_block
+
+    world = NODES * PER_NODE
+    plan = buddy_map(world, trial.tp, trial.pp, nodes_by_block(world, PER_NODE),
+                     allow_same_node=False, tp_pp_dp=True)
+    return plan.buddy[rank]
+
+
+def faults(trial: Trial) -> List[str]:
+    where = f"iter={trial.iteration}:phase={trial.phase}:delay={trial.delay_ms}"
+    if trial.target == "node":
+        return [f"kill:node={trial.victim}:{where}"]
+    specs = [f"kill:rank={trial.victim}:{where}"]
+    if trial.target == "rank+buddy":
+        specs.append(f"kill:rank={buddy_of(trial, trial.victim)}:{where}")
+    return specs
+
+
+def job_args(trial: Trial, out: str) -> List[str]:
+    hidden, seq, micro, global_batch = MODELS[trial.model]
+    args = ["--num-layers", "4", "--hidden-size", str(hidden), "--num-attention-heads", "4",
+            "--seq-length", str(seq), "--max-position-embeddings", str(seq),
+            "--micro-batch-size", str(micro), "--global-batch-size", str(global_batch),
+            "--tensor-model-parallel-size", str(trial.tp),
+            "--pipeline-model-parallel-size", str(trial.pp), "--use-tp-pp-dp-mapping",
+            "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+            "--train-iters", str(ITERS), "--lr", "1e-3", "--seed", "1234",
+            "--use-distributed-optimizer", "--log-interval", "1", "--eval-iters", "0",
+            "--save", os.path.join(out, "ckpt"),
+            "--metrics-file", os.path.join(out, "metrics.jsonl"),
+            "--deadpool", "--deadpool-events", os.path.join(out, "events.jsonl"),
+            "--deadpool-heartbeat-timeout", str(HEARTBEAT_TIMEOUT)]
+    if not trial.dropout:
+        args += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    if trial.spare_wait is not None:
+        args += ["--deadpool-spare-wait", str(trial.spare_wait)]
+    return args
+
+
+def launch(args: List[str], spares: int, out: str, limit_s: float) -> Tuple[int, str, bool]:
+    """Run one job; returns (exit code, its stderr's tail, timed out)."""
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", "deadpool_ext.launch", "--standalone",
+               "--nnodes", str(NODES), "--spare-nodes", str(spares),
+               "--nproc-per-node", str(PER_NODE), os.path.join(REPO, "pretrain_gpt.py"), *args]
+    with open(os.path.join(out, "log"), "w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        timed_out = not wait_watching(proc, out, limit_s)
+        if timed_out:
+            dump_stacks(out)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with open(os.path.join(out, "log")) as log:
+        tail = log.read()[-3000:]
+    return proc.returncode, tail, timed_out
+
+
+def wait_watching(proc: subprocess.Popen, out: str, limit_s: float) -> bool:
+    """Wait for the job; False if it ran past ``limit_s``. A generation not
+    decided well past the release bound means some survivor is stuck: its
+    stacks are dumped then, while it still is."""
+    deadline, dumped = time.monotonic() + limit_s, False
+    events = os.path.join(out, "events.jsonl")
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+        if not dumped and undecided_for(read_jsonl(events)) > 4 * HEARTBEAT_TIMEOUT:
+            dump_stacks(out)
+            dumped = True
+    return True
+
+
+def undecided_for(events: List[dict]) -> float:
+    """Seconds since the newest failure was detected, while no survivor is
+    waiting for a decision about it for good reason (none yet, or spares)."""
+    failures = [e for e in events if e["event"] == "failure_detected" and e["rank"] == -1]
+    if not failures:
+        return 0.0
+    gen = failures[-1]["gen"]
+    settled = ("decision", "waiting_for_spares", "abort")
+    if any(e["event"] in settled and e.get("gen") == gen and e["rank"] == -1 for e in events):
+        return 0.0
+    return time.time() - failures[-1]["time"]
+
+
+def workers_of(out: str) -> List[int]:
+    """Training processes of the job writing to ``out`` (not their data-loader children)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{parent}/cmdline", "rb") as f:
+                parent_cmd = f.read()
+        except OSError:
+            continue
+        if b"pretrain_gpt.py" in cmd and out.encode() in cmd and b"-u\0" in cmd and \
+                b"-u\0" not in parent_cmd:
+            found.append(int(pid))
+    return found
+
+
+def dump_stacks(out: str) -> None:
+    py_spy = shutil.which("py-spy") or shutil.which(
+        "py-spy", path=os.path.dirname(sys.executable))
+    with open(os.path.join(out, "stacks.txt"), "w") as f:
+        for pid in workers_of(out):
+            f.write(f"===== pid {pid}\n")
+            f.flush()
+            if py_spy:
+                subprocess.run([py_spy, "dump", "--pid", str(pid)], stdout=f,
+                               stderr=subprocess.STDOUT, timeout=60)
+            else:
+                os.kill(pid, signal.SIGUSR1)  # faulthandler writes to the job's log
+    time.sleep(1)
+
+
+def leftovers(out: str, grace_s: float = 10.0) -> List[int]:
+    """Processes of the job still alive ``grace_s`` after it ended (a killed
+    or finished rank's data-loader workers notice within torch's 5 s check)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        result = subprocess.run(["pgrep", "-f", out], capture_output=True, text=True)
+        found = [int(p) for p in result.stdout.split()]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+# ----- checks -----
+def read_jsonl(path: str) -> List[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final_states(out: str) -> Dict[str, dict]:
+    import torch
+
+    directory = os.path.join(out, "ckpt")
+    with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
+        folder = os.path.join(directory, f"iter_{int(f.read()):07d}")
+    return {name: torch.load(os.path.join(folder, name), weights_only=True)
+            for name in sorted(os.listdir(folder))}
+
+
+def same_state(a, b, path: str = "") -> Optional[str]:
+    """None when bitwise equal, else where they first differ."""
+    import torch
+
+    if isinstance(a, dict):
+        if a.keys() != b.keys():
+            return f"{path}: keys differ"
+        return next((d for k in a if (d := same_state(a[k], b[k], f"{path}/{k}"))), None)
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: lengths differ"
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := same_state(x, y, f"{path}[{i}]"))), None)
+    if torch.is_tensor(a):
+        ok = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return None if ok else f"{path}: values differ"
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
+def curve(metrics: List[dict]) -> List[tuple]:
+    return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
+
+
+def check_swap(out: str, ref: str) -> Optional[str]:
+    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_jsonl(
+        os.path.join(ref, "metrics.jsonl"))
+    if curve(got) != curve(want):
+        return "the curve differs from the failure-free run"
+    got_states, want_states = final_states(out), final_states(ref)
+    if got_states.keys() != want_states.keys():
+        return "the final checkpoint has other files"
+    for name in want_states:
+        where = same_state(got_states[name], want_states[name], name)
+        if where:
+            return f"final state differs: {where}"
+    return None
+
+
+def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
+    """Same samples and lr everywhere; loss and grad norm within the
+    tolerance, or, with dropout on (masks drawn by other replicas), equal
+    up to the iteration before the fault and finite after it."""
+    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_jsonl(
+        os.path.join(ref, "metrics.jsonl"))
+    if [m["iteration"] for m in got] != list(range(1, ITERS + 1)):
+        return f"iterations {[m['iteration'] for m in got]}"
+    for g, w in zip(got, want):
+        if g["consumed_samples"] != w["consumed_samples"] or g["lr"] != w["lr"]:
+            return f"iteration {g['iteration']}: samples or lr differ"
+        for key in ("lm_loss", "grad_norm"):
+            if trial.dropout and g["iteration"] >= trial.iteration - 1:
+                bad = not abs(g[key]) < float("inf")
+            else:
+                bad = abs(g[key] - w[key]) > TOLERANCE * abs(w[key])
+            if bad:
+                return f"iteration {g['iteration']}: {key} {g[key]} vs {w[key]}"
+    return None
+
+
+def check_release_bound(events: List[dict]) -> Optional[str]:
+    """Every rank that tore down for a failure's generation did so within
+    the heartbeat timeout of the coordinator's detection."""
+    detected = {e["gen"]: e["time"] for e in events
+                if e["event"] == "failure_detected" and e["rank"] == -1}
+    worst = 0.0
+    for e in events:
+        if e["event"] != "reported" or e.get("for_gen") not in detected:
+            continue
+        worst = max(worst, e["time"] - detected[e["for_gen"]])
+    if worst > HEARTBEAT_TIMEOUT:
+        return f"a survivor reported {worst:.1f} s after the failure was detected"
+    return None
+
+
+def check(trial: Trial, out: str, ref: str, code: int, tail: str) -> Optional[str]:
+    events = read_jsonl(os.path.join(out, "events.jsonl"))
+    if trial.expected == "stop":
+        if code == 0:
+            return "the job finished although a rank and its buddy were lost"
+        if not any(reason in tail for reason in ABORT_REASONS):
+            return "stopped without the documented reason"
+        return check_release_bound(events)
+    if code != 0:
+        return f"exit code {code}"
+    bound = check_release_bound(events)
+    if bound:
+        return bound
+    if not any(e["event"] == "fault_injected" for e in events):
+        return "the fault never fired"
+    return check_swap(out, ref) if trial.expected == "swap" else check_shrink(trial, out, ref)
+
+
+# ----- the campaign -----
+def reference(trial: Trial, workdir: str, limit_s: float) -> str:
+    key = f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
+    out = os.path.join(workdir, key)
+    if not os.path.exists(os.path.join(out, "done")):
+        shutil.rmtree(out, ignore_errors=True)
+        code, tail, timed_out = launch(job_args(trial, out), 0, out, limit_s)
+        if code != 0:
+            raise RuntimeError(f"failure-free run {key} failed ({code}):\n{tail}")
+        open(os.path.join(out, "done"), "w").close()
+    return out
+
+
+def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
+    ref = reference(trial, workdir, limit_s)
+    out = os.path.join(workdir, f"trial-{trial.seed}-{trial.index:03d}")
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.monotonic()
+    code, tail, timed_out = launch(job_args(trial, out) + [
+        f"--deadpool-inject={spec}" for spec in faults(trial)], trial.spares, out, limit_s)
+    seconds = time.monotonic() - start
+    if timed_out:
+        problem = f"hung: no end within {limit_s:.0f} s (stacks in {out}/stacks.txt)"
+    else:
+        problem = check(trial, out, ref, code, tail)
+    left = leftovers(out)
+    if left and not problem:
+        problem = f"processes left behind: {left}"
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return dict(asdict(trial), expected=trial.expected, passed=problem is None,
+                problem=problem, seconds=round(seconds, 1), folder=out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", type=int, nargs="*", help="replay these trial indices")
+    parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "chaos"))
+    parser.add_argument("--limit", type=float, default=400, help="seconds a job may take")
+    parser.add_argument("--output", help="write every trial's result here (JSON)")
+    args = parser.parse_args(argv)
+    indices = args.only if args.only else range(args.trials)
+    os.makedirs(args.workdir, exist_ok=True)
+    results = []
+    print(f"{'trial':>5} {'seed':>5}  {'draw':<72} {'expected':<8} {'result':<6} seconds",
+          flush=True)
+    for index in indices:
+        trial = draw(args.seed, index)
+        result = run_trial(trial, args.workdir, args.limit)
+        results.append(result)
+        verdict = "pass" if result["passed"] else "FAIL"
+        print(f"{index:>5} {args.seed:>5}  {trial.describe():<72} {trial.expected:<8} "
+              f"{verdict:<6} {result['seconds']:.0f}", flush=True)
+        if not result["passed"]:
+            print(f"      {result['problem']}  (replay: tools/chaos.py --seed {args.seed} "
+                  f"--only {index})", flush=True)
+    failed = [r for r in results if not r["passed"]]
+    print(f"trials: {len(results)}, passed: {len(results) - len(failed)}, failed: {len(failed)}"
+          + (f" (seed {args.seed}, trials {[r['index'] for r in failed]})" if failed else ""))
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"seed": args.seed, "results": results}, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
