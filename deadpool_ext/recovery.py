@@ -70,6 +70,8 @@ class Recovery:
         self.trainer, self.config = trainer, trainer.config
         self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
         self.logger = get_logger(trainer.runtime.rank)
+        self.ctx.stuck_after_s = 2 * section(self.config).deadpool_heartbeat_timeout
+        self.ctx.on_stuck = self._report_stuck
         self._check_between_microbatches()
         if self.injector is not None:
             self.recovery_hook.injector = self.injector
@@ -90,6 +92,15 @@ class Recovery:
             return forward_step(data_iterator, model)
 
         self.trainer.forward_step = forward_unless_announced
+
+    def _report_stuck(self, gen: int, stacks: str) -> None:
+        """The heartbeat thread saw generation ``gen`` announced and released
+        this rank's connections, yet the main thread still trains: say where
+        it is (the coordinator kills it at its report timeout)."""
+        self.emit("stuck", for_gen=gen, stacks=stacks)
+        self.logger.error("deadpool: generation %d was announced %.0f s ago and this rank "
+                          "has not stopped training; its threads:\n%s", gen,
+                          self.ctx.stuck_after_s, stacks)
 
     @property
     def mirror(self):
@@ -147,6 +158,7 @@ class Recovery:
     def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:
         """Until a generation after ``after_gen`` (default: this one) resumes;
         returns its decision."""
+        self.ctx.state = "recovering"
         self.emit("failure_seen", error=error)
         self.logger.warning("stopped after iteration %d: %s", self.trainer.progress.iteration,
                             error)

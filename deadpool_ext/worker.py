@@ -10,6 +10,7 @@ import datetime
 import faulthandler
 import os
 import signal
+import tempfile
 import threading
 import time
 from typing import Callable, List, NoReturn, Optional
@@ -49,6 +50,11 @@ class ControlClient:
         # The groups this process holds or is building, and their sockets.
         self.generation = Generation()
         self.release_error: Optional[str] = None
+        # A rank still training this long after a failure was announced is
+        # stuck where a release cannot reach: its stacks go to on_stuck once.
+        self.stuck_after_s: Optional[float] = None
+        self.on_stuck: Optional[Callable[[int, str], None]] = None
+        self._announced: Optional[tuple] = None  # (generation, when seen)
         # The heartbeat thread has its own connection.
         self._beat_channel = Channel(connect(host, int(port)), secret)
         self.heartbeat_s = heartbeat_s
@@ -79,6 +85,7 @@ class ControlClient:
             if latest is not None:
                 self.latest = latest
                 self._release_if_superseded(latest)
+                self._report_if_stuck(latest)
 
     def _release_if_superseded(self, latest: dict) -> None:
         """A newer generation that is not a grow means the groups held now
@@ -93,6 +100,17 @@ class ControlClient:
         except Exception as error:  # noqa: BLE001 - the thread must go on beating
             # tear_down releases again, from the main thread, and reports it.
             self.release_error = f"{type(error).__name__}: {error}"
+
+    def _report_if_stuck(self, latest: dict) -> None:
+        gen = int(latest["gen"])
+        if gen <= self.gen or latest.get("grow") or self.state != "training":
+            return
+        if self._announced is None or self._announced[0] != gen:
+            self._announced = (gen, time.monotonic())
+        elif self.stuck_after_s is not None and self.on_stuck is not None and \
+                time.monotonic() - self._announced[1] > self.stuck_after_s:
+            self._announced = (gen, float("inf"))  # once per generation
+            self.on_stuck(gen, thread_stacks())
 
     def generation_store(self):
         """A store connection of the generation's own, for its rendezvous:
@@ -127,6 +145,14 @@ class ControlClient:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def thread_stacks() -> str:
+    """Every thread's Python stack, as faulthandler prints it."""
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return f.read()
 
 
 class RecoveryHook(Hook):

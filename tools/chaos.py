@@ -70,6 +70,7 @@ class Trial:
     with_dropout: Optional[bool] = None   # default: on, unless the job shrinks
     spare_wait: Optional[float] = None    # --deadpool-spare-wait, default the flag's
     expect: Optional[str] = None          # swap, shrink or stop; default from the draw
+    iters: int = ITERS
 
     @property
     def dp(self) -> int:
@@ -137,7 +138,7 @@ def job_args(trial: Trial, out: str) -> List[str]:
             "--tensor-model-parallel-size", str(trial.tp),
             "--pipeline-model-parallel-size", str(trial.pp), "--use-tp-pp-dp-mapping",
             "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
-            "--train-iters", str(ITERS), "--lr", "1e-3", "--seed", "1234",
+            "--train-iters", str(trial.iters), "--lr", "1e-3", "--seed", "1234",
             "--use-distributed-optimizer", "--log-interval", "1", "--eval-iters", "0",
             "--save", os.path.join(out, "ckpt"),
             "--metrics-file", os.path.join(out, "metrics.jsonl"),
@@ -308,7 +309,7 @@ def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
     up to the iteration before the fault and finite after it."""
     got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_jsonl(
         os.path.join(ref, "metrics.jsonl"))
-    if [m["iteration"] for m in got] != list(range(1, ITERS + 1)):
+    if [m["iteration"] for m in got] != list(range(1, trial.iters + 1)):
         return f"iterations {[m['iteration'] for m in got]}"
     for g, w in zip(got, want):
         if g["consumed_samples"] != w["consumed_samples"] or g["lr"] != w["lr"]:
@@ -358,7 +359,8 @@ def check(trial: Trial, out: str, ref: str, code: int, tail: str) -> Optional[st
 
 # ----- the campaign -----
 def reference(trial: Trial, workdir: str, limit_s: float) -> str:
-    key = f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
+    key = (f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
+           f"-{trial.iters}")
     out = os.path.join(workdir, key)
     if not os.path.exists(os.path.join(out, "done")):
         shutil.rmtree(out, ignore_errors=True)

@@ -32,13 +32,23 @@ RUNS = {
     "shrink": chaos.Trial(0, 0, 2, 2, 0, target="rank", victim=5, **ISSUE),
     # A spare node still warming up when node 1 dies: wait for it and swap once.
     "warming-spares": chaos.Trial(0, 0, 2, 2, 1, target="node", victim=1, **ISSUE),
-    # The same with no wait: shrink, then grow back as soon as the spares are ready.
+    # The same with no wait: shrink, then grow back as soon as the spares are
+    # ready (long enough a run for them to be).
+    # Killed at iteration 2, before a spare can be ready (they build their data
+    # once every rank has finished iteration 1).
     "shrink-then-grow": chaos.Trial(0, 0, 2, 2, 1, target="node", victim=1, spare_wait=0.0,
-                                    expect="shrink", **ISSUE),
+                                    expect="shrink", iters=20, model="issue", iteration=2,
+                                    phase="forward", delay_ms=0),
     # An 8-rank pipeline, a rank killed 30 ms into its backward.
     "pipeline-backward": chaos.Trial(0, 0, 1, 4, 1, target="rank", victim=6, model="issue",
                                      iteration=5, phase="backward", delay_ms=30),
 }
+
+
+# The coordinator's decisions each run must show (what makes it the case it is).
+EXPECTED_ACTIONS = {"shrink-as-written": ["shrink"], "shrink": ["shrink"],
+                    "warming-spares": ["recover"], "shrink-then-grow": ["shrink", "grow"],
+                    "pipeline-backward": ["recover"]}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +62,9 @@ def test_the_runs_that_once_hung_recover(name, workdir):
     result = chaos.run_trial(dataclasses.replace(trial, index=list(RUNS).index(name)),
                              workdir, limit_s=400)
     assert result["passed"], f"{trial.describe()}: {result['problem']} ({result['folder']})"
+    events = chaos.read_jsonl(os.path.join(result["folder"], "events.jsonl"))
+    actions = [e["action"] for e in events if e["event"] == "decision"]
+    assert actions == EXPECTED_ACTIONS[name], actions
 
 
 def test_a_seeded_sample_of_the_fault_campaign(workdir):

@@ -16,6 +16,7 @@ Rank 2 then stops using the generation:
 import datetime
 import multiprocessing as mp
 import os
+import socket
 import time
 
 import pytest
@@ -90,14 +91,23 @@ def test_a_live_rank_that_leaves_releases_its_blocked_peers(release):
             assert "Timed out" in results[rank], results
 
 
-def test_shut_down_touches_only_connected_tcp_sockets():
-    import socket
+@pytest.fixture()
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock
+    sock.close()
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
+
+def connected(listener):
+    """Both ends of a new loopback TCP connection."""
     client = socket.create_connection(listener.getsockname())
-    server, _ = listener.accept()
+    return client, listener.accept()[0]
+
+
+def test_shut_down_touches_only_connected_tcp_sockets(listener):
+    client, server = connected(listener)
     left, right = socket.socketpair()  # a unix socket
     try:
         assert not shut_down(listener.fileno())
@@ -106,36 +116,50 @@ def test_shut_down_touches_only_connected_tcp_sockets():
         assert server.recv(1) == b""  # the peer sees the end of the stream
         assert client.fileno() in socket_descriptors().values()  # still open here
     finally:
-        for s in (listener, client, server, left, right):
+        for s in (client, server, left, right):
             s.close()
 
 
-def test_a_generation_releases_only_what_it_opened():
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    before = socket.create_connection(listener.getsockname())
-    before_peer, _ = listener.accept()
+def test_a_generation_releases_only_what_it_opened(listener):
+    before = connected(listener)
     generation = Generation()
     generation.begin(3)
-    ours = socket.create_connection(listener.getsockname())
-    ours_peer, _ = listener.accept()
+    ours = connected(listener)
     generation.built()
-    after = socket.create_connection(listener.getsockname())
-    after_peer, _ = listener.accept()
+    after = connected(listener)
     try:
         assert generation.release_if_older(3, by="test") == 0  # not older: kept
-        # ours and the accepted end of it (both opened while building)
+        # both ends of ours (the test opened both while building)
         assert generation.release_if_older(4, by="test") == 2
-        assert ours_peer.recv(1) == b""
-        for sock in (before_peer, after_peer):
+        assert ours[1].recv(1) == b""
+        for sock in (before[1], after[1]):
             sock.setblocking(False)
             with pytest.raises(BlockingIOError):  # still connected, nothing sent
                 sock.recv(1)
         assert generation.released == {"by": "test", "connections": 2}
         assert generation.release_if_older(5, by="test") == 0  # once
     finally:
-        for s in (listener, before, before_peer, ours, ours_peer, after, after_peer):
+        for s in before + ours + after:
             s.close()
+
+
+def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
+    from deadpool_ext.worker import ControlClient
+
+    ctx = object.__new__(ControlClient)  # the watch alone, no store
+    ctx.gen, ctx.state, ctx._announced, ctx.stuck_after_s = 0, "training", None, 0.05
+    seen = []
+    ctx.on_stuck = lambda gen, stacks: seen.append((gen, stacks))
+    ctx._report_if_stuck({"gen": 1, "grow": True})  # a grow waits for the boundary
+    ctx._report_if_stuck({"gen": 1})
+    assert seen == []
+    time.sleep(0.1)
+    ctx._report_if_stuck({"gen": 1})
+    ctx._report_if_stuck({"gen": 1})  # once per generation
+    assert len(seen) == 1 and seen[0][0] == 1
+    assert "test_a_rank_still_training_after_an_announcement_reports_its_stacks" in seen[0][1]
+    ctx.state = "recovering"  # the main thread got out: nothing to report
+    ctx._report_if_stuck({"gen": 2})
+    time.sleep(0.1)
+    ctx._report_if_stuck({"gen": 2})
+    assert len(seen) == 1
