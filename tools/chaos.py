@@ -51,7 +51,10 @@ MODELS = {  # name: hidden, sequence, micro batch, global batch
 }
 DRAWN_MODELS = ["tiny", "small", "demo"]
 PHASES = ["forward", "backward", "grad-reduce", "optimizer", "mirror"]
-ABORT_REASONS = ("buddy", "no complete data-parallel replica", "no copy of their")
+# The documented reasons a job stops when a rank and its buddy are lost (the
+# second loss may also land while a shrink is being carried out).
+ABORT_REASONS = ("buddy", "no complete data-parallel replica", "no copy of their",
+                 "while the job was being resized")
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,10 @@ def faults(trial: Trial) -> List[str]:
         return [f"kill:node={trial.victim}:{where}"]
     specs = [f"kill:rank={trial.victim}:{where}"]
     if trial.target == "rank+buddy":
-        specs.append(f"kill:rank={buddy_of(trial, trial.victim)}:{where}")
+        # The buddy dies once it has reported for the first failure: both
+        # are surely lost (a buddy killed at the same point could be
+        # released and recover before its own fault fires).
+        specs.append(f"kill:rank={buddy_of(trial, trial.victim)}:phase=recovery")
     return specs
 
 
