@@ -173,7 +173,9 @@ class LoggingConfig:
     exit_signal_handler: bool = arg(
         False, help="On SIGTERM save a checkpoint (with --save) and exit cleanly.")
     exit_duration_in_mins: Optional[float] = arg(help="Save and exit after this many minutes.")
-    exit_interval: Optional[int] = arg(help="Save and exit when iteration % this == 0.")
+    # No '%' in help texts: argparse formats them.
+    exit_interval: Optional[int] = arg(help="Exit the program after the iteration is "
+                                       "divisible by this value (saving first).")
     metrics_file: Optional[str] = arg(
         help="Write each iteration's exact loss and grad norm as JSONL (last rank).")
 

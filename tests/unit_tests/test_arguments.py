@@ -470,3 +470,15 @@ def test_pretrain_gpt_fails_fast_before_any_process_group():
                "--pipeline-model-parallel-size")
     assert "Traceback" not in proc.stderr
     assert elapsed < 30, f"took {elapsed:.1f} s to reject the arguments"
+
+
+def test_help_lists_every_flag():
+    import subprocess
+    import sys
+
+    from dist_utils import REPO, worker_env
+
+    proc = subprocess.run([sys.executable, "pretrain_gpt.py", "--help"], cwd=REPO,
+                          env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--exit-interval" in proc.stdout and "--deadpool-spare-wait" in proc.stdout
