@@ -27,6 +27,12 @@ from typing import List, Optional, Tuple
 import torch.distributed as dist
 
 SECRET_ENV = "DEADPOOL_SECRET"
+# A rank still training this many heartbeat timeouts after a failure was
+# announced is blocked where no release reaches: it writes every thread's
+# stack (event 'stuck'); one timeout later the coordinator has it killed,
+# and it is restored from its buddy like any lost rank.
+STUCK_REPORT_TIMEOUTS = 2
+STUCK_KILL_TIMEOUTS = 3
 
 
 class ControlError(RuntimeError):

@@ -12,8 +12,11 @@ Failure detection, fastest first:
   3. a node's heartbeats stop for --deadpool-heartbeat-timeout (node lost);
   4. a worker's heartbeats stop for the same timeout (a hang: its agent is
      told to SIGKILL it, which turns it into case 1 for its peers).
-Survivors blocked in a collective are released as their peers drop the old
-groups; gloo's own timeout (--distributed-timeout-minutes) is the last resort.
+  5. a member still training STUCK_KILL_TIMEOUTS heartbeat timeouts after a
+     failure was announced (stuck where no release reached it): killed too.
+Survivors blocked in a collective are released by their own heartbeat
+thread, which shuts the old generation's connections down as soon as it
+reads a newer generation (release.py); case 5 is the bound behind it.
 
 Sizes: while spares last a lost rank is swapped; then the job shrinks
 (--deadpool-on-spares-exhausted shrink), and it grows back towards its
@@ -25,9 +28,9 @@ old layout, which no decision could combine with the new one.
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
-from deadpool_ext.control import Channel, parse_slot, slot_name
+from deadpool_ext.control import STUCK_KILL_TIMEOUTS, Channel, parse_slot, slot_name
 from deadpool_ext.events import EventLog
 from deadpool_ext.grow import plan_grow, replicas_to_add
 from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
@@ -247,11 +250,14 @@ class Coordinator:
 
     def check_heartbeats(self) -> None:
         now = self.clock()
+        beating = set()
         for node in self.nodes():
-            if self.stale(f"hb/node/{node}", now) and slot_name(node, 0) not in \
-                    self.view.lost_slots:
+            body, stale = self.heartbeat(f"hb/node/{node}", now)
+            if stale and slot_name(node, 0) not in self.view.lost_slots:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
-        self.warming = self.warming_spares(now)
+            elif body is not None and not stale:
+                beating.add(node)
+        self.warming = self.warming_spares(now, beating)
         watched = list(self.view.members.values()) + list(self.view.spares)
         for slot in watched:
             if slot in self.view.lost_slots:
@@ -260,19 +266,40 @@ class Coordinator:
                 self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
                                 "(hung)")
+        if self.state == "recovering" and not self.growing:
+            self.kill_stuck(now)
 
-    def warming_spares(self, now: float) -> List[str]:
-        """Slots whose process beats but is still starting: spares warming
-        up (imports, device, data) that will report ready."""
+    def kill_stuck(self, now: float) -> None:
+        """Members that neither reported nor stopped training long after the
+        failure was announced are blocked where no release reaches (each
+        wrote its threads' stacks to the event log, event 'stuck'): they are
+        killed and lost, and their buddies' copies restore them."""
+        waited = now - self.started_recovery
+        if waited < STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
+            return
+        stuck = [slot for rank, slot in sorted(self.view.members.items())
+                 if rank not in self.lost and rank not in self.reports and
+                 (self.channel.get(f"hb/{slot}") or {}).get("state") == "training"]
+        for slot in stuck:
+            self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
+        self.lose_slots(stuck, f"still training {waited:.0f} s after generation {self.gen} "
+                        "was announced (stuck; its stacks are in the event log)")
+
+    def warming_spares(self, now: float, beating_nodes: Set[int]) -> List[str]:
+        """Slots whose process is still starting (imports, device, data) and
+        will report ready: beating in the state "starting", or not beating
+        yet on a node whose agent beats (the agent started it; early in a
+        job a spare may still be importing when a failure comes)."""
         busy = set(self.view.members.values()) | set(self.view.spares) | \
             self.view.lost_slots | self.released
         found = []
         for node in self.nodes():
             for slot in (slot_name(node, i) for i in range(self.nproc)):
-                if slot in busy or self.stale(f"hb/{slot}", now):
+                if slot in busy:
                     continue
-                body = self.channel.get(f"hb/{slot}")
-                if body is not None and body.get("state") == "starting":
+                body, stale = self.heartbeat(f"hb/{slot}", now)
+                if body is None and node in beating_nodes or \
+                        body is not None and not stale and body.get("state") == "starting":
                     found.append(slot)
         return found
 
@@ -287,9 +314,14 @@ class Coordinator:
 
     def stale(self, key: str, now: float) -> bool:
         """True once a key that has been beating stops for the timeout."""
+        return self.heartbeat(key, now)[1]
+
+    def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
+        """A key's last beat (None before the first), and whether it has
+        stopped beating for the timeout; records rank progress."""
         body = self.channel.get(key)
         if body is None:
-            return False
+            return None, False
         seq = body.get("seq")
         if body.get("iteration") is not None and not key.startswith("hb/node"):
             rank = self.view.rank_of(key[3:])
@@ -298,10 +330,10 @@ class Coordinator:
         last = self.seen.get(key)
         if last is None or last[0] != seq:
             self.seen[key] = (seq, now)
-            return False
+            return body, False
         if body.get("state") == "done":
-            return False
-        return now - last[1] > self.heartbeat_timeout
+            return body, False
+        return body, now - last[1] > self.heartbeat_timeout
 
     # ----- decisions -----
     def maybe_decide(self) -> None:

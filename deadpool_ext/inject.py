@@ -4,6 +4,11 @@
     kill:node=1:iter=4                  SIGKILL every process of node 1 (its agent too)
                                         at the start of iteration 4
     hang:rank=2:iter=6                  SIGSTOP rank 2 (a hang: only heartbeats notice)
+    stall:rank=1:iter=4:phase=backward  rank 1's main thread stops for good in iteration
+                                        4's backward while its heartbeat thread beats on
+                                        (stuck where no release reaches, as in a driver
+                                        call: the coordinator kills it once a failure
+                                        is announced and it still trains)
     kill:rank=3:iter=5:phase=backward:delay=40
                                         SIGKILL rank 3 40 ms after it entered iteration
                                         5's backward, wherever it is by then
@@ -31,7 +36,9 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "recovery")
-ACTIONS = ("kill", "hang")
+ACTIONS = ("kill", "hang", "stall")
+# Where a stall stops the main thread (mirror runs in its own thread).
+STALL_PHASES = ("forward", "backward", "grad-reduce", "optimizer")
 
 
 class InjectError(ValueError):
@@ -77,8 +84,11 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(f"--deadpool-inject {spec}: phase must be one of {', '.join(PHASES)}")
     if phase != "recovery" and "iter" not in fields:
         raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
-    if action == "hang" and "node" in fields:
-        raise InjectError(f"--deadpool-inject {spec}: hang takes rank=N")
+    if action in ("hang", "stall") and "node" in fields:
+        raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
+    if action == "stall" and (phase not in STALL_PHASES or "delay" in fields):
+        raise InjectError(f"--deadpool-inject {spec}: stall stops the main thread: phase "
+                          f"must be one of {', '.join(STALL_PHASES)}, without delay")
     try:
         number = {k: int(v) for k, v in fields.items() if k != "phase"}
     except ValueError:
@@ -125,7 +135,9 @@ class Injector:
 
 
 def fire(fault: Fault) -> None:
-    if fault.action == "hang":
+    if fault.action == "stall":
+        threading.Event().wait()  # forever; only a kill ends it
+    elif fault.action == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif fault.node is not None:
         # The agent started this node's workers in its own process group.

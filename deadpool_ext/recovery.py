@@ -22,7 +22,6 @@ next generation. A spare joins at step 4, with a model it built for its
 position against a fake world (no collectives), re-pointed the same way.
 """
 
-import datetime
 import os
 import sys
 import time
@@ -34,8 +33,10 @@ from megatron.training.initialize import init_process_groups
 from megatron.training.log import get_logger
 from megatron.training.training import Trainer, _LogWindow, build_trainer
 
-from deadpool_ext import regroup
+from deadpool_ext import regroup, resize
 from deadpool_ext.config import section
+from deadpool_ext.control import STUCK_REPORT_TIMEOUTS
+from deadpool_ext.generation import FailureAnnounced, enter_generation
 from deadpool_ext.hook import mirror_backend
 from deadpool_ext.mirror import MirrorError, new_mirror_group
 from deadpool_ext.plan import Decision
@@ -44,10 +45,6 @@ from deadpool_ext.restore import restore_snapshot
 ABORT_EXIT_CODE = 3
 RELEASED_EXIT_CODE = 4  # a shrink dropped this rank's replica: become a spare
 MIRROR_ROLE = "deadpool_mirror"
-
-
-class FailureAnnounced(RuntimeError):
-    """The coordinator started a new generation (some rank was lost)."""
 
 
 # What a failed collective, a lost buddy or an announcement raises.
@@ -70,7 +67,7 @@ class Recovery:
         self.trainer, self.config = trainer, trainer.config
         self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
         self.logger = get_logger(trainer.runtime.rank)
-        self.ctx.stuck_after_s = 2 * section(self.config).deadpool_heartbeat_timeout
+        self.ctx.stuck_after_s = STUCK_REPORT_TIMEOUTS * section(self.config).deadpool_heartbeat_timeout
         self.ctx.on_stuck = self._report_stuck
         self._check_between_microbatches()
         if self.injector is not None:
@@ -96,7 +93,7 @@ class Recovery:
     def _report_stuck(self, gen: int, stacks: str) -> None:
         """The heartbeat thread saw generation ``gen`` announced and released
         this rank's connections, yet the main thread still trains: say where
-        it is (the coordinator kills it at its report timeout)."""
+        it is (the coordinator has it killed a heartbeat timeout later)."""
         self.emit("stuck", for_gen=gen, stacks=stacks)
         self.logger.error("deadpool: generation %d was announced %.0f s ago and this rank "
                           "has not stopped training; its threads:\n%s", gen,
@@ -172,8 +169,7 @@ class Recovery:
                 self.release(decision)
             try:
                 if decision.action in ("shrink", "grow", "checkpoint"):
-                    from deadpool_ext.resize import resize
-                    resize(self, decision)
+                    resize.resize(self, decision)
                 else:
                     self.rebuild(decision)
                     self.restore(decision)
@@ -311,23 +307,6 @@ class Recovery:
         self.recovery_hook.recovered_at = time.monotonic()
 
 
-def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int) -> None:
-    """Everyone arrives (a store barrier, so a failure now is seen by
-    polling), then generation N's default group under its own prefix."""
-    p = config.parallel
-    ctx.post(kind="joining", gen=decision.gen, rank=rank)
-    while ctx.channel.get(f"join/{decision.gen}") is None:
-        if ctx.current()["gen"] != decision.gen:
-            raise FailureAnnounced("another failure before the rebuild")
-        time.sleep(0.01)
-    ctx.generation.begin(decision.gen)
-    dist.init_process_group(
-        p.distributed_backend,
-        store=dist.PrefixStore(f"gen{decision.gen}/", ctx.generation_store()),
-        rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
-
-
 def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
     """A warm spare readies itself for a lost rank: the model and optimizer
     for that position, built against a fake world (its collectives are
@@ -364,6 +343,16 @@ def join(rec: Recovery, decision: Decision) -> Recovery:
     except RECOVERABLE as failure:
         message = f"{type(failure).__name__}: {str(failure)[:300]}"
     rec.recover(message, after_gen=decision.gen)
+    return rec
+
+
+def join_grown(ctx, config, builders, datasets, decision: Decision) -> Recovery:
+    """A spare that a grow brings in: it holds no state; its position's
+    first rank sends it."""
+    start = time.monotonic()
+    trainer, hooks = resize.grow_into(ctx, config, builders, datasets, decision)
+    rec = Recovery(ctx, trainer, *hooks, builders=builders)
+    resize.finish(rec, decision, start, None)
     return rec
 
 

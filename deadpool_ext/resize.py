@@ -22,7 +22,7 @@ from deadpool_ext import reshard
 from deadpool_ext import snapshot as snap
 from deadpool_ext.config import section
 from deadpool_ext.plan import Decision
-from deadpool_ext.recovery import Recovery, enter_generation
+from deadpool_ext.generation import enter_generation
 from deadpool_ext.restore import restore_snapshot
 from deadpool_ext.shrink import Grid, world_of
 
@@ -92,8 +92,8 @@ def restore_resharded(trainer: Trainer, hooks, decision: Decision, groups,
     restore_snapshot(trainer, layout, buffer, iteration=R)
 
 
-def resize(rec: Recovery, decision: Decision) -> None:
-    """A survivor of the old world (shrink or grow)."""
+def resize(rec, decision: Decision) -> None:
+    """A survivor of the old world (shrink or grow); ``rec`` is its Recovery."""
     start = time.monotonic()
     old: Trainer = rec.trainer
     old_rank, R = old.runtime.rank, decision.rollback_to
@@ -125,21 +125,18 @@ def resize(rec: Recovery, decision: Decision) -> None:
     finish(rec, decision, start, old_rank)
 
 
-def join_grown(ctx, config: Config, builders, datasets, decision: Decision) -> Recovery:
-    """A spare that a grow brings in: it holds no state; its position's
-    first rank sends it."""
-    start = time.monotonic()
+def grow_into(ctx, config: Config, builders, datasets, decision: Decision):
+    """A spare that a grow brings in: its trainer and hooks in the grown
+    world, restored from the state its position's first rank sends."""
     config = world_config(config, world_of(decision))
     trainer, hooks = rebuild_for(ctx, config, builders, datasets, decision,
                                  decision.rank_of(ctx.slot))
     groups = reshard.position_groups(grid_of(config), set(decision.renumber.values()))
     restore_resharded(trainer, hooks, decision, groups, None, None)
-    rec = Recovery(ctx, trainer, *hooks, builders=builders)
-    finish(rec, decision, start, None)
-    return rec
+    return trainer, hooks
 
 
-def finish(rec: Recovery, decision: Decision, start: float, old_rank: Optional[int]) -> None:
+def finish(rec, decision: Decision, start: float, old_rank: Optional[int]) -> None:
     R = decision.rollback_to
     rec.generation_built()
     rec.ctx.gen = decision.gen

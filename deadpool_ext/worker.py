@@ -321,7 +321,7 @@ def start_spare(ctx: ControlClient, config: Config, model_provider, forward_step
             continue
         if decision.action == "grow":
             prepared = None  # built for a hot swap that did not pick it
-            return resize.join_grown(ctx, config, builders, datasets, decision)
+            return recovery.join_grown(ctx, config, builders, datasets, decision)
         rank = decision.rank_of(ctx.slot)
         if prepared is None or prepared[:2] != (rank, world):
             prepared = (rank, world, recovery.prepare_spare(

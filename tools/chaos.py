@@ -21,6 +21,7 @@ installed, else faulthandler through SIGUSR1) into the trial's folder.
 
     python tools/chaos.py --trials 100 --seed 1 [--workdir runs/chaos]
     python tools/chaos.py --seed 1 --only 37        # replay trial 37 of seed 1
+    python tools/chaos.py --trials 50 --first 50     # trials 50 to 99, the second part
 
 Failure-free references are run once per (topology, model, dropout) and
 shared between trials.
@@ -36,7 +37,11 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
+
+from deadpool_ext.buddies import buddy_map, nodes_by_block
+from deadpool_ext.compare import checkpoint_files, curve, read_metrics, state_difference
+from deadpool_ext.events import read_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES, PER_NODE, ITERS, HEARTBEAT_TIMEOUT = 2, 4, 8, 5.0
@@ -114,9 +119,6 @@ def draw(seed: int, index: int) -> Trial:
 def buddy_of(trial: Trial, rank: int) -> int:
     """Its DP peer on the other node (the buddy map of --use-tp-pp-dp-mapping
     with two nodes: the rank at the same place in the other node's block)."""
-    sys.path.insert(0, REPO)
-    from deadpool_ext.buddies import buddy_map, nodes_by_block
-
     world = NODES * PER_NODE
     plan = buddy_map(world, trial.tp, trial.pp, nodes_by_block(world, PER_NODE),
                      allow_same_node=False, tp_pp_dp=True)
@@ -255,55 +257,20 @@ def leftovers(out: str, grace_s: float = 10.0) -> List[int]:
 
 # ----- checks -----
 def read_jsonl(path: str) -> List[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def final_states(out: str) -> Dict[str, dict]:
-    import torch
-
-    directory = os.path.join(out, "ckpt")
-    with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
-        folder = os.path.join(directory, f"iter_{int(f.read()):07d}")
-    return {name: torch.load(os.path.join(folder, name), weights_only=True)
-            for name in sorted(os.listdir(folder))}
-
-
-def same_state(a, b, path: str = "") -> Optional[str]:
-    """None when bitwise equal, else where they first differ."""
-    import torch
-
-    if isinstance(a, dict):
-        if a.keys() != b.keys():
-            return f"{path}: keys differ"
-        return next((d for k in a if (d := same_state(a[k], b[k], f"{path}/{k}"))), None)
-    if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return f"{path}: lengths differ"
-        return next((d for i, (x, y) in enumerate(zip(a, b))
-                     if (d := same_state(x, y, f"{path}[{i}]"))), None)
-    if torch.is_tensor(a):
-        ok = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-        return None if ok else f"{path}: values differ"
-    return None if a == b else f"{path}: {a!r} != {b!r}"
-
-
-def curve(metrics: List[dict]) -> List[tuple]:
-    return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
+    return read_events(path) if os.path.exists(path) else []
 
 
 def check_swap(out: str, ref: str) -> Optional[str]:
-    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_jsonl(
+    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_metrics(
         os.path.join(ref, "metrics.jsonl"))
     if curve(got) != curve(want):
         return "the curve differs from the failure-free run"
-    got_states, want_states = final_states(out), final_states(ref)
+    got_states = checkpoint_files(os.path.join(out, "ckpt"))
+    want_states = checkpoint_files(os.path.join(ref, "ckpt"))
     if got_states.keys() != want_states.keys():
         return "the final checkpoint has other files"
     for name in want_states:
-        where = same_state(got_states[name], want_states[name], name)
+        where = state_difference(got_states[name], want_states[name], name)
         if where:
             return f"final state differs: {where}"
     return None
@@ -404,13 +371,16 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--first", type=int, default=0,
+                        help="index of the first trial: a campaign may run in parts "
+                        "(--first 50 --trials 50 is the second half of --trials 100)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", type=int, nargs="*", help="replay these trial indices")
     parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "chaos"))
     parser.add_argument("--limit", type=float, default=400, help="seconds a job may take")
     parser.add_argument("--output", help="write every trial's result here (JSON)")
     args = parser.parse_args(argv)
-    indices = args.only if args.only else range(args.trials)
+    indices = args.only if args.only else range(args.first, args.first + args.trials)
     os.makedirs(args.workdir, exist_ok=True)
     results = []
     print(f"{'trial':>5} {'seed':>5}  {'draw':<72} {'expected':<8} {'result':<6} seconds",

@@ -1,12 +1,13 @@
 """Launch real multi-process training runs and read what they leave."""
 
-import json
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
-import torch
+# Re-exported for the tests: how runs are compared lives in the package.
+from deadpool_ext.compare import checkpoint_files, curve, read_metrics  # noqa: F401
+from deadpool_ext.compare import state_difference
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,40 +43,10 @@ def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
     return proc.stdout
 
 
-def read_metrics(path: str) -> List[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def curve(metrics: List[dict]) -> List[tuple]:
-    """What must match bit for bit: per iteration loss, grad norm, lr."""
-    return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
-
-
-def checkpoint_files(directory: str, iteration: Optional[int] = None) -> Dict[str, dict]:
-    if iteration is None:
-        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
-            iteration = int(f.read())
-    folder = os.path.join(directory, f"iter_{iteration:07d}")
-    return {name: torch.load(os.path.join(folder, name), weights_only=True)
-            for name in sorted(os.listdir(folder))}
-
-
 def assert_same_state(a, b, path: str = "") -> None:
     """Recursive, bitwise equality of two saved rank states."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), f"{path}: keys differ"
-        for key in a:
-            assert_same_state(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{path}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_state(x, y, f"{path}[{i}]")
-    elif torch.is_tensor(a):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: dtype/shape differ"
-        assert torch.equal(a, b), f"{path}: values differ"
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
+    difference = state_difference(a, b, path)
+    assert difference is None, difference
 
 
 def deadpool_args(tmp, layout: List[str], faults: List[str], iters: int,

@@ -3,7 +3,7 @@ out, with a fake clock for heartbeat timeouts (no worker processes)."""
 
 import pytest
 
-from deadpool_ext.control import Channel, connect
+from deadpool_ext.control import STUCK_KILL_TIMEOUTS, Channel, connect
 from deadpool_ext.coordinator import Coordinator
 from deadpool_ext.launch import free_port
 from deadpool_ext.plan import Decision
@@ -88,6 +88,35 @@ def test_a_silent_worker_is_declared_hung_and_killed(job):
     coordinator.step()
     assert coordinator.lost == {2}
     assert {"kind": "kill", "slot": "1.0"} in commands.poll()
+
+
+def test_a_survivor_still_training_after_the_announcement_is_killed_and_swapped(job):
+    """Rank 0 keeps beating "training" after rank 3's loss was announced
+    (blocked where no release reaches); rank 1 is slow but recovering.
+    At STUCK_KILL_TIMEOUTS heartbeat timeouts rank 0 alone is killed, and the
+    next generation swaps both lost ranks from their buddies."""
+    coordinator, worker, clock = job
+    commands = worker.reader("agent/0")
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [2])
+    seq = 0
+    for _ in range(int(STUCK_KILL_TIMEOUTS * 3.0) - 1):  # just inside the bound
+        seq += 1
+        worker.put("hb/0.0", seq=seq, iteration=5, state="training")
+        worker.put("hb/0.1", seq=seq, iteration=5, state="recovering")
+        worker.put("hb/1.0", seq=seq, iteration=5, state="recovering")
+        coordinator.step()
+        clock.now += 1.0
+    assert coordinator.gen == 1 and not commands.poll()
+    clock.now += 1.5
+    coordinator.step()
+    assert coordinator.gen == 2 and coordinator.lost == {0, 3}
+    assert commands.poll() == [{"kind": "kill", "slot": "0.0"}]
+    report_all(worker, 2, [1, 2])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/2"))
+    assert decision.action == "recover" and sorted(decision.from_buddy) == [0, 3]
 
 
 def test_spares_exhausted_ends_the_job_with_the_reason(job):
@@ -303,6 +332,10 @@ def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
 def warming_job():
     """Two 2-rank nodes (PP2 x DP2) and one spare node whose two workers
     beat but are still starting (--deadpool-spare-wait 30)."""
+    return spare_wait_job(spares_beat=True)
+
+
+def spare_wait_job(spares_beat: bool):
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
     clock = Clock()
     coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2,
@@ -312,7 +345,7 @@ def warming_job():
     worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, tp=1, pp=2,
                 tp_pp_dp=True, on_spares_exhausted="shrink", heartbeat_timeout=3.0,
                 spare_wait=30.0)
-    for slot in ("2.0", "2.1"):
+    for slot in ("2.0", "2.1") if spares_beat else ():
         worker.put(f"hb/{slot}", seq=1, iteration=None, state="starting")
     coordinator.step()
     return coordinator, worker, clock
@@ -347,6 +380,26 @@ def test_the_wait_for_warming_spares_is_bounded(warming_job):
         worker.put(f"hb/{slot}", seq=seq, iteration=None, state="starting")
     coordinator.step()
     assert Decision.from_message(worker.get("decision/1")).action == "shrink"
+
+
+def test_spares_that_have_not_beaten_yet_on_a_live_node_are_waited_for():
+    """Early in a job a spare may still be importing when a node dies: its
+    agent beats, the spare process does not yet. The recovery waits for it
+    (and swaps) instead of shrinking; a silent node's slots do not count."""
+    coordinator, worker, clock = spare_wait_job(spares_beat=False)
+    assert coordinator.warming == []  # node 2's agent has not beaten either
+    worker.put("hb/node/2", seq=1, time=0.0)
+    coordinator.step()
+    assert coordinator.warming == ["2.0", "2.1"]
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    assert worker.get("decision/1") is None
+    worker.post("coordinator", kind="spare_ready", slot="2.0")
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {3: "2.0"}
 
 
 def test_no_wait_without_warming_spares(warming_job):

@@ -154,6 +154,16 @@ def test_a_fault_may_fire_a_delay_into_its_phase():
                                2, LAUNCHED)
 
 
+def test_a_stall_stops_a_main_thread_phase_of_one_rank():
+    from deadpool_ext.inject import parse_fault
+
+    assert parse_fault("stall:rank=1:iter=4:phase=backward").action == "stall"
+    for spec, says in [("stall:node=1:iter=4", "rank=N"),
+                       ("stall:rank=1:iter=4:phase=mirror", "phase must be one of"),
+                       ("stall:rank=1:iter=4:delay=10", "without delay")]:
+        assert says in error(DEADPOOL + ["--deadpool-inject", spec], 2, LAUNCHED), spec
+
+
 def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
     env = {k: v for k, v in os.environ.items() if k != "DEADPOOL_SECRET"}
     proc = subprocess.run([sys.executable, "-m", "deadpool_ext.launch", "--nnodes", "2",

@@ -32,6 +32,10 @@ SCENARIOS = {
                                          "kill:rank=0:phase=recovery"]),
     "two-nodes": (SMALL, 2, 2, 2, ["kill:node=1:iter=3", "kill:node=0:iter=6"]),
     "hang": (SMALL, 2, 1, 2, ["hang:rank=2:iter=4"]),
+    # Rank 1 stops in forward, heartbeats going on, and never notices rank
+    # 2's death: it is killed as stuck, and both come back from buddies.
+    "stuck": (SMALL, 2, 1, 2, ["stall:rank=1:iter=4:phase=forward",
+                               "kill:rank=2:iter=4:phase=forward"]),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
 }
 
@@ -86,9 +90,9 @@ def test_events_tell_the_recovery(recovered):
     events = read_events(str(tmp / "events.jsonl"))
     kinds = [e["event"] for e in events]
     # One recovery per failure, except a failure during a recovery, which
-    # that recovery absorbs.
+    # that recovery absorbs (a stuck rank's kill among them).
     faults = SCENARIOS[name][4]
-    during = sum("phase=recovery" in f for f in faults)
+    during = sum("phase=recovery" in f or f.startswith("stall") for f in faults)
     assert kinds.count("recovered") == len(faults) - during
     assert kinds.count("failure_detected") >= len(faults)
     for e in events:
@@ -110,9 +114,16 @@ def test_events_tell_the_recovery(recovered):
             earliest = latest - (e["node"] is not None and e["phase"] == "backward")
         if e["event"] == "state_restored":
             assert earliest <= e["rollback_to"] <= latest, e
+    detected = [e for e in events if e["event"] == "failure_detected"]
     if name == "hang":
-        detected = [e for e in events if e["event"] == "failure_detected"]
         assert "hung" in detected[0]["reason"]
+    if name == "stuck":
+        # Rank 1 wrote where it was blocked before the coordinator killed it.
+        stuck = [e for e in events if e["event"] == "stuck"]
+        assert [e["rank"] for e in stuck] == [1] and "inject.py" in stuck[0]["stacks"]
+        assert detected[0]["ranks"] == [2] and detected[1]["ranks"] == [1]
+        assert "stuck" in detected[1]["reason"]
+        assert stuck[0]["time"] < detected[1]["time"]
 
 
 @pytest.mark.parametrize("faults,spares,reason", [
