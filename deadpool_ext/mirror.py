@@ -33,6 +33,15 @@ class MirrorError(RuntimeError):
     """The mirror stopped (a buddy was lost or a snapshot arrived corrupted)."""
 
 
+# How long a halt waits for the worker thread once the generation's
+# connections are shut down. Its exchange then fails within milliseconds,
+# unless gloo had queued part of a send for a busy socket: such a send is
+# never failed when its connection closes (gloo's pair fails the waits of
+# pending and posted operations, not of unbound sends in its transmit
+# queue), and waits out the group's timeout. The thread is then abandoned.
+HALT_GRACE_S = 2.0
+
+
 def new_mirror_group(backend: str, timeout_s: float):
     """A process group used by mirror traffic only (all ranks must call it).
     In a spare's fake world it is fake too, until the real one replaces it."""
@@ -71,8 +80,15 @@ class Mirror:
         self._thread = self._new_thread()
 
     def _new_thread(self) -> threading.Thread:
-        return threading.Thread(target=self._work, name=f"deadpool-mirror-{self.rank}",
-                                daemon=True)
+        # Each worker has its own queue: one abandoned by halt() must not
+        # take the next worker's jobs.
+        return threading.Thread(target=self._work, args=(self._jobs,),
+                                name=f"deadpool-mirror-{self.rank}", daemon=True)
+
+    def _abandoned(self) -> bool:
+        """In a worker thread that halt() gave up on: it must not touch the
+        mirror's state any more."""
+        return threading.current_thread() is not self._thread
 
     def allocate(self, buffer_device: str = "cpu") -> None:
         pin = self.cuda and buffer_device == "cpu"
@@ -149,14 +165,16 @@ class Mirror:
         self.last["wait_ms"] = (time.perf_counter() - start) * 1e3
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join(timeout=10)
 
     # ----- recovery -----
-    def halt(self, timeout_s: float = 60.0) -> None:
+    def halt(self, timeout_s: float = HALT_GRACE_S) -> None:
         """Stop the worker: drop queued jobs, let the running one finish or
-        fail (its peers are released as their old groups die)."""
+        fail (the generation's connections are shut down by then). A worker
+        still in its exchange after ``timeout_s`` is abandoned: it waits on
+        a send gloo will never fail, and leaves no trace when it ends."""
         while True:
             try:
                 job = self._jobs.get_nowait()
@@ -165,10 +183,17 @@ class Mirror:
             if job is not None:
                 with self._idle:
                     self._pending -= 1
+        if self._thread is None:  # abandoned by an earlier halt
+            return
         self._jobs.put(None)
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
-            raise MirrorError(f"the mirror thread is still in an exchange after {timeout_s} s")
+            self._thread = None  # abandoned; resume() starts a new one
+            with self._idle:
+                self._pending = 0  # its job will never complete
+                self._idle.notify_all()
+            raise MirrorError(f"the mirror thread was still in an exchange {timeout_s} s after "
+                              "the generation's connections were shut down: abandoned")
 
     def resume(self, source_index: int) -> None:
         """After a restore from own[source_index]: forget every other copy
@@ -208,21 +233,25 @@ class Mirror:
         raise MirrorError(f"no verified {which} snapshot of iteration {iteration}")
 
     # ----- worker thread -----
-    def _work(self) -> None:
+    def _work(self, jobs: "queue.Queue") -> None:
         if self.cuda:
             torch.cuda.set_device(self.device)
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             if job is None:
                 return
             try:
                 self._run(*job)
             except BaseException as error:  # the main thread raises it
+                if self._abandoned():
+                    return
                 # Without its traceback: those frames hold the process group,
                 # and a recovery must be able to drop every reference to it.
                 self.error = MirrorError(f"{type(error).__name__}: {error}")
                 self._packed.set()
                 self.events.emit("mirror_failed", iteration=job[0], error=str(error))
+            if self._abandoned():
+                return
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()
@@ -248,6 +277,8 @@ class Mirror:
         if self.before_exchange is not None:
             self.before_exchange(iteration)
         self.exchange(buffer, self.held[target])
+        if self._abandoned():
+            return
         t3 = time.perf_counter()
         snap.verify(self.held[target], self.layout, iteration=iteration, owner=self.owner)
         with self._lock:

@@ -94,7 +94,9 @@ class Recovery:
         """The heartbeat thread saw generation ``gen`` announced and released
         this rank's connections, yet the main thread still trains: say where
         it is (the coordinator has it killed a heartbeat timeout later)."""
-        self.emit("stuck", for_gen=gen, stacks=stacks)
+        self.emit("stuck", for_gen=gen, stacks=stacks, released=self.ctx.generation.released,
+                  release_error=self.ctx.release_error,
+                  connections=self.ctx.generation.open_connections())
         self.logger.error("deadpool: generation %d was announced %.0f s ago and this rank "
                           "has not stopped training; its threads:\n%s", gen,
                           self.ctx.stuck_after_s, stacks)
@@ -191,8 +193,7 @@ class Recovery:
         # that forked processes or live objects keep open.
         self.ctx.generation.release(by="tear_down")
         if self.mirror is not None:
-            timeout = section(self.config).deadpool_mirror_timeout
-            self._mirror_step("halt", lambda: self.mirror.halt(timeout_s=timeout))
+            self._mirror_step("halt", self.mirror.halt)
         if self.slots is None:
             # No local may hold a group (detach checks that none is left alive).
             self.slots = regroup.detach(

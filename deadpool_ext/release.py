@@ -88,6 +88,7 @@ class Generation:
         self._groups: List[weakref.ref] = []
         # Who shut the generation's connections down, and how many (events).
         self.released: Optional[dict] = None
+        self._last_released: Set[int] = set()  # inodes of the last release
 
     def begin(self, number: int) -> None:
         """Before the generation's first connection (its store) is opened."""
@@ -123,13 +124,46 @@ class Generation:
             open_now = socket_descriptors()
             inodes = (set(open_now) - self._baseline) if self._building else self._inodes
             groups, self._groups = self._groups, []
-            count = sum(shut_down(open_now[i]) for i in inodes if i in open_now)
+            still_open = [i for i in inodes if i in open_now]
+            count = sum(shut_down(open_now[i]) for i in still_open)
             self._inodes, self._baseline = set(), set(open_now)
+            self._last_released = set(inodes)
             self._done = not self._building
             if count and self.released is None:
-                self.released = {"by": by, "connections": count}
+                self.released = {"by": by, "connections": count, "known": len(inodes),
+                                 "open": len(still_open)}
         abort_nccl([ref() for ref in groups])
         return count
+
+
+    def open_connections(self) -> List[dict]:
+        """The TCP connections this process has open now, and whether the
+        last release knew them (for the report of a rank it did not free)."""
+        with self._lock:
+            known = set(self._last_released)
+        found = []
+        for inode, fd in sorted(socket_descriptors().items()):
+            peer = peer_of(fd)
+            if peer is not None:
+                found.append({"inode": inode, "peer": peer, "released": inode in known})
+        return found
+
+
+def peer_of(fd: int) -> Optional[str]:
+    """host:port of a connected TCP socket's peer; None for anything else."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return None
+    finally:
+        sock.close()
 
 
 def abort_nccl(groups: Iterable[Optional[object]]) -> None:

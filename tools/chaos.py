@@ -41,6 +41,7 @@ from typing import List, Optional, Tuple
 
 from deadpool_ext.buddies import buddy_map, nodes_by_block
 from deadpool_ext.compare import checkpoint_files, curve, read_metrics, state_difference
+from deadpool_ext.control import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -297,18 +298,33 @@ def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
     return None
 
 
+def stuck_killed(events: List[dict]) -> List[int]:
+    """Survivors the coordinator killed because they still trained after a
+    failure was announced (their stacks are in the events: 'stuck')."""
+    return [rank for e in events if e["event"] == "failure_detected" and e["rank"] == -1
+            and "stuck" in e["reason"] for rank in e["ranks"]]
+
+
 def check_release_bound(events: List[dict]) -> Optional[str]:
-    """Every rank that tore down for a failure's generation did so within
-    the heartbeat timeout of the coordinator's detection."""
-    detected = {e["gen"]: e["time"] for e in events
+    """Every survivor was released within the bound: it reported within the
+    heartbeat timeout of the coordinator's detection, or, stuck where no
+    release reaches (gloo's queued send, docs/reliability.md), it was
+    killed STUCK_KILL_TIMEOUTS heartbeat timeouts after (plus one timeout of
+    slack for the coordinator's checks and the kill)."""
+    detected = {e["gen"]: e for e in events
                 if e["event"] == "failure_detected" and e["rank"] == -1}
     worst = 0.0
     for e in events:
         if e["event"] != "reported" or e.get("for_gen") not in detected:
             continue
-        worst = max(worst, e["time"] - detected[e["for_gen"]])
+        worst = max(worst, e["time"] - detected[e["for_gen"]]["time"])
     if worst > HEARTBEAT_TIMEOUT:
         return f"a survivor reported {worst:.1f} s after the failure was detected"
+    for gen, e in detected.items():
+        if "stuck" in e["reason"] and gen - 1 in detected:
+            waited = e["time"] - detected[gen - 1]["time"]
+            if waited > (STUCK_KILL_TIMEOUTS + 1) * HEARTBEAT_TIMEOUT:
+                return f"a stuck survivor was killed {waited:.1f} s after the failure"
     return None
 
 
@@ -364,8 +380,9 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    stuck = stuck_killed(read_jsonl(os.path.join(out, "events.jsonl")))
     return dict(asdict(trial), expected=trial.expected, passed=problem is None,
-                problem=problem, seconds=round(seconds, 1), folder=out)
+                problem=problem, stuck_killed=stuck, seconds=round(seconds, 1), folder=out)
 
 
 def main(argv=None) -> int:
@@ -389,15 +406,20 @@ def main(argv=None) -> int:
         trial = draw(args.seed, index)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)
-        verdict = "pass" if result["passed"] else "FAIL"
+        verdict = ("pass*" if result["stuck_killed"] else "pass") if result["passed"] \
+            else "FAIL"
         print(f"{index:>5} {args.seed:>5}  {trial.describe():<72} {trial.expected:<8} "
               f"{verdict:<6} {result['seconds']:.0f}", flush=True)
         if not result["passed"]:
             print(f"      {result['problem']}  (replay: tools/chaos.py --seed {args.seed} "
                   f"--only {index})", flush=True)
     failed = [r for r in results if not r["passed"]]
+    stuck = [r["index"] for r in results if r["passed"] and r["stuck_killed"]]
     print(f"trials: {len(results)}, passed: {len(results) - len(failed)}, failed: {len(failed)}"
           + (f" (seed {args.seed}, trials {[r['index'] for r in failed]})" if failed else ""))
+    if stuck:
+        print(f"pass*: {len(stuck)} passed with a stuck survivor killed and restored from its "
+              f"buddy (trials {stuck}; stacks in their event logs, event 'stuck')")
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if args.output:
         with open(args.output, "w") as f:

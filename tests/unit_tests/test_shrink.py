@@ -45,7 +45,7 @@ from deadpool_ext.events import read_events
 from deadpool_ext.grow import plan_grow
 from deadpool_ext.launch import free_port
 from deadpool_ext.plan import Report
-from deadpool_ext.shrink import Grid, plan_shrink, renumber
+from deadpool_ext.shrink import Grid, kept_replicas, plan_shrink, renumber, whole_replica
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
 from megatron.training.optimizer_layout import Bucket, full_state, new_shard
 
@@ -68,13 +68,27 @@ def reports(ranks, own=(2, 3), held=(2, 3)):
 
 def test_renumber_keeps_positions_and_order():
     grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
-    assert renumber(grid, [0, 1, 3]) == {0: 0, 1: 1, 2: 2, 3: 3, 6: 4, 7: 5}
+    kept = [whole_replica(grid, d) for d in (0, 1, 3)]
+    assert renumber(grid, kept) == {0: 0, 1: 1, 2: 2, 3: 3, 6: 4, 7: 5}
     grid = Grid(tp=2, pp=2, dp=3)                   # rank = tp + 2 * (dp + 3 * pp)
-    mapping = renumber(grid, [0, 2])
+    mapping = renumber(grid, [whole_replica(grid, 0), whole_replica(grid, 2)])
     new = grid.with_dp(2)
     for old, new_rank in mapping.items():
         tp, dp, pp = grid.coords(old)
         assert new.coords(new_rank) == (tp, [0, 2].index(dp), pp)
+
+
+def test_kept_replicas_are_the_intact_ones_then_those_survivors_make_up():
+    grid = Grid(tp=1, pp=4, dp=2, tp_pp_dp=True)  # rank = pp + 4 * dp
+    # One loss: the other replica goes on alone, as always.
+    assert kept_replicas(grid, {2}) == [whole_replica(grid, 1)]
+    # A loss in each replica, at different stages: one replica of survivors.
+    assert kept_replicas(grid, {2, 4}) == [{(0, 0): 0, (0, 1): 1, (0, 2): 6, (0, 3): 3}]
+    # The same stage lost in both: nothing can be made up.
+    assert kept_replicas(grid, {2, 6}) == []
+    grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
+    assert kept_replicas(grid, {1, 2, 5}) == [whole_replica(grid, 3),
+                                              {(0, 0): 0, (0, 1): 3}]
 
 
 def test_plan_shrink_drops_the_broken_replica_and_names_sources():
@@ -95,6 +109,25 @@ def test_plan_shrink_refuses_when_no_replica_or_no_copy_is_left():
     members = {0: "0.0", 1: "1.0"}
     d = plan_shrink(1, members, {0, 1}, {}, [1, 0], grid)
     assert d.action == "abort" and "no complete data-parallel replica" in d.reason
+
+
+def test_plan_shrink_makes_a_replica_of_the_survivors_of_two_broken_ones():
+    """TP1 x PP4 x DP2: stage 2 of replica 0 and stage 0 of replica 1 are
+    lost (a rank and a stuck survivor killed after it); stages 0, 1 and 3 of
+    replica 0 and stage 2 of replica 1 train on, each lost shard coming from
+    its buddy, every dropped survivor's from its buddy too."""
+    grid = Grid(tp=1, pp=4, dp=2, tp_pp_dp=True)
+    members = {r: f"{r // 4}.{r % 4}" for r in range(8)}
+    buddy = [(r + 4) % 8 for r in range(8)]
+    live = [r for r in range(8) if r not in (2, 4)]
+    d = plan_shrink(2, members, {2, 4}, reports(live), buddy, grid)
+    assert d.action == "shrink" and (d.old_dp, d.new_dp) == (2, 1)
+    assert d.renumber == {0: 0, 1: 1, 6: 2, 3: 3}
+    assert d.members == {0: "0.0", 1: "0.1", 2: "1.2", 3: "0.3"}
+    assert d.released == ["1.1", "1.3"]
+    assert d.sources == {0: [0, "own"], 1: [1, "own"], 2: [6, "held"], 3: [3, "own"],
+                         4: [0, "held"], 5: [1, "held"], 6: [6, "own"], 7: [3, "held"]}
+    assert "1 made up of their surviving ranks" in d.warnings[0]
     grid = Grid(tp=1, pp=1, dp=3)
     members = {r: f"{r}.0" for r in range(3)}
     # rank 1's copy is on rank 2, whose replica also broke
