@@ -52,8 +52,9 @@ class DeadpoolConfig:
         "--deadpool-on-spares-exhausted and growing back; 0 never waits.")
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
-        "hang:rank=R:iter=N, stall:rank=R:iter=N[:phase=P]; phases forward, backward, grad-reduce, optimizer, mirror, "
-        "recovery (deadpool-launch runs only).", action="append")
+        "hang:rank=R:iter=N, stall:rank=R:iter=N[:phase=P]; phases forward, backward, "
+        "grad-reduce, optimizer, mirror, recovery (deadpool-launch runs only).",
+        action="append")
 
 
 def section(config: Config) -> DeadpoolConfig:

@@ -67,7 +67,8 @@ class Recovery:
         self.trainer, self.config = trainer, trainer.config
         self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
         self.logger = get_logger(trainer.runtime.rank)
-        self.ctx.stuck_after_s = STUCK_REPORT_TIMEOUTS * section(self.config).deadpool_heartbeat_timeout
+        timeout = section(self.config).deadpool_heartbeat_timeout
+        self.ctx.stuck_after_s = STUCK_REPORT_TIMEOUTS * timeout
         self.ctx.on_stuck = self._report_stuck
         self._check_between_microbatches()
         if self.injector is not None:

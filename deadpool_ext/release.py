@@ -127,14 +127,14 @@ class Generation:
             still_open = [i for i in inodes if i in open_now]
             count = sum(shut_down(open_now[i]) for i in still_open)
             self._inodes, self._baseline = set(), set(open_now)
-            self._last_released = set(inodes)
+            if inodes:  # a second release finds nothing new
+                self._last_released = set(inodes)
             self._done = not self._building
             if count and self.released is None:
                 self.released = {"by": by, "connections": count, "known": len(inodes),
                                  "open": len(still_open)}
         abort_nccl([ref() for ref in groups])
         return count
-
 
     def open_connections(self) -> List[dict]:
         """The TCP connections this process has open now, and whether the
