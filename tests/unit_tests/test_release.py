@@ -32,13 +32,20 @@ from deadpool_ext.release import Generation, shut_down, socket_descriptors
 GROUP_TIMEOUT_S = 20
 
 
-def _rank(rank: int, port: int, release: bool, results) -> None:
+def built_generation(rank: int, port: int, world_size: int, timeout_s: float) -> Generation:
+    """Generation 0 of a gloo world, as a worker builds it."""
     generation = Generation()
     generation.begin(0)
     store = connect("127.0.0.1", port, is_master=rank == 0, timeout_s=30)
     dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
-                            world_size=3, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     generation.built()
+    return generation
+
+
+def _rank(rank: int, port: int, release: bool, results) -> None:
+    generation = built_generation(rank, port, 3, GROUP_TIMEOUT_S)
     child = os.fork()
     if child == 0:  # holds every socket, like a data-loader worker
         time.sleep(GROUP_TIMEOUT_S + 10)
@@ -63,22 +70,28 @@ def _rank(rank: int, port: int, release: bool, results) -> None:
         os.kill(child, 9)
 
 
-def run_three(release: bool) -> dict:
+def run_ranks(target, ranks: int, wanted: int, limit_s: float, *args) -> dict:
+    """``target(rank, port, *args, results)`` in forked processes, until
+    ``wanted`` ranks have put their result (or ``limit_s``); then kill all."""
     port = free_port()
     with mp.Manager() as manager:
         results = manager.dict()
-        procs = [mp.get_context("fork").Process(target=_rank, args=(r, port, release, results))
-                 for r in range(3)]
+        procs = [mp.get_context("fork").Process(target=target, args=(r, port, *args, results))
+                 for r in range(ranks)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + GROUP_TIMEOUT_S + 20
-        while len(results) < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + limit_s
+        while len(results) < wanted and time.monotonic() < deadline:
             time.sleep(0.1)
         out = dict(results)
         for p in procs:
             p.kill()
             p.join()
     return out
+
+
+def run_three(release: bool) -> dict:
+    return run_ranks(_rank, 3, 3, GROUP_TIMEOUT_S + 20, release)
 
 
 @pytest.mark.parametrize("release", [True, False], ids=["release", "drop-only"])
@@ -101,12 +114,7 @@ def _sender(rank: int, port: int, queued: bool, results) -> None:
     queued: rank 1 posted the receive and stopped reading mid-transfer (the
     rest of the send waits in gloo's transmit queue); else rank 1 is alive
     but never posts the receive (the send waits in gloo's pending list)."""
-    generation = Generation()
-    generation.begin(0)
-    store = connect("127.0.0.1", port, is_master=rank == 0, timeout_s=30)
-    dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
-                            world_size=2, timeout=datetime.timedelta(seconds=SEND_TIMEOUT_S))
-    generation.built()
+    generation = built_generation(rank, port, 2, SEND_TIMEOUT_S)
     size = 16 << 20
     if rank == 1:
         if queued:
@@ -133,20 +141,7 @@ def test_gloo_never_fails_a_send_queued_for_a_busy_socket(queued):
     the rest for a full socket; that one waits out the group's timeout.
     When torch fixes this, the "queued" case fails here: then a stuck
     survivor should not happen on gloo any more."""
-    port = free_port()
-    with mp.Manager() as manager:
-        results = manager.dict()
-        procs = [mp.get_context("fork").Process(target=_sender, args=(r, port, queued, results))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + SEND_TIMEOUT_S + 20
-        while 0 not in results and time.monotonic() < deadline:
-            time.sleep(0.1)
-        out = dict(results)
-        for p in procs:
-            p.kill()
-            p.join()
+    out = run_ranks(_sender, 2, 1, SEND_TIMEOUT_S + 20, queued)
     seconds, error = out[0]
     if queued:
         assert seconds >= SEND_TIMEOUT_S - 0.5 and "Timed out" in error, out
