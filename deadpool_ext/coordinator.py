@@ -92,6 +92,10 @@ class Coordinator:
         # still starting while a recovery waits for them.
         self.spare_wait = 0.0
         self.warming: List[str] = []
+        # The groups' own timeout (--distributed-timeout-minutes, from rank
+        # 0's plan): what finally frees a rank stuck on gloo's queued send.
+        self.group_timeout_s: Optional[float] = None
+        self.waited_stuck_gen: Optional[int] = None
         self.waited_gen: Optional[int] = None
         self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
         self.progress: Dict[int, int] = {}
@@ -145,6 +149,8 @@ class Coordinator:
             self.buddy, self.owner = m["buddy"], m["owner"]
             self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
             self.spare_wait = float(m.get("spare_wait", self.spare_wait))
+            if m.get("distributed_timeout_minutes") is not None:
+                self.group_timeout_s = 60.0 * float(m["distributed_timeout_minutes"])
             self.train_iters = m.get("train_iters")
         elif kind == "exit" and m["slot"] in self.released:
             self.released.discard(m["slot"])  # left on a shrink; its agent starts a spare
@@ -277,13 +283,37 @@ class Coordinator:
         waited = now - self.started_recovery
         if waited < STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
             return
-        stuck = [slot for rank, slot in sorted(self.view.members.items())
+        stuck = [rank for rank, slot in sorted(self.view.members.items())
                  if rank not in self.lost and rank not in self.reports and
                  (self.channel.get(f"hb/{slot}") or {}).get("state") == "training"]
+        only_copies = self.only_copies()
+        kept = {rank: only_copies[rank] for rank in stuck if rank in only_copies}
+        if kept and self.waited_stuck_gen != self.gen:
+            # Killing it would lose state: its wait ends at the groups' timeout.
+            self.waited_stuck_gen = self.gen
+            self.events.emit("stuck_waited", gen=self.gen, ranks=sorted(kept),
+                             why=[kept[r] for r in sorted(kept)],
+                             up_to_s=self.group_timeout_s)
+        stuck = [self.view.members[rank] for rank in stuck if rank not in kept]
         for slot in stuck:
             self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
         self.lose_slots(stuck, f"still training {waited:.0f} s after generation {self.gen} "
                         "was announced (stuck; its stacks are in the event log)")
+
+    def only_copies(self) -> Dict[int, str]:
+        """Live members whose loss would leave an optimizer shard with no
+        copy (a lost rank's, held by its buddy; or their own, when their
+        buddy is lost): rank -> why."""
+        if self.buddy is None:
+            return {}
+        found = {}
+        for rank in sorted(self.view.members):
+            buddy = self.buddy[rank]
+            if rank in self.lost and buddy not in self.lost:
+                found[buddy] = f"holds the only copy of lost rank {rank}'s optimizer shard"
+            elif rank not in self.lost and buddy in self.lost:
+                found.setdefault(rank, f"its optimizer shard's copy was lost with rank {buddy}")
+        return found
 
     def warming_spares(self, now: float, beating_nodes: Set[int]) -> List[str]:
         """Slots whose process is still starting (imports, device, data) and
@@ -339,11 +369,12 @@ class Coordinator:
     def maybe_decide(self) -> None:
         waiting = [r for r in self.view.members if r not in self.lost and r not in self.reports]
         if waiting:
-            if self.clock() - self.started_recovery > self.recovery_timeout:
+            timeout = self.report_timeout(waiting)
+            if self.clock() - self.started_recovery > timeout:
                 slots = [self.view.members[r] for r in waiting]
                 for slot in slots:
                     self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
-                self.lose_slots(slots, f"did not report within {self.recovery_timeout:.0f} s")
+                self.lose_slots(slots, f"did not report within {timeout:.0f} s")
             return
         if self.plan is None:
             self.end(abort(self.gen, "no buddy plan was received from rank 0",
@@ -371,6 +402,14 @@ class Coordinator:
                          from_buddy=decision.from_buddy, warnings=decision.warnings,
                          spares_left=len(self.view.spares))
         self.publish()
+
+    def report_timeout(self, waiting: List[int]) -> float:
+        """How long the survivors may take to report: longer when one that
+        holds the only copy of a shard may be stuck until the groups' own
+        timeout frees it (gloo's queued send: docs/reliability.md)."""
+        if self.group_timeout_s is None or not set(waiting) & set(self.only_copies()):
+            return self.recovery_timeout
+        return max(self.recovery_timeout, self.group_timeout_s + 2 * self.heartbeat_timeout)
 
     def waiting_for_spares(self) -> bool:
         """Too few spares are ready, but enough are still starting: wait for

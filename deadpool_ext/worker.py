@@ -180,6 +180,7 @@ class RecoveryHook(Hook):
                       on_spares_exhausted=dp.deadpool_on_spares_exhausted,
                       heartbeat_timeout=dp.deadpool_heartbeat_timeout,
                       spare_wait=dp.deadpool_spare_wait,
+                      distributed_timeout_minutes=p.distributed_timeout_minutes,
                       train_iters=self.config.training.train_iters)
 
     def log_fields(self, trainer: Trainer) -> List[str]:

@@ -119,6 +119,33 @@ def test_a_survivor_still_training_after_the_announcement_is_killed_and_swapped(
     assert decision.action == "recover" and sorted(decision.from_buddy) == [0, 3]
 
 
+def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
+    """Rank 1 is stuck after rank 3's loss, but rank 1 holds the only copy
+    of rank 3's shard (BUDDY: 3 -> 1): killing it would lose state, so the
+    coordinator waits for the groups' timeout to free it (plus two heartbeat
+    timeouts), and kills it only then."""
+    coordinator, worker, clock = job
+    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY,
+                distributed_timeout_minutes=3)
+    coordinator.plan = None  # the fixture's plan has no group timeout
+    coordinator.step()
+    commands = worker.reader("agent/0")
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    report_all(worker, 1, [0, 2])
+    for seq in range(1, 192):
+        worker.put("hb/0.1", seq=seq, iteration=5, state="training")
+        for slot in ("0.0", "1.0"):
+            worker.put(f"hb/{slot}", seq=seq, iteration=5, state="recovering")
+        coordinator.step()
+        if seq == 180:  # 180 s: within 180 + 2 * 3 s
+            assert coordinator.gen == 1 and not commands.poll()
+            assert coordinator.only_copies() == {
+                1: "holds the only copy of lost rank 3's optimizer shard"}
+        clock.now += 1.0
+    assert coordinator.gen == 2 and commands.poll() == [{"kind": "kill", "slot": "0.1"}]
+
+
 def test_spares_exhausted_ends_the_job_with_the_reason(job):
     coordinator, worker, _ = job
     for slot in ("1.0", "1.1", "0.1"):
