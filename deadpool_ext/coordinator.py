@@ -265,17 +265,20 @@ class Coordinator:
                 beating.add(node)
         self.warming = self.warming_spares(now, beating)
         watched = list(self.view.members.values()) + list(self.view.spares)
+        states = {}  # slot -> the state its last beat gave
         for slot in watched:
             if slot in self.view.lost_slots:
                 continue
-            if self.stale(f"hb/{slot}", now) and self.node_beats(parse_slot(slot)[0], now):
+            body, stale = self.heartbeat(f"hb/{slot}", now)
+            states[slot] = (body or {}).get("state")
+            if stale and self.node_beats(parse_slot(slot)[0], now):
                 self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
                 self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
                                 "(hung)")
         if self.state == "recovering" and not self.growing:
-            self.kill_stuck(now)
+            self.kill_stuck(now, states)
 
-    def kill_stuck(self, now: float) -> None:
+    def kill_stuck(self, now: float, states: Dict[str, Optional[str]]) -> None:
         """Members that neither reported nor stopped training long after the
         failure was announced are blocked where no release reaches (each
         wrote its threads' stacks to the event log, event 'stuck'): they are
@@ -285,7 +288,7 @@ class Coordinator:
             return
         stuck = [rank for rank, slot in sorted(self.view.members.items())
                  if rank not in self.lost and rank not in self.reports and
-                 (self.channel.get(f"hb/{slot}") or {}).get("state") == "training"]
+                 states.get(slot) == "training"]
         only_copies = self.only_copies()
         kept = {rank: only_copies[rank] for rank in stuck if rank in only_copies}
         if kept and self.waited_stuck_gen != self.gen:

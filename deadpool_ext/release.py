@@ -27,6 +27,7 @@ announcement. Neither touches the state: snapshots live in tensors that
 no group owns.
 """
 
+import contextlib
 import os
 import socket
 import threading
@@ -53,24 +54,38 @@ def socket_descriptors() -> dict:
     return found
 
 
-def shut_down(fd: int) -> bool:
-    """Shut a connected TCP socket down in both directions; False for
-    anything else (a listener, a unix socket) or a socket already gone."""
+@contextlib.contextmanager
+def _connected_tcp(fd: int):
+    """A duplicate of ``fd`` as a socket if it is a connected TCP socket,
+    else None; only the duplicate is closed on exit."""
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
-        return False
+        yield None
+        return
     try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6) or \
-                sock.type != socket.SOCK_STREAM:
-            return False
-        sock.getpeername()  # raises for a listener or an unconnected socket
-        sock.shutdown(socket.SHUT_RDWR)
-        return True
-    except OSError:
-        return False
+        tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
+            sock.type == socket.SOCK_STREAM
+        try:
+            sock.getpeername()  # raises for a listener or an unconnected socket
+        except OSError:
+            tcp = False
+        yield sock if tcp else None
     finally:
-        sock.close()  # the duplicate only; the original stays open
+        sock.close()
+
+
+def shut_down(fd: int) -> bool:
+    """Shut a connected TCP socket down in both directions; False for
+    anything else (a listener, a unix socket) or a socket already gone."""
+    with _connected_tcp(fd) as sock:
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
 
 
 class Generation:
@@ -151,19 +166,14 @@ class Generation:
 
 def peer_of(fd: int) -> Optional[str]:
     """host:port of a connected TCP socket's peer; None for anything else."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+    with _connected_tcp(fd) as sock:
+        if sock is None:
             return None
-        host, port = sock.getpeername()[:2]
+        try:
+            host, port = sock.getpeername()[:2]
+        except OSError:
+            return None
         return f"{host}:{port}"
-    except OSError:
-        return None
-    finally:
-        sock.close()
 
 
 def abort_nccl(groups: Iterable[Optional[object]]) -> None:
