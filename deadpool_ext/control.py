@@ -33,6 +33,13 @@ SECRET_ENV = "DEADPOOL_SECRET"
 # and it is restored from its buddy like any lost rank.
 STUCK_REPORT_TIMEOUTS = 2
 STUCK_KILL_TIMEOUTS = 3
+# How long after a failure is announced the heartbeat thread shuts the old
+# groups' connections down. Live peers finish the transfers they are in the
+# middle of first: gloo never fails a send it queued on a socket the peer
+# then closed, so a release mid-transfer would block the sender until the
+# groups' timeout (docs/reliability.md). Ranks blocked on a lost peer wait
+# this much longer; a rank that notices the failure itself releases at once.
+RELEASE_GRACE_S = 1.0
 
 
 class ControlError(RuntimeError):

@@ -27,7 +27,7 @@ from megatron.training.training import Hook, Trainer, build_trainer
 from deadpool_ext import recovery, resize
 from deadpool_ext.agent import leave
 from deadpool_ext.config import section
-from deadpool_ext.control import Channel, connect, job_secret
+from deadpool_ext.control import RELEASE_GRACE_S, Channel, connect, job_secret
 from deadpool_ext.hook import MirrorHook
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.plan import Decision
@@ -55,6 +55,7 @@ class ControlClient:
         self.stuck_after_s: Optional[float] = None
         self.on_stuck: Optional[Callable[[int, str], None]] = None
         self._announced: Optional[tuple] = None  # (generation, when seen)
+        self._superseded: Optional[tuple] = None  # (newer generation, when seen)
         # The heartbeat thread has its own connection.
         self._beat_channel = Channel(connect(host, int(port)), secret)
         self.heartbeat_s = heartbeat_s
@@ -89,14 +90,19 @@ class ControlClient:
 
     def _release_if_superseded(self, latest: dict) -> None:
         """A newer generation that is not a grow means the groups held now
-        are dead: shut their connections down at once, so a main thread
-        blocked in a collective (and every peer blocked on this rank) is
-        released now, not when its peers' sockets happen to close. A grow
-        lets the iteration finish; ranks release at the boundary."""
+        are dead: RELEASE_GRACE_S later, shut their connections down, so a
+        main thread blocked in a collective (and every peer blocked on this
+        rank) is released then, not when its peers' sockets happen to close.
+        A grow lets the iteration finish; ranks release at the boundary."""
+        gen = int(latest["gen"])
         if latest.get("grow"):
             return
+        if self._superseded is None or self._superseded[0] != gen:
+            self._superseded = (gen, time.monotonic())
+        if time.monotonic() - self._superseded[1] < RELEASE_GRACE_S:
+            return
         try:
-            self.generation.release_if_older(int(latest["gen"]), by="heartbeat thread")
+            self.generation.release_if_older(gen, by="heartbeat thread")
         except Exception as error:  # noqa: BLE001 - the thread must go on beating
             # tear_down releases again, from the main thread, and reports it.
             self.release_error = f"{type(error).__name__}: {error}"

@@ -221,3 +221,27 @@ def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
     time.sleep(0.1)
     ctx._report_if_stuck({"gen": 2})
     assert len(seen) == 1
+
+
+def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(monkeypatch):
+    """Live peers first finish the transfer they are in: a release in the
+    middle of it would leave the sender's queued send to the group timeout."""
+    from deadpool_ext import worker
+
+    class Recorded:
+        calls = []
+
+        def release_if_older(self, newer, by):
+            self.calls.append((newer, by))
+
+    monkeypatch.setattr(worker, "RELEASE_GRACE_S", 0.1)
+    ctx = object.__new__(worker.ControlClient)  # the watch alone, no store
+    ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
+    ctx._release_if_superseded({"gen": 1, "grow": True})  # a grow: at the boundary
+    ctx._release_if_superseded({"gen": 1})
+    assert Recorded.calls == []
+    time.sleep(0.15)
+    ctx._release_if_superseded({"gen": 1})
+    assert Recorded.calls == [(1, "heartbeat thread")]
+    ctx._release_if_superseded({"gen": 2})  # a newer failure: a grace of its own
+    assert Recorded.calls == [(1, "heartbeat thread")]
