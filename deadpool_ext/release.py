@@ -56,21 +56,22 @@ def socket_descriptors() -> dict:
 
 @contextlib.contextmanager
 def _connected_tcp(fd: int):
-    """A duplicate of ``fd`` as a socket if it is a connected TCP socket,
-    else None; only the duplicate is closed on exit."""
+    """(a duplicate of ``fd`` as a socket, its peer's host:port) if ``fd`` is
+    a connected TCP socket, else (None, None); only the duplicate is closed
+    on exit."""
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
-        yield None
+        yield None, None
         return
     try:
-        tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
-            sock.type == socket.SOCK_STREAM
-        try:
-            sock.getpeername()  # raises for a listener or an unconnected socket
-        except OSError:
-            tcp = False
-        yield sock if tcp else None
+        peer = None
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and \
+                sock.type == socket.SOCK_STREAM:
+            with contextlib.suppress(OSError):  # a listener or an unconnected socket
+                host, port = sock.getpeername()[:2]
+                peer = f"{host}:{port}"
+        yield (sock, peer) if peer else (None, None)
     finally:
         sock.close()
 
@@ -78,7 +79,7 @@ def _connected_tcp(fd: int):
 def shut_down(fd: int) -> bool:
     """Shut a connected TCP socket down in both directions; False for
     anything else (a listener, a unix socket) or a socket already gone."""
-    with _connected_tcp(fd) as sock:
+    with _connected_tcp(fd) as (sock, _):
         if sock is None:
             return False
         try:
@@ -166,14 +167,8 @@ class Generation:
 
 def peer_of(fd: int) -> Optional[str]:
     """host:port of a connected TCP socket's peer; None for anything else."""
-    with _connected_tcp(fd) as sock:
-        if sock is None:
-            return None
-        try:
-            host, port = sock.getpeername()[:2]
-        except OSError:
-            return None
-        return f"{host}:{port}"
+    with _connected_tcp(fd) as (_, peer):
+        return peer
 
 
 def abort_nccl(groups: Iterable[Optional[object]]) -> None:

@@ -94,9 +94,9 @@ class ControlClient:
         main thread blocked in a collective (and every peer blocked on this
         rank) is released then, not when its peers' sockets happen to close.
         A grow lets the iteration finish; ranks release at the boundary."""
-        gen = int(latest["gen"])
         if latest.get("grow"):
             return
+        gen = int(latest["gen"])
         if self._superseded is None or self._superseded[0] != gen:
             self._superseded = (gen, time.monotonic())
         if time.monotonic() - self._superseded[1] < RELEASE_GRACE_S:
