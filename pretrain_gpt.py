@@ -24,7 +24,9 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
     Engine's when it is there and wanted)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec)
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
 
     from megatron.training.model_setup import use_transformer_engine
 
@@ -52,10 +54,14 @@ def get_batch(data_iterator):
     if data_iterator is None:
         return None, None, None, None, None
     batch = next(data_iterator)
-    moved = {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v)
-             for k, v in batch.items()}
-    return (moved["tokens"], moved["labels"], moved["loss_mask"],
-            moved.get("attention_mask"), moved["position_ids"])
+    moved = {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    return (
+        moved["tokens"],
+        moved["labels"],
+        moved["loss_mask"],
+        moved.get("attention_mask"),
+        moved["position_ids"],
+    )
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -88,14 +94,18 @@ def main(argv=None) -> int:
 
     if "DEADPOOL_SLOT" in os.environ:  # started by deadpool-launch: recovery on
         if not section(config).deadpool:
-            print("pretrain_gpt.py: error: deadpool-launch runs training with recovery: "
-                  "add --deadpool", file=sys.stderr)
+            print(
+                "pretrain_gpt.py: error: deadpool-launch runs training with recovery: "
+                "add --deadpool",
+                file=sys.stderr,
+            )
             return 2
-        from deadpool_ext.worker import run
+        from deadpool_ext.rank.main import run
+
         return run(config, model_provider, forward_step)
     from megatron.training.training import pretrain
 
-    from deadpool_ext.hook import deadpool_hooks
+    from deadpool_ext.rank.hooks import deadpool_hooks
 
     pretrain(config, model_provider, forward_step, hooks=deadpool_hooks(config))
     return 0

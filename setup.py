@@ -8,8 +8,9 @@ setup(
     description=__doc__,
     python_requires=">=3.10",
     # megatron/ is a namespace package: ours is megatron.training, the
-    # megatron-core wheel provides megatron.core beside it.
-    packages=find_namespace_packages(include=["megatron.training*", "deadpool_ext*", "tools*"]),
+    # megatron-core wheel provides megatron.core beside it. tools/ is not
+    # installed: its scripts run from the checkout as `python -m tools.NAME`.
+    packages=find_namespace_packages(include=["megatron.training*", "deadpool_ext*"]),
     py_modules=["pretrain_gpt"],
     install_requires=[
         "torch>=2.6",
@@ -23,6 +24,6 @@ setup(
     entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={
         "gpu": ["transformer-engine[pytorch]", "apex"],
-        "test": ["pytest", "pytest-timeout"],
+        "test": ["pytest", "pytest-timeout", "ruff~=0.17.6"],  # ruff: a minor release may reformat
     },
 )

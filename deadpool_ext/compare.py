@@ -25,8 +25,10 @@ def checkpoint_files(directory: str, iteration: Optional[int] = None) -> Dict[st
         with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
             iteration = int(f.read())
     folder = os.path.join(directory, f"iter_{iteration:07d}")
-    return {name: torch.load(os.path.join(folder, name), weights_only=True)
-            for name in sorted(os.listdir(folder))}
+    return {
+        name: torch.load(os.path.join(folder, name), weights_only=True)
+        for name in sorted(os.listdir(folder))
+    }
 
 
 def state_difference(a, b, path: str = "") -> Optional[str]:
@@ -35,13 +37,18 @@ def state_difference(a, b, path: str = "") -> Optional[str]:
     if isinstance(a, dict):
         if a.keys() != b.keys():
             return f"{path}: keys differ"
-        return next((d for k in a if (d := state_difference(a[k], b[k], f"{path}/{k}"))),
-                    None)
+        return next((d for k in a if (d := state_difference(a[k], b[k], f"{path}/{k}"))), None)
     if isinstance(a, (list, tuple)):
         if len(a) != len(b):
             return f"{path}: lengths differ"
-        return next((d for i, (x, y) in enumerate(zip(a, b))
-                     if (d := state_difference(x, y, f"{path}[{i}]"))), None)
+        return next(
+            (
+                d
+                for i, (x, y) in enumerate(zip(a, b))
+                if (d := state_difference(x, y, f"{path}[{i}]"))
+            ),
+            None,
+        )
     if torch.is_tensor(a):
         if a.dtype != b.dtype or a.shape != b.shape:
             return f"{path}: dtype/shape differ"

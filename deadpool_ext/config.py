@@ -12,49 +12,67 @@ from megatron.training import arguments
 from megatron.training.arguments import ConfigError
 from megatron.training.config import Config, arg
 
-from deadpool_ext.buddies import BuddyError, BuddyMap, buddy_map, nodes_by_block
+from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map, nodes_by_block
 from deadpool_ext.inject import InjectError, parse_faults
+from deadpool_ext.protocol import HEARTBEAT_TIMEOUT_S
 
 
 @dataclass(kw_only=True)
 class DeadpoolConfig:
     """DeadPool: buddy mirroring of the distributed-optimizer shard."""
 
-    deadpool: bool = arg(False, help="Mirror each rank's distributed-optimizer shard to a "
-                         "data-parallel buddy on another node every iteration.")
+    deadpool: bool = arg(
+        False,
+        help="Mirror each rank's distributed-optimizer shard to a "
+        "data-parallel buddy on another node every iteration.",
+    )
     deadpool_events: Optional[str] = arg(
-        help="Append structured events (JSONL, one line per event, all ranks) to this file.")
+        help="Append structured events (JSONL, one line per event, all ranks) to this file."
+    )
     deadpool_mirror_memory: str = arg(
-        "host", help="Where the buddy keeps the mirror: host memory (default) or device "
-        "memory (GPU only).", choices=["host", "device"])
+        "host",
+        help="Where the buddy keeps the mirror: host memory (default) or device memory (GPU only).",
+        choices=["host", "device"],
+    )
     deadpool_allow_same_node_buddy: bool = arg(
-        False, help="Accept buddies on the same node when no other-node buddy exists "
-        "(warns: a node failure then loses that state).")
+        False,
+        help="Accept buddies on the same node when no other-node buddy exists "
+        "(warns: a node failure then loses that state).",
+    )
     deadpool_ranks_per_node: Optional[int] = arg(
         help="Ranks per node for buddy placement; nodes hold contiguous rank blocks. "
         "Default: LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE (srun), or the "
-        "launcher's emulated node size.")
+        "launcher's emulated node size."
+    )
     deadpool_mirror_timeout: float = arg(
-        300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost.")
+        300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost."
+    )
     deadpool_heartbeat_timeout: float = arg(
-        10.0, help="Seconds without a heartbeat after which the coordinator declares a "
-        "node lost or a worker hung (hung workers are killed and replaced).")
+        HEARTBEAT_TIMEOUT_S,
+        help="Seconds without a heartbeat after which the coordinator declares a "
+        "node lost or a worker hung (hung workers are killed and replaced).",
+    )
     deadpool_on_spares_exhausted: str = arg(
-        "shrink", help="When a rank is lost and no spare is left: shrink (drop the "
+        "shrink",
+        help="When a rank is lost and no spare is left: shrink (drop the "
         "data-parallel replicas that lost a rank and go on with the rest, same global batch), "
         "checkpoint (gather every shard on the survivors, save the newest iteration to --save "
         "and stop with exit code 3; --load it at any data-parallel size), or abort (exit "
         "non-zero; resume from the last --save checkpoint).",
-        choices=["shrink", "checkpoint", "abort"])
+        choices=["shrink", "checkpoint", "abort"],
+    )
     deadpool_spare_wait: float = arg(
-        60.0, help="Seconds a recovery may wait for warm spares that are still starting "
+        60.0,
+        help="Seconds a recovery may wait for warm spares that are still starting "
         "(imports, device, data) when too few are ready, to swap once instead of applying "
-        "--deadpool-on-spares-exhausted and growing back; 0 never waits.")
+        "--deadpool-on-spares-exhausted and growing back; 0 never waits.",
+    )
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
         "hang:rank=R:iter=N, stall:rank=R:iter=N[:phase=P]; phases forward, backward, "
         "grad-reduce, optimizer, mirror, recovery (deadpool-launch runs only).",
-        action="append")
+        action="append",
+    )
 
 
 def section(config: Config) -> DeadpoolConfig:
@@ -75,8 +93,9 @@ def ranks_per_node(dp: DeadpoolConfig, world_size: int, environ=os.environ) -> i
 def nodes_are_emulated(config: Config, environ=os.environ) -> bool:
     """The flag or the launcher says where node boundaries are (otherwise
     the hostnames do, and are checked once groups exist)."""
-    return (section(config).deadpool_ranks_per_node is not None
-            or "DEADPOOL_RANKS_PER_NODE" in environ)
+    return (
+        section(config).deadpool_ranks_per_node is not None or "DEADPOOL_RANKS_PER_NODE" in environ
+    )
 
 
 def node_names(config: Config, environ=os.environ) -> List[str]:
@@ -91,10 +110,14 @@ def plan_buddies(config: Config, environ=os.environ) -> BuddyMap:
     """The buddy map this run will use, or ConfigError saying why there is none."""
     p = config.parallel
     try:
-        return buddy_map(config.world_size, p.tensor_model_parallel_size,
-                         p.pipeline_model_parallel_size, node_names(config, environ),
-                         allow_same_node=section(config).deadpool_allow_same_node_buddy,
-                         tp_pp_dp=p.use_tp_pp_dp_mapping)
+        return buddy_map(
+            config.world_size,
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            node_names(config, environ),
+            allow_same_node=section(config).deadpool_allow_same_node_buddy,
+            tp_pp_dp=p.use_tp_pp_dp_mapping,
+        )
     except BuddyError as error:
         raise ConfigError(str(error)) from None
 
@@ -105,48 +128,63 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     if not dp.deadpool:
         return
     if not config.parallel.use_distributed_optimizer:
-        raise ConfigError("--deadpool mirrors the distributed optimizer's shard: add "
-                          "--use-distributed-optimizer")
+        raise ConfigError(
+            "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
+        )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)
     if config.world_size % per_node:
-        raise ConfigError(f"world size {config.world_size} is not a whole number of nodes of "
-                          f"{per_node} ranks: fix --deadpool-ranks-per-node or the launch")
+        raise ConfigError(
+            f"world size {config.world_size} is not a whole number of nodes of "
+            f"{per_node} ranks: fix --deadpool-ranks-per-node or the launch"
+        )
     on_cpu = config.parallel.cpu or config.parallel.distributed_backend == "gloo"
     if dp.deadpool_mirror_memory == "device" and on_cpu:
-        raise ConfigError("--deadpool-mirror-memory device needs a GPU: use host (the "
-                          "default) on CPU runs")
+        raise ConfigError(
+            "--deadpool-mirror-memory device needs a GPU: use host (the default) on CPU runs"
+        )
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
     if dp.deadpool_spare_wait < 0:
-        raise ConfigError("--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
-                          "spares that are still starting)")
+        raise ConfigError(
+            "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
+            "spares that are still starting)"
+        )
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
-        raise ConfigError("--deadpool-on-spares-exhausted checkpoint writes the job's state to "
-                          "--save when spares run out: add --save DIR")
+        raise ConfigError(
+            "--deadpool-on-spares-exhausted checkpoint writes the job's state to "
+            "--save when spares run out: add --save DIR"
+        )
     if (config.training.clip_grad or 0) <= 0:
-        raise ConfigError("--deadpool needs --clip-grad > 0: the grad-norm all-reduce over "
-                          "all ranks in every step keeps ranks within one iteration of each "
-                          "other, which the rollback after a failure relies on")
+        raise ConfigError(
+            "--deadpool needs --clip-grad > 0: the grad-norm all-reduce over "
+            "all ranks in every step keeps ranks within one iteration of each "
+            "other, which the rollback after a failure relies on"
+        )
     try:
         faults = parse_faults(dp.deadpool_inject)
     except InjectError as error:
         raise ConfigError(str(error)) from None
     if faults and "DEADPOOL_SLOT" not in environ:
-        raise ConfigError("--deadpool-inject needs the deadpool launcher: run through "
-                          "python -m deadpool_ext.launch (deadpool-launch)")
+        raise ConfigError(
+            "--deadpool-inject needs the deadpool launcher: run through "
+            "python -m deadpool_ext.launch (deadpool-launch)"
+        )
     for fault in faults:
         if fault.rank is not None and fault.rank >= config.world_size:
-            raise ConfigError(f"--deadpool-inject: rank {fault.rank} does not exist "
-                              f"(world size {config.world_size})")
+            raise ConfigError(
+                f"--deadpool-inject: rank {fault.rank} does not exist "
+                f"(world size {config.world_size})"
+            )
     plan_buddies(config, environ)
 
 
 def parse_args(argv=None) -> Config:
     """Megatron's flags plus the --deadpool ones, all checked before any
     process group starts."""
-    return arguments.parse_args(argv, extra_sections={"deadpool": DeadpoolConfig},
-                                extra_validators=[validate_deadpool])
+    return arguments.parse_args(
+        argv, extra_sections={"deadpool": DeadpoolConfig}, extra_validators=[validate_deadpool]
+    )

@@ -68,14 +68,16 @@ def parse_fault(spec: str) -> Fault:
     parts = spec.split(":")
     action, fields = parts[0], {}
     if action not in ACTIONS:
-        raise InjectError(f"--deadpool-inject {spec}: the action must be one of "
-                          f"{', '.join(ACTIONS)}")
+        raise InjectError(
+            f"--deadpool-inject {spec}: the action must be one of {', '.join(ACTIONS)}"
+        )
     for part in parts[1:]:
         key, _, value = part.partition("=")
-        if key not in ("rank", "node", "iter", "phase", "delay") or not value or \
-                key in fields:
-            raise InjectError(f"--deadpool-inject {spec}: '{part}' is not rank=N, node=N, "
-                              "iter=N, phase=NAME or delay=MS (each once)")
+        if key not in ("rank", "node", "iter", "phase", "delay") or not value or key in fields:
+            raise InjectError(
+                f"--deadpool-inject {spec}: '{part}' is not rank=N, node=N, "
+                "iter=N, phase=NAME or delay=MS (each once)"
+            )
         fields[key] = value
     if ("rank" in fields) == ("node" in fields):
         raise InjectError(f"--deadpool-inject {spec}: name exactly one of rank=N or node=N")
@@ -87,17 +89,26 @@ def parse_fault(spec: str) -> Fault:
     if action in ("hang", "stall") and "node" in fields:
         raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
     if action == "stall" and (phase not in STALL_PHASES or "delay" in fields):
-        raise InjectError(f"--deadpool-inject {spec}: stall stops the main thread: phase "
-                          f"must be one of {', '.join(STALL_PHASES)}, without delay")
+        raise InjectError(
+            f"--deadpool-inject {spec}: stall stops the main thread: phase "
+            f"must be one of {', '.join(STALL_PHASES)}, without delay"
+        )
     try:
         number = {k: int(v) for k, v in fields.items() if k != "phase"}
     except ValueError:
-        raise InjectError(f"--deadpool-inject {spec}: rank, node, iter and delay are "
-                          "integers") from None
+        raise InjectError(
+            f"--deadpool-inject {spec}: rank, node, iter and delay are integers"
+        ) from None
     if any(v < 0 for v in number.values()):
         raise InjectError(f"--deadpool-inject {spec}: rank, node, iter and delay must be >= 0")
-    return Fault(action, number.get("rank"), number.get("node"), number.get("iter"), phase,
-                 number.get("delay", 0))
+    return Fault(
+        action,
+        number.get("rank"),
+        number.get("node"),
+        number.get("iter"),
+        phase,
+        number.get("delay", 0),
+    )
 
 
 def parse_faults(specs: Optional[List[str]]) -> List[Fault]:
@@ -105,33 +116,24 @@ def parse_faults(specs: Optional[List[str]]) -> List[Fault]:
 
 
 class Injector:
-    """The faults aimed at this process; ``at(phase, iteration)`` fires them."""
+    """The faults aimed at this process, each due once; one per process, so
+    a fault that fired stays fired when a shrink rebuilds the trainer."""
 
-    def __init__(self, faults: List[Fault], rank: int, node: int, original: bool,
-                 on_fire=None, settle=None, node_barrier=None):
+    def __init__(self, faults: List[Fault], rank: Optional[int], node: int, original: bool):
         self.faults = [f for f in faults if original and f.targets(rank, node)]
-        self.on_fire = on_fire  # called just before (an event record)
-        self.settle = settle    # training phases: wait for the mirror exchange
-        self.node_barrier = node_barrier  # all ranks of a node at the kill point
         self.fired = set()
 
-    def at(self, phase: str, iteration: Optional[int] = None) -> None:
-        for fault in self.faults:
-            if fault in self.fired or fault.point != phase:
-                continue
-            if phase != "recovery" and fault.iteration != iteration:
-                continue
-            self.fired.add(fault)
-            if self.settle is not None and phase not in ("mirror", "recovery"):
-                self.settle()
-            if self.node_barrier is not None and phase == "start":
-                self.node_barrier(fault)
-            if self.on_fire is not None:
-                self.on_fire(fault, iteration)
-            if fault.delay_ms:
-                threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
-            else:
-                fire(fault)
+    def due(self, phase: str, iteration: Optional[int] = None) -> List[Fault]:
+        """The faults that fire now (marked fired)."""
+        due = [
+            fault
+            for fault in self.faults
+            if fault not in self.fired
+            and fault.point == phase
+            and (phase == "recovery" or fault.iteration == iteration)
+        ]
+        self.fired.update(due)
+        return due
 
 
 def fire(fault: Fault) -> None:

@@ -15,31 +15,28 @@ ReCoVer's comparison), on emulated nodes with no spare node:
       Reported: wall time and effective throughput (the run's tokens over
       its wall time) of each, relative to failure-free.
 
-    python tools/bench_shrink.py [--iters 60] [--fail-at 20] [--trace 15:7 30:5 45:3]
+    python -m tools.bench_shrink [--iters 60] [--fail-at 20] [--trace 15:7 30:5 45:3]
 """
 
 import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from typing import List
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from deadpool_ext.events import read_events  # noqa: E402
-from tools.bench_recovery import MetricsWatch, run, worker_pids  # noqa: E402
-from tools.bench_training import REPO, demo_args, strip_outputs  # noqa: E402
-
-
-def workload(iters: int, workdir: str, layout: List[str]) -> List[str]:
-    return strip_outputs(demo_args()) + layout + [
-        "--use-tp-pp-dp-mapping", "--train-iters", str(iters), "--eval-iters", "0",
-        "--metrics-file", os.path.join(workdir, "metrics.jsonl")]
+from tools.bench_common import (
+    REPO,
+    MetricsWatch,
+    deadpool_run,
+    demo_workload,
+    one_shrink,
+    print_shrink,
+    run,
+    worker_pids,
+)
 
 
 def replace_flag(args: List[str], flag: str, value: str) -> List[str]:
@@ -53,59 +50,36 @@ def trace_layout(args: List[str]) -> List[str]:
     return replace_flag(args, "--tensor-model-parallel-size", "1")
 
 
-def launcher(args: List[str]) -> List[str]:
-    return [sys.executable, "-m", "deadpool_ext.launch", "--standalone", "--nnodes", "2",
-            "--spare-nodes", "0", "--nproc-per-node", "4",
-            os.path.join(REPO, "pretrain_gpt.py"), *args]
-
-
-def deadpool_run(args: List[str], workdir: str, faults: List[str]) -> dict:
-    events = os.path.join(workdir, "events.jsonl")
-    args = args + ["--deadpool", "--deadpool-events", events] + [
-        f"--deadpool-inject={f}" for f in faults]
-    watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
-    total = run(launcher(args), watch)
-    return {"total_s": total, "watch": watch, "events": read_events(events)}
-
-
-def iteration_seconds(workdir: str, first: int, last: int) -> float:
-    """Median of the logged iteration times in [first, last]."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        seconds = [m["seconds"] for m in map(json.loads, f) if first <= m["iteration"] <= last]
-    return statistics.median(seconds)
-
-
-def one_shrink(opts, workdir: str) -> dict:
-    args = workload(opts.iters, workdir, [])
-    out = deadpool_run(args, workdir, [f"kill:node=1:iter={opts.fail_at}"])
-    events = out["events"]
-    fault = next(e["time"] for e in events if e["event"] == "fault_injected")
-    decision = next(e for e in events if e["event"] == "decision")
-    first = max(e["time"] for e in events if e["event"] == "first_iteration_after_recovery"
-                and e["gen"] == decision["gen"])
-    return {"total_s": out["total_s"], "to_first_iteration_s": first - fault,
-            "iterations_lost": opts.fail_at - 1 - decision["rollback_to"],
-            "dp": [decision["dp_before"], decision["dp_after"]],
-            "iteration_s_before": iteration_seconds(workdir, 3, opts.fail_at - 1),
-            "iteration_s_after": iteration_seconds(workdir, opts.fail_at + 2, opts.iters)}
-
-
 def trace_deadpool(opts, workdir: str) -> dict:
-    args = trace_layout(workload(opts.iters, workdir, []))
+    args = trace_layout(demo_workload(opts.iters, workdir))
     faults = [f"kill:rank={rank}:iter={it}" for it, rank in opts.trace]
     out = deadpool_run(args, workdir, faults)
-    sizes = [(e["action"], e.get("dp_after")) for e in out["events"]
-             if e["event"] == "decision"]
+    sizes = [(e["action"], e.get("dp_after")) for e in out["events"] if e["event"] == "decision"]
     return {"total_s": out["total_s"], "decisions": sizes}
 
 
 def trace_checkpoint_restart(opts, workdir: str) -> dict:
     save = os.path.join(workdir, "checkpoints")
-    args = trace_layout(workload(opts.iters, workdir, [])) + [
-        "--save", save, "--load", save, "--save-interval", str(opts.save_interval)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "8", "--monitor-interval", "0.1",
-               os.path.join(REPO, "pretrain_gpt.py"), *args]
+    args = trace_layout(demo_workload(opts.iters, workdir)) + [
+        "--save",
+        save,
+        "--load",
+        save,
+        "--save-interval",
+        str(opts.save_interval),
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "8",
+        "--monitor-interval",
+        "0.1",
+        os.path.join(REPO, "pretrain_gpt.py"),
+        *args,
+    ]
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
     pending, total, restarts = list(opts.trace), 0.0, 0
 
@@ -126,7 +100,7 @@ def trace_checkpoint_restart(opts, workdir: str) -> dict:
 
 
 def trace_failure_free(opts, workdir: str) -> dict:
-    out = deadpool_run(trace_layout(workload(opts.iters, workdir, [])), workdir, [])
+    out = deadpool_run(trace_layout(demo_workload(opts.iters, workdir)), workdir, [])
     return {"total_s": out["total_s"]}
 
 
@@ -138,16 +112,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--fail-at", type=int, default=20)
-    p.add_argument("--trace", nargs="+", default=["15:7", "30:5", "45:3"],
-                   help="ITERATION:RANK failures for the trace (launch ranks).")
+    p.add_argument(
+        "--trace",
+        nargs="+",
+        default=["15:7", "30:5", "45:3"],
+        help="ITERATION:RANK failures for the trace (launch ranks).",
+    )
     p.add_argument("--save-interval", type=int, default=10)
     p.add_argument("--output", help="Also write the results as JSON here.")
     p.add_argument("--only", nargs="+", choices=["shrink", "trace"], help="A part.")
     opts = p.parse_args(argv)
     opts.trace = parse_trace(opts.trace)
-    runs = [("shrink", one_shrink), ("trace_failure_free", trace_failure_free),
-            ("trace_deadpool", trace_deadpool),
-            ("trace_checkpoint_restart", trace_checkpoint_restart)]
+    runs = [
+        ("shrink", one_shrink),
+        ("trace_failure_free", trace_failure_free),
+        ("trace_deadpool", trace_deadpool),
+        ("trace_checkpoint_restart", trace_checkpoint_restart),
+    ]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in runs:
@@ -165,13 +146,6 @@ def main(argv=None) -> int:
         with open(opts.output, "w") as f:
             json.dump({"options": {**vars(opts), "trace": opts.trace}, **results}, f, indent=1)
     return 0
-
-
-def print_shrink(s: dict) -> None:
-    print(f"\nshrink DP{s['dp'][0]} -> DP{s['dp'][1]}: failure -> first iteration "
-          f"{s['to_first_iteration_s']:.2f} s, {s['iterations_lost']} iteration(s) lost; "
-          f"iteration {s['iteration_s_before']:.3f} s before, {s['iteration_s_after']:.3f} s "
-          f"after (throughput ratio {s['iteration_s_before'] / s['iteration_s_after']:.2f})")
 
 
 def print_trace(results: dict) -> None:

@@ -19,9 +19,9 @@ would (mock data, Megatron's default data-loader workers) and checks:
 A hang is a failed trial: every worker's stacks are dumped (py-spy when
 installed, else faulthandler through SIGUSR1) into the trial's folder.
 
-    python tools/chaos.py --trials 100 --seed 1 [--workdir runs/chaos]
-    python tools/chaos.py --seed 1 --only 37        # replay trial 37 of seed 1
-    python tools/chaos.py --trials 50 --first 50     # trials 50 to 99, the second part
+    python -m tools.chaos --trials 100 --seed 1 [--workdir runs/chaos]
+    python -m tools.chaos --seed 1 --only 37        # replay trial 37 of seed 1
+    python -m tools.chaos --trials 50 --first 50     # trials 50 to 99, the second part
 
 Failure-free references are run once per (topology, model, dropout) and
 shared between trials.
@@ -39,9 +39,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
-from deadpool_ext.buddies import buddy_map, nodes_by_block
+from deadpool_ext.topology import buddy_map, nodes_by_block
 from deadpool_ext.compare import checkpoint_files, curve, read_metrics, state_difference
-from deadpool_ext.control import STUCK_KILL_TIMEOUTS
+from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,8 +63,12 @@ DRAWN_MODELS = ["tiny", "small", "demo"]
 PHASES = ["forward", "backward", "grad-reduce", "optimizer", "mirror"]
 # The documented reasons a job stops when a rank and its buddy are lost (the
 # second loss may also land while a shrink is being carried out).
-ABORT_REASONS = ("buddy", "no complete data-parallel replica", "no copy of their",
-                 "while the job was being resized")
+ABORT_REASONS = (
+    "buddy",
+    "no complete data-parallel replica",
+    "no copy of their",
+    "while the job was being resized",
+)
 
 
 @dataclass(frozen=True)
@@ -75,14 +79,14 @@ class Trial:
     pp: int
     spares: int
     model: str
-    target: str      # rank, node, or rank+buddy
-    victim: int      # the rank (or node) killed
+    target: str  # rank, node, or rank+buddy
+    victim: int  # the rank (or node) killed
     iteration: int
     phase: str
     delay_ms: int
-    with_dropout: Optional[bool] = None   # default: on, unless the job shrinks
-    spare_wait: Optional[float] = None    # --deadpool-spare-wait, default the flag's
-    expect: Optional[str] = None          # swap, shrink or stop; default from the draw
+    with_dropout: Optional[bool] = None  # default: on, unless the job shrinks
+    spare_wait: Optional[float] = None  # --deadpool-spare-wait, default the flag's
+    expect: Optional[str] = None  # swap, shrink or stop; default from the draw
     iters: int = ITERS
 
     @property
@@ -106,9 +110,11 @@ class Trial:
         return self.expected != "shrink"
 
     def describe(self) -> str:
-        return (f"TP{self.tp}·PP{self.pp}·DP{self.dp} spares={self.spares} {self.model} "
-                f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
-                f"+{self.delay_ms}ms")
+        return (
+            f"TP{self.tp}·PP{self.pp}·DP{self.dp} spares={self.spares} {self.model} "
+            f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
+            f"+{self.delay_ms}ms"
+        )
 
 
 def draw(seed: int, index: int) -> Trial:
@@ -117,16 +123,33 @@ def draw(seed: int, index: int) -> Trial:
     target = rng.choices(["rank", "node", "rank+buddy"], weights=[5, 4, 1])[0]
     victim = rng.randrange(NODES) if target == "node" else rng.randrange(NODES * PER_NODE)
     delay = 0 if rng.random() < 0.3 else rng.randrange(1, 200)
-    return Trial(index, seed, tp, pp, rng.choice([0, 1]), rng.choice(DRAWN_MODELS), target,
-                 victim, rng.randrange(2, ITERS), rng.choice(PHASES), delay)
+    return Trial(
+        index,
+        seed,
+        tp,
+        pp,
+        rng.choice([0, 1]),
+        rng.choice(DRAWN_MODELS),
+        target,
+        victim,
+        rng.randrange(2, ITERS),
+        rng.choice(PHASES),
+        delay,
+    )
 
 
 def buddy_of(trial: Trial, rank: int) -> int:
     """Its DP peer on the other node (the buddy map of --use-tp-pp-dp-mapping
     with two nodes: the rank at the same place in the other node's block)."""
     world = NODES * PER_NODE
-    plan = buddy_map(world, trial.tp, trial.pp, nodes_by_block(world, PER_NODE),
-                     allow_same_node=False, tp_pp_dp=True)
+    plan = buddy_map(
+        world,
+        trial.tp,
+        trial.pp,
+        nodes_by_block(world, PER_NODE),
+        allow_same_node=False,
+        tp_pp_dp=True,
+    )
     return plan.buddy[rank]
 
 
@@ -145,19 +168,54 @@ def faults(trial: Trial) -> List[str]:
 
 def job_args(trial: Trial, out: str) -> List[str]:
     hidden, seq, micro, global_batch = MODELS[trial.model]
-    args = ["--num-layers", "4", "--hidden-size", str(hidden), "--num-attention-heads", "4",
-            "--seq-length", str(seq), "--max-position-embeddings", str(seq),
-            "--micro-batch-size", str(micro), "--global-batch-size", str(global_batch),
-            "--tensor-model-parallel-size", str(trial.tp),
-            "--pipeline-model-parallel-size", str(trial.pp), "--use-tp-pp-dp-mapping",
-            "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
-            "--train-iters", str(trial.iters), "--lr", "1e-3", "--seed", "1234",
-            "--use-distributed-optimizer", "--log-interval", "1", "--eval-iters", "0",
-            "--save", os.path.join(out, "ckpt"),
-            "--metrics-file", os.path.join(out, "metrics.jsonl"),
-            "--deadpool", "--deadpool-events", os.path.join(out, "events.jsonl"),
-            "--deadpool-heartbeat-timeout", str(HEARTBEAT_TIMEOUT),
-            "--distributed-timeout-minutes", str(GROUP_TIMEOUT_MINUTES)]
+    args = [
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        str(hidden),
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        str(seq),
+        "--max-position-embeddings",
+        str(seq),
+        "--micro-batch-size",
+        str(micro),
+        "--global-batch-size",
+        str(global_batch),
+        "--tensor-model-parallel-size",
+        str(trial.tp),
+        "--pipeline-model-parallel-size",
+        str(trial.pp),
+        "--use-tp-pp-dp-mapping",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "128",
+        "--train-iters",
+        str(trial.iters),
+        "--lr",
+        "1e-3",
+        "--seed",
+        "1234",
+        "--use-distributed-optimizer",
+        "--log-interval",
+        "1",
+        "--eval-iters",
+        "0",
+        "--save",
+        os.path.join(out, "ckpt"),
+        "--metrics-file",
+        os.path.join(out, "metrics.jsonl"),
+        "--deadpool",
+        "--deadpool-events",
+        os.path.join(out, "events.jsonl"),
+        "--deadpool-heartbeat-timeout",
+        str(HEARTBEAT_TIMEOUT),
+        "--distributed-timeout-minutes",
+        str(GROUP_TIMEOUT_MINUTES),
+    ]
     if not trial.dropout:
         args += ["--hidden-dropout", "0", "--attention-dropout", "0"]
     if trial.spare_wait is not None:
@@ -168,14 +226,30 @@ def job_args(trial: Trial, out: str) -> List[str]:
 def launch(args: List[str], spares: int, out: str, limit_s: float) -> Tuple[int, str, bool]:
     """Run one job; returns (exit code, its stderr's tail, timed out)."""
     os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "deadpool_ext.launch", "--standalone",
-               "--nnodes", str(NODES), "--spare-nodes", str(spares),
-               "--nproc-per-node", str(PER_NODE), os.path.join(REPO, "pretrain_gpt.py"), *args]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "deadpool_ext.launch",
+        "--standalone",
+        "--nnodes",
+        str(NODES),
+        "--spare-nodes",
+        str(spares),
+        "--nproc-per-node",
+        str(PER_NODE),
+        os.path.join(REPO, "pretrain_gpt.py"),
+        *args,
+    ]
     with open(os.path.join(out, "log"), "w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         timed_out = not wait_watching(proc, out, limit_s)
         if timed_out:
             dump_stacks(out)
@@ -228,22 +302,29 @@ def workers_of(out: str) -> List[int]:
                 parent_cmd = f.read()
         except OSError:
             continue
-        if b"pretrain_gpt.py" in cmd and out.encode() in cmd and b"-u\0" in cmd and \
-                b"-u\0" not in parent_cmd:
+        if (
+            b"pretrain_gpt.py" in cmd
+            and out.encode() in cmd
+            and b"-u\0" in cmd
+            and b"-u\0" not in parent_cmd
+        ):
             found.append(int(pid))
     return found
 
 
 def dump_stacks(out: str) -> None:
-    py_spy = shutil.which("py-spy") or shutil.which(
-        "py-spy", path=os.path.dirname(sys.executable))
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
     with open(os.path.join(out, "stacks.txt"), "w") as f:
         for pid in workers_of(out):
             f.write(f"===== pid {pid}\n")
             f.flush()
             if py_spy:
-                subprocess.run([py_spy, "dump", "--pid", str(pid)], stdout=f,
-                               stderr=subprocess.STDOUT, timeout=60)
+                subprocess.run(
+                    [py_spy, "dump", "--pid", str(pid)],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    timeout=60,
+                )
             else:
                 os.kill(pid, signal.SIGUSR1)  # faulthandler writes to the job's log
     time.sleep(1)
@@ -267,8 +348,10 @@ def read_jsonl(path: str) -> List[dict]:
 
 
 def check_swap(out: str, ref: str) -> Optional[str]:
-    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_metrics(
-        os.path.join(ref, "metrics.jsonl"))
+    got, want = (
+        read_jsonl(os.path.join(out, "metrics.jsonl")),
+        read_metrics(os.path.join(ref, "metrics.jsonl")),
+    )
     if curve(got) != curve(want):
         return "the curve differs from the failure-free run"
     got_states = checkpoint_files(os.path.join(out, "ckpt"))
@@ -286,8 +369,10 @@ def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
     """Same samples and lr everywhere; loss and grad norm within the
     tolerance, or, with dropout on (masks drawn by other replicas), equal
     up to the iteration before the fault and finite after it."""
-    got, want = read_jsonl(os.path.join(out, "metrics.jsonl")), read_jsonl(
-        os.path.join(ref, "metrics.jsonl"))
+    got, want = (
+        read_jsonl(os.path.join(out, "metrics.jsonl")),
+        read_jsonl(os.path.join(ref, "metrics.jsonl")),
+    )
     if [m["iteration"] for m in got] != list(range(1, trial.iters + 1)):
         return f"iterations {[m['iteration'] for m in got]}"
     for g, w in zip(got, want):
@@ -307,10 +392,13 @@ def stuck_survivors(events: List[dict]) -> List[int]:
     """Survivors still training after a failure was announced (their stacks
     are in the events: 'stuck'): killed by the coordinator, or, holding the
     only copy of a shard, waited for until the groups' timeout freed them."""
-    killed = [rank for e in events if e["event"] == "failure_detected" and e["rank"] == -1
-              and "stuck" in e["reason"] for rank in e["ranks"]]
-    return killed + [rank for e in events if e["event"] == "stuck_waited"
-                     for rank in e["ranks"]]
+    killed = [
+        rank
+        for e in events
+        if e["event"] == "failure_detected" and e["rank"] == -1 and "stuck" in e["reason"]
+        for rank in e["ranks"]
+    ]
+    return killed + [rank for e in events if e["event"] == "stuck_waited" for rank in e["ranks"]]
 
 
 def check_release_bound(events: List[dict]) -> Optional[str]:
@@ -319,10 +407,10 @@ def check_release_bound(events: List[dict]) -> Optional[str]:
     release reaches (gloo's queued send, docs/reliability.md), it was
     killed STUCK_KILL_TIMEOUTS heartbeat timeouts after (plus one timeout of
     slack for the coordinator's checks and the kill)."""
-    detected = {e["gen"]: e for e in events
-                if e["event"] == "failure_detected" and e["rank"] == -1}
-    waited = {(e["gen"], rank) for e in events if e["event"] == "stuck_waited"
-              for rank in e["ranks"]}
+    detected = {e["gen"]: e for e in events if e["event"] == "failure_detected" and e["rank"] == -1}
+    waited = {
+        (e["gen"], rank) for e in events if e["event"] == "stuck_waited" for rank in e["ranks"]
+    }
     for e in events:
         if e["event"] != "reported" or e.get("for_gen") not in detected:
             continue
@@ -360,8 +448,10 @@ def check(trial: Trial, out: str, ref: str, code: int, tail: str) -> Optional[st
 
 # ----- the campaign -----
 def reference(trial: Trial, workdir: str, limit_s: float) -> str:
-    key = (f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
-           f"-{trial.iters}")
+    key = (
+        f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
+        f"-{trial.iters}"
+    )
     out = os.path.join(workdir, key)
     if not os.path.exists(os.path.join(out, "done")):
         shutil.rmtree(out, ignore_errors=True)
@@ -377,8 +467,12 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
     out = os.path.join(workdir, f"trial-{trial.seed}-{trial.index:03d}")
     shutil.rmtree(out, ignore_errors=True)
     start = time.monotonic()
-    code, tail, timed_out = launch(job_args(trial, out) + [
-        f"--deadpool-inject={spec}" for spec in faults(trial)], trial.spares, out, limit_s)
+    code, tail, timed_out = launch(
+        job_args(trial, out) + [f"--deadpool-inject={spec}" for spec in faults(trial)],
+        trial.spares,
+        out,
+        limit_s,
+    )
     seconds = time.monotonic() - start
     if timed_out:
         problem = f"hung: no end within {limit_s:.0f} s (stacks in {out}/stacks.txt)"
@@ -393,16 +487,27 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
         except ProcessLookupError:
             pass
     stuck = stuck_survivors(read_jsonl(os.path.join(out, "events.jsonl")))
-    return dict(asdict(trial), expected=trial.expected, passed=problem is None,
-                problem=problem, stuck=stuck, seconds=round(seconds, 1), folder=out)
+    return dict(
+        asdict(trial),
+        expected=trial.expected,
+        passed=problem is None,
+        problem=problem,
+        stuck=stuck,
+        seconds=round(seconds, 1),
+        folder=out,
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--first", type=int, default=0,
-                        help="index of the first trial: a campaign may run in parts "
-                        "(--first 50 --trials 50 is the second half of --trials 100)")
+    parser.add_argument(
+        "--first",
+        type=int,
+        default=0,
+        help="index of the first trial: a campaign may run in parts "
+        "(--first 50 --trials 50 is the second half of --trials 100)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", type=int, nargs="*", help="replay these trial indices")
     parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "chaos"))
@@ -412,26 +517,37 @@ def main(argv=None) -> int:
     indices = args.only if args.only else range(args.first, args.first + args.trials)
     os.makedirs(args.workdir, exist_ok=True)
     results = []
-    print(f"{'trial':>5} {'seed':>5}  {'draw':<72} {'expected':<8} {'result':<6} seconds",
-          flush=True)
+    print(
+        f"{'trial':>5} {'seed':>5}  {'draw':<72} {'expected':<8} {'result':<6} seconds", flush=True
+    )
     for index in indices:
         trial = draw(args.seed, index)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)
         verdict = ("pass*" if result["stuck"] else "pass") if result["passed"] else "FAIL"
-        print(f"{index:>5} {args.seed:>5}  {trial.describe():<72} {trial.expected:<8} "
-              f"{verdict:<6} {result['seconds']:.0f}", flush=True)
+        print(
+            f"{index:>5} {args.seed:>5}  {trial.describe():<72} {trial.expected:<8} "
+            f"{verdict:<6} {result['seconds']:.0f}",
+            flush=True,
+        )
         if not result["passed"]:
-            print(f"      {result['problem']}  (replay: tools/chaos.py --seed {args.seed} "
-                  f"--only {index})", flush=True)
+            print(
+                f"      {result['problem']}  (replay: python -m tools.chaos --seed {args.seed} "
+                f"--only {index})",
+                flush=True,
+            )
     failed = [r for r in results if not r["passed"]]
     stuck = [r["index"] for r in results if r["passed"] and r["stuck"]]
-    print(f"trials: {len(results)}, passed: {len(results) - len(failed)}, failed: {len(failed)}"
-          + (f" (seed {args.seed}, trials {[r['index'] for r in failed]})" if failed else ""))
+    print(
+        f"trials: {len(results)}, passed: {len(results) - len(failed)}, failed: {len(failed)}"
+        + (f" (seed {args.seed}, trials {[r['index'] for r in failed]})" if failed else "")
+    )
     if stuck:
-        print(f"pass*: {len(stuck)} passed with a survivor stuck on gloo's queued send, "
-              f"killed and restored from its buddy or, holding the only copy of a shard, "
-              f"freed by the groups' timeout (trials {stuck}; stacks: event 'stuck')")
+        print(
+            f"pass*: {len(stuck)} passed with a survivor stuck on gloo's queued send, "
+            f"killed and restored from its buddy or, holding the only copy of a shard, "
+            f"freed by the groups' timeout (trials {stuck}; stacks: event 'stuck')"
+        )
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if args.output:
         with open(args.output, "w") as f:

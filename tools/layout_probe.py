@@ -1,15 +1,15 @@
 """The real snapshot layout of any rank of any job, built in one process.
 
-    python tools/layout_probe.py --world-size 8 --ranks 0 7 -- <pretrain_gpt.py model flags>
+    python -m tools.layout_probe --world-size 8 --ranks 0 7 -- <pretrain_gpt.py model flags>
 
 For each asked rank this builds that rank's GPT stage, megatron-core's DDP
 buffers and the distributed optimizer exactly as training would, against
 PyTorch's fake process group (collectives are no-ops, so a whole world's
 layout is computed without the world; this is how a warm spare builds
-itself, see ``deadpool_ext/recovery.py``), and reports what
-``deadpool_ext.snapshot.build_layout`` makes of it: elements per state
+itself, see ``deadpool_ext/rank/recovery.py``), and reports what
+``deadpool_ext.state.snapshot.build_layout`` makes of it: elements per state
 region, snapshot bytes, and the parameter tensors in registration order.
-``tools/plan_scale.py`` computes the same numbers from the shape alone; the
+``deadpool_ext/planning/scale.py`` computes the same numbers from the shape alone; the
 tests compare the two. Prints one JSON list.
 
 The vocabulary is given as a size (``--vocab-size``, default 512 as the
@@ -19,13 +19,7 @@ data is read (``--mock-data`` is added when no data flag is given).
 
 import argparse
 import json
-import os
-import sys
 from typing import List, Sequence
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 
 def _config(argv: Sequence[str], world_size: int):
@@ -46,33 +40,44 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
     from megatron.core import parallel_state
 
     import pretrain_gpt
-    from deadpool_ext import snapshot as snap
+    from deadpool_ext.state import snapshot as snap
     from megatron.training.initialize import initialize
     from megatron.training.model_setup import setup_model_and_optimizer
     from megatron.training.training import padded_vocab_size
 
     config = _config(argv, world_size)
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank,
-                            world_size=world_size)
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
     try:
         runtime = initialize(config)
         config.extra["on_cpu"] = runtime.on_cpu
         config.extra["padded_vocab_size"] = padded_vocab_size(vocab_size, config)
         state = setup_model_and_optimizer(config, pretrain_gpt.model_provider, runtime.on_cpu)
         layout = snap.build_layout(state.optimizer)
-        params = [(name, p.numel()) for chunk in state.model
-                  for name, p in chunk.named_parameters() if p.requires_grad]
-        return {"rank": rank, "tp_rank": runtime.tp_rank, "pp_rank": runtime.pp_rank,
-                "dp_rank": runtime.dp_rank, "numel": layout.numel, "nbytes": layout.nbytes,
-                "sidecar_capacity": layout.sidecar_capacity, "params": params,
-                "padded_vocab_size": config.extra["padded_vocab_size"]}
+        params = [
+            (name, p.numel())
+            for chunk in state.model
+            for name, p in chunk.named_parameters()
+            if p.requires_grad
+        ]
+        return {
+            "rank": rank,
+            "tp_rank": runtime.tp_rank,
+            "pp_rank": runtime.pp_rank,
+            "dp_rank": runtime.dp_rank,
+            "numel": layout.numel,
+            "nbytes": layout.nbytes,
+            "sidecar_capacity": layout.sidecar_capacity,
+            "params": params,
+            "padded_vocab_size": config.extra["padded_vocab_size"],
+        }
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
 
 
-def probe(argv: Sequence[str], world_size: int, ranks: Sequence[int],
-          vocab_size: int = 512) -> List[dict]:
+def probe(
+    argv: Sequence[str], world_size: int, ranks: Sequence[int], vocab_size: int = 512
+) -> List[dict]:
     return [probe_rank(argv, world_size, rank, vocab_size) for rank in ranks]
 
 
@@ -80,8 +85,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--ranks", type=int, nargs="+", default=[0])
-    parser.add_argument("--vocab-size", type=int, default=512,
-                        help="unpadded vocabulary (ByteLevelTokenizer: 512)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=512, help="unpadded vocabulary (ByteLevelTokenizer: 512)"
+    )
     opts, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]

@@ -7,7 +7,7 @@ then tokenized byte-level (with eod) into {output_dir}/corpus_text_document.bin/
 
 Usage (from the repository root):
 
-    python tools/prepare_corpus.py [--output-dir data] [--max-bytes N] [--force]
+    python -m tools.prepare_corpus [--output-dir data] [--max-bytes N] [--force]
 
 Same Python version and arguments -> byte-identical files. A corpus_meta.json
 beside the outputs lets later runs skip the work when nothing changed.
@@ -19,15 +19,10 @@ import hashlib
 import json
 import os
 import platform
-import sys
 import sysconfig
 import time
 import warnings
 from typing import Dict, Iterator, List, Optional, Sequence
-
-# Same script-vs-package handling as preprocess_data.py.
-if not __package__:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Bump when the document format changes, so old outputs count as stale.
 CORPUS_FORMAT_VERSION = 1
@@ -198,8 +193,17 @@ def build_corpus(paths: CorpusPaths, args: argparse.Namespace) -> dict:
     from tools import preprocess_data
 
     preprocess_data.main(
-        ["--input", paths.jsonl, "--output-prefix", paths.tokenize_prefix,
-         "--json-keys", "text", "--tokenizer-type", "ByteLevelTokenizer", "--append-eod"]
+        [
+            "--input",
+            paths.jsonl,
+            "--output-prefix",
+            paths.tokenize_prefix,
+            "--json-keys",
+            "text",
+            "--tokenizer-type",
+            "ByteLevelTokenizer",
+            "--append-eod",
+        ]
     )
     meta = dict(_wanted_meta(args))
     meta.update(

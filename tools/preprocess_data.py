@@ -2,7 +2,7 @@
 
 Usage (from the repository root):
 
-    python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus \
+    python -m tools.preprocess_data --input corpus.jsonl --output-prefix data/corpus \
         --tokenizer-type ByteLevelTokenizer --append-eod
 
 For every --json-keys key this writes {output_prefix}_{key}_document.bin/.idx.
@@ -17,16 +17,10 @@ import sys
 import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-# Run as a script, Python puts tools/ (not the repo root) on sys.path, but
-# megatron.training lives in the repo root. Imported as tools.preprocess_data,
-# the root is already importable and sys.path is left alone.
-if not __package__:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # noqa: E402
-from megatron.training.tokenizer import (  # noqa: E402
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+from megatron.training.tokenizer import (
     TOKENIZER_TYPES,
     build_tokenizer,
     check_tokenizer_args,
@@ -44,9 +38,7 @@ def get_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--output-prefix", required=True, help="Prefix of the output files.")
     parser.add_argument("--workers", type=int, default=1, help="Tokenizer processes.")
     parser.add_argument("--append-eod", action="store_true", help="End documents with eod.")
-    parser.add_argument(
-        "--tokenizer-type", default="ByteLevelTokenizer", choices=TOKENIZER_TYPES
-    )
+    parser.add_argument("--tokenizer-type", default="ByteLevelTokenizer", choices=TOKENIZER_TYPES)
     parser.add_argument("--tokenizer-model", default=None, help="Local tokenizer file or dir.")
     parser.add_argument("--vocab-size", type=int, default=None, help="For NullTokenizer.")
     parser.add_argument("--log-interval", type=int, default=10000, help="Lines between logs.")
@@ -66,9 +58,7 @@ class Encoder:
     def __init__(self, args: argparse.Namespace) -> None:
         self.keys = list(args.json_keys)
         self.append_eod = args.append_eod
-        self.tokenizer = build_tokenizer(
-            args.tokenizer_type, args.tokenizer_model, args.vocab_size
-        )
+        self.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
 
     def encode(self, numbered_line: Tuple[int, str]) -> Encoded:
         """Tokenize every key of one line; an empty text gives an empty id list."""

@@ -1,10 +1,10 @@
 """Write docs/scale.md and its figures: the planner's tables for the paper's
 models at 512 GPUs and the goodput simulation at 512 and 16,384 GPUs.
 
-    .venv/bin/python tools/scale_report.py            # docs/scale.md, docs/scale_*.png
+    .venv/bin/python -m tools.scale_report            # docs/scale.md, docs/scale_*.png
 
-Every number in the page is computed here from tools/plan_scale.py,
-tools/goodput.py, the real layouts megatron-core builds
+Every number in the page is computed here from deadpool_ext/planning/scale.py,
+deadpool_ext/planning/goodput.py, the real layouts megatron-core builds
 (tools/layout_probe.py, one subprocess) and our recorded measurements
 (docs/bench_recovery.json); the inputs that are assumptions are in
 ``Scenario`` and are labelled so on the page. Deterministic: fixed seeds.
@@ -19,12 +19,10 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from deadpool_ext.planning import goodput as gp
+from deadpool_ext.planning import scale as ps
 
-from tools import goodput as gp  # noqa: E402
-from tools import plan_scale as ps  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GiB, MiB = ps.GiB, ps.MiB
 MEASURED, PUBLISHED, ASSUMED, DERIVED = "our measurement", "published", "assumption", "derived"
@@ -41,27 +39,38 @@ class Scenario:
 
     name: str
     gpus: int
-    model: str                      # key of plan_scale.MODELS
+    model: str  # key of scale.MODELS
     parallel: ps.Parallel
-    hardware: str                   # key of plan_scale.HARDWARE
-    mfu: float = 0.45               # assumption, a little under LLaMA-65B's own (published_mfu)
-    checkpoint_gbps: float = 30.0   # assumption: the job's aggregate file-system bandwidth
-    restart_s: float = 300.0        # assumption: checkpoint-restart, failure to training
-    swap_s: float = 40.0            # hot swap, failure to first iteration
+    hardware: str  # key of scale.HARDWARE
+    mfu: float = 0.45  # assumption, a little under LLaMA-65B's own (published_mfu)
+    checkpoint_gbps: float = 30.0  # assumption: the job's aggregate file-system bandwidth
+    restart_s: float = 300.0  # assumption: checkpoint-restart, failure to training
+    swap_s: float = 40.0  # hot swap, failure to first iteration
     swap_label: str = PUBLISHED
-    spare_nodes: int = 2            # assumption: warm spares held by deadpool-launch
+    spare_nodes: int = 2  # assumption: warm spares held by deadpool-launch
     repair_mean_s: float = 48 * gp.HOUR  # assumption: a failed node's time in repair
     days: float = 30.0
     daily_checkpoint_cap_s: float = 24 * gp.HOUR  # hot swap still saves at least daily
 
 
 SCENARIOS = {
-    512: Scenario("512 A100-40GB (Perlmutter-like), LLaMA-65B", 512, "llama-65b",
-                  ps.paper_layouts(512)["llama-65b"], "perlmutter-a100-40"),
-    16384: Scenario("16,384 A100-80GB (hypothetical Perlmutter-like nodes), LLaMA-65B",
-                    16384, "llama-65b",
-                    ps.Parallel(4, 8, 512, 1, 8192, sequence_parallel=True),
-                    "perlmutter-a100-80", swap_s=120.0, swap_label=ASSUMED, spare_nodes=32),
+    512: Scenario(
+        "512 A100-40GB (Perlmutter-like), LLaMA-65B",
+        512,
+        "llama-65b",
+        ps.paper_layouts(512)["llama-65b"],
+        "perlmutter-a100-40",
+    ),
+    16384: Scenario(
+        "16,384 A100-80GB (hypothetical Perlmutter-like nodes), LLaMA-65B",
+        16384,
+        "llama-65b",
+        ps.Parallel(4, 8, 512, 1, 8192, sequence_parallel=True),
+        "perlmutter-a100-80",
+        swap_s=120.0,
+        swap_label=ASSUMED,
+        spare_nodes=32,
+    ),
 }
 
 
@@ -112,9 +121,16 @@ def inputs(sc: Scenario) -> Inputs:
     shape, hw = ps.MODELS[sc.model], ps.HARDWARE[sc.hardware]
     p = ps.plan(shape, sc.parallel, hw, sc.mfu)
     iteration = p.time.iteration
-    return Inputs(sc, p, gp.job_mtbf_s(sc.gpus), checkpoint_bytes(shape) / (sc.checkpoint_gbps * 1e9),
-                  iteration, sc.parallel.global_batch * shape.seq_length / iteration,
-                  sc.gpus // hw.gpus_per_node)
+    checkpoint_s = checkpoint_bytes(shape) / (sc.checkpoint_gbps * 1e9)
+    return Inputs(
+        sc,
+        p,
+        gp.job_mtbf_s(sc.gpus),
+        checkpoint_s,
+        iteration,
+        sc.parallel.global_batch * shape.seq_length / iteration,
+        sc.gpus // hw.gpus_per_node,
+    )
 
 
 def strategies(x: Inputs) -> List[gp.Strategy]:
@@ -130,19 +146,38 @@ def strategies(x: Inputs) -> List[gp.Strategy]:
 
     def hot(name, fallback_rate, shrink):
         interval = min(cap, gp.daly_interval(c, 1 / fallback_rate))
-        return gp.Strategy(name, interval, c, sc.restart_s, hot_swap=True,
-                           iteration_s=x.iteration_s, mirror_overhead=overhead,
-                           swap_s=sc.swap_s, spares=sc.spare_nodes,
-                           repair_mean_s=sc.repair_mean_s, shrink_when_out=shrink,
-                           shrink_s=sc.swap_s, regrow_s=sc.swap_s, dp=sc.parallel.dp,
-                           pair_loss_probability=pair)
+        return gp.Strategy(
+            name,
+            interval,
+            c,
+            sc.restart_s,
+            hot_swap=True,
+            iteration_s=x.iteration_s,
+            mirror_overhead=overhead,
+            swap_s=sc.swap_s,
+            spares=sc.spare_nodes,
+            repair_mean_s=sc.repair_mean_s,
+            shrink_when_out=shrink,
+            shrink_s=sc.swap_s,
+            regrow_s=sc.swap_s,
+            dp=sc.parallel.dp,
+            pair_loss_probability=pair,
+        )
 
-    return [gp.Strategy("checkpoint-restart", gp.daly_interval(c, m), c, sc.restart_s,
-                        iteration_s=x.iteration_s),
-            gp.Strategy("in-process restart", gp.daly_interval(c, m), c, sc.swap_s + c,
-                        iteration_s=x.iteration_s),
-            hot("hot swap", swap_fallback_rate, False),
-            hot("hot swap + shrink", shrink_fallback_rate, True)]
+    return [
+        gp.Strategy(
+            "checkpoint-restart", gp.daly_interval(c, m), c, sc.restart_s, iteration_s=x.iteration_s
+        ),
+        gp.Strategy(
+            "in-process restart",
+            gp.daly_interval(c, m),
+            c,
+            sc.swap_s + c,
+            iteration_s=x.iteration_s,
+        ),
+        hot("hot swap", swap_fallback_rate, False),
+        hot("hot swap + shrink", shrink_fallback_rate, True),
+    ]
 
 
 # ----- formatting -----
@@ -167,33 +202,64 @@ def fmt_s(seconds: float) -> str:
 # ----- planner section -----
 def plans(hardware: str = "perlmutter-a100-40", mirror_in_device: bool = False) -> List[ps.Plan]:
     hw = ps.HARDWARE[hardware]
-    return [ps.plan(ps.MODELS[k], par, hw, 0.45, mirror_in_device)
-            for k, par in ps.paper_layouts(512).items()]
+    return [
+        ps.plan(ps.MODELS[k], par, hw, 0.45, mirror_in_device)
+        for k, par in ps.paper_layouts(512).items()
+    ]
 
 
 def models_table(items: List[ps.Plan]) -> str:
     rows = []
     for p in items:
         par, m, t = p.parallel, p.memory, p.time
-        rows.append([p.model.name, f"{ps.total_parameters(p.model) / 1e9:.2f} B",
-                     f"{par.tp}·{par.pp}·{par.dp}", gib(m.parts["weights"]),
-                     gib(m.parts["gradients"]), gib(m.parts["optimizer"]),
-                     gib(m.parts["activations"]), f"{m.total / GiB:.1f}",
-                     gib(m.mirror_bytes), f"{p.host_mirror_per_node / GiB:.1f}",
-                     f"{p.layout.snapshot_bytes / MiB:.0f}", f"{t.iteration:.2f}",
-                     f"{t.link * 1e3:.0f}", f"{t.link / t.iteration:.2%}",
-                     "yes" if t.hides else f"no ({t.exposed:.2f} s)"])
-    return table(["model", "params", "TP·PP·DP", "weights", "grads", "optimizer",
-                  "activations", "GPU total (GiB)", "mirror per GPU (GiB)",
-                  "mirror per node (GiB)", "sent per iteration (MiB)", "iteration (s)",
-                  "mirror on link (ms)", "share of iteration", "hides"], rows)
+        rows.append(
+            [
+                p.model.name,
+                f"{ps.total_parameters(p.model) / 1e9:.2f} B",
+                f"{par.tp}·{par.pp}·{par.dp}",
+                gib(m.parts["weights"]),
+                gib(m.parts["gradients"]),
+                gib(m.parts["optimizer"]),
+                gib(m.parts["activations"]),
+                f"{m.total / GiB:.1f}",
+                gib(m.mirror_bytes),
+                f"{p.host_mirror_per_node / GiB:.1f}",
+                f"{p.layout.snapshot_bytes / MiB:.0f}",
+                f"{t.iteration:.2f}",
+                f"{t.link * 1e3:.0f}",
+                f"{t.link / t.iteration:.2%}",
+                "yes" if t.hides else f"no ({t.exposed:.2f} s)",
+            ]
+        )
+    return table(
+        [
+            "model",
+            "params",
+            "TP·PP·DP",
+            "weights",
+            "grads",
+            "optimizer",
+            "activations",
+            "GPU total (GiB)",
+            "mirror per GPU (GiB)",
+            "mirror per node (GiB)",
+            "sent per iteration (MiB)",
+            "iteration (s)",
+            "mirror on link (ms)",
+            "share of iteration",
+            "hides",
+        ],
+        rows,
+    )
 
 
 def hardware_rows() -> List[ps.Plan]:
     shape = ps.MODELS["llama-65b"]
-    layouts = {"perlmutter-a100-40": ps.Parallel(4, 8, 16, 1, 2048, sequence_parallel=True),
-               "perlmutter-a100-80": ps.Parallel(4, 8, 16, 1, 2048, sequence_parallel=True),
-               "vista-gh200": ps.Parallel(1, 16, 32, 1, 2048)}
+    layouts = {
+        "perlmutter-a100-40": ps.Parallel(4, 8, 16, 1, 2048, sequence_parallel=True),
+        "perlmutter-a100-80": ps.Parallel(4, 8, 16, 1, 2048, sequence_parallel=True),
+        "vista-gh200": ps.Parallel(1, 16, 32, 1, 2048),
+    }
     out = []
     for key, par in layouts.items():
         for device in (False, True):
@@ -205,48 +271,126 @@ def hardware_table(items: List[ps.Plan]) -> str:
     rows = []
     for p in items:
         t, m = p.time, p.memory
-        rows.append([p.hardware.name, f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}",
-                     "device" if m.mirror_in_device else "host",
-                     f"{m.total / GiB:.1f} / {p.hardware.gpu_memory_gib:.0f}",
-                     "yes" if p.fits else "NO",
-                     f"{p.host_mirror_per_node / GiB:.1f} / {p.hardware.host_memory_gib:.0f}"
-                     if not m.mirror_in_device else "-",
-                     f"{t.iteration:.1f}", f"{t.link * 1e3:.0f}", f"{t.copy * 1e3:.0f}",
-                     f"{t.cpu * 1e3:.0f}", f"{t.training_link:.2f}",
-                     f"{t.link / t.iteration:.2%}", "yes" if t.hides else "no"])
-    return table(["hardware", "TP·PP·DP", "mirror in", "GPU GiB used / total", "fits",
-                  "host GiB for mirrors / node", "iteration (s)", "link (ms)",
-                  "D2H copy (ms)", "CPU checksum+verify (ms)", "training's own link (s)",
-                  "mirror share", "hides"], rows)
+        rows.append(
+            [
+                p.hardware.name,
+                f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}",
+                "device" if m.mirror_in_device else "host",
+                f"{m.total / GiB:.1f} / {p.hardware.gpu_memory_gib:.0f}",
+                "yes" if p.fits else "NO",
+                f"{p.host_mirror_per_node / GiB:.1f} / {p.hardware.host_memory_gib:.0f}"
+                if not m.mirror_in_device
+                else "-",
+                f"{t.iteration:.1f}",
+                f"{t.link * 1e3:.0f}",
+                f"{t.copy * 1e3:.0f}",
+                f"{t.cpu * 1e3:.0f}",
+                f"{t.training_link:.2f}",
+                f"{t.link / t.iteration:.2%}",
+                "yes" if t.hides else "no",
+            ]
+        )
+    return table(
+        [
+            "hardware",
+            "TP·PP·DP",
+            "mirror in",
+            "GPU GiB used / total",
+            "fits",
+            "host GiB for mirrors / node",
+            "iteration (s)",
+            "link (ms)",
+            "D2H copy (ms)",
+            "CPU checksum+verify (ms)",
+            "training's own link (s)",
+            "mirror share",
+            "hides",
+        ],
+        rows,
+    )
 
 
 # Configurations whose snapshot sizes real runs logged (docs/benchmarks.md,
 # issue 3, from the mirror_ready events): flags, world, planner inputs, MiB.
 PROBED = {
     "demo (8 ranks, TP2·PP2·DP2)": (
-        ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-         "--use-tp-pp-dp-mapping", "--num-layers", "4", "--hidden-size", "128",
-         "--num-attention-heads", "4", "--seq-length", "128", "--max-position-embeddings",
-         "128", "--micro-batch-size", "4", "--global-batch-size", "32", "--train-iters", "1",
-         "--lr", "1e-3"], 8,
-        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128), ps.Parallel(2, 2, 2, 4, 32), (1.7, 6.8)),
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--use-tp-pp-dp-mapping",
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "128",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "128",
+            "--max-position-embeddings",
+            "128",
+            "--micro-batch-size",
+            "4",
+            "--global-batch-size",
+            "32",
+            "--train-iters",
+            "1",
+            "--lr",
+            "1e-3",
+        ],
+        8,
+        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
+        ps.Parallel(2, 2, 2, 4, 32),
+        (1.7, 6.8),
+    ),
     "large (2 ranks, DP=2, 19.4 M params)": (
-        ["--num-layers", "6", "--hidden-size", "512", "--num-attention-heads", "8",
-         "--seq-length", "512", "--max-position-embeddings", "512", "--micro-batch-size", "2",
-         "--global-batch-size", "8", "--train-iters", "1", "--lr", "1e-4"], 2,
-        ps.ModelShape("large", 6, 512, 8, 2048, 512, 512), ps.Parallel(1, 1, 2, 2, 8),
-        (111.5, 446.0)),
+        [
+            "--num-layers",
+            "6",
+            "--hidden-size",
+            "512",
+            "--num-attention-heads",
+            "8",
+            "--seq-length",
+            "512",
+            "--max-position-embeddings",
+            "512",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "8",
+            "--train-iters",
+            "1",
+            "--lr",
+            "1e-4",
+        ],
+        2,
+        ps.ModelShape("large", 6, 512, 8, 2048, 512, 512),
+        ps.Parallel(1, 1, 2, 2, 8),
+        (111.5, 446.0),
+    ),
 }
 
 
 def probe_layouts(flags: List[str], world: int) -> List[dict]:
     """Real layouts of every rank, from megatron-core (a subprocess, so its
     global state stays out of this one)."""
-    command = [sys.executable, os.path.join(REPO, "tools", "layout_probe.py"),
-               "--world-size", str(world), "--ranks", *map(str, range(world)), "--", *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "tools.layout_probe",
+        "--world-size",
+        str(world),
+        "--ranks",
+        *map(str, range(world)),
+        "--",
+        *flags,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO,
-                         check=True, timeout=600)
+    out = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=REPO, check=True, timeout=600
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -254,16 +398,30 @@ def crosscheck_table(probe: bool) -> str:
     rows = []
     for name, (flags, world, shape, par, recorded) in PROBED.items():
         layouts = [ps.rank_layout(shape, par, s) for s in range(par.pp)]
-        planned = max(l.snapshot_bytes for l in layouts)
+        planned = max(layout.snapshot_bytes for layout in layouts)
         real = "not run"
         if probe:
             reals = probe_layouts(flags, world)
             real = f"{max(r['nbytes'] for r in reals):,}"
-        rows.append([name, f"{planned:,}", real, f"{planned / MiB:.1f} / {recorded[0]}",
-                     f"{4 * planned / MiB:.1f} / {recorded[1]}"])
-    return table(["configuration", "planner: snapshot bytes (largest rank)",
-                  "megatron-core layout: bytes", "sent per iteration, MiB: planner / "
-                  "recorded run", "extra memory, MiB: planner / recorded run"], rows)
+        rows.append(
+            [
+                name,
+                f"{planned:,}",
+                real,
+                f"{planned / MiB:.1f} / {recorded[0]}",
+                f"{4 * planned / MiB:.1f} / {recorded[1]}",
+            ]
+        )
+    return table(
+        [
+            "configuration",
+            "planner: snapshot bytes (largest rank)",
+            "megatron-core layout: bytes",
+            "sent per iteration, MiB: planner / recorded run",
+            "extra memory, MiB: planner / recorded run",
+        ],
+        rows,
+    )
 
 
 # ----- goodput section -----
@@ -284,31 +442,61 @@ def results_table(x: Inputs, results: Dict[str, List[gp.Outcome]]) -> str:
     for s in strategies(x):
         runs = results[s.name]
         ratio = gp.mean([o.ratio for o in runs])
-        spent = {k: gp.mean([o.spent.get(k, 0.0) for o in runs]) / gp.HOUR
-                 for k in ("rework", "recovery", "checkpoint", "slowdown")}
+        spent = {
+            k: gp.mean([o.spent.get(k, 0.0) for o in runs]) / gp.HOUR
+            for k in ("rework", "recovery", "checkpoint", "slowdown")
+        }
         tokens = gp.mean([o.work_s for o in runs]) * x.tokens_per_s
         held = sc.gpus + (spare_gpus if s.hot_swap else 0)
-        rows.append([s.name, f"{ratio:.4f}", f"{quantile([o.ratio for o in runs], 0.1):.4f}"
-                     f"–{quantile([o.ratio for o in runs], 0.9):.4f}",
-                     f"{ratio * sc.gpus / held:.4f}", f"{tokens / 1e9:.1f}",
-                     f"{(ratio - base) * sc.days * 24 * sc.gpus:+,.0f}",
-                     fmt_s(s.checkpoint_interval_s),
-                     " / ".join(f"{spent[k]:.1f}" for k in spent)])
-    return table(["strategy", "effective training time ratio (mean)", "10th–90th pct",
-                  "per GPU held (spares counted)", "tokens in the horizon (B)",
-                  "GPU-hours vs checkpoint-restart", "durable checkpoint every",
-                  "hours lost: rework / recovery / checkpointing / slowdown"], rows)
+        rows.append(
+            [
+                s.name,
+                f"{ratio:.4f}",
+                f"{quantile([o.ratio for o in runs], 0.1):.4f}"
+                f"–{quantile([o.ratio for o in runs], 0.9):.4f}",
+                f"{ratio * sc.gpus / held:.4f}",
+                f"{tokens / 1e9:.1f}",
+                f"{(ratio - base) * sc.days * 24 * sc.gpus:+,.0f}",
+                fmt_s(s.checkpoint_interval_s),
+                " / ".join(f"{spent[k]:.1f}" for k in spent),
+            ]
+        )
+    return table(
+        [
+            "strategy",
+            "effective training time ratio (mean)",
+            "10th–90th pct",
+            "per GPU held (spares counted)",
+            "tokens in the horizon (B)",
+            "GPU-hours vs checkpoint-restart",
+            "durable checkpoint every",
+            "hours lost: rework / recovery / checkpointing / slowdown",
+        ],
+        rows,
+    )
 
 
 def counts_table(results: Dict[str, List[gp.Outcome]]) -> str:
-    kinds = ["restarts", "restarts_interrupted", "swaps", "shrinks", "regrows", "fallbacks",
-             "pair_losses"]
+    kinds = [
+        "restarts",
+        "restarts_interrupted",
+        "swaps",
+        "shrinks",
+        "regrows",
+        "fallbacks",
+        "pair_losses",
+    ]
     rows = []
     for name, runs in results.items():
-        rows.append([name, f"{gp.mean([o.failures for o in runs]):.1f}"]
-                    + [f"{gp.mean([o.counts.get(k, 0) for o in runs]):.2f}" for k in kinds])
-    names = {"restarts_interrupted": "failures during a restart", "fallbacks":
-             "no spare: restarts", "pair_losses": "mirror lost: restarts"}
+        rows.append(
+            [name, f"{gp.mean([o.failures for o in runs]):.1f}"]
+            + [f"{gp.mean([o.counts.get(k, 0) for o in runs]):.2f}" for k in kinds]
+        )
+    names = {
+        "restarts_interrupted": "failures during a restart",
+        "fallbacks": "no spare: restarts",
+        "pair_losses": "mirror lost: restarts",
+    }
     return table(["strategy", "failures"] + [names.get(k, k) for k in kinds], rows)
 
 
@@ -318,45 +506,89 @@ def inputs_table(x: Inputs, measured: dict) -> str:
     hw = measured.get("hot_swap", {}).get("to_first_iteration_s")
     cr = measured.get("checkpoint_restart", {}).get("to_first_iteration_s")
     rows = [
-        ["job MTBF", fmt_s(x.mtbf_s), DERIVED, f"Llama 3's {gp.LLAMA3['interruptions']} "
-         f"unexpected interruptions in {gp.LLAMA3['days']} days on {gp.LLAMA3['gpus']:,} H100s "
-         f"({PUBLISHED}), {per_gpu_year():.3f} per GPU-year, times {sc.gpus:,} GPUs; the H100 "
-         f"rate applied per GPU to A100s is an {ASSUMED}"],
-        ["iteration", f"{x.iteration_s:.2f} s", DERIVED,
-         f"planner: {ps.flops_per_token(shape) / 1e9:.0f} GFLOP/token × "
-         f"{sc.parallel.global_batch * shape.seq_length / 1e6:.1f} M tokens at MFU "
-         f"{sc.mfu} ({ASSUMED}, a little under the {published_mfu():.2f} of LLaMA-65B's "
-         f"published {LLAMA_65B_TOKENS_PER_GPU_S} tokens/s per A100-80GB) of "
-         f"{p.hardware.peak_tflops:.0f} TFLOP/s"],
-        ["mirror overhead per iteration", f"{p.time.exposed / x.iteration_s:.2%}", DERIVED,
-         "planner: exposed mirror time (0 when it hides)"],
-        ["durable checkpoint", f"{checkpoint_bytes(shape) / 1e9:.0f} GB, "
-         f"{x.checkpoint_s:.1f} s", ASSUMED,
-         f"14 B/param written at {sc.checkpoint_gbps:.0f} GB/s aggregate, on the slow side: "
-         "Perlmutter's all-flash scratch is rated above 5 TB/s for the whole machine, Llama 3's "
-         "storage sustained 2 TB/s (published); reading it back takes as long"],
-        ["checkpoint-restart: failure to training", fmt_s(sc.restart_s), ASSUMED,
-         "detect + relaunch + init + load (NCCL's init alone took ~2.5 min above some thousand "
-         "GPUs, nccl#1156); with the checkpoint above, ~90% at 16,384 GPUs, consistent with "
-         "Llama 3's \"more than 90%\", a bound over all causes that does not fix C or R"
-         + (f". Our CPU demo ({MEASURED}): {cr:.1f} s" if cr else "")],
-        ["hot swap: failure to first iteration", fmt_s(sc.swap_s), sc.swap_label,
-         ("DeadPool paper (arXiv 2607.01646): under 40 s at 512 A100s" if sc.swap_label ==
-          PUBLISHED else "communicator setup at thousands of GPUs takes minutes "
-          "(nccl#1156: ~2.5 min); TrainMover reports ~20 s at 1,024 GPUs")
-         + (f". Our CPU demo ({MEASURED}): {hw:.1f} s" if hw else "")],
+        [
+            "job MTBF",
+            fmt_s(x.mtbf_s),
+            DERIVED,
+            f"Llama 3's {gp.LLAMA3['interruptions']} "
+            f"unexpected interruptions in {gp.LLAMA3['days']} days on {gp.LLAMA3['gpus']:,} H100s "
+            f"({PUBLISHED}), {per_gpu_year():.3f} per GPU-year, times {sc.gpus:,} GPUs; the H100 "
+            f"rate applied per GPU to A100s is an {ASSUMED}",
+        ],
+        [
+            "iteration",
+            f"{x.iteration_s:.2f} s",
+            DERIVED,
+            f"planner: {ps.flops_per_token(shape) / 1e9:.0f} GFLOP/token × "
+            f"{sc.parallel.global_batch * shape.seq_length / 1e6:.1f} M tokens at MFU "
+            f"{sc.mfu} ({ASSUMED}, a little under the {published_mfu():.2f} of LLaMA-65B's "
+            f"published {LLAMA_65B_TOKENS_PER_GPU_S} tokens/s per A100-80GB) of "
+            f"{p.hardware.peak_tflops:.0f} TFLOP/s",
+        ],
+        [
+            "mirror overhead per iteration",
+            f"{p.time.exposed / x.iteration_s:.2%}",
+            DERIVED,
+            "planner: exposed mirror time (0 when it hides)",
+        ],
+        [
+            "durable checkpoint",
+            f"{checkpoint_bytes(shape) / 1e9:.0f} GB, {x.checkpoint_s:.1f} s",
+            ASSUMED,
+            f"14 B/param written at {sc.checkpoint_gbps:.0f} GB/s aggregate, on the slow side: "
+            "Perlmutter's all-flash scratch is rated above 5 TB/s for the whole machine, Llama 3's "
+            "storage sustained 2 TB/s (published); reading it back takes as long",
+        ],
+        [
+            "checkpoint-restart: failure to training",
+            fmt_s(sc.restart_s),
+            ASSUMED,
+            "detect + relaunch + init + load (NCCL's init alone took ~2.5 min above some thousand "
+            "GPUs, nccl#1156); with the checkpoint above, ~90% at 16,384 GPUs, consistent with "
+            'Llama 3\'s "more than 90%", a bound over all causes that does not fix C or R'
+            + (f". Our CPU demo ({MEASURED}): {cr:.1f} s" if cr else ""),
+        ],
+        [
+            "hot swap: failure to first iteration",
+            fmt_s(sc.swap_s),
+            sc.swap_label,
+            (
+                "DeadPool paper (arXiv 2607.01646): under 40 s at 512 A100s"
+                if sc.swap_label == PUBLISHED
+                else "communicator setup at thousands of GPUs takes minutes "
+                "(nccl#1156: ~2.5 min); TrainMover reports ~20 s at 1,024 GPUs"
+            )
+            + (f". Our CPU demo ({MEASURED}): {hw:.1f} s" if hw else ""),
+        ],
         ["hot swap: work lost", "the interrupted iteration", MEASURED, lost_text(measured)],
-        ["in-process restart: failure to training", fmt_s(sc.swap_s + x.checkpoint_s),
-         ASSUMED, "the hot swap's time + reading the checkpoint (processes live, as in "
-         "NVIDIA's in-process restart; it rolls back to the checkpoint)"],
-        ["shrink / regrow", fmt_s(sc.swap_s), ASSUMED, "as a hot swap; after shrinking, "
-         f"(DP-k)/DP throughput ({DERIVED}: the same global batch on DP-k replicas, as "
-         "ReCoVer, arXiv 2605.11215, keeps the microbatch count)"],
-        ["warm spare nodes", f"{sc.spare_nodes} "
-         f"({sc.spare_nodes * p.hardware.gpus_per_node} GPUs)", ASSUMED, "held by deadpool-launch"],
+        [
+            "in-process restart: failure to training",
+            fmt_s(sc.swap_s + x.checkpoint_s),
+            ASSUMED,
+            "the hot swap's time + reading the checkpoint (processes live, as in "
+            "NVIDIA's in-process restart; it rolls back to the checkpoint)",
+        ],
+        [
+            "shrink / regrow",
+            fmt_s(sc.swap_s),
+            ASSUMED,
+            "as a hot swap; after shrinking, "
+            f"(DP-k)/DP throughput ({DERIVED}: the same global batch on DP-k replicas, as "
+            "ReCoVer, arXiv 2605.11215, keeps the microbatch count)",
+        ],
+        [
+            "warm spare nodes",
+            f"{sc.spare_nodes} ({sc.spare_nodes * p.hardware.gpus_per_node} GPUs)",
+            ASSUMED,
+            "held by deadpool-launch",
+        ],
         ["node repair", fmt_s(sc.repair_mean_s), ASSUMED, "exponential, mean shown"],
-        ["mirror lost with a second failure", f"{2 / (x.nodes - 1):.4f}", DERIVED,
-         "buddy or owner node hit during a swap: 2 of the other nodes"],
+        [
+            "mirror lost with a second failure",
+            f"{2 / (x.nodes - 1):.4f}",
+            DERIVED,
+            "buddy or owner node hit during a swap: 2 of the other nodes",
+        ],
     ]
     return table(["input", "value", "kind", "rests on"], rows)
 
@@ -367,14 +599,18 @@ def lost_text(measured: dict) -> str:
     if "iterations_lost" not in hs:
         return "deadpool_ext: every rank restores the start of the interrupted iteration"
     interval = measured.get("options", {}).get("save_interval", "?")
-    return (f"docs/bench_recovery.json: hot swap redid {hs['iterations_lost']} iterations "
-            f"beyond the interrupted one; checkpoint-restart lost {cr.get('iterations_lost')} "
-            f"(checkpoint every {interval})")
+    return (
+        f"docs/bench_recovery.json: hot swap redid {hs['iterations_lost']} iterations "
+        f"beyond the interrupted one; checkpoint-restart lost {cr.get('iterations_lost')} "
+        f"(checkpoint every {interval})"
+    )
 
 
 # Checkpoint write times C and restart times R the sensitivity tables try.
-SENSITIVITY = {512: ((2, 10, 30, 120, 600), (120, 300, 900, 1800)),
-               16384: ((1, 10, 30, 120), (120, 300, 900))}
+SENSITIVITY = {
+    512: ((2, 10, 30, 120, 600), (120, 300, 900, 1800)),
+    16384: ((1, 10, 30, 120), (120, 300, 900)),
+}
 
 
 def sensitivity(x: Inputs, seeds: Sequence[int]) -> Dict[tuple, Dict[str, float]]:
@@ -384,26 +620,45 @@ def sensitivity(x: Inputs, seeds: Sequence[int]) -> Dict[tuple, Dict[str, float]
     costs, restarts = SENSITIVITY[x.scenario.gpus]
     for cost in costs:
         for restart in restarts:
-            sc = replace(x.scenario, restart_s=restart,
-                         checkpoint_gbps=checkpoint_bytes(ps.MODELS[x.scenario.model])
-                         / (cost * 1e9))
+            sc = replace(
+                x.scenario,
+                restart_s=restart,
+                checkpoint_gbps=checkpoint_bytes(ps.MODELS[x.scenario.model]) / (cost * 1e9),
+            )
             y = inputs(sc)
             cr, _, hs, _ = strategies(y)
             rate, horizon = 1 / y.mtbf_s, sc.days * gp.DAY
             out[cost, restart] = {
                 s.name: gp.mean([o.ratio for o in gp.simulate_seeds(s, rate, horizon, seeds)])
-                for s in (cr, hs)}
-            out[cost, restart]["daly"] = gp.daly_ratio(cr.checkpoint_interval_s, cost, restart,
-                                                       y.mtbf_s)
+                for s in (cr, hs)
+            }
+            out[cost, restart]["daly"] = gp.daly_ratio(
+                cr.checkpoint_interval_s, cost, restart, y.mtbf_s
+            )
     return out
 
 
 def sensitivity_table(cells: Dict[tuple, Dict[str, float]]) -> str:
-    rows = [[f"{cost} s", fmt_s(restart), f"{r['daly']:.4f}",
-             f"{r['checkpoint-restart']:.4f}", f"{r['hot swap']:.4f}"]
-            for (cost, restart), r in cells.items()]
-    return table(["checkpoint write", "restart", "checkpoint-restart (Daly, analytic)",
-                  "checkpoint-restart (simulated)", "hot swap (simulated)"], rows)
+    rows = [
+        [
+            f"{cost} s",
+            fmt_s(restart),
+            f"{r['daly']:.4f}",
+            f"{r['checkpoint-restart']:.4f}",
+            f"{r['hot swap']:.4f}",
+        ]
+        for (cost, restart), r in cells.items()
+    ]
+    return table(
+        [
+            "checkpoint write",
+            "restart",
+            "checkpoint-restart (Daly, analytic)",
+            "checkpoint-restart (simulated)",
+            "hot swap (simulated)",
+        ],
+        rows,
+    )
 
 
 def spares_table(x: Inputs, seeds: Sequence[int], counts: Sequence[int]) -> str:
@@ -412,23 +667,43 @@ def spares_table(x: Inputs, seeds: Sequence[int], counts: Sequence[int]) -> str:
         y = inputs(replace(x.scenario, spare_nodes=spares))
         _, _, hs, shrink = strategies(y)
         rate, horizon = 1 / y.mtbf_s, y.scenario.days * gp.DAY
-        r = {s.name: gp.mean([o.ratio for o in gp.simulate_seeds(s, rate, horizon, seeds)])
-             for s in (hs, shrink)}
+        r = {
+            s.name: gp.mean([o.ratio for o in gp.simulate_seeds(s, rate, horizon, seeds)])
+            for s in (hs, shrink)
+        }
         p = gp.probability_no_spare(rate, y.scenario.repair_mean_s, spares)
         gpus = y.scenario.gpus
         held = gpus / (gpus + spares * y.plan.hardware.gpus_per_node)
-        rows.append([str(spares), f"{p:.3f}", f"{r[hs.name]:.4f}", f"{r[hs.name] * held:.4f}",
-                     f"{r[shrink.name]:.4f}", f"{r[shrink.name] * held:.4f}"])
-    return table(["warm spare nodes", "share of failures finding no spare (analytic)",
-                  "hot swap, restart when out", "per GPU held",
-                  "hot swap + shrink when out", "per GPU held"], rows)
+        rows.append(
+            [
+                str(spares),
+                f"{p:.3f}",
+                f"{r[hs.name]:.4f}",
+                f"{r[hs.name] * held:.4f}",
+                f"{r[shrink.name]:.4f}",
+                f"{r[shrink.name] * held:.4f}",
+            ]
+        )
+    return table(
+        [
+            "warm spare nodes",
+            "share of failures finding no spare (analytic)",
+            "hot swap, restart when out",
+            "per GPU held",
+            "hot swap + shrink when out",
+            "per GPU held",
+        ],
+        rows,
+    )
 
 
 # ----- figures -----
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -439,12 +714,18 @@ def plot_goodput(x: Inputs, results: Dict[str, List[gp.Outcome]], path: str) -> 
     days = [d / 4 for d in range(1, int(x.scenario.days * 4) + 1)]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, runs in results.items():
-        curves = [[w / (d * gp.DAY) for w, d in zip(gp.work_at(o, [d * gp.DAY for d in days]),
-                                                     days)] for o in runs]
+        curves = [
+            [w / (d * gp.DAY) for w, d in zip(gp.work_at(o, [d * gp.DAY for d in days]), days)]
+            for o in runs
+        ]
         columns = list(zip(*curves))
         ax.plot(days, [gp.mean(c) for c in columns], label=name)
-        ax.fill_between(days, [quantile(c, 0.1) for c in columns],
-                        [quantile(c, 0.9) for c in columns], alpha=0.2)
+        ax.fill_between(
+            days,
+            [quantile(c, 0.1) for c in columns],
+            [quantile(c, 0.9) for c in columns],
+            alpha=0.2,
+        )
     ax.set_xlabel("days of training")
     ax.set_ylabel("effective training time ratio so far")
     ax.set_title(f"{x.scenario.name}: MTBF {fmt_s(x.mtbf_s)}")
@@ -464,12 +745,24 @@ def plot_young_daly(x: Inputs, seeds: Sequence[int], path: str) -> List[tuple]:
     young, daly = gp.young_interval(c, m), gp.daly_interval(c, m)
     grid = [young * f for f in (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)]
     rate, horizon = 1 / m, x.scenario.days * gp.DAY
-    sim = [gp.mean([o.ratio for o in gp.simulate_seeds(replace(cr, checkpoint_interval_s=t),
-                                                       rate, horizon, seeds)]) for t in grid]
+    sim = [
+        gp.mean(
+            [
+                o.ratio
+                for o in gp.simulate_seeds(
+                    replace(cr, checkpoint_interval_s=t), rate, horizon, seeds
+                )
+            ]
+        )
+        for t in grid
+    ]
     fine = [young * (0.2 + 0.02 * i) for i in range(200)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([t / 60 for t in fine], [gp.daly_ratio(t, c, r, m) for t in fine],
-            label="Daly 2006, closed form")
+    ax.plot(
+        [t / 60 for t in fine],
+        [gp.daly_ratio(t, c, r, m) for t in fine],
+        label="Daly 2006, closed form",
+    )
     ax.plot([t / 60 for t in grid], sim, "o", label=f"simulated ({len(seeds)} seeds)")
     ax.axvline(young / 60, color="grey", ls="--", label=f"Young √(2CM) = {young / 60:.1f} min")
     ax.axvline(daly / 60, color="black", ls=":", label=f"Daly = {daly / 60:.1f} min")
@@ -479,8 +772,10 @@ def plot_young_daly(x: Inputs, seeds: Sequence[int], path: str) -> List[tuple]:
     ax.minorticks_off()
     ax.set_xlabel("checkpoint interval (min, log scale)")
     ax.set_ylabel("effective training time ratio")
-    ax.set_title(f"checkpoint-restart at {x.scenario.gpus:,} GPUs "
-                 f"(C = {c:.0f} s, R = {fmt_s(r)}, M = {fmt_s(m)})")
+    ax.set_title(
+        f"checkpoint-restart at {x.scenario.gpus:,} GPUs "
+        f"(C = {c:.0f} s, R = {fmt_s(r)}, M = {fmt_s(m)})"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -499,8 +794,15 @@ def plot_memory(items: List[ps.Plan], path: str) -> None:
         values = [p.memory.parts[part] / GiB for p in items]
         ax.bar(names, values, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.bar(names, [p.memory.mirror_bytes / GiB for p in items], bottom=bottom, hatch="//",
-           color="white", edgecolor="black", label="mirror (if kept in GPU memory)")
+    ax.bar(
+        names,
+        [p.memory.mirror_bytes / GiB for p in items],
+        bottom=bottom,
+        hatch="//",
+        color="white",
+        edgecolor="black",
+        label="mirror (if kept in GPU memory)",
+    )
     ax.axhline(items[0].hardware.gpu_memory_gib, color="red", ls="--", label="A100-40GB")
     ax.set_ylabel("GiB per GPU (worst pipeline stage)")
     ax.set_ylim(0, items[0].hardware.gpu_memory_gib * 1.35)
@@ -552,6 +854,7 @@ SOURCES = """\
   docs/bench_recovery.json (hot swap vs checkpoint-restart on CPU).
 """
 
+
 def read_measured() -> dict:
     try:
         with open(os.path.join(REPO, "docs", "bench_recovery.json")) as f:
@@ -563,10 +866,15 @@ def read_measured() -> dict:
 def headline(x: Inputs, results: Dict[str, List[gp.Outcome]]) -> Dict[str, float]:
     ratios = {k: gp.mean([o.ratio for o in v]) for k, v in results.items()}
     p = x.plan
-    return {"mirror_gib": p.memory.mirror_bytes / GiB,
-            "share": p.time.link / p.time.iteration, "exposed": p.time.exposed,
-            "cr": ratios["checkpoint-restart"], "ipr": ratios["in-process restart"],
-            "hs": ratios["hot swap"], "hs_shrink": ratios["hot swap + shrink"]}
+    return {
+        "mirror_gib": p.memory.mirror_bytes / GiB,
+        "share": p.time.link / p.time.iteration,
+        "exposed": p.time.exposed,
+        "cr": ratios["checkpoint-restart"],
+        "ipr": ratios["in-process restart"],
+        "hs": ratios["hot swap"],
+        "hs_shrink": ratios["hot swap + shrink"],
+    }
 
 
 def mirror_share_formula(x: Inputs) -> str:
@@ -576,22 +884,27 @@ def mirror_share_formula(x: Inputs) -> str:
     tokens = sc.parallel.global_batch * ps.MODELS[sc.model].seq_length
     achieved = p.hardware.peak_tflops * 1e12 * sc.mfu
     approx = 12 * achieved / (6 * tokens * p.hardware.nic_gbps * 1e9)
-    return (f"12 B / (6 FLOP × {tokens / 1e6:.1f} M tokens) × {achieved / 1e12:.0f} TFLOP/s "
-            f"achieved / {p.hardware.nic_gbps:.0f} GB/s = {approx:.2%}")
+    return (
+        f"12 B / (6 FLOP × {tokens / 1e6:.1f} M tokens) × {achieved / 1e12:.0f} TFLOP/s "
+        f"achieved / {p.hardware.nic_gbps:.0f} GB/s = {approx:.2%}"
+    )
 
 
-def large_scale_text(x: Inputs, results: Dict[str, List[gp.Outcome]],
-                     cells: Dict[tuple, Dict[str, float]]) -> str:
+def large_scale_text(
+    x: Inputs, results: Dict[str, List[gp.Outcome]], cells: Dict[tuple, Dict[str, float]]
+) -> str:
     h, sc = headline(x, results), x.scenario
     gain = h["hs"] - h["cr"]
-    return (f"At {sc.gpus:,} GPUs (one failure every {fmt_s(x.mtbf_s)}) the same model "
-            f"goes from {h['cr']:.4f} with checkpoint-restart ({h['ipr']:.4f} in-process) to "
-            f"{h['hs']:.4f} with hot swap ({h['hs_shrink']:.4f} with shrink): {gain:.1%} more "
-            f"training, {gain * sc.days * 24 * sc.gpus / 1e6:.2f} M GPU-hours in "
-            f"{sc.days:.0f} days, for {sc.spare_nodes} spare nodes "
-            f"({sc.spare_nodes * x.plan.hardware.gpus_per_node / sc.gpus:.2%} of the GPUs); "
-            f"the mirror is {x.plan.memory.mirror_bytes / GiB:.2f} GiB per GPU there "
-            f"(DP={sc.parallel.dp} splits the optimizer finer). {fast_text(x, cells)}")
+    return (
+        f"At {sc.gpus:,} GPUs (one failure every {fmt_s(x.mtbf_s)}) the same model "
+        f"goes from {h['cr']:.4f} with checkpoint-restart ({h['ipr']:.4f} in-process) to "
+        f"{h['hs']:.4f} with hot swap ({h['hs_shrink']:.4f} with shrink): {gain:.1%} more "
+        f"training, {gain * sc.days * 24 * sc.gpus / 1e6:.2f} M GPU-hours in "
+        f"{sc.days:.0f} days, for {sc.spare_nodes} spare nodes "
+        f"({sc.spare_nodes * x.plan.hardware.gpus_per_node / sc.gpus:.2%} of the GPUs); "
+        f"the mirror is {x.plan.memory.mirror_bytes / GiB:.2f} GiB per GPU there "
+        f"(DP={sc.parallel.dp} splits the optimizer finer). {fast_text(x, cells)}"
+    )
 
 
 def fast_text(x: Inputs, cells: Dict[tuple, Dict[str, float]]) -> str:
@@ -599,37 +912,43 @@ def fast_text(x: Inputs, cells: Dict[tuple, Dict[str, float]]) -> str:
     cost = min(SENSITIVITY[x.scenario.gpus][0])
     fast = cells[cost, x.scenario.restart_s]
     gbps = checkpoint_bytes(ps.MODELS[x.scenario.model]) / cost / 1e9
-    return (f"Much of the gain rests on the assumed {x.checkpoint_s:.0f} s checkpoint write: "
-            f"written in {cost} s ({gbps:,.0f} GB/s, within what Perlmutter's scratch and "
-            f"Llama 3's storage are rated for), checkpoint-restart reaches "
-            f"{fast['checkpoint-restart']:.4f} and hot swap's gain is "
-            f"{fast['hot swap'] - fast['checkpoint-restart']:.2%} (sensitivity table below).")
+    return (
+        f"Much of the gain rests on the assumed {x.checkpoint_s:.0f} s checkpoint write: "
+        f"written in {cost} s ({gbps:,.0f} GB/s, within what Perlmutter's scratch and "
+        f"Llama 3's storage are rated for), checkpoint-restart reaches "
+        f"{fast['checkpoint-restart']:.4f} and hot swap's gain is "
+        f"{fast['hot swap'] - fast['checkpoint-restart']:.2%} (sensitivity table below)."
+    )
 
 
-def headline_text(x: Inputs, results: Dict[str, List[gp.Outcome]],
-                  cells: Dict[tuple, Dict[str, float]]) -> str:
+def headline_text(
+    x: Inputs, results: Dict[str, List[gp.Outcome]], cells: Dict[tuple, Dict[str, float]]
+) -> str:
     h, p, sc = headline(x, results), x.plan, x.scenario
     hours = (h["hs"] - h["cr"]) * sc.days * 24
-    return "\n".join([
-        f"- **Mirror memory per GPU: {h['mirror_gib']:.2f} GiB** (four snapshots of "
-        f"{p.layout.snapshot_bytes / MiB:.0f} MiB: two own, two held), in host memory by "
-        f"default: {p.host_mirror_per_node / GiB:.1f} GiB of a node's "
-        f"{p.hardware.host_memory_gib:.0f} GB. In GPU memory instead the worst stage would "
-        f"use {(p.memory.total + p.memory.mirror_bytes) / GiB:.1f} of "
-        f"{p.hardware.gpu_memory_gib:.0f} GiB.",
-        f"- **Mirror share of the iteration: {h['share']:.2%}**: a snapshot spends "
-        f"{p.time.link * 1e3:.0f} ms on the NIC in a {p.time.iteration:.1f} s iteration at MFU "
-        f"{sc.mfu}; with training's own {p.time.training_link:.2f} s of traffic on the same "
-        f"NIC it still fits in the iteration, so the exposed cost is "
-        f"{h['exposed']:.0f} s: zero, on paper.",
-        f"- **Effective training time ratio over {sc.days:.0f} days: checkpoint-restart "
-        f"{h['cr']:.4f}, in-process restart {h['ipr']:.4f}, hot swap {h['hs']:.4f}, hot swap "
-        f"+ shrink {h['hs_shrink']:.4f}** (means of {len(results['hot swap'])} simulated "
-        f"jobs): hot swap gives back {hours:.1f} h of the {sc.days * 24:.0f} h, "
-        f"{hours * sc.gpus:,.0f} GPU-hours, at the price of {sc.spare_nodes} spare nodes "
-        f"({sc.spare_nodes * p.hardware.gpus_per_node} GPUs, "
-        f"{sc.spare_nodes * p.hardware.gpus_per_node * sc.days * 24:,.0f} GPU-hours) held "
-        f"warm. {spare_verdict(h, sc, p)} {fast_text(x, cells)}"])
+    return "\n".join(
+        [
+            f"- **Mirror memory per GPU: {h['mirror_gib']:.2f} GiB** (four snapshots of "
+            f"{p.layout.snapshot_bytes / MiB:.0f} MiB: two own, two held), in host memory by "
+            f"default: {p.host_mirror_per_node / GiB:.1f} GiB of a node's "
+            f"{p.hardware.host_memory_gib:.0f} GB. In GPU memory instead the worst stage would "
+            f"use {(p.memory.total + p.memory.mirror_bytes) / GiB:.1f} of "
+            f"{p.hardware.gpu_memory_gib:.0f} GiB.",
+            f"- **Mirror share of the iteration: {h['share']:.2%}**: a snapshot spends "
+            f"{p.time.link * 1e3:.0f} ms on the NIC in a {p.time.iteration:.1f} s iteration at MFU "
+            f"{sc.mfu}; with training's own {p.time.training_link:.2f} s of traffic on the same "
+            f"NIC it still fits in the iteration, so the exposed cost is "
+            f"{h['exposed']:.0f} s: zero, on paper.",
+            f"- **Effective training time ratio over {sc.days:.0f} days: checkpoint-restart "
+            f"{h['cr']:.4f}, in-process restart {h['ipr']:.4f}, hot swap {h['hs']:.4f}, hot swap "
+            f"+ shrink {h['hs_shrink']:.4f}** (means of {len(results['hot swap'])} simulated "
+            f"jobs): hot swap gives back {hours:.1f} h of the {sc.days * 24:.0f} h, "
+            f"{hours * sc.gpus:,.0f} GPU-hours, at the price of {sc.spare_nodes} spare nodes "
+            f"({sc.spare_nodes * p.hardware.gpus_per_node} GPUs, "
+            f"{sc.spare_nodes * p.hardware.gpus_per_node * sc.days * 24:,.0f} GPU-hours) held "
+            f"warm. {spare_verdict(h, sc, p)} {fast_text(x, cells)}",
+        ]
+    )
 
 
 def spare_verdict(h: Dict[str, float], sc: Scenario, p: ps.Plan) -> str:
@@ -637,25 +956,39 @@ def spare_verdict(h: Dict[str, float], sc: Scenario, p: ps.Plan) -> str:
     spare_share = sc.spare_nodes * p.hardware.gpus_per_node / sc.gpus
     gain = h["hs"] - h["cr"]
     if gain > spare_share:
-        return (f"The gain ({gain:.2%} of the run) exceeds the spares' share of the GPUs "
-                f"({spare_share:.2%}).")
-    return (f"At this scale the gain ({gain:.2%} of the run) is smaller than the spares' "
-            f"share of the GPUs ({spare_share:.2%}): hot swap pays off here only if the "
-            "spares are shared with other jobs or do other work while they wait; at "
-            "16,384 GPUs it pays several times over (below).")
+        return (
+            f"The gain ({gain:.2%} of the run) exceeds the spares' share of the GPUs "
+            f"({spare_share:.2%})."
+        )
+    return (
+        f"At this scale the gain ({gain:.2%} of the run) is smaller than the spares' "
+        f"share of the GPUs ({spare_share:.2%}): hot swap pays off here only if the "
+        "spares are shared with other jobs or do other work while they wait; at "
+        "16,384 GPUs it pays several times over (below)."
+    )
 
 
-def goodput_section(x: Inputs, results: Dict[str, List[gp.Outcome]], measured: dict,
-                    seeds: Sequence[int], png: str, cells: Dict[tuple, Dict[str, float]]) -> str:
+def goodput_section(
+    x: Inputs,
+    results: Dict[str, List[gp.Outcome]],
+    measured: dict,
+    seeds: Sequence[int],
+    png: str,
+    cells: Dict[tuple, Dict[str, float]],
+) -> str:
     sc = x.scenario
     counts = (0, 1, 2, 4) if sc.gpus <= 1024 else (0, 8, 16, 32, 64)
-    extra = (f"\n\nHow many warm spares pay off (repair {fmt_s(sc.repair_mean_s)}; "
-             f"{len(seeds[:16])} jobs each; \"per GPU held\" divides by the spares' GPUs "
-             "too):\n\n" + spares_table(x, seeds[:16], counts))
-    extra += ("\n\nSensitivity to the two assumptions checkpoint-restart rests on (write "
-              f"time C of the {checkpoint_bytes(ps.MODELS[sc.model]) / 1e9:.0f} GB checkpoint, "
-              f"restart time R), each cell {len(seeds[:16])} simulated jobs:\n\n"
-              + sensitivity_table(cells))
+    extra = (
+        f"\n\nHow many warm spares pay off (repair {fmt_s(sc.repair_mean_s)}; "
+        f'{len(seeds[:16])} jobs each; "per GPU held" divides by the spares\' GPUs '
+        "too):\n\n" + spares_table(x, seeds[:16], counts)
+    )
+    extra += (
+        "\n\nSensitivity to the two assumptions checkpoint-restart rests on (write "
+        f"time C of the {checkpoint_bytes(ps.MODELS[sc.model]) / 1e9:.0f} GB checkpoint, "
+        f"restart time R), each cell {len(seeds[:16])} simulated jobs:\n\n"
+        + sensitivity_table(cells)
+    )
     return f"""### {sc.name}
 
 Inputs:
@@ -675,18 +1008,19 @@ Events per job (means):
 """
 
 
-def page(items, hw_items, crosscheck, xs, results, yd, measured, seeds, cells,
-         hs_check) -> str:
+def page(items, hw_items, crosscheck, xs, results, yd, measured, seeds, cells, hs_check) -> str:
     x512 = xs[512]
-    lines = [f"""# Scale on paper: memory, bandwidth and goodput
+    lines = [
+        f"""# Scale on paper: memory, bandwidth and goodput
 
-Generated by `.venv/bin/python tools/scale_report.py` (this page and `docs/scale_*.png`; do
-not edit by hand). Nothing here ran at scale: the planner (`tools/plan_scale.py`) is
-arithmetic on model shapes and published hardware figures, checked against layouts
-megatron-core builds and sizes our runs logged; the simulator (`tools/goodput.py`) plays
-failures against each recovery strategy. Each input is labelled **{MEASURED}** (this
-project's benchmarks), **{PUBLISHED}** (source at the end), **{DERIVED}** (computed from
-those) or **{ASSUMED}** (our choice, with the reason).
+Generated by `.venv/bin/python -m tools.scale_report` (this page and `docs/scale_*.png`;
+do not edit by hand). Nothing here ran at scale: the planner
+(`deadpool_ext/planning/scale.py`) is arithmetic on model shapes and published hardware
+figures, checked against layouts megatron-core builds and sizes our runs logged; the
+simulator (`deadpool_ext/planning/goodput.py`) plays failures against each recovery
+strategy. Each input is labelled **{MEASURED}** (this project's benchmarks), **{PUBLISHED}**
+(source at the end), **{DERIVED}** (computed from those) or **{ASSUMED}** (our choice,
+with the reason).
 
 ## LLaMA-65B on 512 A100s
 
@@ -694,7 +1028,7 @@ those) or **{ASSUMED}** (our choice, with the reason).
 
 {large_scale_text(xs[16384], results[16384], cells[16384])}
 
-## 1. Memory and bandwidth (`tools/plan_scale.py`)
+## 1. Memory and bandwidth (`deadpool_ext/planning/scale.py`)
 
 The mirror's size follows our code exactly: a rank's snapshot is a 64-byte header, 12
 bytes per element of its distributed-optimizer shard (fp32 main parameter, `exp_avg`,
@@ -752,7 +1086,7 @@ node, so TP stays 1):
 {hardware_table(hw_items)}
 
 "Hides" means the exchange that starts with iteration t (copy to host, checksum, send,
-receive, verify; step t waits for it, `deadpool_ext/mirror.py`) fits in the iteration
+receive, verify; step t waits for it, `deadpool_ext/state/mirror.py`) fits in the iteration
 together with training's own traffic on the same NIC (distributed-optimizer reduce-scatter
 and all-gather, pipeline sends). The CPU time applies our checksum speed (**{MEASURED}**:
 9.1 ms per 111.5 MiB on one core of the development machine, docs/benchmarks.md) to the
@@ -762,7 +1096,7 @@ verify): {host_traffic_gbps(x512.plan):.1f} GB/s per node for the 65B run, again
 204.8 GB/s peak of an EPYC 7763's eight DDR4-3200 channels (**{PUBLISHED}**, AMD, if all eight
 are populated).
 
-## 2. Goodput under failures (`tools/goodput.py`)
+## 2. Goodput under failures (`deadpool_ext/planning/goodput.py`)
 
 Failures are a Poisson process at Llama 3's rate per GPU (419 unexpected interruptions in 54
 days on 16,384 GPUs, {per_gpu_year():.3f} per GPU-year), each
@@ -785,11 +1119,16 @@ taking one node out. Strategies:
 The ratio is useful work (full-throughput compute never rolled back) over wall time; the
 lost hours split into rework, recovery, checkpointing and slowdown (shrunk throughput,
 mirror overhead), which with the useful work add up to the horizon exactly (tested).
-"""]
-    lines.append(goodput_section(x512, results[512], measured, seeds, "scale_goodput_512.png",
-                                 cells[512]))
-    lines.append(goodput_section(xs[16384], results[16384], measured, seeds,
-                                 "scale_goodput_16384.png", cells[16384]))
+"""
+    ]
+    lines.append(
+        goodput_section(x512, results[512], measured, seeds, "scale_goodput_512.png", cells[512])
+    )
+    lines.append(
+        goodput_section(
+            xs[16384], results[16384], measured, seeds, "scale_goodput_16384.png", cells[16384]
+        )
+    )
     lines.append(young_daly_text(xs[16384], yd, hs_check))
     lines.append(limits_text(xs, cells))
     lines.append("## Sources\n\n" + SOURCES)
@@ -797,18 +1136,24 @@ mirror overhead), which with the useful work add up to the horizon exactly (test
 
 
 def table_note() -> str:
-    return ("Columns: GPU memory of the worst stage with the mirror where it is kept; host "
-            "memory the mirrors of one node's ranks take; per-iteration times per rank.")
+    return (
+        "Columns: GPU memory of the worst stage with the mirror where it is kept; host "
+        "memory the mirrors of one node's ranks take; per-iteration times per rank."
+    )
 
 
 def hot_swap_check(x: Inputs, seeds: Sequence[int]) -> Dict[str, float]:
     """The scenario's hot swap with a spare always free and no durable
     checkpoints: closed form and simulated."""
-    hs = replace(strategies(x)[2], checkpoint_interval_s=math.inf, spares=None,
-                 pair_loss_probability=0.0)
+    hs = replace(
+        strategies(x)[2], checkpoint_interval_s=math.inf, spares=None, pair_loss_probability=0.0
+    )
     runs = gp.simulate_seeds(hs, 1 / x.mtbf_s, x.scenario.days * gp.DAY, seeds)
-    return {"closed": gp.hot_swap_ratio(hs.iteration_s, hs.swap_s, x.mtbf_s),
-            "simulated": gp.mean([o.ratio for o in runs]), "jobs": len(runs)}
+    return {
+        "closed": gp.hot_swap_ratio(hs.iteration_s, hs.swap_s, x.mtbf_s),
+        "simulated": gp.mean([o.ratio for o in runs]),
+        "jobs": len(runs),
+    }
 
 
 def young_daly_text(x: Inputs, yd: List[tuple], hs: Dict[str, float]) -> str:
@@ -824,8 +1169,8 @@ segment under exponential failures, and is highest near Young's √(2CM) =
 grid point: {fmt_s(best[0])}, ratio {best[1]:.4f}). Hot swap with a spare always free and
 no durable checkpoints keeps the whole iterations of each stretch between failures and pays
 the swap S, restarted by a failure during it: (T/M)·e^(−S/M) / (e^(T/M) − 1) =
-{hs['closed']:.4f} here (T = {x.iteration_s:.2f} s, S = {fmt_s(x.scenario.swap_s)}), and the
-simulator gives {hs['simulated']:.4f} ({hs['jobs']} jobs). The tests check both closed forms
+{hs["closed"]:.4f} here (T = {x.iteration_s:.2f} s, S = {fmt_s(x.scenario.swap_s)}), and the
+simulator gives {hs["simulated"]:.4f} ({hs["jobs"]} jobs). The tests check both closed forms
 against the simulator where the terms are large, and the failure-free ratio τ/(τ+C), the
 exact loss of one failure at a known time, and the accounting identity.
 
@@ -851,9 +1196,9 @@ def limits_text(xs: Dict[int, Inputs], cells: Dict[int, Dict[tuple, Dict[str, fl
   GPUs, consistent with Llama 3's "more than 90%" but not fixed by it. The write time is the
   weak one: storage like Llama 3's (2 TB/s sustained) writes this checkpoint in under a
   second, and with C = {min(SENSITIVITY[16384][0])} s checkpoint-restart reaches
-  {fast[16384]['checkpoint-restart']:.4f} at 16,384 GPUs against hot swap's
-  {fast[16384]['hot swap']:.4f}, and at 512 GPUs with C = {min(SENSITIVITY[512][0])} s
-  {fast[512]['checkpoint-restart']:.4f} against {fast[512]['hot swap']:.4f} (sensitivity
+  {fast[16384]["checkpoint-restart"]:.4f} at 16,384 GPUs against hot swap's
+  {fast[16384]["hot swap"]:.4f}, and at 512 GPUs with C = {min(SENSITIVITY[512][0])} s
+  {fast[512]["checkpoint-restart"]:.4f} against {fast[512]["hot swap"]:.4f} (sensitivity
   tables, R = {fmt_s(r)}). R, on the other hand, is likely longer at 16,384 GPUs than at 512.
   Asynchronous checkpointing would cut C, not R.
 - The hot swap's {fmt_s(x.scenario.swap_s)} at 512 GPUs is the DeadPool paper's upper bound,
@@ -884,8 +1229,18 @@ def write_page(out_dir: str, seeds: Sequence[int], probe: bool = True) -> Dict[s
         plot_goodput(xs[g], results[g], os.path.join(out_dir, f"scale_goodput_{g}.png"))
     yd = plot_young_daly(xs[16384], seeds[:32], os.path.join(out_dir, "scale_young_daly.png"))
     cells = {g: sensitivity(xs[g], seeds[:16]) for g in xs}
-    text = page(items, hw_items, crosscheck, xs, results, yd, measured, seeds, cells,
-                hot_swap_check(xs[16384], seeds[:16]))
+    text = page(
+        items,
+        hw_items,
+        crosscheck,
+        xs,
+        results,
+        yd,
+        measured,
+        seeds,
+        cells,
+        hot_swap_check(xs[16384], seeds[:16]),
+    )
     with open(os.path.join(out_dir, "scale.md"), "w") as f:
         f.write(text)
     numbers = headline(xs[512], results[512])
@@ -897,8 +1252,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default=os.path.join(REPO, "docs"))
     parser.add_argument("--seeds", type=int, default=64, help="simulated jobs per strategy")
-    parser.add_argument("--no-probe", action="store_true",
-                        help="skip building the real layouts (megatron-core, ~10 s)")
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip building the real layouts (megatron-core, ~10 s)",
+    )
     opts = parser.parse_args(argv)
     seeds = range(opts.seeds)
     write_page(opts.output_dir, seeds, probe=not opts.no_probe)

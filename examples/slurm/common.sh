@@ -17,7 +17,8 @@
 #   MODEL_ARGS      array: the model's shape flags
 #   TRAIN_ARGS      array: optimizer, schedule and logging flags
 #   DATA_ARGS       array: data and tokenizer flags
-#   MODEL           optional: tools/plan_scale.py's name for the shape, which
+#   MODEL           optional: the planner's name for the shape
+#                   (deadpool_ext/planning/scale.py MODELS), which
 #                   the dry run checks the flags against
 # These may be changed at submission, through the environment (sbatch passes
 # it on): RUN_DIR (checkpoints, metrics, events; default
@@ -131,8 +132,9 @@ dry_run() {
         plan+=(--hosts $(scontrol show hostnames "$SLURM_JOB_NODELIST"))
     fi
     if [[ $json == 1 ]]; then plan+=(--json); fi
-    PYTHONWARNINGS=ignore exec "$PYTHON" "$DEADPOOL_REPO/tools/slurm_plan.py" "${plan[@]}" \
-        -- "${TRAINING[@]}"
+    # A module run from the checkout (deadpool_main has cd'ed there): tools/
+    # is not installed, and -m puts the working directory on the path.
+    PYTHONWARNINGS=ignore exec "$PYTHON" -m tools.slurm_plan "${plan[@]}" -- "${TRAINING[@]}"
 }
 
 load_modules() {

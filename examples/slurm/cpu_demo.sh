@@ -33,7 +33,7 @@ TRAIN_ITERS=60
 SAVE_INTERVAL=30
 MODEL_ARGS=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128
     --max-position-embeddings 128)
-TRAIN_ARGS=(--lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 6
+TRAIN_ARGS=(--lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10
     --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 5 --eval-interval 30
     --eval-iters 2 --num-workers 0)
 DATA_ARGS=(--data-path data/corpus_text_document --tokenizer-type ByteLevelTokenizer

@@ -53,7 +53,8 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
 
 def build_parser(sections: Dict[str, type]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="GPT pretraining on megatron-core (Megatron-LM flags).", allow_abbrev=False)
+        description="GPT pretraining on megatron-core (Megatron-LM flags).", allow_abbrev=False
+    )
     for title, cls in sections.items():
         add_section_flags(parser, title, cls)
     return parser
@@ -64,8 +65,12 @@ def _section_from_namespace(cls, namespace):
 
 
 def _check_required(sections, namespace) -> None:
-    missing = [flag_name(f) for cls in sections.values() for f in dataclasses.fields(cls)
-               if f.metadata.get("required") and getattr(namespace, f.name) is None]
+    missing = [
+        flag_name(f)
+        for cls in sections.values()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("required") and getattr(namespace, f.name) is None
+    ]
     if missing:
         raise ConfigError("missing required flags: " + ", ".join(missing))
 
@@ -73,10 +78,12 @@ def _check_required(sections, namespace) -> None:
 Validator = Callable[[Config], None]
 
 
-def parse_args(argv: Optional[Sequence[str]] = None,
-               extra_sections: Optional[Dict[str, type]] = None,
-               extra_validators: Sequence[Validator] = (),
-               world_size: Optional[int] = None) -> Config:
+def parse_args(
+    argv: Optional[Sequence[str]] = None,
+    extra_sections: Optional[Dict[str, type]] = None,
+    extra_validators: Sequence[Validator] = (),
+    world_size: Optional[int] = None,
+) -> Config:
     """Parse flags into a Config, fill derived defaults and validate it.
 
     ``extra_sections`` lets an extension (deadpool) add its own dataclass of
@@ -90,8 +97,11 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     parsed = {name: _section_from_namespace(cls, namespace) for name, cls in sections.items()}
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    config = Config(**{name: parsed[name] for name in SECTIONS}, world_size=world_size,
-                    extra={name: parsed[name] for name in extra_sections})
+    config = Config(
+        **{name: parsed[name] for name in SECTIONS},
+        world_size=world_size,
+        extra={name: parsed[name] for name in extra_sections},
+    )
     fill_defaults(config)
     validate(config)
     for check in extra_validators:
@@ -103,8 +113,7 @@ def fill_defaults(config: Config) -> None:
     """Megatron's derived defaults, computed from the other flags."""
     m, b, t, d = config.model, config.batch, config.training, config.data
     if m.ffn_hidden_size is None and m.hidden_size:
-        m.ffn_hidden_size = (int(8 * m.hidden_size / 3 / 64) * 64 if m.swiglu
-                             else 4 * m.hidden_size)
+        m.ffn_hidden_size = int(8 * m.hidden_size / 3 / 64) * 64 if m.swiglu else 4 * m.hidden_size
     if m.max_position_embeddings is None:
         m.max_position_embeddings = m.seq_length
     if not m.group_query_attention:
@@ -133,28 +142,45 @@ def _require(ok: bool, message: str) -> None:
 
 def validate(config: Config) -> None:
     """Every check a run needs before it starts; each names what to change."""
-    for check in (_check_parallel_layout, _check_model_shape, _check_batch,
-                  _check_training, _check_precision, _check_data, _check_checkpoint):
+    for check in (
+        _check_parallel_layout,
+        _check_model_shape,
+        _check_batch,
+        _check_training,
+        _check_precision,
+        _check_data,
+        _check_checkpoint,
+    ):
         check(config)
 
 
 def _check_parallel_layout(config: Config) -> None:
     p, world = config.parallel, config.world_size
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
-    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and "
-             "--pipeline-model-parallel-size must be at least 1")
-    _require(world % (tp * pp) == 0,
-             f"world size {world} is not divisible by tensor-parallel size {tp} x "
-             f"pipeline-parallel size {pp} = {tp * pp}: launch a multiple of {tp * pp} "
-             f"processes or change --tensor-model-parallel-size / "
-             f"--pipeline-model-parallel-size")
-    _require(not p.sequence_parallel or tp > 1,
-             "--sequence-parallel needs --tensor-model-parallel-size > 1: drop the flag "
-             "or raise the tensor-parallel size")
-    _require(not p.overlap_param_gather or p.use_distributed_optimizer,
-             "--overlap-param-gather needs --use-distributed-optimizer")
-    _require(not p.overlap_param_gather or p.overlap_grad_reduce,
-             "--overlap-param-gather needs --overlap-grad-reduce")
+    _require(
+        tp >= 1 and pp >= 1,
+        "--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least 1",
+    )
+    _require(
+        world % (tp * pp) == 0,
+        f"world size {world} is not divisible by tensor-parallel size {tp} x "
+        f"pipeline-parallel size {pp} = {tp * pp}: launch a multiple of {tp * pp} "
+        f"processes or change --tensor-model-parallel-size / "
+        f"--pipeline-model-parallel-size",
+    )
+    _require(
+        not p.sequence_parallel or tp > 1,
+        "--sequence-parallel needs --tensor-model-parallel-size > 1: drop the flag "
+        "or raise the tensor-parallel size",
+    )
+    _require(
+        not p.overlap_param_gather or p.use_distributed_optimizer,
+        "--overlap-param-gather needs --use-distributed-optimizer",
+    )
+    _require(
+        not p.overlap_param_gather or p.overlap_grad_reduce,
+        "--overlap-param-gather needs --overlap-grad-reduce",
+    )
     _require(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0")
 
 
@@ -163,28 +189,42 @@ def _check_model_shape(config: Config) -> None:
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
         _require(getattr(m, name) > 0, f"--{name.replace('_', '-')} must be positive")
-    _require(m.num_attention_heads % tp == 0,
-             f"--num-attention-heads {m.num_attention_heads} is not divisible by "
-             f"--tensor-model-parallel-size {tp}: choose heads as a multiple of {tp}")
-    _require(m.num_layers % pp == 0,
-             f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size "
-             f"{pp}: choose layers as a multiple of {pp}")
-    _require(m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
-             f"--hidden-size {m.hidden_size} is not divisible by --num-attention-heads "
-             f"{m.num_attention_heads}: change one of them or set --kv-channels")
-    _require(m.num_attention_heads % m.num_query_groups == 0,
-             f"--num-attention-heads {m.num_attention_heads} is not divisible by "
-             f"--num-query-groups {m.num_query_groups}")
-    _require(m.num_query_groups % tp == 0,
-             f"--num-query-groups {m.num_query_groups} is not divisible by "
-             f"--tensor-model-parallel-size {tp}")
-    _require(m.position_embedding_type != "learned_absolute"
-             or m.max_position_embeddings >= m.seq_length,
-             f"--seq-length {m.seq_length} exceeds --max-position-embeddings "
-             f"{m.max_position_embeddings}: raise --max-position-embeddings")
-    _require(m.transformer_impl != "transformer_engine" or _te_importable(),
-             "--transformer-impl transformer_engine needs the transformer_engine package: "
-             "install it or use --transformer-impl local")
+    _require(
+        m.num_attention_heads % tp == 0,
+        f"--num-attention-heads {m.num_attention_heads} is not divisible by "
+        f"--tensor-model-parallel-size {tp}: choose heads as a multiple of {tp}",
+    )
+    _require(
+        m.num_layers % pp == 0,
+        f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size "
+        f"{pp}: choose layers as a multiple of {pp}",
+    )
+    _require(
+        m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
+        f"--hidden-size {m.hidden_size} is not divisible by --num-attention-heads "
+        f"{m.num_attention_heads}: change one of them or set --kv-channels",
+    )
+    _require(
+        m.num_attention_heads % m.num_query_groups == 0,
+        f"--num-attention-heads {m.num_attention_heads} is not divisible by "
+        f"--num-query-groups {m.num_query_groups}",
+    )
+    _require(
+        m.num_query_groups % tp == 0,
+        f"--num-query-groups {m.num_query_groups} is not divisible by "
+        f"--tensor-model-parallel-size {tp}",
+    )
+    _require(
+        m.position_embedding_type != "learned_absolute"
+        or m.max_position_embeddings >= m.seq_length,
+        f"--seq-length {m.seq_length} exceeds --max-position-embeddings "
+        f"{m.max_position_embeddings}: raise --max-position-embeddings",
+    )
+    _require(
+        m.transformer_impl != "transformer_engine" or _te_importable(),
+        "--transformer-impl transformer_engine needs the transformer_engine package: "
+        "install it or use --transformer-impl local",
+    )
 
 
 def _te_importable() -> bool:
@@ -197,32 +237,49 @@ def _check_batch(config: Config) -> None:
     b, dp = config.batch, config.data_parallel_size
     _require(b.micro_batch_size > 0, "--micro-batch-size must be positive")
     step = b.micro_batch_size * dp
-    _require(b.global_batch_size % step == 0,
-             f"--global-batch-size {b.global_batch_size} is not divisible by "
-             f"--micro-batch-size {b.micro_batch_size} x data-parallel size {dp} = {step}: "
-             f"use a multiple of {step}")
-    _require(b.rampup_batch_size is None, "--rampup-batch-size is not supported yet: "
-             "drop it and set --global-batch-size")
+    _require(
+        b.global_batch_size % step == 0,
+        f"--global-batch-size {b.global_batch_size} is not divisible by "
+        f"--micro-batch-size {b.micro_batch_size} x data-parallel size {dp} = {step}: "
+        f"use a multiple of {step}",
+    )
+    _require(
+        b.rampup_batch_size is None,
+        "--rampup-batch-size is not supported yet: drop it and set --global-batch-size",
+    )
 
 
 def _check_training(config: Config) -> None:
     t, log = config.training, config.logging
-    _require((t.train_iters is None) != (t.train_samples is None),
-             "give exactly one of --train-iters and --train-samples")
+    _require(
+        (t.train_iters is None) != (t.train_samples is None),
+        "give exactly one of --train-iters and --train-samples",
+    )
     _require(t.train_samples is None, "--train-samples is not supported yet: use --train-iters")
     _require(t.train_iters > 0, "--train-iters must be positive")
     _require(t.lr >= 0 and t.min_lr >= 0, "--lr and --min-lr must be non-negative")
-    _require(t.lr_warmup_fraction is None or t.lr_warmup_iters == 0,
-             "give only one of --lr-warmup-fraction and --lr-warmup-iters")
-    _require(t.lr_warmup_fraction is None or 0 <= t.lr_warmup_fraction < 1,
-             f"--lr-warmup-fraction {t.lr_warmup_fraction} must be in [0, 1)")
-    warmup = (t.lr_warmup_fraction * t.lr_decay_iters if t.lr_warmup_fraction is not None
-              else t.lr_warmup_iters)
-    _require(warmup < t.lr_decay_iters,
-             f"warm-up ({warmup:g} iterations) must be shorter than --lr-decay-iters "
-             f"{t.lr_decay_iters}: lower --lr-warmup-iters or raise --lr-decay-iters")
-    _require(t.lr_decay_style != "WSD" or t.lr_wsd_decay_iters is not None,
-             "--lr-decay-style WSD needs --lr-wsd-decay-iters")
+    _require(
+        t.lr_warmup_fraction is None or t.lr_warmup_iters == 0,
+        "give only one of --lr-warmup-fraction and --lr-warmup-iters",
+    )
+    _require(
+        t.lr_warmup_fraction is None or 0 <= t.lr_warmup_fraction < 1,
+        f"--lr-warmup-fraction {t.lr_warmup_fraction} must be in [0, 1)",
+    )
+    warmup = (
+        t.lr_warmup_fraction * t.lr_decay_iters
+        if t.lr_warmup_fraction is not None
+        else t.lr_warmup_iters
+    )
+    _require(
+        warmup < t.lr_decay_iters,
+        f"warm-up ({warmup:g} iterations) must be shorter than --lr-decay-iters "
+        f"{t.lr_decay_iters}: lower --lr-warmup-iters or raise --lr-decay-iters",
+    )
+    _require(
+        t.lr_decay_style != "WSD" or t.lr_wsd_decay_iters is not None,
+        "--lr-decay-style WSD needs --lr-wsd-decay-iters",
+    )
     _require(log.log_interval > 0, "--log-interval must be positive")
     _require(log.eval_interval > 0, "--eval-interval must be positive")
 
@@ -236,19 +293,26 @@ def _check_data(config: Config) -> None:
     from megatron.training.tokenizer import check_tokenizer_args
 
     d = config.data
-    _require(d.mock_data or d.data_path,
-             "no training data: give --data-path PREFIX (made by tools/preprocess_data.py; "
-             "`make data` prepares the embedded corpus) or --mock-data")
+    _require(
+        d.mock_data or d.data_path,
+        "no training data: give --data-path PREFIX (made by tools/preprocess_data.py; "
+        "`make data` prepares the embedded corpus) or --mock-data",
+    )
     _require(not (d.mock_data and d.data_path), "give only one of --data-path and --mock-data")
     parts = d.split.replace("/", ",").split(",")
-    _require(all(p.strip().replace(".", "", 1).isdigit() for p in parts) and len(parts) <= 3
-             and sum(float(p) for p in parts) > 0,
-             f"--split {d.split!r} must be up to three non-negative numbers like 969,30,1")
+    _require(
+        all(p.strip().replace(".", "", 1).isdigit() for p in parts)
+        and len(parts) <= 3
+        and sum(float(p) for p in parts) > 0,
+        f"--split {d.split!r} must be up to three non-negative numbers like 969,30,1",
+    )
     for prefix in _data_prefixes(d.data_path or []):
         for suffix in (".bin", ".idx"):
-            _require(os.path.exists(prefix + suffix),
-                     f"--data-path {prefix}: {prefix + suffix} does not exist; run "
-                     f"tools/preprocess_data.py (or `make data` for the embedded corpus)")
+            _require(
+                os.path.exists(prefix + suffix),
+                f"--data-path {prefix}: {prefix + suffix} does not exist; run "
+                f"tools/preprocess_data.py (or `make data` for the embedded corpus)",
+            )
     try:
         check_tokenizer_args(d.tokenizer_type, d.tokenizer_model, d.vocab_size)
     except ValueError as error:
@@ -284,5 +348,6 @@ def _check_checkpoint(config: Config) -> None:
     c = config.checkpoint
     _require(c.save_interval is None or c.save_interval > 0, "--save-interval must be positive")
     _require(c.save_interval is None or c.save, "--save-interval needs --save DIR")
-    _require(not c.exit_on_missing_checkpoint or c.load,
-             "--exit-on-missing-checkpoint needs --load DIR")
+    _require(
+        not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
+    )

@@ -39,13 +39,23 @@ def optimizer_shard(optimizer) -> List[Dict[str, torch.Tensor]]:
 def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> None:
     """Copy a saved shard into this rank's optimizer, in place (main params
     may be views of the model's buffers), creating Adam state if missing."""
-    params = [p for opt in inner_optimizers(optimizer)
-              for g in opt.optimizer.param_groups for p in g["params"]]
+    params = [
+        p
+        for opt in inner_optimizers(optimizer)
+        for g in opt.optimizer.param_groups
+        for p in g["params"]
+    ]
     if len(params) != len(entries):
-        raise RuntimeError(f"optimizer shard has {len(entries)} parameters, this rank "
-                           f"has {len(params)}: the checkpoint is from another model or layout")
-    states = [opt.optimizer.state for opt in inner_optimizers(optimizer)
-              for g in opt.optimizer.param_groups for _ in g["params"]]
+        raise RuntimeError(
+            f"optimizer shard has {len(entries)} parameters, this rank "
+            f"has {len(params)}: the checkpoint is from another model or layout"
+        )
+    states = [
+        opt.optimizer.state
+        for opt in inner_optimizers(optimizer)
+        for g in opt.optimizer.param_groups
+        for _ in g["params"]
+    ]
     for param, state, entry in zip(params, states, entries):
         param.data.copy_(entry["param"].view_as(param))
         for key, value in entry.items():
@@ -62,8 +72,10 @@ def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> N
 def schedule_state(state) -> dict:
     """The LR scheduler and the grad scaler (None without one)."""
     scaler = getattr(state.optimizer, "grad_scaler", None)
-    return {"scheduler": state.scheduler.state_dict(),
-            "grad_scaler": scaler.state_dict() if scaler is not None else None}
+    return {
+        "scheduler": state.scheduler.state_dict(),
+        "grad_scaler": scaler.state_dict() if scaler is not None else None,
+    }
 
 
 def load_schedule_state(state, saved: dict) -> None:
@@ -108,7 +120,8 @@ def rank_file(directory: str, iteration: int) -> str:
     name = "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
         parallel_state.get_tensor_model_parallel_rank(),
         parallel_state.get_pipeline_model_parallel_rank(),
-        parallel_state.get_data_parallel_rank())
+        parallel_state.get_data_parallel_rank(),
+    )
     return os.path.join(directory, f"iter_{iteration:07d}", name)
 
 
@@ -122,16 +135,19 @@ def save_checkpoint(directory: str, iteration: int, consumed_samples: int, state
     """Every rank writes its file; rank 0 then points the tracker at it."""
     path = rank_file(directory, iteration)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _atomic_save({
-        "iteration": iteration,
-        "consumed_samples": consumed_samples,
-        "layout": layout(),
-        "model": state.model[0].state_dict(),
-        "optimizer": optimizer_shard(state.optimizer),
-        **shard_layout(state),
-        **schedule_state(state),
-        "rng": rng_state(),
-    }, path)
+    _atomic_save(
+        {
+            "iteration": iteration,
+            "consumed_samples": consumed_samples,
+            "layout": layout(),
+            "model": state.model[0].state_dict(),
+            "optimizer": optimizer_shard(state.optimizer),
+            **shard_layout(state),
+            **schedule_state(state),
+            "rng": rng_state(),
+        },
+        path,
+    )
     dist.barrier()
     if dist.get_rank() == 0:
         tracker = os.path.join(directory, TRACKER)
@@ -155,14 +171,17 @@ def shard_layout(state) -> dict:
     buckets, so that a run with another data-parallel size can load it."""
     if not optimizer_layout.is_distributed(state.optimizer):
         return {}
-    return {"shard_places": [list(place) for place in
-                             optimizer_layout.shard_places(state.model, state.optimizer)],
-            "buckets": optimizer_layout.table(optimizer_layout.buckets(state.model,
-                                                                       state.optimizer))}
+    return {
+        "shard_places": [
+            list(place) for place in optimizer_layout.shard_places(state.model, state.optimizer)
+        ],
+        "buckets": optimizer_layout.table(optimizer_layout.buckets(state.model, state.optimizer)),
+    }
 
 
-def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bool = True,
-                    finetune: bool = False) -> Optional[dict]:
+def load_checkpoint(
+    directory: str, state, load_optim: bool = True, load_rng: bool = True, finetune: bool = False
+) -> Optional[dict]:
     """Restore this rank's state; returns {'iteration', 'consumed_samples'} or
     None when there is no checkpoint. A checkpoint of another data-parallel
     size is re-sharded (same TP and PP, distributed optimizer)."""
@@ -177,11 +196,14 @@ def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bo
     else:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     resharded = saved["layout"]["dp"] != layout()["dp"]
-    if {k: v for k, v in saved["layout"].items() if k != "dp"} != \
-            {k: v for k, v in layout().items() if k != "dp"}:
-        raise RuntimeError(f"checkpoint {directory} was saved with layout {saved['layout']}, "
-                           f"this run has {layout()}: resume with the same TP and PP (the "
-                           "data-parallel size may differ)")
+    if {k: v for k, v in saved["layout"].items() if k != "dp"} != {
+        k: v for k, v in layout().items() if k != "dp"
+    }:
+        raise RuntimeError(
+            f"checkpoint {directory} was saved with layout {saved['layout']}, "
+            f"this run has {layout()}: resume with the same TP and PP (the "
+            "data-parallel size may differ)"
+        )
     if resharded:
         saved = _resharded(directory, iteration, saved["layout"]["dp"], state, load_optim)
     state.model[0].load_state_dict(saved["model"], strict=True)
@@ -196,17 +218,25 @@ def load_checkpoint(directory: str, state, load_optim: bool = True, load_rng: bo
 
 
 def _position_file(directory: str, iteration: int, dp_rank: int) -> str:
-    return os.path.join(directory, f"iter_{iteration:07d}", "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
-        parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.get_pipeline_model_parallel_rank(), dp_rank))
+    return os.path.join(
+        directory,
+        f"iter_{iteration:07d}",
+        "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_rank(),
+            dp_rank,
+        ),
+    )
 
 
 def _any_rank_file(directory: str, iteration: int) -> dict:
     """The first data-parallel rank's file of this rank's position."""
     path = _position_file(directory, iteration, 0)
     if not os.path.exists(path):
-        raise RuntimeError(f"checkpoint {directory} has no file {path}: it is incomplete or "
-                           "from another TP/PP layout")
+        raise RuntimeError(
+            f"checkpoint {directory} has no file {path}: it is incomplete or "
+            "from another TP/PP layout"
+        )
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -217,26 +247,34 @@ def _resharded(directory: str, iteration: int, old_dp: int, state, load_optim: b
     alike; the optimizer shard is cut anew from all old shards of this
     position."""
     dp_rank, dp = parallel_state.get_data_parallel_rank(), layout()["dp"]
-    files = [torch.load(_position_file(directory, iteration, k), map_location="cpu",
-                        weights_only=True) for k in range(old_dp)]
+    files = [
+        torch.load(_position_file(directory, iteration, k), map_location="cpu", weights_only=True)
+        for k in range(old_dp)
+    ]
     saved = dict(files[dp_rank % old_dp])
     if not load_optim:
         return saved
     if "shard_places" not in saved or not optimizer_layout.is_distributed(state.optimizer):
-        raise RuntimeError(f"checkpoint {directory} was saved with data-parallel size {old_dp}, "
-                           f"this run has {dp}: a different size needs the distributed "
-                           "optimizer (--use-distributed-optimizer) on both sides")
-    by_name = optimizer_layout.full_state(optimizer_layout.from_table(saved["buckets"]),
-                                          [_regions(f) for f in files])
-    regions = optimizer_layout.new_shard(optimizer_layout.buckets(state.model, state.optimizer),
-                                         by_name, dp_rank, dp)
+        raise RuntimeError(
+            f"checkpoint {directory} was saved with data-parallel size {old_dp}, "
+            f"this run has {dp}: a different size needs the distributed "
+            "optimizer (--use-distributed-optimizer) on both sides"
+        )
+    by_name = optimizer_layout.full_state(
+        optimizer_layout.from_table(saved["buckets"]), [_regions(f) for f in files]
+    )
+    regions = optimizer_layout.new_shard(
+        optimizer_layout.buckets(state.model, state.optimizer), by_name, dp_rank, dp
+    )
     steps = {float(e["step"]) for f in files for e in f["optimizer"] if "step" in e}
     if len(steps) > 1:
-        raise RuntimeError(f"checkpoint {directory}: Adam's step differs between parameters "
-                           f"({sorted(steps)})")
-    saved["optimizer"] = [_entry(regions, offset, numel, steps)
-                          for _, offset, numel in
-                          optimizer_layout.shard_places(state.model, state.optimizer)]
+        raise RuntimeError(
+            f"checkpoint {directory}: Adam's step differs between parameters ({sorted(steps)})"
+        )
+    saved["optimizer"] = [
+        _entry(regions, offset, numel, steps)
+        for _, offset, numel in optimizer_layout.shard_places(state.model, state.optimizer)
+    ]
     return saved
 
 
@@ -247,14 +285,16 @@ def _regions(saved: dict) -> List[torch.Tensor]:
     for entry, (_, offset, n) in zip(saved["optimizer"], saved["shard_places"]):
         for region, key in zip(regions, optimizer_layout.REGIONS):
             if key in entry:
-                region[offset:offset + n] = entry[key].reshape(-1)
+                region[offset : offset + n] = entry[key].reshape(-1)
     return regions
 
 
 def _entry(regions: List[torch.Tensor], offset: int, numel: int, steps: set) -> dict:
-    entry = {"param": regions[0][offset:offset + numel]}
+    entry = {"param": regions[0][offset : offset + numel]}
     if steps:  # no Adam state before the first step
-        entry.update(exp_avg=regions[1][offset:offset + numel],
-                     exp_avg_sq=regions[2][offset:offset + numel],
-                     step=torch.tensor(next(iter(steps))))
+        entry.update(
+            exp_avg=regions[1][offset : offset + numel],
+            exp_avg_sq=regions[2][offset : offset + numel],
+            step=torch.tensor(next(iter(steps))),
+        )
     return entry

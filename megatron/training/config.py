@@ -28,16 +28,20 @@ class ModelConfig:
     hidden_size: Optional[int] = arg(help="Transformer hidden size.", required=True)
     num_attention_heads: Optional[int] = arg(help="Number of attention heads.", required=True)
     ffn_hidden_size: Optional[int] = arg(
-        help="MLP hidden size (default 4*hidden, or int(8h/3/64)*64 with --swiglu).")
+        help="MLP hidden size (default 4*hidden, or int(8h/3/64)*64 with --swiglu)."
+    )
     kv_channels: Optional[int] = arg(help="Projection size per head (default hidden/heads).")
     seq_length: Optional[int] = arg(help="Training sequence length.", required=True)
     max_position_embeddings: Optional[int] = arg(
-        help="Size of the position embedding table (default --seq-length).")
+        help="Size of the position embedding table (default --seq-length)."
+    )
     position_embedding_type: str = arg(
-        "learned_absolute", help="Position embedding.", choices=["learned_absolute", "rope"])
+        "learned_absolute", help="Position embedding.", choices=["learned_absolute", "rope"]
+    )
     rotary_base: int = arg(10000, help="Base of the rotary embedding.")
     make_vocab_size_divisible_by: int = arg(
-        128, help="Pad the vocabulary to a multiple of this (times TP).")
+        128, help="Pad the vocabulary to a multiple of this (times TP)."
+    )
     normalization: str = arg("LayerNorm", help="Norm layer.", choices=["LayerNorm", "RMSNorm"])
     norm_epsilon: float = arg(1e-5, help="Epsilon of the norm layers.")
     hidden_dropout: float = arg(0.1, help="Dropout after attention and MLP.")
@@ -46,15 +50,21 @@ class ModelConfig:
     swiglu: bool = arg(False, help="Use SwiGLU in the MLP.")
     disable_bias_linear: bool = arg(False, help="No biases in linear layers.")
     untie_embeddings_and_output_weights: bool = arg(
-        False, help="Separate input embedding and output layer weights.")
+        False, help="Separate input embedding and output layer weights."
+    )
     group_query_attention: bool = arg(False, help="Use grouped-query attention.")
     num_query_groups: int = arg(1, help="Query groups with --group-query-attention.")
     layout_invariant_init: bool = arg(
-        False, help="Draw each parameter's full tensor from a seed of its global name, so "
-        "every TP/PP/DP layout starts from the same weights (verification, small models).")
+        False,
+        help="Draw each parameter's full tensor from a seed of its global name, so "
+        "every TP/PP/DP layout starts from the same weights (verification, small models).",
+    )
     transformer_impl: str = arg(
-        "auto", help="Layer implementation: Transformer Engine when importable on a GPU "
-        "(auto), or megatron-core's local layers.", choices=["auto", "local", "transformer_engine"])
+        "auto",
+        help="Layer implementation: Transformer Engine when importable on a GPU "
+        "(auto), or megatron-core's local layers.",
+        choices=["auto", "local", "transformer_engine"],
+    )
 
 
 @dataclass(kw_only=True)
@@ -65,16 +75,22 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = arg(1, help="Pipeline-parallel size.")
     sequence_parallel: bool = arg(False, help="Sequence parallelism (needs TP > 1).")
     use_distributed_optimizer: bool = arg(
-        False, help="Shard optimizer state over data-parallel ranks.")
+        False, help="Shard optimizer state over data-parallel ranks."
+    )
     overlap_grad_reduce: bool = arg(False, help="Overlap gradient reduce with backward.")
     overlap_param_gather: bool = arg(
-        False, help="Overlap parameter all-gather with forward (distributed optimizer).")
+        False, help="Overlap parameter all-gather with forward (distributed optimizer)."
+    )
     use_tp_pp_dp_mapping: bool = arg(
-        False, help="Number ranks tp fastest, then pp, then dp (default: tp, dp, pp), so a "
-        "data-parallel replica fills whole nodes and DP peers sit on other nodes.")
+        False,
+        help="Number ranks tp fastest, then pp, then dp (default: tp, dp, pp), so a "
+        "data-parallel replica fills whole nodes and DP peers sit on other nodes.",
+    )
     distributed_backend: str = arg(
-        "nccl", help="Backend; gloo is used instead of nccl when there is no GPU.",
-        choices=["nccl", "gloo"])
+        "nccl",
+        help="Backend; gloo is used instead of nccl when there is no GPU.",
+        choices=["nccl", "gloo"],
+    )
     distributed_timeout_minutes: float = arg(10, help="Timeout of collectives, minutes.")
     cpu: bool = arg(False, help="Run on CPU with gloo even when a GPU is present.")
 
@@ -85,9 +101,11 @@ class BatchConfig:
 
     micro_batch_size: Optional[int] = arg(help="Samples per microbatch per rank.", required=True)
     global_batch_size: Optional[int] = arg(
-        help="Samples per iteration over all ranks (default micro-batch-size * DP).")
+        help="Samples per iteration over all ranks (default micro-batch-size * DP)."
+    )
     rampup_batch_size: Optional[List[int]] = arg(
-        help="Batch-size ramp-up: start increment samples.", nargs=3)
+        help="Batch-size ramp-up: start increment samples.", nargs=3
+    )
 
 
 @dataclass(kw_only=True)
@@ -99,13 +117,17 @@ class TrainingConfig:
     lr: Optional[float] = arg(help="Peak learning rate.", required=True)
     min_lr: float = arg(0.0, help="Learning rate floor.")
     lr_decay_style: str = arg(
-        "linear", help="Learning-rate decay.",
-        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+        "linear",
+        help="Learning-rate decay.",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
     lr_decay_iters: Optional[int] = arg(help="Decay iterations (default: all).")
     lr_decay_samples: Optional[int] = arg(help="Decay samples (with --train-samples).")
     lr_wsd_decay_style: str = arg(
-        "exponential", help="Decay of the WSD schedule's last phase.",
-        choices=["exponential", "linear", "cosine", "minus_sqrt"])
+        "exponential",
+        help="Decay of the WSD schedule's last phase.",
+        choices=["exponential", "linear", "cosine", "minus_sqrt"],
+    )
     lr_wsd_decay_iters: Optional[int] = arg(help="Iterations of the WSD decay phase.")
     lr_warmup_iters: int = arg(0, help="Warm-up iterations.")
     lr_warmup_fraction: Optional[float] = arg(help="Warm-up as a fraction of decay.")
@@ -122,7 +144,7 @@ class TrainingConfig:
     bf16: bool = arg(False, help="Train in bfloat16 with fp32 main parameters.")
     fp16: bool = arg(False, help="Train in float16 with loss scaling.")
     loss_scale: Optional[float] = arg(help="Static loss scale (default dynamic).")
-    initial_loss_scale: float = arg(2.0 ** 32, help="Initial dynamic loss scale.")
+    initial_loss_scale: float = arg(2.0**32, help="Initial dynamic loss scale.")
     min_loss_scale: float = arg(1.0, help="Minimum dynamic loss scale.")
     loss_scale_window: float = arg(1000, help="Iterations between loss-scale increases.")
     hysteresis: int = arg(2, help="Overflows tolerated before the scale drops.")
@@ -133,12 +155,14 @@ class DataConfig:
     """Where samples come from and how text becomes tokens."""
 
     data_path: Optional[List[str]] = arg(
-        help="Dataset prefix, or weight prefix pairs (from tools/preprocess_data.py).",
-        nargs="*")
+        help="Dataset prefix, or weight prefix pairs (from tools/preprocess_data.py).", nargs="*"
+    )
     mock_data: bool = arg(False, help="Synthetic tokens instead of --data-path.")
     split: str = arg("969,30,1", help="Train,valid,test proportions of --data-path.")
-    tokenizer_type: Optional[str] = arg(help="Tokenizer (ByteLevelTokenizer, NullTokenizer, "
-                                        "HuggingFaceTokenizer, SentencePieceTokenizer).")
+    tokenizer_type: Optional[str] = arg(
+        help="Tokenizer (ByteLevelTokenizer, NullTokenizer, "
+        "HuggingFaceTokenizer, SentencePieceTokenizer)."
+    )
     tokenizer_model: Optional[str] = arg(help="Local tokenizer file or directory.")
     vocab_size: Optional[int] = arg(help="Vocabulary size for NullTokenizer.")
     data_cache_path: Optional[str] = arg(help="Where dataset index caches go.")
@@ -159,7 +183,8 @@ class CheckpointConfig:
     no_load_rng: bool = arg(False, help="Do not load RNG states.")
     finetune: bool = arg(False, help="Load weights only; start at iteration 0.")
     exit_on_missing_checkpoint: bool = arg(
-        False, help="Exit if --load has no checkpoint instead of starting fresh.")
+        False, help="Exit if --load has no checkpoint instead of starting fresh."
+    )
 
 
 @dataclass(kw_only=True)
@@ -171,13 +196,16 @@ class LoggingConfig:
     eval_interval: int = arg(1000, help="Iterations between validations.")
     eval_iters: int = arg(100, help="Iterations per validation (0 disables it).")
     exit_signal_handler: bool = arg(
-        False, help="On SIGTERM save a checkpoint (with --save) and exit cleanly.")
+        False, help="On SIGTERM save a checkpoint (with --save) and exit cleanly."
+    )
     exit_duration_in_mins: Optional[float] = arg(help="Save and exit after this many minutes.")
     # No '%' in help texts: argparse formats them.
-    exit_interval: Optional[int] = arg(help="Exit the program after the iteration is "
-                                       "divisible by this value (saving first).")
+    exit_interval: Optional[int] = arg(
+        help="Exit the program after the iteration is divisible by this value (saving first)."
+    )
     metrics_file: Optional[str] = arg(
-        help="Write each iteration's exact loss and grad norm as JSONL (last rank).")
+        help="Write each iteration's exact loss and grad norm as JSONL (last rank)."
+    )
 
 
 SECTIONS = {

@@ -28,9 +28,23 @@ _LOCK = threading.Lock()
 # Factories that megatron-core calls with device="cuda" (or the current
 # device). Everything else gets CPU tensors by default already.
 _FACTORIES = (
-    "empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn",
-    "randint", "randperm", "empty_like", "zeros_like", "ones_like",
-    "full_like", "as_tensor", "linspace", "empty_strided",
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "tensor",
+    "arange",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "as_tensor",
+    "linspace",
+    "empty_strided",
 )
 
 _CUDA_TYPE_NAMES = {

@@ -27,8 +27,10 @@ def split_weights(split: str) -> List[float]:
 def effective_split(config: Config) -> str:
     """--split with unused parts zeroed: megatron-core loops forever when
     asked to build a split that owns no document, so build none we don't use."""
-    weights = [w if size > 0 else 0.0
-               for w, size in zip(split_weights(config.data.split), dataset_sizes(config))]
+    weights = [
+        w if size > 0 else 0.0
+        for w, size in zip(split_weights(config.data.split), dataset_sizes(config))
+    ]
     return ",".join(f"{w:g}" for w in weights)
 
 
@@ -36,13 +38,18 @@ def documents_per_split(num_documents: int, weights: Sequence[float]) -> List[in
     """How megatron-core cuts documents into splits: its own normalised split
     matrix, each bound rounded as its builder rounds it."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix)
+        convert_split_vector_to_split_matrix,
+    )
 
     total = sum(weights)
     matrix = convert_split_vector_to_split_matrix([w / total for w in weights])
-    return [0 if bounds is None else
-            int(round(bounds[1] * float(num_documents))) - int(round(bounds[0] * float(num_documents)))
-            for bounds in matrix]
+    return [
+        0
+        if bounds is None
+        else int(round(bounds[1] * float(num_documents)))
+        - int(round(bounds[0] * float(num_documents)))
+        for bounds in matrix
+    ]
 
 
 def check_splits(config: Config) -> None:
@@ -58,7 +65,8 @@ def check_splits(config: Config) -> None:
                 raise ValueError(
                     f"--split {config.data.split} gives the {name} split of {prefix} no "
                     f"document ({sum(counts)} in all): give it a larger share, or set "
-                    f"--eval-iters 0 if it is the valid split")
+                    f"--eval-iters 0 if it is the valid split"
+                )
 
 
 def _blend(data_path: Optional[Sequence[str]]):
@@ -98,12 +106,14 @@ def build_datasets(config: Config, tokenizer):
     holds barriers), data-holding or not."""
     cls = MockGPTDataset if config.data.mock_data else GPTDataset
     builder = BlendedMegatronDatasetBuilder(
-        cls, dataset_sizes(config), lambda: True, gpt_dataset_config(config, tokenizer))
+        cls, dataset_sizes(config), lambda: True, gpt_dataset_config(config, tokenizer)
+    )
     return builder.build()
 
 
-def microbatch_indices(consumed_samples: int, microbatch: int, micro_batch_size: int,
-                       dp_rank: int, dp_size: int) -> List[int]:
+def microbatch_indices(
+    consumed_samples: int, microbatch: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> List[int]:
     """Sample indices of one microbatch of one DP rank.
 
     Megatron's order: the iteration's samples are cut into chunks of
@@ -114,8 +124,9 @@ def microbatch_indices(consumed_samples: int, microbatch: int, micro_batch_size:
     return list(range(start, start + micro_batch_size))
 
 
-def microbatches_per_iteration(global_batch_size: int, micro_batch_size: int, dp_rank: int,
-                               dp_size: int) -> int:
+def microbatches_per_iteration(
+    global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> int:
     """This DP rank's quota of the iteration's G/mbs microbatch slots.
 
     Slot k (samples [k*mbs, (k+1)*mbs) of the iteration) goes to DP rank
@@ -134,8 +145,15 @@ class MicrobatchSampler:
     rank's quota of each (``microbatches_per_iteration``); the order is the
     same as without it whenever DP divides the iteration's microbatches."""
 
-    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 dp_rank: int, dp_size: int, global_batch_size: Optional[int] = None):
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        global_batch_size: Optional[int] = None,
+    ):
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
         self.micro_batch_size = micro_batch_size
@@ -149,8 +167,9 @@ class MicrobatchSampler:
             return
         step = self.micro_batch_size * self.dp_size
         for chunk_start in range(self.consumed_samples, self.total_samples - step + 1, step):
-            yield microbatch_indices(chunk_start, 0, self.micro_batch_size,
-                                     self.dp_rank, self.dp_size)
+            yield microbatch_indices(
+                chunk_start, 0, self.micro_batch_size, self.dp_rank, self.dp_size
+            )
 
     def _by_iteration(self) -> Iterator[List[int]]:
         gbs, mbs = self.global_batch_size, self.micro_batch_size
@@ -162,28 +181,42 @@ class MicrobatchSampler:
 
     def __len__(self) -> int:
         if self.global_batch_size is not None:
-            iterations = max(0, (self.total_samples - self.consumed_samples)
-                             // self.global_batch_size)
+            iterations = max(
+                0, (self.total_samples - self.consumed_samples) // self.global_batch_size
+            )
             return iterations * microbatches_per_iteration(
-                self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_size)
+                self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_size
+            )
         step = self.micro_batch_size * self.dp_size
         return max(0, (self.total_samples - self.consumed_samples) // step)
 
 
-def build_iterator(dataset, consumed_samples: int, config: Config, dp_rank: int,
-                   dp_size: int, on_cpu: bool) -> Optional[Iterator]:
+def build_iterator(
+    dataset, consumed_samples: int, config: Config, dp_rank: int, dp_size: int, on_cpu: bool
+) -> Optional[Iterator]:
     """An iterator of collated microbatches, or None when there is no data."""
     if dataset is None:
         return None
-    sampler = MicrobatchSampler(len(dataset), consumed_samples,
-                                config.batch.micro_batch_size, dp_rank, dp_size,
-                                config.batch.global_batch_size)
+    sampler = MicrobatchSampler(
+        len(dataset),
+        consumed_samples,
+        config.batch.micro_batch_size,
+        dp_rank,
+        dp_size,
+        config.batch.global_batch_size,
+    )
     workers = config.data.num_workers
     # A private generator: building a loader draws a base seed, and drawing it
     # from the global stream would shift dropout whenever an iterator is
     # rebuilt (resume, validation, recovery).
     generator = torch.Generator().manual_seed(config.training.seed)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=workers, pin_memory=not on_cpu,
-        persistent_workers=False, prefetch_factor=2 if workers else None, generator=generator)
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        pin_memory=not on_cpu,
+        persistent_workers=False,
+        prefetch_factor=2 if workers else None,
+        generator=generator,
+    )
     return iter(loader)

@@ -46,9 +46,12 @@ def init_process_groups(config: Config) -> None:
     p = config.parallel
     timeout = datetime.timedelta(minutes=p.distributed_timeout_minutes)
     if not dist.is_initialized():
-        dist.init_process_group(backend=p.distributed_backend, timeout=timeout,
-                                world_size=config.world_size,
-                                rank=int(os.environ.get("RANK", "0")))
+        dist.init_process_group(
+            backend=p.distributed_backend,
+            timeout=timeout,
+            world_size=config.world_size,
+            rank=int(os.environ.get("RANK", "0")),
+        )
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,

@@ -28,17 +28,17 @@ def global_name(local_name: str, pp_rank: int, layers_per_stage: int, tied: bool
         # The last stage's copy of the tied embedding.
         return "embedding.word_embeddings.weight"
     offset = pp_rank * layers_per_stage
-    return _LAYER.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}{m.group(3)}",
-                      local_name)
+    return _LAYER.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}{m.group(3)}", local_name)
 
 
-def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int,
-             gated: bool) -> torch.Tensor:
+def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int, gated: bool) -> torch.Tensor:
     """This TP rank's slice of a full tensor. A gated (SwiGLU) fc1 holds
     [gate; up] and each rank keeps its slice of both halves."""
     if gated:
-        return torch.cat([tp_slice(half, dim, tp_rank, tp_size, False)
-                          for half in full.chunk(2, dim=dim)], dim=dim)
+        return torch.cat(
+            [tp_slice(half, dim, tp_rank, tp_size, False) for half in full.chunk(2, dim=dim)],
+            dim=dim,
+        )
     size = full.shape[dim] // tp_size
     return full.narrow(dim, tp_rank * size, size)
 
@@ -55,8 +55,9 @@ def _std(name: str, std: float, num_layers: int) -> float:
 
 
 @torch.no_grad()
-def apply(module: torch.nn.Module, seed: int, init_std: float, num_layers: int,
-          tied: bool, gated: bool) -> None:
+def apply(
+    module: torch.nn.Module, seed: int, init_std: float, num_layers: int, tied: bool, gated: bool
+) -> None:
     """Redraw every randomly initialised parameter of this rank's stage.
 
     Constant parameters (zero biases, unit norm weights) are already

@@ -28,25 +28,41 @@ def timestamp() -> str:
     return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-def training_log_line(iteration: int, train_iters: int, consumed_samples: int,
-                      elapsed_ms: float, learning_rate: float, global_batch_size: int,
-                      losses: Dict[str, float], loss_scale: float, grad_norm: Optional[float],
-                      skipped: int, nans: int, tflops: Optional[float] = None,
-                      extra: Sequence[str] = ()) -> str:
+def training_log_line(
+    iteration: int,
+    train_iters: int,
+    consumed_samples: int,
+    elapsed_ms: float,
+    learning_rate: float,
+    global_batch_size: int,
+    losses: Dict[str, float],
+    loss_scale: float,
+    grad_norm: Optional[float],
+    skipped: int,
+    nans: int,
+    tflops: Optional[float] = None,
+    extra: Sequence[str] = (),
+) -> str:
     """The line users grep and plot; field order and widths as Megatron's."""
-    parts = [f" [{timestamp()}] iteration {iteration:8d}/{train_iters:8d} |",
-             f" consumed samples: {consumed_samples:12d} |",
-             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"]
+    parts = [
+        f" [{timestamp()}] iteration {iteration:8d}/{train_iters:8d} |",
+        f" consumed samples: {consumed_samples:12d} |",
+        f" elapsed time per iteration (ms): {elapsed_ms:.1f} |",
+    ]
     if tflops is not None:
         parts.append(f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |")
-    parts += [f" learning rate: {learning_rate:.6E} |",
-              f" global batch size: {global_batch_size:5d} |"]
+    parts += [
+        f" learning rate: {learning_rate:.6E} |",
+        f" global batch size: {global_batch_size:5d} |",
+    ]
     parts += [f" {name}: {value:.6E} |" for name, value in losses.items()]
     parts.append(f" loss scale: {loss_scale:.1f} |")
     if grad_norm is not None:
         parts.append(f" grad norm: {grad_norm:.3f} |")
-    parts += [f" number of skipped iterations: {skipped:3d} |",
-              f" number of nan iterations: {nans:3d} |"]
+    parts += [
+        f" number of skipped iterations: {skipped:3d} |",
+        f" number of nan iterations: {nans:3d} |",
+    ]
     parts += [f" {field} |" for field in extra]
     return "".join(parts)
 

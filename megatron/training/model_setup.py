@@ -66,8 +66,27 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
     )
 
 
-def wrap_model(module: torch.nn.Module, tf_config: TransformerConfig,
-               config: Config) -> DistributedDataParallel:
+class HookedDistributedDataParallel(DistributedDataParallel):
+    """megatron-core's DDP with one hook point more: callbacks run just
+    before the parameter all-gather starts, which the distributed optimizer
+    starts right after it updated its shard (inside ``optimizer.step()``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._param_sync_hooks: List[Callable[[], None]] = []
+
+    def register_param_sync_hook(self, hook: Callable[[], None]) -> None:
+        self._param_sync_hooks.append(hook)
+
+    def start_param_sync(self, *args, **kwargs):
+        for hook in self._param_sync_hooks:
+            hook()
+        return super().start_param_sync(*args, **kwargs)
+
+
+def wrap_model(
+    module: torch.nn.Module, tf_config: TransformerConfig, config: Config
+) -> DistributedDataParallel:
     """Half-precision wrapper when needed, then megatron-core's DDP."""
     if config.training.bf16 or config.training.fp16:
         module = Float16Module(tf_config, module)
@@ -78,7 +97,7 @@ def wrap_model(module: torch.nn.Module, tf_config: TransformerConfig,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,
     )
-    model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
+    model = HookedDistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
     # Megatron broadcasts params from DP rank 0 so replicas start equal even
     # if their initialisation differed.
     model.broadcast_params()
@@ -88,12 +107,23 @@ def wrap_model(module: torch.nn.Module, tf_config: TransformerConfig,
 def build_optimizer(model: List[DistributedDataParallel], config: Config):
     t, p = config.training, config.parallel
     opt_config = OptimizerConfig(
-        optimizer=t.optimizer, lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
-        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
-        sgd_momentum=t.sgd_momentum, clip_grad=t.clip_grad, bf16=t.bf16, fp16=t.fp16,
-        params_dtype=params_dtype(config), loss_scale=t.loss_scale,
-        initial_loss_scale=t.initial_loss_scale, min_loss_scale=t.min_loss_scale,
-        loss_scale_window=t.loss_scale_window, hysteresis=t.hysteresis,
+        optimizer=t.optimizer,
+        lr=t.lr,
+        min_lr=t.min_lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_eps=t.adam_eps,
+        sgd_momentum=t.sgd_momentum,
+        clip_grad=t.clip_grad,
+        bf16=t.bf16,
+        fp16=t.fp16,
+        params_dtype=params_dtype(config),
+        loss_scale=t.loss_scale,
+        initial_loss_scale=t.initial_loss_scale,
+        min_loss_scale=t.min_loss_scale,
+        loss_scale_window=t.loss_scale_window,
+        hysteresis=t.hysteresis,
         use_distributed_optimizer=p.use_distributed_optimizer,
         overlap_param_gather=p.overlap_param_gather,
     )
@@ -104,15 +134,26 @@ def build_scheduler(optimizer, config: Config) -> OptimizerParamScheduler:
     """Megatron counts schedule steps in samples: iterations x global batch."""
     t, gbs = config.training, config.batch.global_batch_size
     decay_steps = t.lr_decay_iters * gbs
-    warmup_steps = (int(t.lr_warmup_fraction * decay_steps) if t.lr_warmup_fraction is not None
-                    else t.lr_warmup_iters * gbs)
+    warmup_steps = (
+        int(t.lr_warmup_fraction * decay_steps)
+        if t.lr_warmup_fraction is not None
+        else t.lr_warmup_iters * gbs
+    )
     wsd_steps = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters else None
     return OptimizerParamScheduler(
-        optimizer, init_lr=t.lr_warmup_init, max_lr=t.lr, min_lr=t.min_lr,
-        lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps,
-        lr_decay_style=t.lr_decay_style, start_wd=t.weight_decay, end_wd=t.weight_decay,
-        wd_incr_steps=t.train_iters * gbs, wd_incr_style="constant",
-        wsd_decay_steps=wsd_steps, lr_wsd_decay_style=t.lr_wsd_decay_style,
+        optimizer,
+        init_lr=t.lr_warmup_init,
+        max_lr=t.lr,
+        min_lr=t.min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=t.lr_decay_style,
+        start_wd=t.weight_decay,
+        end_wd=t.weight_decay,
+        wd_incr_steps=t.train_iters * gbs,
+        wd_incr_style="constant",
+        wsd_decay_steps=wsd_steps,
+        lr_wsd_decay_style=t.lr_wsd_decay_style,
     )
 
 
@@ -129,8 +170,9 @@ class TrainState:
 ModelProvider = Callable[[Config, TransformerConfig, bool, bool], torch.nn.Module]
 
 
-def setup_model_and_optimizer(config: Config, model_provider: ModelProvider,
-                              on_cpu: bool) -> TrainState:
+def setup_model_and_optimizer(
+    config: Config, model_provider: ModelProvider, on_cpu: bool
+) -> TrainState:
     """Build this rank's model stage, wrap it, and attach optimizer hooks."""
     tf_config = transformer_config(config, on_cpu)
     pre = parallel_state.is_pipeline_first_stage()
@@ -138,9 +180,14 @@ def setup_model_and_optimizer(config: Config, model_provider: ModelProvider,
     module = model_provider(config, tf_config, pre, post)
     if config.model.layout_invariant_init:
         m = config.model
-        layout_invariant_init.apply(module, config.training.seed, m.init_method_std,
-                                    m.num_layers, not m.untie_embeddings_and_output_weights,
-                                    m.swiglu)
+        layout_invariant_init.apply(
+            module,
+            config.training.seed,
+            m.init_method_std,
+            m.num_layers,
+            not m.untie_embeddings_and_output_weights,
+            m.swiglu,
+        )
     model = [wrap_model(module, tf_config, config)]
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)

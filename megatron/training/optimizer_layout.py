@@ -13,7 +13,7 @@ matched by name. Used to re-shard checkpoints on load (a different
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -30,9 +30,46 @@ def is_distributed(optimizer) -> bool:
 
 
 @dataclass
+class ShardBucket:
+    """One gradient bucket as this rank's shard sees it."""
+
+    optimizer_index: int  # among inner_optimizers()
+    optimizer: object  # megatron-core's DistributedOptimizer
+    buffer: object  # the bucket's _ParamAndGradBuffer
+    bucket: object  # megatron-core's bucket
+    param_map: dict  # model param -> its ranges; "gbuf_local": its slice of this shard
+    shard_start: Optional[int]  # where this bucket's slice starts in the rank's flat shard
+
+
+def walk_buckets(optimizer, shard_offsets: bool = True) -> Iterator[ShardBucket]:
+    """The one walk over the distributed optimizers' buckets, in the order
+    of the rank's flat shard (each bucket contributes numel / DP elements).
+    Without ``shard_offsets`` it reads no process group (a rank whose groups
+    are detached walks its old buckets during a shrink)."""
+    shard_start = 0
+    for index, opt in enumerate(inner_optimizers(optimizer)):
+        dp_size = opt.data_parallel_group.size() if shard_offsets else None
+        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
+            buffer = opt.buffers[gbuf_index]
+            for bucket_list in per_dtype.values():
+                for bucket_index, bucket_range in enumerate(bucket_list):
+                    bucket = buffer.buckets[bucket_index]
+                    yield ShardBucket(
+                        index,
+                        opt,
+                        buffer,
+                        bucket,
+                        bucket_range["param_map"],
+                        shard_start if shard_offsets else None,
+                    )
+                    if shard_offsets:
+                        shard_start += bucket.grad_data.numel() // dp_size
+
+
+@dataclass
 class Bucket:
-    numel: int                    # the whole bucket, padding included
-    params: Dict[str, tuple]      # name -> (start in the bucket, numel)
+    numel: int  # the whole bucket, padding included
+    params: Dict[str, tuple]  # name -> (start in the bucket, numel)
 
 
 def _param_names(model) -> dict:
@@ -43,17 +80,12 @@ def buckets(model, optimizer) -> List[Bucket]:
     """The buckets in shard order, with each parameter's place by name."""
     names = _param_names(model)
     result = []
-    for opt in inner_optimizers(optimizer):
-        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
-            buffer = opt.buffers[gbuf_index]
-            for bucket_list in per_dtype.values():
-                for bucket_index, _ in enumerate(bucket_list):
-                    bucket = buffer.buckets[bucket_index]
-                    places = {}
-                    for param in bucket.params_list:
-                        start, end, _ = buffer.param_index_map[param]
-                        places[names[param]] = (start - bucket.offset, end - start)
-                    result.append(Bucket(bucket.grad_data.numel(), places))
+    for b in walk_buckets(optimizer, shard_offsets=False):
+        places = {}
+        for param in b.bucket.params_list:
+            start, end, _ = b.buffer.param_index_map[param]
+            places[names[param]] = (start - b.bucket.offset, end - start)
+        result.append(Bucket(b.bucket.grad_data.numel(), places))
     return result
 
 
@@ -62,19 +94,13 @@ def shard_places(model, optimizer) -> List[Tuple[str, int, int]]:
     parameter, in the optimizer's own parameter order (that of
     ``checkpointing.optimizer_shard``)."""
     names = _param_names(model)
+    offset = {}
+    for b in walk_buckets(optimizer):
+        for model_param, ranges in b.param_map.items():
+            local = ranges["gbuf_local"]
+            offset[model_param] = (b.shard_start + local.start, local.end - local.start)
     places = []
-    base = 0
     for opt in inner_optimizers(optimizer):
-        dp_size = opt.data_parallel_group.size()
-        offset = {}
-        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
-            for bucket_list in per_dtype.values():
-                for bucket_index, bucket_range in enumerate(bucket_list):
-                    for model_param, ranges in bucket_range["param_map"].items():
-                        local = ranges["gbuf_local"]
-                        offset[model_param] = (base + local.start, local.end - local.start)
-                    base += opt.buffers[gbuf_index].buckets[bucket_index].grad_data.numel() \
-                        // dp_size
         by_position = {where: param for param, where in opt.model_param_group_index_map.items()}
         for group_index, group in enumerate(opt.optimizer.param_groups):
             for order in range(len(group["params"])):
@@ -83,8 +109,9 @@ def shard_places(model, optimizer) -> List[Tuple[str, int, int]]:
     return places
 
 
-def full_state(layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
-               ) -> Dict[str, List[torch.Tensor]]:
+def full_state(
+    layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
+) -> Dict[str, List[torch.Tensor]]:
     """Per parameter name, its flat (param, exp_avg, exp_avg_sq) from the
     regions of every DP rank's shard (``shards[k]``, in DP order)."""
     dp = len(shards)
@@ -93,16 +120,16 @@ def full_state(layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
     for bucket in layout_buckets:
         size = bucket.numel // dp
         for region in range(len(REGIONS)):
-            flat = torch.cat([shards[k][region][base:base + size] for k in range(dp)])
+            flat = torch.cat([shards[k][region][base : base + size] for k in range(dp)])
             for name, (start, numel) in bucket.params.items():
-                state.setdefault(name, [None] * len(REGIONS))[region] = \
-                    flat[start:start + numel].clone()
+                state.setdefault(name, [None] * len(REGIONS))[region] = flat[
+                    start : start + numel
+                ].clone()
         base += size
     return state
 
 
-def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]]
-               ) -> torch.Tensor:
+def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]]) -> torch.Tensor:
     """(3, total numel): every bucket's full flat state, buckets in order,
     each parameter at its place in the (new) buckets, padding zero."""
     flats = torch.zeros(len(REGIONS), sum(b.numel for b in layout_buckets))
@@ -110,35 +137,40 @@ def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]
     for bucket in layout_buckets:
         for name, (start, numel) in bucket.params.items():
             for region in range(len(REGIONS)):
-                flats[region, base + start:base + start + numel] = state[name][region]
+                flats[region, base + start : base + start + numel] = state[name][region]
         base += bucket.numel
     return flats
 
 
-def shard_of(layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int,
-             dp_size: int) -> List[torch.Tensor]:
+def shard_of(
+    layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int, dp_size: int
+) -> List[torch.Tensor]:
     """This DP rank's regions: its slice of every bucket."""
     parts, base = [], 0
     for bucket in layout_buckets:
         size = bucket.numel // dp_size
-        parts.append(flats[:, base + dp_rank * size:base + (dp_rank + 1) * size])
+        parts.append(flats[:, base + dp_rank * size : base + (dp_rank + 1) * size])
         base += bucket.numel
     whole = torch.cat(parts, dim=1)
     return [whole[region].clone() for region in range(len(REGIONS))]
 
 
-def new_shard(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]],
-              dp_rank: int, dp_size: int) -> List[torch.Tensor]:
+def new_shard(
+    layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]], dp_rank: int, dp_size: int
+) -> List[torch.Tensor]:
     """This DP rank's regions under the new buckets."""
     return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
 
 
 def table(layout_buckets: List[Bucket]) -> list:
     """Plain containers for a checkpoint file (loadable with weights_only)."""
-    return [[b.numel, {name: list(place) for name, place in b.params.items()}]
-            for b in layout_buckets]
+    return [
+        [b.numel, {name: list(place) for name, place in b.params.items()}] for b in layout_buckets
+    ]
 
 
 def from_table(rows: list) -> List[Bucket]:
-    return [Bucket(int(numel), {name: tuple(place) for name, place in params.items()})
-            for numel, params in rows]
+    return [
+        Bucket(int(numel), {name: tuple(place) for name, place in params.items()})
+        for numel, params in rows
+    ]

@@ -1,7 +1,11 @@
 """A short training loop with hooks: setup, train_step, evaluate, save.
 
-Extensions (the deadpool mirror and recovery) plug in through ``Hook``
-methods rather than by copying the loop.
+Extensions (the deadpool mirror, recovery and fault injection) plug in
+through ``Hook`` methods rather than by copying the loop or replacing any
+attribute of the trainer or of megatron-core's objects: the trainer itself
+calls its hooks before every microbatch, before the gradient reduction,
+before the parameter all-gather and around every step, and ``restart_at``
+puts it back at any progress.
 """
 
 import os
@@ -12,28 +16,47 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.num_microbatches_calculator import (init_num_microbatches_calculator,
-                                                        unset_num_microbatches_calculator)
+from megatron.core.num_microbatches_calculator import (
+    init_num_microbatches_calculator,
+    unset_num_microbatches_calculator,
+)
+from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron.training import checkpointing, data
 from megatron.training.config import Config
 from megatron.training.initialize import Runtime, initialize
-from megatron.training.log import (MetricsFile, flops_per_iteration, get_logger,
-                                   training_log_line, validation_log_line)
+from megatron.training.log import (
+    MetricsFile,
+    flops_per_iteration,
+    get_logger,
+    training_log_line,
+    validation_log_line,
+)
 from megatron.training.model_setup import TrainState, setup_model_and_optimizer
 from megatron.training.signals import ExitSignalHandler
 from megatron.training.tokenizer import build_tokenizer
 
 
 class Hook:
-    """Override what you need; every method is optional."""
+    """Override what you need; every method is optional. In the order the
+    trainer calls them within an iteration: before_step, then per training
+    microbatch before_microbatch and after_forward (its output, which a hook
+    may register a backward hook on), before_grad_reduce (at the end of
+    backward), before_optimizer_step, before_param_sync (after the optimizer
+    updated the shard, before the parameter all-gather), after_step."""
 
     def on_setup(self, trainer: "Trainer") -> None: ...
     def before_step(self, trainer: "Trainer") -> None: ...
+    def before_microbatch(self, trainer: "Trainer") -> None: ...
+    def after_forward(self, trainer: "Trainer", output: torch.Tensor) -> None: ...
+    def before_grad_reduce(self, trainer: "Trainer") -> None: ...
     def before_optimizer_step(self, trainer: "Trainer") -> None: ...
+    def before_param_sync(self, trainer: "Trainer") -> None: ...
     def after_step(self, trainer: "Trainer", metrics: dict) -> None: ...
-    def log_fields(self, trainer: "Trainer") -> List[str]: return []
+    def log_fields(self, trainer: "Trainer") -> List[str]:
+        return []
+
     def on_train_end(self, trainer: "Trainer") -> None: ...
 
 
@@ -66,32 +89,84 @@ ForwardStep = Callable  # (data_iterator, model) -> (output, loss_func)
 
 
 class Trainer:
-    def __init__(self, config: Config, runtime: Runtime, state: TrainState,
-                 forward_step: ForwardStep, datasets, hooks=()):
+    def __init__(
+        self,
+        config: Config,
+        runtime: Runtime,
+        state: TrainState,
+        forward_step: ForwardStep,
+        datasets,
+        hooks=(),
+        joining: bool = False,
+    ):
+        """joining: a process joining a running job (a spare) restores its
+        state from peers instead of loading, and appends to the metrics file
+        it takes over."""
         self.config = config
         self.runtime = runtime
         self.state = state
         self.forward_step = forward_step
         self.train_ds, self.valid_ds, self.test_ds = datasets
         self.hooks = list(hooks)
+        self.joining = joining
+        # The schedules call back into the trainer, which calls its hooks.
+        state.tf_config.finalize_model_grads_func = self._finalize_grads
+        for chunk in state.model:
+            chunk.register_param_sync_hook(self._before_param_sync)
         self.progress = Progress()
         self.logger = get_logger(runtime.rank)
         self.forward_backward = get_forward_backward_func()
-        self.signal_handler = (ExitSignalHandler().install()
-                               if config.logging.exit_signal_handler else None)
+        self.signal_handler = (
+            ExitSignalHandler().install() if config.logging.exit_signal_handler else None
+        )
         self.metrics = None
         self.window = _LogWindow()
         self.train_iterator = None
         self.start_time = time.time()
+
+    # ----- hook points inside megatron-core's schedule and optimizer -----
+    def _call(self, name: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, name)(self, *args)
+
+    def _forward_step(self, data_iterator, model):
+        """A microbatch (training or validation): hooks around the user's
+        forward step."""
+        self._call("before_microbatch")
+        output, loss_func = self.forward_step(data_iterator, model)
+        self._call("after_forward", output)
+        return output, loss_func
+
+    def _finalize_grads(self, *args, **kwargs):
+        self._call("before_grad_reduce")
+        return finalize_model_grads(*args, **kwargs)
+
+    def _before_param_sync(self) -> None:
+        self._call("before_param_sync")
+
+    def restart_at(self, progress: Progress) -> None:
+        """Go on from ``progress`` (a restored state's): read data from there."""
+        self.progress = progress
+        self.reset_train_iterator()
+
+    def forget_after(self, iteration: int) -> None:
+        """Iterations after ``iteration`` will be redone: drop their metrics
+        lines and the log window's sums."""
+        if self.metrics is not None:
+            self.metrics.rewind(iteration)
+        self.window = _LogWindow()
 
     # ----- data -----
     @property
     def num_microbatches(self) -> int:
         """This replica's share of the global batch (uneven after a shrink)."""
         b = self.config.batch
-        return data.microbatches_per_iteration(b.global_batch_size, b.micro_batch_size,
-                                               self.runtime.dp_rank,
-                                               self.config.data_parallel_size)
+        return data.microbatches_per_iteration(
+            b.global_batch_size,
+            b.micro_batch_size,
+            self.runtime.dp_rank,
+            self.config.data_parallel_size,
+        )
 
     def scale_gradients_by_quota(self) -> None:
         """DDP averages gradients over DP (x 1/DP), each replica having
@@ -109,11 +184,17 @@ class Trainer:
 
     def data_iterator(self, dataset, consumed_samples: int):
         """Only the first and last pipeline stages read data."""
-        needs_data = (parallel_state.is_pipeline_first_stage()
-                      or parallel_state.is_pipeline_last_stage())
-        return data.build_iterator(dataset if needs_data else None, consumed_samples,
-                                   self.config, self.runtime.dp_rank,
-                                   self.config.data_parallel_size, self.runtime.on_cpu)
+        needs_data = (
+            parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
+        )
+        return data.build_iterator(
+            dataset if needs_data else None,
+            consumed_samples,
+            self.config,
+            self.runtime.dp_rank,
+            self.config.data_parallel_size,
+            self.runtime.on_cpu,
+        )
 
     def reset_train_iterator(self) -> None:
         self.train_iterator = self.data_iterator(self.train_ds, self.progress.consumed_samples)
@@ -123,12 +204,14 @@ class Trainer:
         c = self.config.checkpoint
         if not c.load:
             return
-        loaded = checkpointing.load_checkpoint(c.load, self.state, not c.no_load_optim,
-                                               not c.no_load_rng, c.finetune)
+        loaded = checkpointing.load_checkpoint(
+            c.load, self.state, not c.no_load_optim, not c.no_load_rng, c.finetune
+        )
         if loaded is None:
             if c.exit_on_missing_checkpoint:
-                raise SystemExit(f"no checkpoint in --load {c.load} and "
-                                 f"--exit-on-missing-checkpoint is set")
+                raise SystemExit(
+                    f"no checkpoint in --load {c.load} and --exit-on-missing-checkpoint is set"
+                )
             self.logger.info("no checkpoint in %s: starting from scratch", c.load)
             return
         self.progress.iteration = loaded["iteration"]
@@ -137,9 +220,12 @@ class Trainer:
 
     def save(self) -> None:
         if self.config.checkpoint.save:
-            path = checkpointing.save_checkpoint(self.config.checkpoint.save,
-                                                 self.progress.iteration,
-                                                 self.progress.consumed_samples, self.state)
+            path = checkpointing.save_checkpoint(
+                self.config.checkpoint.save,
+                self.progress.iteration,
+                self.progress.consumed_samples,
+                self.state,
+            )
             self.logger.info("saved checkpoint %s", os.path.dirname(path))
 
     # ----- one iteration -----
@@ -150,25 +236,32 @@ class Trainer:
             chunk.zero_grad_buffer()
         state.optimizer.zero_grad()
         losses = self.forward_backward(
-            forward_step_func=self.forward_step, data_iterator=self.train_iterator,
-            model=state.model, num_microbatches=self.num_microbatches,
-            seq_length=cfg.model.seq_length, micro_batch_size=cfg.batch.micro_batch_size,
-            forward_only=False)
-        for hook in self.hooks:
-            hook.before_optimizer_step(self)
+            forward_step_func=self._forward_step,
+            data_iterator=self.train_iterator,
+            model=state.model,
+            num_microbatches=self.num_microbatches,
+            seq_length=cfg.model.seq_length,
+            micro_batch_size=cfg.batch.micro_batch_size,
+            forward_only=False,
+        )
+        self._call("before_optimizer_step")
         update_successful, grad_norm, _ = state.optimizer.step()
         if update_successful:
             state.scheduler.step(increment=cfg.batch.global_batch_size)
-        return {"losses": self.reduce_losses(losses), "grad_norm": grad_norm,
-                "skipped": not update_successful}
+        return {
+            "losses": self.reduce_losses(losses),
+            "grad_norm": grad_norm,
+            "skipped": not update_successful,
+        }
 
     def reduce_losses(self, microbatch_losses: List[dict]) -> Dict[str, float]:
         """Mean over microbatches and DP ranks; only the last stage has them."""
         if not parallel_state.is_pipeline_last_stage() or not microbatch_losses:
             return {}
         names = list(microbatch_losses[0].keys())
-        values = torch.stack([torch.stack([mb[n].float() for mb in microbatch_losses]).mean()
-                              for n in names])
+        values = torch.stack(
+            [torch.stack([mb[n].float() for mb in microbatch_losses]).mean() for n in names]
+        )
         dp = parallel_state.get_data_parallel_world_size()
         b = self.config.batch
         slots = b.global_batch_size // b.micro_batch_size
@@ -189,10 +282,14 @@ class Trainer:
         with torch.no_grad():
             for _ in range(cfg.logging.eval_iters):
                 losses = self.forward_backward(
-                    forward_step_func=self.forward_step, data_iterator=iterator,
-                    model=self.state.model, num_microbatches=self.num_microbatches,
+                    forward_step_func=self._forward_step,
+                    data_iterator=iterator,
+                    model=self.state.model,
+                    num_microbatches=self.num_microbatches,
                     seq_length=cfg.model.seq_length,
-                    micro_batch_size=cfg.batch.micro_batch_size, forward_only=True)
+                    micro_batch_size=cfg.batch.micro_batch_size,
+                    forward_only=True,
+                )
                 for name, value in self.reduce_losses(losses).items():
                     totals[name] = totals.get(name, 0.0) + value / cfg.logging.eval_iters
         for chunk in self.state.model:
@@ -205,8 +302,11 @@ class Trainer:
             return
         if not final and it % cfg.eval_interval != 0:
             return
-        index = (self.config.training.train_iters // cfg.eval_interval if final
-                 else it // cfg.eval_interval - 1)
+        index = (
+            self.config.training.train_iters // cfg.eval_interval
+            if final
+            else it // cfg.eval_interval - 1
+        )
         losses = self.evaluate(index)
         if self.runtime.is_last_rank:
             where = f"iteration {it}" if not final else "the end of training for val data"
@@ -214,18 +314,15 @@ class Trainer:
             print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
 
     # ----- the loop -----
-    # A process joining a running job (a spare) restores its state from peers
-    # instead of loading, and appends to the metrics file it takes over.
-    joining = False
-
     def setup(self) -> None:
         if not self.joining:
             self.load()
         self.reset_train_iterator()
-        self.metrics = MetricsFile(self.config.logging.metrics_file if self.runtime.is_last_rank
-                                   else None, append=self.progress.iteration > 0 or self.joining)
-        for hook in self.hooks:
-            hook.on_setup(self)
+        self.metrics = MetricsFile(
+            self.config.logging.metrics_file if self.runtime.is_last_rank else None,
+            append=self.progress.iteration > 0 or self.joining,
+        )
+        self._call("on_setup")
 
     def train(self) -> Progress:
         self.setup()
@@ -245,15 +342,13 @@ class Trainer:
         a signal or exit flag stopped it first."""
         until = self.config.training.train_iters if until is None else until
         while self.progress.iteration < until:
-            for hook in self.hooks:
-                hook.before_step(self)
+            self._call("before_step")
             start = time.perf_counter()
             metrics = self.train_step()
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
             self.window.add(metrics["seconds"], metrics["losses"])
-            for hook in self.hooks:
-                hook.after_step(self, metrics)
+            self._call("after_step", metrics)
             self.record(metrics, self.window)
             if self.maybe_save_and_exit():
                 return False
@@ -272,11 +367,18 @@ class Trainer:
         p, cfg = self.progress, self.config
         lr = self.state.optimizer.param_groups[0]["lr"]
         if self.runtime.is_last_rank:
-            self.metrics.write({"iteration": p.iteration, "consumed_samples": p.consumed_samples,
-                                "lm_loss": metrics["losses"].get("lm loss"),
-                                "grad_norm": metrics["grad_norm"], "lr": lr,
-                                "loss_scale": self.state.optimizer.get_loss_scale().item(),
-                                "skipped": metrics["skipped"], "seconds": metrics["seconds"]})
+            self.metrics.write(
+                {
+                    "iteration": p.iteration,
+                    "consumed_samples": p.consumed_samples,
+                    "lm_loss": metrics["losses"].get("lm loss"),
+                    "grad_norm": metrics["grad_norm"],
+                    "lr": lr,
+                    "loss_scale": self.state.optimizer.get_loss_scale().item(),
+                    "skipped": metrics["skipped"],
+                    "seconds": metrics["seconds"],
+                }
+            )
         if p.iteration % cfg.logging.log_interval == 0 or p.iteration == 1:
             self.print_log_line(metrics, window, lr)
             window.__init__()
@@ -292,11 +394,24 @@ class Trainer:
         if cfg.logging.log_throughput:
             tflops = flops_per_iteration(cfg) / elapsed / self.runtime.world_size / 1e12
         losses = {n: v / window.iterations for n, v in window.losses.items()}
-        print(training_log_line(
-            p.iteration, cfg.training.train_iters, p.consumed_samples, elapsed * 1000.0, lr,
-            cfg.batch.global_batch_size, losses,
-            self.state.optimizer.get_loss_scale().item(), metrics["grad_norm"],
-            p.skipped_iterations, p.nan_iterations, tflops, extra), flush=True)
+        print(
+            training_log_line(
+                p.iteration,
+                cfg.training.train_iters,
+                p.consumed_samples,
+                elapsed * 1000.0,
+                lr,
+                cfg.batch.global_batch_size,
+                losses,
+                self.state.optimizer.get_loss_scale().item(),
+                metrics["grad_norm"],
+                p.skipped_iterations,
+                p.nan_iterations,
+                tflops,
+                extra,
+            ),
+            flush=True,
+        )
 
     just_saved = False
 
@@ -333,8 +448,7 @@ class Trainer:
         return bool(flag.item())
 
     def finish(self) -> None:
-        for hook in self.hooks:
-            hook.on_train_end(self)
+        self._call("on_train_end")
         if self.metrics is not None:
             self.metrics.close()
         if self.signal_handler is not None:
@@ -342,8 +456,9 @@ class Trainer:
 
 
 def padded_vocab_size(vocab_size: int, config: Config) -> int:
-    multiple = (config.model.make_vocab_size_divisible_by
-                * config.parallel.tensor_model_parallel_size)
+    multiple = (
+        config.model.make_vocab_size_divisible_by * config.parallel.tensor_model_parallel_size
+    )
     return -(-vocab_size // multiple) * multiple
 
 
@@ -355,14 +470,21 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
     return progress
 
 
-def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
-                  hooks=(), datasets=None) -> Trainer:
+def build_trainer(
+    config: Config,
+    model_provider,
+    forward_step: ForwardStep,
+    hooks=(),
+    datasets=None,
+    joining: bool = False,
+) -> Trainer:
     """Process groups, tokenizer, model, optimizer and data (unless built
     already: a warm spare builds them before it knows its place), ready to train."""
     runtime = initialize(config)
     config.extra["on_cpu"] = runtime.on_cpu
-    tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
-                                config.data.vocab_size)
+    tokenizer = build_tokenizer(
+        config.data.tokenizer_type, config.data.tokenizer_model, config.data.vocab_size
+    )
     config.extra["tokenizer"] = tokenizer
     config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
     b = config.batch
@@ -370,11 +492,12 @@ def build_trainer(config: Config, model_provider, forward_step: ForwardStep,
     if b.global_batch_size % (b.micro_batch_size * config.data_parallel_size) == 0:
         # Only megatron-core's CUDA graphs read it; a shrunk job's uneven
         # quotas live in Trainer.num_microbatches instead.
-        init_num_microbatches_calculator(runtime.rank, None, b.global_batch_size,
-                                         b.micro_batch_size, config.data_parallel_size)
+        init_num_microbatches_calculator(
+            runtime.rank, None, b.global_batch_size, b.micro_batch_size, config.data_parallel_size
+        )
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
     if datasets is None:
         datasets = data.build_datasets(config, tokenizer)
-    trainer = Trainer(config, runtime, state, forward_step, datasets, hooks)
+    trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)
     trainer.scale_gradients_by_quota()
     return trainer

@@ -1,7 +1,18 @@
 """Shared fixtures: the repository on sys.path, a small real corpus, and
-quiet, single-threaded worker processes."""
+quiet, single-threaded worker processes.
 
+Tests are either unit tests (in-process, fast: `pytest -m "not integration"`)
+or integration tests, marked `integration`, that start real processes
+(torchrun, deadpool-launch, subprocess, multiprocessing, Slurm). So that a
+process-starting test cannot be left unmarked by mistake, every unmarked
+test's setup and call run with the ways to start a process replaced by one
+that fails the test and says to mark it.
+"""
+
+import contextlib
+import multiprocessing.process
 import os
+import subprocess
 import sys
 
 import pytest
@@ -9,6 +20,63 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+# Every route to a new process goes through one of these: subprocess (and
+# os.popen, asyncio) through Popen._execute_child, multiprocessing through
+# Process.start (its fork, spawn and forkserver starts alike), the rest
+# through the os calls.
+PROCESS_STARTERS = [
+    (subprocess.Popen, "_execute_child"),
+    (multiprocessing.process.BaseProcess, "start"),
+    (os, "fork"),
+    (os, "forkpty"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "system"),
+]
+
+
+class ProcessInUnitTest(RuntimeError):
+    """An unmarked test started a process."""
+
+
+def refuse_process_start(test_id: str, starter: str):
+    def refuse(*args, **kwargs):
+        raise ProcessInUnitTest(
+            f"{test_id} started a process ({starter}) but is not marked integration: "
+            "mark it with @pytest.mark.integration (or the module with "
+            "`pytestmark = pytest.mark.integration`), or keep it in-process"
+        )
+
+    return refuse
+
+
+@contextlib.contextmanager
+def processes_forbidden_unless_integration(item):
+    if item.get_closest_marker("integration"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, name in PROCESS_STARTERS:
+            if hasattr(owner, name):
+                patch.setattr(
+                    owner, name, refuse_process_start(item.nodeid, f"{owner.__name__}.{name}")
+                )
+        yield
+
+
+# Setup and call only: a module or session fixture that an integration test
+# built may be torn down in the teardown of whichever test runs last.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with processes_forbidden_unless_integration(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with processes_forbidden_unless_integration(item):
+        yield
 
 
 @pytest.fixture(scope="session")

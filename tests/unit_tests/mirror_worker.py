@@ -24,10 +24,10 @@ import pretrain_gpt  # noqa: E402
 from megatron.training.model_setup import setup_model_and_optimizer  # noqa: E402
 from megatron.training.training import Hook, Trainer, build_trainer  # noqa: E402
 
-from deadpool_ext import snapshot as snap  # noqa: E402
+from deadpool_ext.state import snapshot as snap  # noqa: E402
 from deadpool_ext.config import parse_args  # noqa: E402
-from deadpool_ext.hook import MirrorHook  # noqa: E402
-from deadpool_ext.restore import restore_snapshot  # noqa: E402
+from deadpool_ext.rank.hooks import MirrorHook  # noqa: E402
+from deadpool_ext.rank.restore import restore_snapshot  # noqa: E402
 
 
 class DumpHook(Hook):
@@ -45,20 +45,34 @@ class DumpHook(Hook):
         live = []
         for seg in layout.segments:
             main, state = snap.main_param_and_state(trainer.state.optimizer, seg)
-            live.append({"offset": seg.offset, "numel": seg.numel,
-                         "param": main.detach().clone().view(-1),
-                         **{k: (v.clone().view(-1) if k != "step" else v.clone())
-                            for k, v in state.items()}})
-        torch.save({"iteration": t, "numel": layout.numel,
-                    "sidecar_capacity": layout.sidecar_capacity, "live": live,
-                    "held": mirror.held[mirror.held_index].clone()},
-                   os.path.join(self.directory, f"t{t}_rank{trainer.runtime.rank}.pt"))
+            live.append(
+                {
+                    "offset": seg.offset,
+                    "numel": seg.numel,
+                    "param": main.detach().clone().view(-1),
+                    **{
+                        k: (v.clone().view(-1) if k != "step" else v.clone())
+                        for k, v in state.items()
+                    },
+                }
+            )
+        torch.save(
+            {
+                "iteration": t,
+                "numel": layout.numel,
+                "sidecar_capacity": layout.sidecar_capacity,
+                "live": live,
+                "held": mirror.held[mirror.held_index].clone(),
+            },
+            os.path.join(self.directory, f"t{t}_rank{trainer.runtime.rank}.pt"),
+        )
 
 
 def restore_into_fresh_objects(trainer: Trainer, mirror_hook: MirrorHook) -> None:
     buffer = mirror_hook.mirror.return_to_owners().clone()
-    trainer.state = setup_model_and_optimizer(trainer.config, pretrain_gpt.model_provider,
-                                              trainer.runtime.on_cpu)
+    trainer.state = setup_model_and_optimizer(
+        trainer.config, pretrain_gpt.model_provider, trainer.runtime.on_cpu
+    )
     with torch.no_grad():  # make sure nothing of the old run survives by chance
         for chunk in trainer.state.model:
             for param in chunk.parameters():
@@ -78,8 +92,7 @@ def main() -> None:
     hooks = [mirror_hook]
     if opts.dump_at:
         hooks.append(DumpHook(mirror_hook, opts.dump_at, opts.dump_dir))
-    trainer = build_trainer(config, pretrain_gpt.model_provider, pretrain_gpt.forward_step,
-                            hooks)
+    trainer = build_trainer(config, pretrain_gpt.model_provider, pretrain_gpt.forward_step, hooks)
     trainer.setup()
     if opts.restore_at is not None:
         trainer.loop(until=opts.restore_at)

@@ -56,15 +56,19 @@ def _write_dataset(directory, texts):
     src = directory / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     prefixes = preprocess_data.main(
-        ["--input", str(src), "--output-prefix", str(directory / "tiny"), "--append-eod"])
+        ["--input", str(src), "--output-prefix", str(directory / "tiny"), "--append-eod"]
+    )
     return prefixes["text"]
 
 
 @pytest.fixture(scope="module")
 def tiny_prefix(tmp_path_factory):
     """A real 3-document dataset (.bin/.idx) made by tools/preprocess_data.py."""
-    texts = ["The first document, about cats.", "A second one, about dogs.",
-             "And a third about neither."]
+    texts = [
+        "The first document, about cats.",
+        "A second one, about dogs.",
+        "And a third about neither.",
+    ]
     return _write_dataset(tmp_path_factory.mktemp("tiny"), texts)
 
 
@@ -93,17 +97,19 @@ def test_minimal_argv_is_valid_and_keeps_given_values():
     assert config.world_size == 1 and config.data_parallel_size == 1
 
 
-@pytest.mark.parametrize("hidden, heads, swiglu, expected", [
-    (64, 4, False, 256),
-    (96, 4, False, 384),
-    (64, 4, True, 128),     # int(8*64/3/64)*64 = int(2.67)*64
-    (100, 4, True, 256),    # int(266.7/64)*64
-    (192, 4, True, 512),    # exact: 8*192/3 = 512
-])
+@pytest.mark.parametrize(
+    "hidden, heads, swiglu, expected",
+    [
+        (64, 4, False, 256),
+        (96, 4, False, 384),
+        (64, 4, True, 128),  # int(8*64/3/64)*64 = int(2.67)*64
+        (100, 4, True, 256),  # int(266.7/64)*64
+        (192, 4, True, 512),  # exact: 8*192/3 = 512
+    ],
+)
 def test_ffn_hidden_size_default(hidden, heads, swiglu, expected):
     extra = ["--swiglu"] if swiglu else []
-    config = parse_args(argv(*extra, hidden_size=hidden, num_attention_heads=heads),
-                        world_size=1)
+    config = parse_args(argv(*extra, hidden_size=hidden, num_attention_heads=heads), world_size=1)
     assert config.model.ffn_hidden_size == expected
 
 
@@ -119,17 +125,27 @@ def test_max_position_embeddings_defaults_to_seq_length():
     assert config.model.max_position_embeddings == 128
 
 
-@pytest.mark.parametrize("world, tp, pp, mbs, dp", [
-    (1, 1, 1, 2, 1),
-    (4, 1, 1, 3, 4),
-    (4, 2, 1, 2, 2),
-    (8, 2, 2, 2, 2),
-    (8, 1, 2, 1, 4),
-])
+@pytest.mark.parametrize(
+    "world, tp, pp, mbs, dp",
+    [
+        (1, 1, 1, 2, 1),
+        (4, 1, 1, 3, 4),
+        (4, 2, 1, 2, 2),
+        (8, 2, 2, 2, 2),
+        (8, 1, 2, 1, 4),
+    ],
+)
 def test_global_batch_defaults_to_micro_batch_times_dp(world, tp, pp, mbs, dp):
-    config = parse_args(argv("--tensor-model-parallel-size", str(tp),
-                             "--pipeline-model-parallel-size", str(pp), micro_batch_size=mbs),
-                        world_size=world)
+    config = parse_args(
+        argv(
+            "--tensor-model-parallel-size",
+            str(tp),
+            "--pipeline-model-parallel-size",
+            str(pp),
+            micro_batch_size=mbs,
+        ),
+        world_size=world,
+    )
     assert config.data_parallel_size == dp
     assert config.batch.global_batch_size == mbs * dp
 
@@ -152,8 +168,10 @@ def test_tokenizer_defaults_to_byte_level():
 def test_num_query_groups_follow_heads_without_gqa():
     config = parse_args(argv(num_attention_heads=8, hidden_size=64), world_size=1)
     assert config.model.num_query_groups == 8
-    config = parse_args(argv("--group-query-attention", "--num-query-groups", "2",
-                             num_attention_heads=8), world_size=1)
+    config = parse_args(
+        argv("--group-query-attention", "--num-query-groups", "2", num_attention_heads=8),
+        world_size=1,
+    )
     assert config.model.num_query_groups == 2
 
 
@@ -201,8 +219,13 @@ SPECIAL = {
     "tensor_model_parallel_size": (["2"], 2, [], (), 2),
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
     "sequence_parallel": ([], True, ["--tensor-model-parallel-size", "2"], (), 2),
-    "overlap_param_gather": ([], True, ["--use-distributed-optimizer", "--overlap-grad-reduce"],
-                             (), 1),
+    "overlap_param_gather": (
+        [],
+        True,
+        ["--use-distributed-optimizer", "--overlap-grad-reduce"],
+        (),
+        1,
+    ),
     "tokenizer_type": (["NullTokenizer"], "NullTokenizer", ["--vocab-size", "100"], (), 1),
     "vocab_size": (["1000"], 1000, [], (), 1),
     "split": (["90,8,2"], "90,8,2", [], (), 1),
@@ -249,7 +272,12 @@ def test_every_flag_is_accepted(section, f, tiny_prefix):
         return
     if f.name == "data_path":
         values, expected, companion, drop, world = (
-            [tiny_prefix], [tiny_prefix], ["--split", "1,1,1"], ("--mock-data",), 1)
+            [tiny_prefix],
+            [tiny_prefix],
+            ["--split", "1,1,1"],
+            ("--mock-data",),
+            1,
+        )
     elif f.name in SPECIAL:
         values, expected, companion, drop, world = SPECIAL[f.name]
     else:
@@ -272,11 +300,16 @@ def test_extra_section_lands_in_config_extra():
     @dataclasses.dataclass(kw_only=True)
     class Extra:
         """An extension's flags."""
+
         my_knob: int = dataclasses.field(default=3, metadata={"help": "a knob"})
 
     seen = []
-    config = parse_args(argv("--my-knob", "7"), extra_sections={"ext": Extra},
-                        extra_validators=[seen.append], world_size=1)
+    config = parse_args(
+        argv("--my-knob", "7"),
+        extra_sections={"ext": Extra},
+        extra_validators=[seen.append],
+        world_size=1,
+    )
     assert config.extra["ext"].my_knob == 7
     assert seen == [config]
 
@@ -287,8 +320,10 @@ def test_extra_section_lands_in_config_extra():
 def test_world_not_divisible_by_tp_times_pp():
     message = _config_error(argv("--tensor-model-parallel-size", "2"), world_size=3)
     _names_all(message, "--tensor-model-parallel-size", "--pipeline-model-parallel-size")
-    message = _config_error(argv("--tensor-model-parallel-size", "2",
-                                 "--pipeline-model-parallel-size", "2"), world_size=6)
+    message = _config_error(
+        argv("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
+        world_size=6,
+    )
     _names_all(message, "--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 
 
@@ -296,23 +331,27 @@ def test_global_batch_not_divisible_by_micro_batch_times_dp():
     message = _config_error(argv("--global-batch-size", "6", micro_batch_size=2), world_size=2)
     _names_all(message, "--global-batch-size", "--micro-batch-size")
     # Divisible by the micro batch, not by micro batch x DP.
-    message = _config_error(argv("--global-batch-size", "10", micro_batch_size=2),
-                            world_size=2)
+    message = _config_error(argv("--global-batch-size", "10", micro_batch_size=2), world_size=2)
     _names_all(message, "--global-batch-size", "--micro-batch-size")
     # The same with DP 1 is fine.
-    assert parse_args(argv("--global-batch-size", "10", micro_batch_size=2),
-                      world_size=1).batch.global_batch_size == 10
+    assert (
+        parse_args(
+            argv("--global-batch-size", "10", micro_batch_size=2), world_size=1
+        ).batch.global_batch_size
+        == 10
+    )
 
 
 def test_heads_not_divisible_by_tp():
-    message = _config_error(argv("--tensor-model-parallel-size", "3", hidden_size=96,
-                                 num_attention_heads=4), world_size=3)
+    message = _config_error(
+        argv("--tensor-model-parallel-size", "3", hidden_size=96, num_attention_heads=4),
+        world_size=3,
+    )
     _names_all(message, "--num-attention-heads", "--tensor-model-parallel-size")
 
 
 def test_layers_not_divisible_by_pp():
-    message = _config_error(argv("--pipeline-model-parallel-size", "3", num_layers=4),
-                            world_size=3)
+    message = _config_error(argv("--pipeline-model-parallel-size", "3", num_layers=4), world_size=3)
     _names_all(message, "--num-layers", "--pipeline-model-parallel-size")
 
 
@@ -337,8 +376,18 @@ def test_data_path_with_only_bin(tmp_path, tiny_prefix):
 
 def test_blended_data_path_checks_every_prefix(tmp_path, tiny_prefix):
     missing = str(tmp_path / "other")
-    message = _config_error(argv("--data-path", "0.5", tiny_prefix, "0.5", missing,
-                                 "--split", "1,1,1", drop=("--mock-data",)))
+    message = _config_error(
+        argv(
+            "--data-path",
+            "0.5",
+            tiny_prefix,
+            "0.5",
+            missing,
+            "--split",
+            "1,1,1",
+            drop=("--mock-data",),
+        )
+    )
     _names_all(message, "--data-path", missing)
 
 
@@ -352,8 +401,17 @@ def test_null_tokenizer_without_vocab_size():
     _names_all(message, "--vocab-size")
 
 
-@pytest.mark.parametrize("flag", ["--num-layers", "--hidden-size", "--num-attention-heads",
-                                  "--seq-length", "--micro-batch-size", "--lr"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--num-layers",
+        "--hidden-size",
+        "--num-attention-heads",
+        "--seq-length",
+        "--micro-batch-size",
+        "--lr",
+    ],
+)
 def test_missing_required_flag(flag):
     # A ConfigError (exit code 2 in pretrain_gpt.py), not an argparse SystemExit.
     message = _config_error(argv(drop=(flag,)))
@@ -388,8 +446,9 @@ def test_hidden_not_divisible_by_heads():
     message = _config_error(argv(hidden_size=66, num_attention_heads=4))
     _names_all(message, "--hidden-size", "--num-attention-heads")
     # --kv-channels makes the shape explicit, so it is allowed.
-    config = parse_args(argv("--kv-channels", "16", hidden_size=66, num_attention_heads=4),
-                        world_size=1)
+    config = parse_args(
+        argv("--kv-channels", "16", hidden_size=66, num_attention_heads=4), world_size=1
+    )
     assert config.model.kv_channels == 16
 
 
@@ -397,15 +456,20 @@ def test_seq_length_longer_than_position_embeddings():
     message = _config_error(argv("--max-position-embeddings", "32", seq_length=64))
     _names_all(message, "--seq-length", "--max-position-embeddings")
     # Rotary embeddings have no table, so the limit does not apply.
-    parse_args(argv("--max-position-embeddings", "32", "--position-embedding-type", "rope",
-                    seq_length=64), world_size=1)
+    parse_args(
+        argv("--max-position-embeddings", "32", "--position-embedding-type", "rope", seq_length=64),
+        world_size=1,
+    )
 
 
-@pytest.mark.parametrize("extra", [
-    ["--lr-warmup-iters", "10"],                              # == train_iters
-    ["--lr-warmup-iters", "50"],
-    ["--lr-warmup-iters", "8", "--lr-decay-iters", "5"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--lr-warmup-iters", "10"],  # == train_iters
+        ["--lr-warmup-iters", "50"],
+        ["--lr-warmup-iters", "8", "--lr-decay-iters", "5"],
+    ],
+)
 def test_warmup_not_shorter_than_decay(extra):
     message = _config_error(argv(*extra, train_iters=10))
     _names_all(message, "--lr-warmup-iters", "--lr-decay-iters")
@@ -429,19 +493,22 @@ def test_split_leaving_valid_split_without_document(tiny_prefix):
     config = parse_args(args + ["--eval-iters", "0"], world_size=1)
     assert config.data.data_path == [tiny_prefix]
     # A split that gives every used split a document is fine too.
-    parse_args(argv("--data-path", tiny_prefix, "--split", "1,1,1", drop=("--mock-data",)),
-               world_size=1)
+    parse_args(
+        argv("--data-path", tiny_prefix, "--split", "1,1,1", drop=("--mock-data",)), world_size=1
+    )
 
 
 def test_split_leaving_train_split_without_document(tiny_prefix):
-    message = _config_error(argv("--data-path", tiny_prefix, "--split", "1,98,1",
-                                 drop=("--mock-data",)))
+    message = _config_error(
+        argv("--data-path", tiny_prefix, "--split", "1,98,1", drop=("--mock-data",))
+    )
     _names_all(message, "--split", "train")
 
 
 # --- pretrain_gpt.py -----------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_pretrain_gpt_fails_fast_before_any_process_group():
     # A port we hold, listening but never accepting: a process group would
     # connect to it (rank 1 is a store client) and then hang.
@@ -450,14 +517,28 @@ def test_pretrain_gpt_fails_fast_before_any_process_group():
     listener.listen(8)
     port = listener.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(WORLD_SIZE="3", RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="3",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.update(
+        WORLD_SIZE="3",
+        RANK="1",
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="3",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, os.path.join(REPO, "pretrain_gpt.py"),
-             *argv("--tensor-model-parallel-size", "2")],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                os.path.join(REPO, "pretrain_gpt.py"),
+                *argv("--tensor-model-parallel-size", "2"),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         elapsed = time.monotonic() - start
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -466,19 +547,30 @@ def test_pretrain_gpt_fails_fast_before_any_process_group():
         listener.close()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "pretrain_gpt.py: error:" in proc.stderr
-    _names_all(proc.stderr, "world size 3", "--tensor-model-parallel-size",
-               "--pipeline-model-parallel-size")
+    _names_all(
+        proc.stderr,
+        "world size 3",
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+    )
     assert "Traceback" not in proc.stderr
     assert elapsed < 30, f"took {elapsed:.1f} s to reject the arguments"
 
 
+@pytest.mark.integration
 def test_help_lists_every_flag():
     import subprocess
     import sys
 
     from dist_utils import REPO, worker_env
 
-    proc = subprocess.run([sys.executable, "pretrain_gpt.py", "--help"], cwd=REPO,
-                          env=worker_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "pretrain_gpt.py", "--help"],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--exit-interval" in proc.stdout and "--deadpool-spare-wait" in proc.stdout

@@ -3,17 +3,42 @@
 import pytest
 from megatron.core.parallel_state import RankGenerator
 
-from deadpool_ext.buddies import BuddyError, buddy_map, dp_rings, nodes_by_block
+from deadpool_ext.topology import BuddyError, Grid, buddy_map, dp_rings, nodes_by_block
 
 
-@pytest.mark.parametrize("world,tp,pp,tp_pp_dp", [
-    (8, 2, 2, False), (8, 2, 2, True), (16, 4, 2, False), (16, 4, 2, True),
-    (12, 1, 3, False), (12, 1, 3, True), (8, 1, 1, False),
-])
+@pytest.mark.parametrize(
+    "world,tp,pp,tp_pp_dp",
+    [
+        (8, 2, 2, False),
+        (8, 2, 2, True),
+        (16, 4, 2, False),
+        (16, 4, 2, True),
+        (12, 1, 3, False),
+        (12, 1, 3, True),
+        (8, 1, 1, False),
+    ],
+)
 def test_rings_are_megatrons_data_parallel_groups(world, tp, pp, tp_pp_dp):
     order = "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp"
     generator = RankGenerator(tp=tp, ep=1, dp=world // (tp * pp), pp=pp, cp=1, order=order)
     assert sorted(dp_rings(world, tp, pp, tp_pp_dp)) == sorted(generator.get_ranks("dp"))
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 2, 3), (1, 3, 4), (2, 1, 2)])
+@pytest.mark.parametrize("tp_pp_dp", [False, True])
+def test_the_grid_is_megatrons_rank_order_both_ways(tp, pp, dp, tp_pp_dp):
+    """Grid.rank and Grid.coords (what the policy and the restore use) agree
+    with megatron-core's RankGenerator for every rank."""
+    order = "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp"
+    generator = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=order)
+    grid = Grid(tp, pp, dp, tp_pp_dp)
+    for group in generator.get_ranks("dp"):
+        assert len({grid.coords(r)[0::2] for r in group}) == 1  # one (tp, pp) position
+        assert [grid.coords(r)[1] for r in group] == list(range(dp))
+    for group in generator.get_ranks("tp"):
+        assert [grid.coords(r)[0] for r in group] == list(range(tp))
+    for rank in range(tp * pp * dp):
+        assert grid.rank(*grid.coords(rank)) == rank
 
 
 def check_layout(layout, world, node_of):
@@ -29,9 +54,9 @@ def check_layout(layout, world, node_of):
 # Perlmutter: 4 A100 per node. TP=4 inside the node, PP and DP across nodes.
 PERLMUTTER = [
     # world, tp, pp, expected buddy of rank 0, shift
-    (16, 4, 2, 4, 1),      # 4 nodes: DP=2, rank 0's DP peer is rank 4 (node 1)
-    (32, 4, 2, 4, 1),      # DP=4
-    (512, 4, 8, 4, 1),     # the paper's 65B-class run: 128 nodes, DP=16
+    (16, 4, 2, 4, 1),  # 4 nodes: DP=2, rank 0's DP peer is rank 4 (node 1)
+    (32, 4, 2, 4, 1),  # DP=4
+    (512, 4, 8, 4, 1),  # the paper's 65B-class run: 128 nodes, DP=16
 ]
 
 
@@ -46,7 +71,7 @@ def test_perlmutter_layouts(world, tp, pp, buddy0, shift):
 def test_perlmutter_tp2_dp_inside_node_moves_to_next_node():
     """TP=2 leaves two DP peers per node: the shift skips the node-mate."""
     node_of = nodes_by_block(16, 4)
-    layout = buddy_map(16, 2, 1, node_of)   # DP=8, ring 0,2,4,...,14
+    layout = buddy_map(16, 2, 1, node_of)  # DP=8, ring 0,2,4,...,14
     check_layout(layout, 16, node_of)
     assert layout.shift == 2 and layout.buddy[0] == 4
 

@@ -18,17 +18,16 @@ import sys
 import pytest
 
 from dist_utils import REPO
-
-sys.path.insert(0, os.path.join(REPO, "tools"))
-import chaos  # noqa: E402
+from tools import chaos
 
 ISSUE = dict(model="issue", iteration=4, phase="forward", delay_ms=0)
 RUNS = {
     # TP2·PP2·DP2, no spare, rank 5 killed: the job shrinks to DP1. As
     # written (dropout on): every sample and lr, the curve exact before the
     # fault; without dropout, within the shrink tolerance.
-    "shrink-as-written": chaos.Trial(0, 0, 2, 2, 0, target="rank", victim=5,
-                                     with_dropout=True, **ISSUE),
+    "shrink-as-written": chaos.Trial(
+        0, 0, 2, 2, 0, target="rank", victim=5, with_dropout=True, **ISSUE
+    ),
     "shrink": chaos.Trial(0, 0, 2, 2, 0, target="rank", victim=5, **ISSUE),
     # A spare node still warming up when node 1 dies: wait for it and swap once.
     "warming-spares": chaos.Trial(0, 0, 2, 2, 1, target="node", victim=1, **ISSUE),
@@ -36,19 +35,47 @@ RUNS = {
     # ready (long enough a run for them to be).
     # Killed at iteration 2, before a spare can be ready (they build their data
     # once every rank has finished iteration 1).
-    "shrink-then-grow": chaos.Trial(0, 0, 2, 2, 1, target="node", victim=1, spare_wait=0.0,
-                                    expect="shrink", iters=20, model="issue", iteration=2,
-                                    phase="forward", delay_ms=0),
+    "shrink-then-grow": chaos.Trial(
+        0,
+        0,
+        2,
+        2,
+        1,
+        target="node",
+        victim=1,
+        spare_wait=0.0,
+        expect="shrink",
+        iters=20,
+        model="issue",
+        iteration=2,
+        phase="forward",
+        delay_ms=0,
+    ),
     # An 8-rank pipeline, a rank killed 30 ms into its backward.
-    "pipeline-backward": chaos.Trial(0, 0, 1, 4, 1, target="rank", victim=6, model="issue",
-                                     iteration=5, phase="backward", delay_ms=30),
+    "pipeline-backward": chaos.Trial(
+        0,
+        0,
+        1,
+        4,
+        1,
+        target="rank",
+        victim=6,
+        model="issue",
+        iteration=5,
+        phase="backward",
+        delay_ms=30,
+    ),
 }
 
 
 # The coordinator's decisions each run must show (what makes it the case it is).
-EXPECTED_ACTIONS = {"shrink-as-written": ["shrink"], "shrink": ["shrink"],
-                    "warming-spares": ["recover"], "shrink-then-grow": ["shrink", "grow"],
-                    "pipeline-backward": ["recover"]}
+EXPECTED_ACTIONS = {
+    "shrink-as-written": ["shrink"],
+    "shrink": ["shrink"],
+    "warming-spares": ["recover"],
+    "shrink-then-grow": ["shrink", "grow"],
+    "pipeline-backward": ["recover"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +83,38 @@ def workdir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("chaos"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_runs_that_once_hung_recover(name, workdir):
     trial = RUNS[name]
-    result = chaos.run_trial(dataclasses.replace(trial, index=list(RUNS).index(name)),
-                             workdir, limit_s=400)
+    result = chaos.run_trial(
+        dataclasses.replace(trial, index=list(RUNS).index(name)), workdir, limit_s=400
+    )
     assert result["passed"], f"{trial.describe()}: {result['problem']} ({result['folder']})"
     events = chaos.read_jsonl(os.path.join(result["folder"], "events.jsonl"))
     actions = [e["action"] for e in events if e["event"] == "decision"]
     assert actions == EXPECTED_ACTIONS[name], actions
 
 
+@pytest.mark.integration
 def test_a_seeded_sample_of_the_fault_campaign(workdir):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "chaos.py"),
-                           "--trials", "5", "--seed", "2026", "--workdir", workdir],
-                          capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.chaos",
+            "--trials",
+            "5",
+            "--seed",
+            "2026",
+            "--workdir",
+            workdir,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "5 passed, 0 failed" in proc.stdout
 
@@ -82,5 +126,6 @@ def test_the_draws_are_replayable_and_cover_the_space():
     assert {t.target for t in draws} == {"rank", "node", "rank+buddy"}
     assert {t.phase for t in draws} == set(chaos.PHASES)
     assert {t.spares for t in draws} == {0, 1} and {t.model for t in draws} == set(
-        chaos.DRAWN_MODELS)
+        chaos.DRAWN_MODELS
+    )
     assert any(t.delay_ms == 0 for t in draws) and max(t.delay_ms for t in draws) > 100

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from deadpool_ext.control import Channel, connect
+from deadpool_ext.wire import Channel, connect
 from deadpool_ext.inject import InjectError, parse_fault
-from deadpool_ext.launch import flag_value, free_port
+from deadpool_ext.control.launch import flag_value, free_port
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def test_messages_round_trip_in_order(store):
 def test_a_process_without_the_secret_cannot_announce_or_register(store):
     ours, intruder = Channel(store, b"job-secret"), Channel(store, b"guessed")
     reader = ours.reader("t2")
-    intruder.post("t2", kind="exit", slot="0.0", code=-9)      # a fake failure
-    intruder.post("t2", kind="spare_ready", slot="9.9")        # a fake spare
+    intruder.post("t2", kind="exit", slot="0.0", code=-9)  # a fake failure
+    intruder.post("t2", kind="spare_ready", slot="9.9")  # a fake spare
     intruder.put("decision/1", action="recover", replaced={"0": "9.9"})
     assert reader.poll() == []
     assert ours.get("decision/1") is None
@@ -61,11 +61,14 @@ def test_fault_specs_parse_and_bad_ones_say_what_to_change():
     assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")
     assert parse_fault("kill:node=1:iter=4").node == 1
     assert parse_fault("kill:rank=0:phase=recovery").iteration is None
-    for bad, words in [("kill:rank=1", "iter=N"), ("explode:rank=1:iter=2", "action"),
-                       ("kill:rank=1:node=0:iter=2", "exactly one"),
-                       ("kill:rank=1:iter=2:phase=lunch", "phase"),
-                       ("hang:node=1:iter=2", "hang takes rank"),
-                       ("kill:rank=x:iter=2", "integers")]:
+    for bad, words in [
+        ("kill:rank=1", "iter=N"),
+        ("explode:rank=1:iter=2", "action"),
+        ("kill:rank=1:node=0:iter=2", "exactly one"),
+        ("kill:rank=1:iter=2:phase=lunch", "phase"),
+        ("hang:node=1:iter=2", "hang takes rank"),
+        ("kill:rank=x:iter=2", "integers"),
+    ]:
         with pytest.raises(InjectError, match=words):
             parse_fault(bad)
 
@@ -77,13 +80,17 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     assert flag_value(args, "--save") is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--join", "--standalone", "--node-rank", "1", "x.py"], "not --standalone"),
-    (["--join", "--node-rank", "0", "--master-port", "29500", "x.py"], "--node-rank >= 1"),
-    (["--join", "--node-rank", "2", "x.py"], "--master-port"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--join", "--standalone", "--node-rank", "1", "x.py"], "not --standalone"),
+        (["--join", "--node-rank", "0", "--master-port", "29500", "x.py"], "--node-rank >= 1"),
+        (["--join", "--node-rank", "2", "x.py"], "--master-port"),
+    ],
+)
 def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
-    from deadpool_ext.launch import build_parser, check
+    from deadpool_ext.control.launch import build_parser, check
+
     with pytest.raises(SystemExit) as error:
         check(build_parser().parse_args(argv))
     assert message in str(error.value)

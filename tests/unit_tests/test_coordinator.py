@@ -3,10 +3,11 @@ out, with a fake clock for heartbeat timeouts (no worker processes)."""
 
 import pytest
 
-from deadpool_ext.control import STUCK_KILL_TIMEOUTS, Channel, connect
-from deadpool_ext.coordinator import Coordinator
-from deadpool_ext.launch import free_port
-from deadpool_ext.plan import Decision
+from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
+from deadpool_ext.wire import Channel, connect
+from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.launch import free_port
+from deadpool_ext.protocol import Decision, ExitCode
 
 SECRET = b"test-secret"
 BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node
@@ -24,11 +25,23 @@ class Clock:
 def job():
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
     clock = Clock()
-    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2,
-                              heartbeat_timeout=3.0, clock=clock)
+    coordinator = Coordinator(
+        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, heartbeat_timeout=3.0, clock=clock
+    )
     coordinator.heartbeat_check_s = 0.0  # every step
     worker = Channel(store, SECRET)
-    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, heartbeat_timeout=3.0)
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=0,
+        buddy=BUDDY,
+        owner=BUDDY,
+        tp=1,
+        pp=1,
+        tp_pp_dp=False,
+        on_spares_exhausted="abort",
+        heartbeat_timeout=3.0,
+    )
     for slot in ("2.0", "2.1"):
         worker.post("coordinator", kind="spare_ready", slot=slot)
     coordinator.step()
@@ -37,8 +50,15 @@ def job():
 
 def report_all(worker, gen, ranks, own=(5, 4)):
     for rank in ranks:
-        worker.post("coordinator", kind="report", gen=gen, rank=rank, slot=f"{rank // 2}.{rank % 2}",
-                    own=list(own), held=list(own))
+        worker.post(
+            "coordinator",
+            kind="report",
+            gen=gen,
+            rank=rank,
+            slot=f"{rank // 2}.{rank % 2}",
+            own=list(own),
+            held=list(own),
+        )
 
 
 def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
@@ -46,8 +66,14 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     # The likely spare is named at once, so it builds while survivors report.
-    assert worker.get("gen") == {"gen": 1, "state": "recovering", "lost": [3],
-                                 "assign": {"3": "2.0"}, "world": None, "grow": False}
+    assert worker.get("gen") == {
+        "gen": 1,
+        "state": "recovering",
+        "lost": [3],
+        "assign": {"3": "2.0"},
+        "world": None,
+        "grow": False,
+    }
     report_all(worker, 1, [0, 1, 2])
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
@@ -57,6 +83,28 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
         worker.post("coordinator", kind="resumed", gen=1, rank=rank)
     coordinator.step()
     assert coordinator.state == "training"
+
+
+def test_a_rank_stopped_by_a_bug_stops_the_job_and_a_local_failure_is_replaced(job):
+    """A spare would meet the same bug: no recovery. A device failure is the
+    rank's own: it is lost and swapped like a killed one."""
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="exit", slot="1.1", code=int(ExitCode.LOCAL_FAILURE))
+    coordinator.step()
+    assert coordinator.state == "recovering" and coordinator.lost == {3}
+    assert not coordinator.finished
+    worker.post("coordinator", kind="exit", slot="0.1", code=int(ExitCode.BUG))
+    coordinator.step()
+    assert coordinator.finished and coordinator.result.action == "abort"
+    assert "programming error" in coordinator.result.reason and "0.1" in coordinator.result.reason
+
+
+def test_a_message_of_an_unknown_kind_is_dropped_and_recorded(job, tmp_path):
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="node_lost", node=1)  # no such message
+    worker.post("coordinator", kind="exit", slot="1.1")  # a known kind without its code
+    coordinator.step()
+    assert coordinator.gen == 0 and coordinator.lost == set()
 
 
 def test_a_failure_during_recovery_moves_to_the_next_generation(job):
@@ -125,8 +173,19 @@ def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
     coordinator waits for the groups' timeout to free it (plus two heartbeat
     timeouts), and kills it only then."""
     coordinator, worker, clock = job
-    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY,
-                distributed_timeout_minutes=3)
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=0,
+        buddy=BUDDY,
+        owner=BUDDY,
+        tp=1,
+        pp=1,
+        tp_pp_dp=False,
+        on_spares_exhausted="abort",
+        heartbeat_timeout=3.0,
+        distributed_timeout_minutes=3,
+    )
     coordinator.plan = None  # the fixture's plan has no group timeout
     coordinator.step()
     commands = worker.reader("agent/0")
@@ -141,7 +200,8 @@ def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
         if seq == 180:  # 180 s: within 180 + 2 * 3 s
             assert coordinator.gen == 1 and not commands.poll()
             assert coordinator.only_copies() == {
-                1: "holds the only copy of lost rank 3's optimizer shard"}
+                1: "holds the only copy of lost rank 3's optimizer shard"
+            }
         clock.now += 1.0
     assert coordinator.gen == 2 and commands.poll() == [{"kind": "kill", "slot": "0.1"}]
 
@@ -161,6 +221,7 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     waiting for the decision have exited, or after a grace period: the
     reason then reaches their logs and the events."""
     import time
+
     coordinator, worker, _ = job
     coordinator.abort_grace_s = 0.5
     for slot in ("1.0", "1.1", "0.1"):
@@ -172,7 +233,7 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     start = time.monotonic()
     assert coordinator.run(poll_s=0.01) == 1
     assert time.monotonic() - start >= 0.5  # rank 0 never exited: the grace ran out
-    worker.post("coordinator", kind="exit", slot="0.0", code=3)
+    worker.post("coordinator", kind="exit", slot="0.0", code=int(ExitCode.ABORTED))
     coordinator.abort_grace_s = 30
     start = time.monotonic()
     assert coordinator.run(poll_s=0.01) == 1
@@ -194,11 +255,27 @@ def shrinking_job():
     """PP2 x DP2 on two 2-rank nodes (tp-pp-dp order: replica d = ranks 2d,
     2d+1 = node d), no spare node, shrink when spares run out."""
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=0, nproc=2,
-                              heartbeat_timeout=3.0, clock=Clock())
+    coordinator = Coordinator(
+        Channel(store, SECRET),
+        nnodes=2,
+        spare_nodes=0,
+        nproc=2,
+        heartbeat_timeout=3.0,
+        clock=Clock(),
+    )
     worker = Channel(store, SECRET)
-    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, tp=1, pp=2,
-                tp_pp_dp=True, on_spares_exhausted="shrink", heartbeat_timeout=3.0)
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=0,
+        buddy=BUDDY,
+        owner=BUDDY,
+        tp=1,
+        pp=2,
+        tp_pp_dp=True,
+        on_spares_exhausted="shrink",
+        heartbeat_timeout=3.0,
+    )
     coordinator.step()
     return coordinator, worker
 
@@ -211,19 +288,29 @@ def resume(coordinator, worker, ranks):
 
 def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     coordinator, worker = shrinking_job
-    worker.post("coordinator", kind="node_lost", node=1)  # replica 1 is gone
+    coordinator.lose_node(1, "its agent exited")  # replica 1 is gone (as the launcher says)
     coordinator.step()
     report_all(worker, 1, [0, 1])
     coordinator.step()
     assert Decision.from_message(worker.get("decision/1")).action == "shrink"
     resume(coordinator, worker, [0, 1])
-    worker.post("coordinator", kind="plan", buddy=None, owner=None, tp=1, pp=2,
-                tp_pp_dp=True, on_spares_exhausted="shrink")
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=1,
+        buddy=None,
+        owner=None,
+        tp=1,
+        pp=2,
+        tp_pp_dp=True,
+        on_spares_exhausted="shrink",
+        heartbeat_timeout=3.0,
+    )
     worker.post("coordinator", kind="spare_ready", slot="1.0")  # a lost slot: ignored
     coordinator.step()
     assert coordinator.state == "training" and coordinator.view.spares == []
     # Node 1 is repaired and joins; one spare is no replica yet, two are.
-    worker.post("coordinator", kind="node", node=1, join=True, nproc=2, nonce="n1")
+    worker.post("coordinator", kind="node", node=1, active=False, join=True, nproc=2, nonce="n1")
     worker.post("coordinator", kind="spare_ready", slot="1.1")
     coordinator.step()
     assert coordinator.gen == 1 and coordinator.view.spares == ["1.1"]
@@ -243,14 +330,16 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
 def test_a_join_into_a_live_node_is_refused(shrinking_job):
     coordinator, worker = shrinking_job
     commands = worker.reader("agent/1")  # the live node 1's
-    worker.post("coordinator", kind="node", node=1, join=True, nproc=2, nonce="a1")
-    worker.post("coordinator", kind="node", node=5, join=True, nproc=3, nonce="b2")
+    worker.post("coordinator", kind="node", node=1, active=False, join=True, nproc=2, nonce="a1")
+    worker.post("coordinator", kind="node", node=5, active=False, join=True, nproc=3, nonce="b2")
     coordinator.step()
-    assert worker.get("admit/a1") == {"accepted": False,
-                                      "reason": "node 1 is still part of the job"}
+    assert worker.get("admit/a1") == {
+        "accepted": False,
+        "reason": "node 1 is still part of the job",
+    }
     assert worker.get("admit/b2")["accepted"] is False
     assert commands.poll() == [] and coordinator.joined_nodes == set()
-    worker.post("coordinator", kind="node", node=5, join=True, nproc=2, nonce="c3")
+    worker.post("coordinator", kind="node", node=5, active=False, join=True, nproc=2, nonce="c3")
     coordinator.step()
     assert worker.get("admit/c3") == {"accepted": True} and coordinator.joined_nodes == {5}
 
@@ -263,14 +352,13 @@ def test_a_loss_while_resizing_ends_the_job(shrinking_job):
     coordinator.step()
     worker.post("coordinator", kind="exit", slot="0.1", code=-9)  # before everyone resumed
     coordinator.step()
-    assert coordinator.finished and "while the job was being resized" in \
-        coordinator.result.reason
+    assert coordinator.finished and "while the job was being resized" in coordinator.result.reason
 
 
 def checkpoint_decided(coordinator, worker) -> Decision:
     """Rank 3 lost under the checkpoint policy; the survivors have resumed
     (and are saving)."""
-    coordinator.plan["on_spares_exhausted"] = "checkpoint"
+    coordinator.plan.on_spares_exhausted = "checkpoint"
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2])
@@ -283,7 +371,8 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
     """--deadpool-on-spares-exhausted checkpoint: the shrink's decision
     under another action; once the survivors report done the job ends with
     STOPPED_WITH_CHECKPOINT, and ready spares never grow it meanwhile."""
-    from deadpool_ext.coordinator import STOPPED_WITH_CHECKPOINT
+    from deadpool_ext.protocol import ExitCode
+
     coordinator, worker = shrinking_job
     decision = checkpoint_decided(coordinator, worker)
     assert decision.action == "checkpoint" and (decision.old_dp, decision.new_dp) == (2, 1)
@@ -295,7 +384,7 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
     assert coordinator.gen == 1 and not worker.get("gen")["grow"]
     for rank in (0, 1):
         worker.post("coordinator", kind="done", rank=rank)
-    assert coordinator.run(poll_s=0) == STOPPED_WITH_CHECKPOINT
+    assert coordinator.run(poll_s=0) == ExitCode.STOPPED_WITH_CHECKPOINT
 
 
 def test_a_loss_while_saving_the_checkpoint_ends_the_job(shrinking_job):
@@ -303,14 +392,16 @@ def test_a_loss_while_saving_the_checkpoint_ends_the_job(shrinking_job):
     checkpoint_decided(coordinator, worker)
     worker.post("coordinator", kind="exit", slot="0.0", code=-9)
     coordinator.step()
-    assert coordinator.finished and "while the job was saving its checkpoint" in \
-        coordinator.result.reason
+    assert (
+        coordinator.finished
+        and "while the job was saving its checkpoint" in coordinator.result.reason
+    )
 
 
 def test_a_spare_finds_its_assignment_after_a_new_generation_began():
     """Generation 1 named spare 2.0; generation 2 began before the spare
     looked (it was building its model), and generation 3 has no decision yet."""
-    from deadpool_ext.worker import newest_assignment
+    from deadpool_ext.rank.main import newest_assignment
 
     class Ctx:
         slot = "2.0"
@@ -365,13 +456,24 @@ def warming_job():
 def spare_wait_job(spares_beat: bool):
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
     clock = Clock()
-    coordinator = Coordinator(Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2,
-                              heartbeat_timeout=3.0, clock=clock)
+    coordinator = Coordinator(
+        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, heartbeat_timeout=3.0, clock=clock
+    )
     coordinator.heartbeat_check_s = 0.0
     worker = Channel(store, SECRET)
-    worker.post("coordinator", kind="plan", buddy=BUDDY, owner=BUDDY, tp=1, pp=2,
-                tp_pp_dp=True, on_spares_exhausted="shrink", heartbeat_timeout=3.0,
-                spare_wait=30.0)
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=0,
+        buddy=BUDDY,
+        owner=BUDDY,
+        tp=1,
+        pp=2,
+        tp_pp_dp=True,
+        on_spares_exhausted="shrink",
+        heartbeat_timeout=3.0,
+        spare_wait=30.0,
+    )
     for slot in ("2.0", "2.1") if spares_beat else ():
         worker.put(f"hb/{slot}", seq=1, iteration=None, state="starting")
     coordinator.step()

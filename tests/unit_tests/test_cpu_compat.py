@@ -14,6 +14,9 @@ import textwrap
 
 import pytest
 
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HARNESS = textwrap.dedent("""
@@ -296,13 +299,15 @@ FORCED = HARNESS + textwrap.dedent("""
 
 def _run(code):
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
     assert proc.returncode == 0 and lines, (
         f"check process failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-        f"{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULTS "):])
+        f"{proc.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1][len("RESULTS ") :])
 
 
 @pytest.fixture(scope="module")
@@ -320,27 +325,31 @@ def _passed(results, name):
     assert results[name] is None, results[name]
 
 
-@pytest.mark.parametrize("name", ["returns_false_and_stays_inactive", "changes_nothing",
-                                  "force_enables_even_with_cuda"])
+@pytest.mark.parametrize(
+    "name", ["returns_false_and_stays_inactive", "changes_nothing", "force_enables_even_with_cuda"]
+)
 def test_with_cuda_available(unforced, name):
     _passed(unforced, name)
 
 
-@pytest.mark.parametrize("name", [
-    "enable_returns_true_and_is_active",
-    "idempotent",
-    "current_device",
-    "factories_with_cuda_device",
-    "tensor_cuda_is_identity",
-    "type_names_are_cuda",
-    "type_still_converts",
-    "to_cuda_stays_on_cpu",
-    "cuda_manual_seed_seeds_the_cpu_stream",
-    "tracker_switches_streams",
-    "tracker_streams_differ_per_tp_rank",
-    "tracker_states_round_trip",
-    "no_spurious_rng_warning",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "enable_returns_true_and_is_active",
+        "idempotent",
+        "current_device",
+        "factories_with_cuda_device",
+        "tensor_cuda_is_identity",
+        "type_names_are_cuda",
+        "type_still_converts",
+        "to_cuda_stays_on_cpu",
+        "cuda_manual_seed_seeds_the_cpu_stream",
+        "tracker_switches_streams",
+        "tracker_streams_differ_per_tp_rank",
+        "tracker_states_round_trip",
+        "no_spurious_rng_warning",
+    ],
+)
 def test_forced_on_cpu(forced, name):
     _passed(forced, name)
 
@@ -350,4 +359,3 @@ def test_every_check_is_asserted(unforced, forced):
     for results, test in ((unforced, test_with_cuda_available), (forced, test_forced_on_cpu)):
         names = next(m.args[1] for m in test.pytestmark if m.name == "parametrize")
         assert sorted(results) == sorted(names)
-

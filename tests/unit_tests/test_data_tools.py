@@ -111,6 +111,7 @@ def test_preprocess_matches_tokenizer(tmp_path):
         assert _read_documents(prefix) == expected
 
 
+@pytest.mark.integration
 def test_preprocess_workers_deterministic(tmp_path):
     one = _preprocess(tmp_path, "w1", "--workers", "1")["text"]
     two = _preprocess(tmp_path, "w2", "--workers", "2")["text"]

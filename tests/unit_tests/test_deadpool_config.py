@@ -12,9 +12,23 @@ from megatron.training.arguments import ConfigError, parse_args
 from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "10",
-        "--lr", "1e-3", "--mock-data"]
+BASE = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "1",
+    "--train-iters",
+    "10",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+]
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 DEADPOOL = ["--deadpool", "--use-distributed-optimizer"]
 
@@ -25,8 +39,12 @@ def parse(args, world_size, environ=None):
     def check(config):
         validate_deadpool(config, environ)
 
-    return parse_args(BASE + args, extra_sections={"deadpool": DeadpoolConfig},
-                      extra_validators=[check], world_size=world_size)
+    return parse_args(
+        BASE + args,
+        extra_sections={"deadpool": DeadpoolConfig},
+        extra_validators=[check],
+        world_size=world_size,
+    )
 
 
 def error(args, world_size, environ=None) -> str:
@@ -40,13 +58,15 @@ def test_without_deadpool_nothing_is_checked():
 
 
 def test_needs_the_distributed_optimizer():
-    assert "--use-distributed-optimizer" in error(["--deadpool", "--deadpool-ranks-per-node",
-                                                   "1"], 2)
+    assert "--use-distributed-optimizer" in error(
+        ["--deadpool", "--deadpool-ranks-per-node", "1"], 2
+    )
 
 
 def test_needs_two_data_parallel_ranks():
-    message = error(DEADPOOL + ["--tensor-model-parallel-size", "2",
-                                "--deadpool-ranks-per-node", "1"], 2)
+    message = error(
+        DEADPOOL + ["--tensor-model-parallel-size", "2", "--deadpool-ranks-per-node", "1"], 2
+    )
     assert "data-parallel size >= 2" in message
     assert "--tensor-model-parallel-size" in message
 
@@ -58,8 +78,9 @@ def test_one_node_is_refused_and_says_how_to_accept_it():
 
 
 def test_same_node_buddies_on_request():
-    config = parse(DEADPOOL + TP2_PP2 + ["--deadpool-allow-same-node-buddy"], 8,
-                   {"LOCAL_WORLD_SIZE": "8"})
+    config = parse(
+        DEADPOOL + TP2_PP2 + ["--deadpool-allow-same-node-buddy"], 8, {"LOCAL_WORLD_SIZE": "8"}
+    )
     assert plan_buddies(config, {"LOCAL_WORLD_SIZE": "8"}).same_node
 
 
@@ -68,45 +89,66 @@ def test_default_mapping_keeps_dp_peers_on_one_node_and_says_to_remap():
     peers of rank 0 (ranks 0 and 2) share node 0."""
     message = error(DEADPOOL + TP2_PP2 + ["--deadpool-ranks-per-node", "4"], 8)
     assert "--use-tp-pp-dp-mapping" in message
-    config = parse(DEADPOOL + TP2_PP2 + ["--deadpool-ranks-per-node", "4",
-                                         "--use-tp-pp-dp-mapping"], 8)
+    config = parse(
+        DEADPOOL + TP2_PP2 + ["--deadpool-ranks-per-node", "4", "--use-tp-pp-dp-mapping"], 8
+    )
     buddies = plan_buddies(config)
     assert buddies.buddy[0] == 4 and not buddies.same_node
 
 
 def test_world_must_be_whole_nodes():
-    assert "--deadpool-ranks-per-node" in error(DEADPOOL + ["--deadpool-ranks-per-node",
-                                                            "3"], 4)
+    assert "--deadpool-ranks-per-node" in error(DEADPOOL + ["--deadpool-ranks-per-node", "3"], 4)
 
 
 def test_device_memory_needs_a_gpu():
-    message = error(DEADPOOL + ["--deadpool-ranks-per-node", "1", "--cpu",
-                                "--deadpool-mirror-memory", "device"], 2)
+    message = error(
+        DEADPOOL
+        + ["--deadpool-ranks-per-node", "1", "--cpu", "--deadpool-mirror-memory", "device"],
+        2,
+    )
     assert "--deadpool-mirror-memory" in message and "host" in message
 
 
 def test_mirror_timeout_must_be_positive():
     assert "--deadpool-mirror-timeout" in error(
-        DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-timeout", "0"], 2)
+        DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-timeout", "0"], 2
+    )
 
 
-@pytest.mark.parametrize("environ,expected", [
-    ({}, 8), ({"LOCAL_WORLD_SIZE": "4"}, 4), ({"SLURM_NTASKS_PER_NODE": "2"}, 2),
-    ({"DEADPOOL_RANKS_PER_NODE": "1", "LOCAL_WORLD_SIZE": "8"}, 1),
-])
+@pytest.mark.parametrize(
+    "environ,expected",
+    [
+        ({}, 8),
+        ({"LOCAL_WORLD_SIZE": "4"}, 4),
+        ({"SLURM_NTASKS_PER_NODE": "2"}, 2),
+        ({"DEADPOOL_RANKS_PER_NODE": "1", "LOCAL_WORLD_SIZE": "8"}, 1),
+    ],
+)
 def test_node_size_comes_from_the_launcher(environ, expected):
     assert ranks_per_node(DeadpoolConfig(), 8, environ) == expected
     assert ranks_per_node(DeadpoolConfig(deadpool_ranks_per_node=2), 8, environ) == 2
 
 
+@pytest.mark.integration
 def test_pretrain_gpt_refuses_before_any_process_group():
     """One process standing in for rank 0 of an 8-rank single-node torchrun:
     the error comes from argument parsing, so no rendezvous is attempted."""
-    env = dict(os.environ, WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *BASE,
-                           *DEADPOOL, *TP2_PP2], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = dict(
+        os.environ,
+        WORLD_SIZE="8",
+        LOCAL_WORLD_SIZE="8",
+        RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",
+        PYTHONWARNINGS="ignore",
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *BASE, *DEADPOOL, *TP2_PP2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "pretrain_gpt.py: error: --deadpool found no buddy on another node" in proc.stderr
 
@@ -120,15 +162,20 @@ def test_recovery_needs_gradient_clipping():
 
 
 def test_fault_injection_is_checked_and_needs_the_launcher():
-    assert "deadpool-launch" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3"], 2,
-                                      {"LOCAL_WORLD_SIZE": "1"})
+    assert "deadpool-launch" in error(
+        DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3"], 2, {"LOCAL_WORLD_SIZE": "1"}
+    )
     assert "iter=N" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1"], 2, LAUNCHED)
-    assert "does not exist" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=7:iter=2"], 2,
-                                     LAUNCHED)
-    config = parse(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3",
-                               "--deadpool-inject", "hang:rank=0:iter=5"], 2, LAUNCHED)
-    assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3",
-                                                        "hang:rank=0:iter=5"]
+    assert "does not exist" in error(
+        DEADPOOL + ["--deadpool-inject", "kill:rank=7:iter=2"], 2, LAUNCHED
+    )
+    config = parse(
+        DEADPOOL
+        + ["--deadpool-inject", "kill:rank=1:iter=3", "--deadpool-inject", "hang:rank=0:iter=5"],
+        2,
+        LAUNCHED,
+    )
+    assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3", "hang:rank=0:iter=5"]
 
 
 def test_heartbeat_timeout_must_be_positive():
@@ -136,10 +183,13 @@ def test_heartbeat_timeout_must_be_positive():
 
 
 def test_spare_wait_must_not_be_negative():
-    assert "--deadpool-spare-wait" in error(DEADPOOL + ["--deadpool-spare-wait", "-1"], 2,
-                                            LAUNCHED)
-    assert parse(DEADPOOL + ["--deadpool-spare-wait", "0"], 2,
-                 LAUNCHED).extra["deadpool"].deadpool_spare_wait == 0
+    assert "--deadpool-spare-wait" in error(DEADPOOL + ["--deadpool-spare-wait", "-1"], 2, LAUNCHED)
+    assert (
+        parse(DEADPOOL + ["--deadpool-spare-wait", "0"], 2, LAUNCHED)
+        .extra["deadpool"]
+        .deadpool_spare_wait
+        == 0
+    )
 
 
 def test_a_fault_may_fire_a_delay_into_its_phase():
@@ -148,27 +198,48 @@ def test_a_fault_may_fire_a_delay_into_its_phase():
     fault = parse_fault("kill:rank=1:iter=3:phase=backward:delay=40")
     assert (fault.phase, fault.delay_ms) == ("backward", 40)
     assert parse_fault("kill:rank=1:iter=3").delay_ms == 0
-    assert "delay" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=-5"], 2,
-                            LAUNCHED)
-    assert "integers" in error(DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=x"],
-                               2, LAUNCHED)
+    assert "delay" in error(
+        DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=-5"], 2, LAUNCHED
+    )
+    assert "integers" in error(
+        DEADPOOL + ["--deadpool-inject", "kill:rank=1:iter=3:delay=x"], 2, LAUNCHED
+    )
 
 
 def test_a_stall_stops_a_main_thread_phase_of_one_rank():
     from deadpool_ext.inject import parse_fault
 
     assert parse_fault("stall:rank=1:iter=4:phase=backward").action == "stall"
-    for spec, says in [("stall:node=1:iter=4", "rank=N"),
-                       ("stall:rank=1:iter=4:phase=mirror", "phase must be one of"),
-                       ("stall:rank=1:iter=4:delay=10", "without delay")]:
+    for spec, says in [
+        ("stall:node=1:iter=4", "rank=N"),
+        ("stall:rank=1:iter=4:phase=mirror", "phase must be one of"),
+        ("stall:rank=1:iter=4:delay=10", "without delay"),
+    ]:
         assert says in error(DEADPOOL + ["--deadpool-inject", spec], 2, LAUNCHED), spec
 
 
+@pytest.mark.integration
 def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
     env = {k: v for k, v in os.environ.items() if k != "DEADPOOL_SECRET"}
-    proc = subprocess.run([sys.executable, "-m", "deadpool_ext.launch", "--nnodes", "2",
-                           "--node-rank", "1", "--master-port", "29500", "pretrain_gpt.py"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deadpool_ext.launch",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-port",
+            "29500",
+            "pretrain_gpt.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "DEADPOOL_SECRET" in proc.stderr
 
 

@@ -7,15 +7,37 @@ import pytest
 from dist_utils import TINY_GPT, assert_same_state, checkpoint_files, curve, read_metrics
 from dist_utils import run_pretrain
 
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
+
 ITERS = 8
-LAYOUT_8 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-            "--use-distributed-optimizer", "--global-batch-size", "8"]
+LAYOUT_8 = [
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--use-distributed-optimizer",
+    "--global-batch-size",
+    "8",
+]
 
 
 def train(directory, corpus, extra=()):
-    args = TINY_GPT + LAYOUT_8 + ["--data-path", corpus, "--train-iters", str(ITERS),
-                                  "--save", str(directory / "ckpt"),
-                                  "--metrics-file", str(directory / "metrics.jsonl"), *extra]
+    args = (
+        TINY_GPT
+        + LAYOUT_8
+        + [
+            "--data-path",
+            corpus,
+            "--train-iters",
+            str(ITERS),
+            "--save",
+            str(directory / "ckpt"),
+            "--metrics-file",
+            str(directory / "metrics.jsonl"),
+            *extra,
+        ]
+    )
     return run_pretrain(8, args)
 
 
@@ -43,7 +65,8 @@ def test_another_seed_gives_another_curve(reference, tmp_path, corpus_prefix):
     """The comparison above can fail: a different seed changes the curve."""
     train(tmp_path, corpus_prefix, ["--seed", "4321"])
     assert curve(read_metrics(tmp_path / "metrics.jsonl")) != curve(
-        read_metrics(reference / "metrics.jsonl"))
+        read_metrics(reference / "metrics.jsonl")
+    )
 
 
 def test_resume_continues_the_same_curve(reference, tmp_path, corpus_prefix):
@@ -65,9 +88,19 @@ def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, c
     then loaded by 8 ranks (DP 2) and saved: every file equals the
     reference's, bit for bit. Nothing is trained (the loads are at the last
     iteration), so any element misplaced by the re-sharding shows."""
-    common = TINY_GPT + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
-                         "2", "--use-distributed-optimizer", "--global-batch-size", "8",
-                         "--data-path", corpus_prefix, "--train-iters", str(ITERS)]
+    common = TINY_GPT + [
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--use-distributed-optimizer",
+        "--global-batch-size",
+        "8",
+        "--data-path",
+        corpus_prefix,
+        "--train-iters",
+        str(ITERS),
+    ]
     run_pretrain(4, common + ["--load", str(reference / "ckpt"), "--save", str(tmp_path / "dp1")])
     dp1 = checkpoint_files(str(tmp_path / "dp1"))
     assert sorted(dp1) == [f"tp{t:02d}_pp{p:03d}_dp000.pt" for t in range(2) for p in range(2)]

@@ -6,8 +6,12 @@ import signal
 import subprocess
 import time
 
-from dist_utils import (TINY_GPT, checkpoint_files, read_metrics, torchrun_command,
-                        worker_env)
+import pytest
+
+from dist_utils import TINY_GPT, checkpoint_files, read_metrics, torchrun_command, worker_env
+
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
 
 
 def children(pid: int):
@@ -27,12 +31,27 @@ def wait_for_iterations(path, count, proc, timeout=120):
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
     metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
-    args = TINY_GPT + ["--use-distributed-optimizer", "--global-batch-size", "4",
-                       "--train-iters", "1000", "--data-path", corpus_prefix,
-                       "--exit-signal-handler", "--save", str(ckpt),
-                       "--metrics-file", str(metrics)]
-    proc = subprocess.Popen(torchrun_command(2, args), env=worker_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = TINY_GPT + [
+        "--use-distributed-optimizer",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "1000",
+        "--data-path",
+        corpus_prefix,
+        "--exit-signal-handler",
+        "--save",
+        str(ckpt),
+        "--metrics-file",
+        str(metrics),
+    ]
+    proc = subprocess.Popen(
+        torchrun_command(2, args),
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_iterations(metrics, 3, proc)
         workers = children(proc.pid)
@@ -52,23 +71,55 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
         assert state["consumed_samples"] == done[-1]["consumed_samples"]
 
 
-def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(tmp_path,
-                                                                              corpus_prefix):
+def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
+    tmp_path, corpus_prefix
+):
     """Slurm's --signal reaches the launcher: every rank saves the same
     iteration once and stops, without the end-of-training validation and
     save (which would eat into the --signal window)."""
     import sys
     from dist_utils import REPO
+
     metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
-    args = TINY_GPT + ["--use-distributed-optimizer", "--global-batch-size", "4",
-                       "--train-iters", "1000", "--data-path", corpus_prefix,
-                       "--eval-interval", "1000", "--eval-iters", "2",
-                       "--exit-signal-handler", "--save", str(ckpt),
-                       "--metrics-file", str(metrics), "--deadpool"]
-    command = [sys.executable, "-m", "deadpool_ext.launch", "--standalone", "--nnodes", "2",
-               "--nproc-per-node", "1", os.path.join(REPO, "pretrain_gpt.py"), *args]
-    proc = subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    args = TINY_GPT + [
+        "--use-distributed-optimizer",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "1000",
+        "--data-path",
+        corpus_prefix,
+        "--eval-interval",
+        "1000",
+        "--eval-iters",
+        "2",
+        "--exit-signal-handler",
+        "--save",
+        str(ckpt),
+        "--metrics-file",
+        str(metrics),
+        "--deadpool",
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "deadpool_ext.launch",
+        "--standalone",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        os.path.join(REPO, "pretrain_gpt.py"),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        command,
+        env=worker_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_iterations(metrics, 3, proc)
         proc.send_signal(signal.SIGTERM)
@@ -79,7 +130,6 @@ def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(tmp
     assert proc.returncode == 0, out[-4000:]
     done = read_metrics(metrics)
     saved = checkpoint_files(str(ckpt))
-    assert len(saved) == 2 and {s["iteration"] for s in saved.values()} == \
-        {done[-1]["iteration"]}
+    assert len(saved) == 2 and {s["iteration"] for s in saved.values()} == {done[-1]["iteration"]}
     assert out.count("saved checkpoint") == 2, out[-4000:]
     assert "validation loss at the end of training" not in out, out[-4000:]

@@ -1,4 +1,4 @@
-"""The goodput simulator (tools/goodput.py) against what can be worked out
+"""The goodput simulator (deadpool_ext/planning/goodput.py) against what can be worked out
 by hand: no failures, one failure at a known time, a failure during a
 restart, shrinking, spares running out, a lost mirror; against Daly's
 closed form and the Young/Daly optimum; and its bookkeeping."""
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tools import goodput as gp
+from deadpool_ext.planning import goodput as gp
 
 HOUR = gp.HOUR
 
@@ -61,8 +61,9 @@ def test_a_hot_swap_loses_only_the_interrupted_iteration():
 
 
 def test_without_a_spare_the_job_shrinks_to_dp_minus_one_replicas():
-    s = gp.Strategy("shrink", hot_swap=True, iteration_s=1, spares=0, shrink_when_out=True,
-                    shrink_s=10, dp=4)
+    s = gp.Strategy(
+        "shrink", hot_swap=True, iteration_s=1, spares=0, shrink_when_out=True, shrink_s=10, dp=4
+    )
     out = gp.simulate(s, [100.5], horizon_s=1000)
     after = 1000 - 100.5 - 10
     assert out.work_s == pytest.approx(100 + after * 3 / 4)
@@ -71,16 +72,33 @@ def test_without_a_spare_the_job_shrinks_to_dp_minus_one_replicas():
 
 
 def test_a_repaired_node_grows_the_job_back():
-    s = gp.Strategy("shrink", hot_swap=True, iteration_s=1, spares=0, shrink_when_out=True,
-                    shrink_s=10, regrow_s=10, dp=4, repair_mean_s=100)
+    s = gp.Strategy(
+        "shrink",
+        hot_swap=True,
+        iteration_s=1,
+        spares=0,
+        shrink_when_out=True,
+        shrink_s=10,
+        regrow_s=10,
+        dp=4,
+        repair_mean_s=100,
+    )
     out = gp.simulate(s, [100.5], horizon_s=100_000)
     assert out.counts == {"shrinks": 1, "regrows": 1}
     assert out.ratio > 0.99  # back at full speed long before the end
 
 
 def test_when_spares_run_out_the_job_falls_back_to_its_checkpoint():
-    s = gp.Strategy("hs", checkpoint_interval_s=60, checkpoint_cost_s=1, restart_s=30,
-                    hot_swap=True, iteration_s=1, swap_s=5, spares=1)
+    s = gp.Strategy(
+        "hs",
+        checkpoint_interval_s=60,
+        checkpoint_cost_s=1,
+        restart_s=30,
+        hot_swap=True,
+        iteration_s=1,
+        swap_s=5,
+        spares=1,
+    )
     out = gp.simulate(s, [100.0, 200.0], horizon_s=1000)
     assert out.counts["swaps"] == 1 and out.counts["fallbacks"] == 1
     assert out.counts["restarts"] == 1
@@ -90,8 +108,16 @@ def test_when_spares_run_out_the_job_falls_back_to_its_checkpoint():
 def test_losing_the_buddy_during_a_swap_loses_the_mirror():
     # Save at 60-61; the failure at 100 (an iteration boundary) loses nothing;
     # the second, during the swap, takes the mirror: back to the work saved at 61.
-    s = gp.Strategy("hs", checkpoint_interval_s=60, checkpoint_cost_s=1, restart_s=30,
-                    hot_swap=True, iteration_s=1, swap_s=50, pair_loss_probability=1.0)
+    s = gp.Strategy(
+        "hs",
+        checkpoint_interval_s=60,
+        checkpoint_cost_s=1,
+        restart_s=30,
+        hot_swap=True,
+        iteration_s=1,
+        swap_s=50,
+        pair_loss_probability=1.0,
+    )
     out = gp.simulate(s, [100.0, 120.0], horizon_s=1000)
     assert out.counts["pair_losses"] == 1 and out.counts["restarts"] == 1
     assert out.spent["rework"] == pytest.approx(39)
@@ -100,11 +126,35 @@ def test_losing_the_buddy_during_a_swap_loses_the_mirror():
 
 STRATEGIES = [
     gp.Strategy("cr", 1200, 30, 300),
-    gp.Strategy("hs", 20_000, 30, 300, hot_swap=True, iteration_s=7.3, mirror_overhead=0.003,
-                swap_s=40, spares=2, repair_mean_s=20 * HOUR, pair_loss_probability=0.2),
-    gp.Strategy("shrink", 20_000, 30, 300, hot_swap=True, iteration_s=7.3, swap_s=40, spares=1,
-                repair_mean_s=20 * HOUR, shrink_when_out=True, shrink_s=40, regrow_s=40, dp=8,
-                pair_loss_probability=0.2),
+    gp.Strategy(
+        "hs",
+        20_000,
+        30,
+        300,
+        hot_swap=True,
+        iteration_s=7.3,
+        mirror_overhead=0.003,
+        swap_s=40,
+        spares=2,
+        repair_mean_s=20 * HOUR,
+        pair_loss_probability=0.2,
+    ),
+    gp.Strategy(
+        "shrink",
+        20_000,
+        30,
+        300,
+        hot_swap=True,
+        iteration_s=7.3,
+        swap_s=40,
+        spares=1,
+        repair_mean_s=20 * HOUR,
+        shrink_when_out=True,
+        shrink_s=40,
+        regrow_s=40,
+        dp=8,
+        pair_loss_probability=0.2,
+    ),
 ]
 
 
@@ -118,8 +168,10 @@ def test_every_second_is_accounted_for_exactly_once(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_a_seed_gives_the_same_run_and_another_seed_another(strategy):
-    a, b, c = (gp.simulate_seeds(strategy, 1 / (5 * HOUR), 10 * gp.DAY, [seed], trace=True)[0]
-               for seed in (3, 3, 4))
+    a, b, c = (
+        gp.simulate_seeds(strategy, 1 / (5 * HOUR), 10 * gp.DAY, [seed], trace=True)[0]
+        for seed in (3, 3, 4)
+    )
     assert (a.work_s, a.counts, a.trace) == (b.work_s, b.counts, b.trace)
     assert a.work_s != c.work_s
 
@@ -130,8 +182,9 @@ def test_the_simulation_matches_dalys_closed_form():
     runs = gp.simulate_seeds(s, 1 / mtbf, 2000 * HOUR, range(40))
     simulated = gp.mean([o.ratio for o in runs])
     # 40 runs of ~200 failures: the mean's standard error is about 0.0005.
-    assert simulated == pytest.approx(gp.daly_ratio(s.checkpoint_interval_s, cost, restart, mtbf),
-                                      abs=0.002)
+    assert simulated == pytest.approx(
+        gp.daly_ratio(s.checkpoint_interval_s, cost, restart, mtbf), abs=0.002
+    )
 
 
 def test_the_hot_swap_matches_its_closed_form():
@@ -159,9 +212,17 @@ def test_young_daly_interval_minimises_the_waste():
     assert best == pytest.approx(daly, rel=0.01)
     assert abs(young - best) / best < 0.05
     # The simulator agrees: the same failures waste more at half or twice it.
-    ratios = {f: gp.mean([o.ratio for o in gp.simulate_seeds(
-        gp.Strategy("cr", daly * f, cost, restart), 1 / mtbf, 2000 * HOUR, range(20))])
-        for f in (0.5, 1.0, 2.0)}
+    ratios = {
+        f: gp.mean(
+            [
+                o.ratio
+                for o in gp.simulate_seeds(
+                    gp.Strategy("cr", daly * f, cost, restart), 1 / mtbf, 2000 * HOUR, range(20)
+                )
+            ]
+        )
+        for f in (0.5, 1.0, 2.0)
+    }
     assert ratios[1.0] > ratios[0.5] + 0.005 and ratios[1.0] > ratios[2.0] + 0.005
 
 
@@ -174,8 +235,15 @@ def test_the_share_of_failures_finding_no_spare_matches_the_queue_formula():
     rate, repair = 1 / (100 * HOUR), 50 * HOUR
     assert gp.probability_no_spare(rate, repair, 0) == 1.0
     assert gp.probability_no_spare(rate, repair, 1) == pytest.approx(1 - math.exp(-0.5))
-    s = gp.Strategy("shrink", hot_swap=True, iteration_s=1, spares=1, repair_mean_s=repair,
-                    shrink_when_out=True, dp=1000)
+    s = gp.Strategy(
+        "shrink",
+        hot_swap=True,
+        iteration_s=1,
+        spares=1,
+        repair_mean_s=repair,
+        shrink_when_out=True,
+        dp=1000,
+    )
     runs = gp.simulate_seeds(s, rate, 200_000 * HOUR, range(2))
     share = sum(o.counts.get("shrinks", 0) for o in runs) / sum(o.failures for o in runs)
     assert share == pytest.approx(gp.probability_no_spare(rate, repair, 1), abs=0.03)

@@ -11,31 +11,70 @@ import os
 
 import pytest
 
-from dist_utils import (assert_same_state, checkpoint_files, curve, launch_deadpool,
-                        must_succeed, read_metrics)
+from dist_utils import (
+    assert_same_state,
+    checkpoint_files,
+    curve,
+    launch_deadpool,
+    must_succeed,
+    read_metrics,
+)
 from deadpool_ext.events import read_events
 
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
+
 ITERS = 8
-SMALL = ["--num-layers", "2", "--tensor-model-parallel-size", "2",
-         "--use-tp-pp-dp-mapping"]  # 4 ranks: TP2 x DP2, DP peers on different nodes
-WITH_PP = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-           "--use-tp-pp-dp-mapping"]  # 8 ranks: TP2 x PP2 x DP2
+SMALL = [
+    "--num-layers",
+    "2",
+    "--tensor-model-parallel-size",
+    "2",
+    "--use-tp-pp-dp-mapping",
+]  # 4 ranks: TP2 x DP2, DP peers on different nodes
+WITH_PP = [
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--use-tp-pp-dp-mapping",
+]  # 8 ranks: TP2 x PP2 x DP2
 
 # name: (layout flags, nodes, spare nodes, ranks per node, faults)
 SCENARIOS = {
-    "forward+grad-reduce": (SMALL, 2, 1, 2, ["kill:rank=0:iter=2:phase=forward",
-                                             "kill:rank=3:iter=5:phase=grad-reduce"]),
-    "backward+optimizer": (SMALL, 2, 1, 2, ["kill:rank=2:iter=3:phase=backward",
-                                            "kill:rank=1:iter=6:phase=optimizer"]),
+    "forward+grad-reduce": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["kill:rank=0:iter=2:phase=forward", "kill:rank=3:iter=5:phase=grad-reduce"],
+    ),
+    "backward+optimizer": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["kill:rank=2:iter=3:phase=backward", "kill:rank=1:iter=6:phase=optimizer"],
+    ),
     # rank 0 dies while the job recovers from rank 3's death in the mirror.
-    "mirror+recovery": (SMALL, 2, 1, 2, ["kill:rank=3:iter=3:phase=mirror",
-                                         "kill:rank=0:phase=recovery"]),
+    "mirror+recovery": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["kill:rank=3:iter=3:phase=mirror", "kill:rank=0:phase=recovery"],
+    ),
     "two-nodes": (SMALL, 2, 2, 2, ["kill:node=1:iter=3", "kill:node=0:iter=6"]),
     "hang": (SMALL, 2, 1, 2, ["hang:rank=2:iter=4"]),
     # Rank 1 stops in forward, heartbeats going on, and never notices rank
     # 2's death: it is killed as stuck, and both come back from buddies.
-    "stuck": (SMALL, 2, 1, 2, ["stall:rank=1:iter=4:phase=forward",
-                               "kill:rank=2:iter=4:phase=forward"]),
+    "stuck": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["stall:rank=1:iter=4:phase=forward", "kill:rank=2:iter=4:phase=forward"],
+    ),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
 }
 
@@ -97,8 +136,13 @@ def test_events_tell_the_recovery(recovered):
     assert kinds.count("failure_detected") >= len(faults)
     for e in events:
         assert {"time", "rank", "event"} <= e.keys()
-    for kind in ("failure_detected", "decision", "groups_rebuilt", "state_restored",
-                 "first_iteration_after_recovery"):
+    for kind in (
+        "failure_detected",
+        "decision",
+        "groups_rebuilt",
+        "state_restored",
+        "first_iteration_after_recovery",
+    ):
         assert kind in kinds, kind
     restored = [e for e in events if e["event"] == "state_restored"]
     assert any(e["source"] == "buddy" for e in restored)
@@ -126,15 +170,20 @@ def test_events_tell_the_recovery(recovered):
         assert stuck[0]["time"] < detected[1]["time"]
 
 
-@pytest.mark.parametrize("faults,spares,reason", [
-    # (The default policy would shrink instead: tests/unit_tests/test_shrink.py.)
-    (["kill:rank=1:iter=3"], 0, "spares exhausted"),
-    # With DP=2 ranks 0 and 2 are each other's buddy (and on different nodes).
-    (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),
-], ids=["spares-exhausted", "rank-and-buddy-lost"])
+@pytest.mark.parametrize(
+    "faults,spares,reason",
+    [
+        # (The default policy would shrink instead: tests/unit_tests/test_shrink.py.)
+        (["kill:rank=1:iter=3"], 0, "spares exhausted"),
+        # With DP=2 ranks 0 and 2 are each other's buddy (and on different nodes).
+        (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),
+    ],
+    ids=["spares-exhausted", "rank-and-buddy-lost"],
+)
 def test_unrecoverable_failures_stop_the_job_clearly(tmp_path, corpus, faults, spares, reason):
-    proc, left = launch(tmp_path, SMALL, 2, spares, 2, faults,
-                        extra=["--deadpool-on-spares-exhausted", "abort"])
+    proc, left = launch(
+        tmp_path, SMALL, 2, spares, 2, faults, extra=["--deadpool-on-spares-exhausted", "abort"]
+    )
     assert proc.returncode != 0
     assert reason in proc.stderr, proc.stderr[-3000:]
     assert not left, f"processes left behind: {left}"

@@ -19,20 +19,35 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # --- global_name ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("local, pp_rank, per_stage, expected", [
-    ("decoder.layers.0.self_attention.linear_qkv.weight", 0, 2,
-     "decoder.layers.0.self_attention.linear_qkv.weight"),
-    ("decoder.layers.0.self_attention.linear_qkv.weight", 1, 2,
-     "decoder.layers.2.self_attention.linear_qkv.weight"),
-    ("decoder.layers.1.mlp.linear_fc1.weight", 3, 2, "decoder.layers.7.mlp.linear_fc1.weight"),
-    ("decoder.layers.1.mlp.linear_fc2.bias", 2, 5, "decoder.layers.11.mlp.linear_fc2.bias"),
-    ("decoder.layers.9.input_layernorm.weight", 1, 10,
-     "decoder.layers.19.input_layernorm.weight"),
-    # Not a layer: unchanged on any stage.
-    ("decoder.final_layernorm.weight", 3, 2, "decoder.final_layernorm.weight"),
-    ("embedding.word_embeddings.weight", 0, 2, "embedding.word_embeddings.weight"),
-    ("embedding.position_embeddings.weight", 0, 2, "embedding.position_embeddings.weight"),
-])
+@pytest.mark.parametrize(
+    "local, pp_rank, per_stage, expected",
+    [
+        (
+            "decoder.layers.0.self_attention.linear_qkv.weight",
+            0,
+            2,
+            "decoder.layers.0.self_attention.linear_qkv.weight",
+        ),
+        (
+            "decoder.layers.0.self_attention.linear_qkv.weight",
+            1,
+            2,
+            "decoder.layers.2.self_attention.linear_qkv.weight",
+        ),
+        ("decoder.layers.1.mlp.linear_fc1.weight", 3, 2, "decoder.layers.7.mlp.linear_fc1.weight"),
+        ("decoder.layers.1.mlp.linear_fc2.bias", 2, 5, "decoder.layers.11.mlp.linear_fc2.bias"),
+        (
+            "decoder.layers.9.input_layernorm.weight",
+            1,
+            10,
+            "decoder.layers.19.input_layernorm.weight",
+        ),
+        # Not a layer: unchanged on any stage.
+        ("decoder.final_layernorm.weight", 3, 2, "decoder.final_layernorm.weight"),
+        ("embedding.word_embeddings.weight", 0, 2, "embedding.word_embeddings.weight"),
+        ("embedding.position_embeddings.weight", 0, 2, "embedding.position_embeddings.weight"),
+    ],
+)
 def test_global_name_offsets_layers_by_stage(local, pp_rank, per_stage, expected):
     assert global_name(local, pp_rank, per_stage, tied=True) == expected
     assert global_name(local, pp_rank, per_stage, tied=False) == expected
@@ -40,16 +55,17 @@ def test_global_name_offsets_layers_by_stage(local, pp_rank, per_stage, expected
 
 def test_global_name_distinct_across_stages():
     """Every (stage, local layer) pair maps to its own global layer."""
-    names = {global_name(f"decoder.layers.{i}.mlp.linear_fc1.weight", stage, 3, tied=False)
-             for stage in range(4) for i in range(3)}
+    names = {
+        global_name(f"decoder.layers.{i}.mlp.linear_fc1.weight", stage, 3, tied=False)
+        for stage in range(4)
+        for i in range(3)
+    }
     assert names == {f"decoder.layers.{k}.mlp.linear_fc1.weight" for k in range(12)}
 
 
 def test_global_name_tied_output_layer_is_the_embedding():
-    assert global_name("output_layer.weight", 3, 2, tied=True) == \
-        "embedding.word_embeddings.weight"
-    assert global_name("output_layer.weight", 0, 4, tied=True) == \
-        "embedding.word_embeddings.weight"
+    assert global_name("output_layer.weight", 3, 2, tied=True) == "embedding.word_embeddings.weight"
+    assert global_name("output_layer.weight", 0, 4, tied=True) == "embedding.word_embeddings.weight"
 
 
 def test_global_name_untied_output_layer_keeps_its_name():
@@ -61,8 +77,9 @@ def test_global_name_untied_output_layer_keeps_its_name():
 # --- tp_slice ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape, dim, tp", [((8, 3), 0, 2), ((8, 3), 0, 4), ((3, 12), 1, 3),
-                                            ((6, 4), 0, 1)])
+@pytest.mark.parametrize(
+    "shape, dim, tp", [((8, 3), 0, 2), ((8, 3), 0, 4), ((3, 12), 1, 3), ((6, 4), 0, 1)]
+)
 def test_tp_slice_plain_concatenates_back(shape, dim, tp):
     full = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
     slices = [tp_slice(full, dim, r, tp, gated=False) for r in range(tp)]
@@ -84,12 +101,13 @@ def test_tp_slice_gated_takes_rank_slice_of_gate_and_up(tp):
         piece = tp_slice(full, 0, r, tp, gated=True)
         assert piece.shape == (2 * size, hidden)
         # Rank r's slice of the gate, then rank r's slice of up.
-        assert torch.equal(piece[:size], gate[r * size:(r + 1) * size])
-        assert torch.equal(piece[size:], up[r * size:(r + 1) * size])
+        assert torch.equal(piece[:size], gate[r * size : (r + 1) * size])
+        assert torch.equal(piece[size:], up[r * size : (r + 1) * size])
     if tp > 1:
         # Not the plain slice (which would be all gate on rank 0).
-        assert not torch.equal(tp_slice(full, 0, 0, tp, gated=True),
-                               tp_slice(full, 0, 0, tp, gated=False))
+        assert not torch.equal(
+            tp_slice(full, 0, 0, tp, gated=True), tp_slice(full, 0, 0, tp, gated=False)
+        )
     # Each rank's local [gate_r; up_r] chunks back into the full gate and up.
     pieces = [tp_slice(full, 0, r, tp, gated=True).chunk(2, dim=0) for r in range(tp)]
     assert torch.equal(torch.cat([g for g, _ in pieces]), gate)
@@ -99,8 +117,9 @@ def test_tp_slice_gated_takes_rank_slice_of_gate_and_up(tp):
 # --- sample order --------------------------------------------------------------------
 
 
-def megatron_pretraining_sampler(total_samples, consumed_samples, micro_batch_size,
-                                 data_parallel_rank, data_parallel_size):
+def megatron_pretraining_sampler(
+    total_samples, consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size
+):
     """Megatron-LM's MegatronPretrainingSampler (drop_last=True), as a reference."""
     step = micro_batch_size * data_parallel_size
     batch = []
@@ -108,7 +127,7 @@ def megatron_pretraining_sampler(total_samples, consumed_samples, micro_batch_si
         batch.append(idx)
         if len(batch) == step:
             start = data_parallel_rank * micro_batch_size
-            yield batch[start:start + micro_batch_size]
+            yield batch[start : start + micro_batch_size]
             batch = []
 
 
@@ -120,8 +139,12 @@ LAYOUTS = [(1, 1, 1), (2, 1, 3), (1, 4, 2), (2, 2, 2), (3, 2, 4), (4, 8, 1)]  # 
 def test_iteration_covers_its_samples_exactly_once(mbs, dp, n_micro, iteration):
     gbs = mbs * dp * n_micro
     consumed = iteration * gbs
-    seen = [i for k in range(n_micro) for r in range(dp)
-            for i in microbatch_indices(consumed, k, mbs, r, dp)]
+    seen = [
+        i
+        for k in range(n_micro)
+        for r in range(dp)
+        for i in microbatch_indices(consumed, k, mbs, r, dp)
+    ]
     assert sorted(seen) == list(range(consumed, consumed + gbs))
     assert len(set(seen)) == len(seen)
 
@@ -131,8 +154,9 @@ def test_microbatch_indices_follow_megatron_order(mbs, dp, n_micro):
     gbs = mbs * dp * n_micro
     for r in range(dp):
         reference = list(megatron_pretraining_sampler(3 * gbs, 0, mbs, r, dp))
-        ours = [microbatch_indices(it * gbs, k, mbs, r, dp)
-                for it in range(3) for k in range(n_micro)]
+        ours = [
+            microbatch_indices(it * gbs, k, mbs, r, dp) for it in range(3) for k in range(n_micro)
+        ]
         assert ours == reference
 
 
@@ -144,8 +168,9 @@ def test_microbatch_indices_example():
     assert microbatch_indices(8, 1, 2, 1, 2) == [14, 15]
 
 
-@pytest.mark.parametrize("total, mbs, dp", [(40, 2, 2), (37, 3, 2), (16, 1, 4), (10, 4, 1),
-                                            (5, 3, 2)])
+@pytest.mark.parametrize(
+    "total, mbs, dp", [(40, 2, 2), (37, 3, 2), (16, 1, 4), (10, 4, 1), (5, 3, 2)]
+)
 @pytest.mark.parametrize("consumed", [0, 6, 12])
 def test_sampler_matches_megatron(total, mbs, dp, consumed):
     for r in range(dp):
@@ -174,16 +199,33 @@ def test_sampler_resumed_is_the_tail(mbs, dp):
 def megatron_core_documents_per_split(num_documents, split):
     """How megatron-core's builder actually cuts a low-level dataset."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    return [0 if b is None else
-            int(round(b[1] * float(num_documents))) - int(round(b[0] * float(num_documents)))
-            for b in matrix]
+    return [
+        0
+        if b is None
+        else int(round(b[1] * float(num_documents))) - int(round(b[0] * float(num_documents)))
+        for b in matrix
+    ]
 
 
-SPLITS = ["969,30,1", "98,2,0", "1,1,1", "99,1", "949,50,1", "1,0,0", "0,1,0", "2,1,1",
-          "8,1,1", "0.5,0.3,0.2", "100,0,0", "3/1/1"]
+SPLITS = [
+    "969,30,1",
+    "98,2,0",
+    "1,1,1",
+    "99,1",
+    "949,50,1",
+    "1,0,0",
+    "0,1,0",
+    "2,1,1",
+    "8,1,1",
+    "0.5,0.3,0.2",
+    "100,0,0",
+    "3/1/1",
+]
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -208,39 +250,53 @@ def test_documents_per_split_examples():
 @pytest.mark.parametrize("split", SPLITS)
 def test_documents_per_split_matches_megatron_core_common_splits(split):
     for n in (1, 2, 3, 4, 5, 7, 10, 20, 100, 1000):
-        assert documents_per_split(n, data.split_weights(split)) == \
-            megatron_core_documents_per_split(n, split), (n, split)
+        assert documents_per_split(
+            n, data.split_weights(split)
+        ) == megatron_core_documents_per_split(n, split), (n, split)
 
 
-@pytest.mark.parametrize("n, split", [(11, "15,7,0"), (173, "0.9,0.9,0"), (30, "90,5,5"),
-                                      (10, "47,8,45")])
+@pytest.mark.parametrize(
+    "n, split", [(11, "15,7,0"), (173, "0.9,0.9,0"), (30, "90,5,5"), (10, "47,8,45")]
+)
 def test_documents_per_split_matches_megatron_core_at_rounding_boundaries(n, split):
-    assert documents_per_split(n, data.split_weights(split)) == \
-        megatron_core_documents_per_split(n, split)
+    assert documents_per_split(n, data.split_weights(split)) == megatron_core_documents_per_split(
+        n, split
+    )
 
 
 # --- log lines -----------------------------------------------------------------------
 
 TIMESTAMP = r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?\]"
 
-EXAMPLE = (" iteration       71/     100 | consumed samples:         9088 |"
-           " elapsed time per iteration (ms): 5361.6 | learning rate: 1.420000E-05 |"
-           " global batch size:   128 | lm loss: 1.818812E+00 | loss scale: 1.0 |"
-           " grad norm: 1.300 | number of skipped iterations:   0 |"
-           " number of nan iterations:   0 |")
+EXAMPLE = (
+    " iteration       71/     100 | consumed samples:         9088 |"
+    " elapsed time per iteration (ms): 5361.6 | learning rate: 1.420000E-05 |"
+    " global batch size:   128 | lm loss: 1.818812E+00 | loss scale: 1.0 |"
+    " grad norm: 1.300 | number of skipped iterations:   0 |"
+    " number of nan iterations:   0 |"
+)
 
 
 def _strip_timestamp(line):
     match = re.match(TIMESTAMP, line)
     assert match, f"no Megatron timestamp at the start of {line!r}"
-    return line[match.end():]
+    return line[match.end() :]
 
 
 def _example_line(**overrides):
-    kwargs = dict(iteration=71, train_iters=100, consumed_samples=9088, elapsed_ms=5361.6,
-                  learning_rate=1.42e-05, global_batch_size=128,
-                  losses={"lm loss": 1.818812}, loss_scale=1.0, grad_norm=1.3, skipped=0,
-                  nans=0)
+    kwargs = dict(
+        iteration=71,
+        train_iters=100,
+        consumed_samples=9088,
+        elapsed_ms=5361.6,
+        learning_rate=1.42e-05,
+        global_batch_size=128,
+        losses={"lm loss": 1.818812},
+        loss_scale=1.0,
+        grad_norm=1.3,
+        skipped=0,
+        nans=0,
+    )
     kwargs.update(overrides)
     return log.training_log_line(**kwargs)
 
@@ -250,20 +306,42 @@ def test_training_log_line_matches_megatron_exactly():
 
 
 def test_training_log_line_regex():
-    pattern = (TIMESTAMP + r" iteration +(\d+)/ +(\d+) \| consumed samples: +(\d+) \|"
-               r" elapsed time per iteration \(ms\): (\d+\.\d) \|"
-               r" learning rate: (\d\.\d{6}E[+-]\d\d) \| global batch size: +(\d+) \|"
-               r" lm loss: (\d\.\d{6}E[+-]\d\d) \| loss scale: (\d+\.\d) \|"
-               r" grad norm: (\d+\.\d{3}) \| number of skipped iterations: +(\d+) \|"
-               r" number of nan iterations: +(\d+) \|$")
-    line = _example_line(iteration=3, train_iters=12345, consumed_samples=24,
-                         elapsed_ms=12.345, learning_rate=3e-4, global_batch_size=8,
-                         losses={"lm loss": 10.5}, loss_scale=65536.0, grad_norm=12.3456,
-                         skipped=2, nans=1)
+    pattern = (
+        TIMESTAMP + r" iteration +(\d+)/ +(\d+) \| consumed samples: +(\d+) \|"
+        r" elapsed time per iteration \(ms\): (\d+\.\d) \|"
+        r" learning rate: (\d\.\d{6}E[+-]\d\d) \| global batch size: +(\d+) \|"
+        r" lm loss: (\d\.\d{6}E[+-]\d\d) \| loss scale: (\d+\.\d) \|"
+        r" grad norm: (\d+\.\d{3}) \| number of skipped iterations: +(\d+) \|"
+        r" number of nan iterations: +(\d+) \|$"
+    )
+    line = _example_line(
+        iteration=3,
+        train_iters=12345,
+        consumed_samples=24,
+        elapsed_ms=12.345,
+        learning_rate=3e-4,
+        global_batch_size=8,
+        losses={"lm loss": 10.5},
+        loss_scale=65536.0,
+        grad_norm=12.3456,
+        skipped=2,
+        nans=1,
+    )
     match = re.match(pattern, line)
     assert match, line
-    assert match.groups()[1:] == ("3", "12345", "24", "12.3", "3.000000E-04", "8",
-                                  "1.050000E+01", "65536.0", "12.346", "2", "1")
+    assert match.groups()[1:] == (
+        "3",
+        "12345",
+        "24",
+        "12.3",
+        "3.000000E-04",
+        "8",
+        "1.050000E+01",
+        "65536.0",
+        "12.346",
+        "2",
+        "1",
+    )
     # Widths as Megatron's: iteration fields 8 wide, samples 12, batch 5, counters 3.
     body = _strip_timestamp(line)
     assert body.startswith(" iteration        3/   12345 | consumed samples:           24 |")
@@ -278,7 +356,8 @@ def test_training_log_line_optional_fields():
     body = _strip_timestamp(_example_line(tflops=123.456))
     assert body == EXAMPLE.replace(
         " elapsed time per iteration (ms): 5361.6 |",
-        " elapsed time per iteration (ms): 5361.6 | throughput per GPU (TFLOP/s/GPU): 123.5 |")
+        " elapsed time per iteration (ms): 5361.6 | throughput per GPU (TFLOP/s/GPU): 123.5 |",
+    )
     body = _strip_timestamp(_example_line(losses={"lm loss": 2.0, "z loss": 0.5}))
     assert " lm loss: 2.000000E+00 | z loss: 5.000000E-01 | loss scale: 1.0 |" in body
 
@@ -286,8 +365,11 @@ def test_training_log_line_optional_fields():
 @pytest.mark.parametrize("loss", [1.818812, 0.0, 5.5, 19.9, 20.0, 25.0, 1000.0])
 def test_validation_log_line(loss):
     line = log.validation_log_line("iteration 5", {"lm loss": loss})
-    match = re.fullmatch(r" validation loss at iteration 5 \| lm loss value: (\S+) \|"
-                         r" lm loss PPL: (\S+) \|\s*", line)
+    match = re.fullmatch(
+        r" validation loss at iteration 5 \| lm loss value: (\S+) \|"
+        r" lm loss PPL: (\S+) \|\s*",
+        line,
+    )
     assert match, line
     value, ppl = match.groups()
     assert value == f"{loss:.6E}"
@@ -299,8 +381,10 @@ def test_validation_log_line(loss):
 
 def test_validation_log_line_example():
     line = log.validation_log_line("iteration 5", {"lm loss": 2.0})
-    assert line.rstrip() == (" validation loss at iteration 5 | lm loss value: 2.000000E+00 |"
-                             " lm loss PPL: 7.389056E+00 |")
+    assert line.rstrip() == (
+        " validation loss at iteration 5 | lm loss value: 2.000000E+00 |"
+        " lm loss PPL: 7.389056E+00 |"
+    )
 
 
 # --- the megatron namespace ----------------------------------------------------------
@@ -311,15 +395,18 @@ def test_megatron_is_a_namespace_of_the_wheel_and_the_repo():
     import megatron.core
     import megatron.training
 
-    site = {os.path.realpath(p) for p in (sysconfig.get_paths()["purelib"],
-                                          sysconfig.get_paths()["platlib"])}
+    site = {
+        os.path.realpath(p)
+        for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+    }
     core = os.path.realpath(megatron.core.__file__)
     assert "site-packages" in core.split(os.sep)
     assert any(core.startswith(s + os.sep) for s in site), core
     # Not our tree (a venv inside the checkout is fine: that is site-packages).
     assert not core.startswith(os.path.realpath(os.path.join(REPO, "megatron")) + os.sep)
     training = os.path.realpath(megatron.training.__file__)
-    assert training.startswith(os.path.realpath(os.path.join(REPO, "megatron", "training")) + os.sep)
+    ours = os.path.realpath(os.path.join(REPO, "megatron", "training"))
+    assert training.startswith(ours + os.sep)
     assert not os.path.exists(os.path.join(REPO, "megatron", "__init__.py"))
     assert not os.path.exists(os.path.join(REPO, "megatron", "core"))
     assert getattr(megatron, "__file__", None) is None  # a namespace package

@@ -17,19 +17,39 @@ import sys
 import pytest
 import torch
 
-from dist_utils import (REPO, TINY_GPT, assert_same_state, checkpoint_files, curve,
-                        read_metrics, run_pretrain, worker_env)
-from deadpool_ext import snapshot as snap
-from deadpool_ext.buddies import buddy_map, nodes_by_block
+from dist_utils import (
+    REPO,
+    TINY_GPT,
+    assert_same_state,
+    checkpoint_files,
+    curve,
+    read_metrics,
+    run_pretrain,
+    worker_env,
+)
+from deadpool_ext.state import snapshot as snap
+from deadpool_ext.topology import buddy_map, nodes_by_block
 from deadpool_ext.events import read_events
+
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
 
 ITERS = 7
 RESTORE_AT = 5
 DUMP_AT = (2, 3, 5)
 TOPOLOGIES = {
     # name: (ranks, flags, ranks per node)
-    "tp2pp2dp2": (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
-                      "2", "--use-tp-pp-dp-mapping"], 4),
+    "tp2pp2dp2": (
+        8,
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--use-tp-pp-dp-mapping",
+        ],
+        4,
+    ),
     "dp4": (4, [], 1),
 }
 CASES = [("tp2pp2dp2", "fp32"), ("tp2pp2dp2", "bf16"), ("dp4", "fp32"), ("dp4", "bf16")]
@@ -37,24 +57,50 @@ CASES = [("tp2pp2dp2", "fp32"), ("tp2pp2dp2", "bf16"), ("dp4", "fp32"), ("dp4", 
 
 def base_args(topology, precision, corpus, directory):
     ranks, flags, _ = TOPOLOGIES[topology]
-    return (TINY_GPT + flags + [
-        "--use-distributed-optimizer", "--global-batch-size", "8", "--data-path", corpus,
-        "--train-iters", str(ITERS), "--save", str(directory / "ckpt"),
-        "--metrics-file", str(directory / "metrics.jsonl")]
-        + (["--bf16"] if precision == "bf16" else []))
+    return (
+        TINY_GPT
+        + flags
+        + [
+            "--use-distributed-optimizer",
+            "--global-batch-size",
+            "8",
+            "--data-path",
+            corpus,
+            "--train-iters",
+            str(ITERS),
+            "--save",
+            str(directory / "ckpt"),
+            "--metrics-file",
+            str(directory / "metrics.jsonl"),
+        ]
+        + (["--bf16"] if precision == "bf16" else [])
+    )
 
 
 def deadpool_args(topology, directory):
-    return ["--deadpool", "--deadpool-ranks-per-node", str(TOPOLOGIES[topology][2]),
-            "--deadpool-events", str(directory / "events.jsonl")]
+    return [
+        "--deadpool",
+        "--deadpool-ranks-per-node",
+        str(TOPOLOGIES[topology][2]),
+        "--deadpool-events",
+        str(directory / "events.jsonl"),
+    ]
 
 
 def run_worker(nproc, args, timeout=300):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc),
-               os.path.join(REPO, "tests", "unit_tests", "mirror_worker.py"), *args]
-    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        os.path.join(REPO, "tests", "unit_tests", "mirror_worker.py"),
+        *args,
+    ]
+    proc = subprocess.run(
+        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
@@ -67,20 +113,35 @@ def case(request, tmp_path_factory, corpus_prefix):
     run_pretrain(ranks, base_args(topology, precision, corpus_prefix, reference))
     mirrored = tmp_path_factory.mktemp(f"mirrored-{topology}-{precision}")
     (mirrored / "dumps").mkdir()
-    run_worker(ranks, base_args(topology, precision, corpus_prefix, mirrored)
-               + deadpool_args(topology, mirrored)
-               + ["--dump-at", *map(str, DUMP_AT), "--dump-dir", str(mirrored / "dumps"),
-                  "--restore-at", str(RESTORE_AT)])
-    return {"topology": topology, "precision": precision, "ranks": ranks,
-            "reference": reference, "mirrored": mirrored}
+    run_worker(
+        ranks,
+        base_args(topology, precision, corpus_prefix, mirrored)
+        + deadpool_args(topology, mirrored)
+        + [
+            "--dump-at",
+            *map(str, DUMP_AT),
+            "--dump-dir",
+            str(mirrored / "dumps"),
+            "--restore-at",
+            str(RESTORE_AT),
+        ],
+    )
+    return {
+        "topology": topology,
+        "precision": precision,
+        "ranks": ranks,
+        "reference": reference,
+        "mirrored": mirrored,
+    }
 
 
 def expected_buddies(case):
     ranks, flags, per_node = TOPOLOGIES[case["topology"]]
     tp = int(flags[1]) if flags else 1
     pp = int(flags[3]) if flags else 1
-    return buddy_map(ranks, tp, pp, nodes_by_block(ranks, per_node),
-                     tp_pp_dp="--use-tp-pp-dp-mapping" in flags)
+    return buddy_map(
+        ranks, tp, pp, nodes_by_block(ranks, per_node), tp_pp_dp="--use-tp-pp-dp-mapping" in flags
+    )
 
 
 def load_dump(case, t, rank):
@@ -106,8 +167,9 @@ def test_buddy_holds_the_owners_state_bit_for_bit(case):
             for entry, step in zip(mine["live"], side["steps"]):
                 where = slice(entry["offset"], entry["offset"] + entry["numel"])
                 for index, name in enumerate(snap.STATES):
-                    assert torch.equal(regions[index][where], entry[name].float()), \
+                    assert torch.equal(regions[index][where], entry[name].float()), (
                         f"t={t} owner={owner} {name} differs"
+                    )
                 assert step == float(entry["step"]) == t
 
 
@@ -136,7 +198,7 @@ def test_restored_snapshot_continues_the_curve_bit_for_bit(case):
     # iteration after it is redone, and must come out the same.
     assert len(mirrored) == ITERS + 1
     assert mirrored[RESTORE_AT] == mirrored[RESTORE_AT - 1] == reference[RESTORE_AT - 1]
-    assert mirrored[:RESTORE_AT] + mirrored[RESTORE_AT + 1:] == reference
+    assert mirrored[:RESTORE_AT] + mirrored[RESTORE_AT + 1 :] == reference
     final_reference = checkpoint_files(str(case["reference"] / "ckpt"))
     final_mirrored = checkpoint_files(str(case["mirrored"] / "ckpt"))
     assert len(final_reference) == case["ranks"]
@@ -151,8 +213,9 @@ def test_events_record_what_the_mirror_did(case):
     buddies = expected_buddies(case)
     assert all(e["buddy"] == buddies.buddy[e["rank"]] for e in ready)
     snapshots = [e for e in events if e["event"] == "mirror_snapshot"]
-    per_rank = {r: [e["iteration"] for e in snapshots if e["rank"] == r]
-                for r in range(case["ranks"])}
+    per_rank = {
+        r: [e["iteration"] for e in snapshots if e["rank"] == r] for r in range(case["ranks"])
+    }
     # 0..RESTORE_AT-1, then again from the restored RESTORE_AT-1, then the end.
     expected = list(range(RESTORE_AT)) + list(range(RESTORE_AT - 1, ITERS + 1))
     assert all(its == expected for its in per_rank.values()), per_rank
@@ -167,7 +230,8 @@ def test_pretrain_gpt_with_deadpool_trains_the_same_curve(case, tmp_path, corpus
     args = base_args("dp4", "fp32", corpus_prefix, tmp_path) + deadpool_args("dp4", tmp_path)
     stdout = run_pretrain(case["ranks"], args)
     assert curve(read_metrics(tmp_path / "metrics.jsonl")) == curve(
-        read_metrics(case["reference"] / "metrics.jsonl"))
+        read_metrics(case["reference"] / "metrics.jsonl")
+    )
     final_reference = checkpoint_files(str(case["reference"] / "ckpt"))
     final = checkpoint_files(str(tmp_path / "ckpt"))
     for name in final_reference:

@@ -5,14 +5,32 @@ import pytest
 
 from dist_utils import TINY_GPT, read_metrics, run_pretrain
 
+# Every test here starts real processes.
+pytestmark = pytest.mark.integration
+
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0", "--layout-invariant-init"]
 
 
 def run_two_iterations(directory, name, nproc, layout, corpus):
     metrics = directory / f"{name}.jsonl"
-    run_pretrain(nproc, TINY_GPT + NO_DROPOUT + layout + [
-        "--global-batch-size", "4", "--train-iters", "2", "--lr-warmup-iters", "0", "--data-path", corpus,
-        "--metrics-file", str(metrics)])
+    run_pretrain(
+        nproc,
+        TINY_GPT
+        + NO_DROPOUT
+        + layout
+        + [
+            "--global-batch-size",
+            "4",
+            "--train-iters",
+            "2",
+            "--lr-warmup-iters",
+            "0",
+            "--data-path",
+            corpus,
+            "--metrics-file",
+            str(metrics),
+        ],
+    )
     return [(m["lm_loss"], m["grad_norm"]) for m in read_metrics(metrics)]
 
 
@@ -21,13 +39,17 @@ def single_process(tmp_path_factory, corpus_prefix):
     return run_two_iterations(tmp_path_factory.mktemp("single"), "single", 1, [], corpus_prefix)
 
 
-@pytest.mark.parametrize("name,nproc,layout", [
-    ("tp2", 2, ["--tensor-model-parallel-size", "2"]),
-    ("pp2", 2, ["--pipeline-model-parallel-size", "2"]),
-    ("dp2", 2, ["--use-distributed-optimizer"]),
-])
-def test_layout_matches_single_process(tmp_path, corpus_prefix, single_process, name, nproc,
-                                       layout):
+@pytest.mark.parametrize(
+    "name,nproc,layout",
+    [
+        ("tp2", 2, ["--tensor-model-parallel-size", "2"]),
+        ("pp2", 2, ["--pipeline-model-parallel-size", "2"]),
+        ("dp2", 2, ["--use-distributed-optimizer"]),
+    ],
+)
+def test_layout_matches_single_process(
+    tmp_path, corpus_prefix, single_process, name, nproc, layout
+):
     parallel = run_two_iterations(tmp_path, name, nproc, layout, corpus_prefix)
     (loss1, norm1), (lossp, normp) = single_process[0], parallel[0]
     # Same weights and data: only the order of fp32 reductions differs, so

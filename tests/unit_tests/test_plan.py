@@ -3,7 +3,8 @@ spare placement, and the failures that must stop the job."""
 
 import pytest
 
-from deadpool_ext.plan import Decision, Report, choose_spares, decide, rollback_iteration
+from deadpool_ext.policy import choose_spares, decide, newest_common
+from deadpool_ext.protocol import Decision, Report, Source
 
 # 4 ranks on 2 nodes of 2 (TP2 x DP2, tp-pp-dp order): DP peers 0<->2, 1<->3.
 MEMBERS = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
@@ -16,9 +17,19 @@ def reports(own, held, skip=()):
 
 
 def test_a_lost_rank_is_replaced_and_everyone_restarts_the_interrupted_iteration():
-    got = decide(1, MEMBERS, {3}, reports({0: [5, 4], 1: [5, 4], 2: [5, 4], 3: []},
-                                          {0: [5, 4], 1: [5, 4], 2: [5, 4], 3: []}, skip={3}),
-                 SPARES, BUDDY, OWNER)
+    got = decide(
+        1,
+        MEMBERS,
+        {3},
+        reports(
+            {0: [5, 4], 1: [5, 4], 2: [5, 4], 3: []},
+            {0: [5, 4], 1: [5, 4], 2: [5, 4], 3: []},
+            skip={3},
+        ),
+        SPARES,
+        BUDDY,
+        OWNER,
+    )
     assert got.action == "recover" and got.rollback_to == 5
     assert got.replaced == {3: "2.0"} and got.members[3] == "2.0"
     assert got.from_buddy == [3]
@@ -26,23 +37,41 @@ def test_a_lost_rank_is_replaced_and_everyone_restarts_the_interrupted_iteration
 
 def test_survivors_one_step_apart_agree_on_the_older_snapshot():
     # Rank 0 finished step 5 (own 6, 5); the others did not (own 5, 4).
-    got = decide(1, MEMBERS, {3}, reports({0: [6, 5], 1: [5, 4], 2: [5, 4]},
-                                          {0: [6, 5], 1: [5, 4], 2: [5, 4]}, skip={3}),
-                 SPARES, BUDDY, OWNER)
+    got = decide(
+        1,
+        MEMBERS,
+        {3},
+        reports({0: [6, 5], 1: [5, 4], 2: [5, 4]}, {0: [6, 5], 1: [5, 4], 2: [5, 4]}, skip={3}),
+        SPARES,
+        BUDDY,
+        OWNER,
+    )
     assert got.rollback_to == 5
 
 
 def test_a_buddy_that_only_holds_the_iteration_before_sets_the_rollback():
-    got = decide(1, MEMBERS, {3}, reports({0: [5, 4], 1: [5, 4], 2: [5, 4]},
-                                          {0: [5, 4], 1: [4, 3], 2: [5, 4]}, skip={3}),
-                 SPARES, BUDDY, OWNER)
+    got = decide(
+        1,
+        MEMBERS,
+        {3},
+        reports({0: [5, 4], 1: [5, 4], 2: [5, 4]}, {0: [5, 4], 1: [4, 3], 2: [5, 4]}, skip={3}),
+        SPARES,
+        BUDDY,
+        OWNER,
+    )
     assert got.rollback_to == 4
 
 
 def test_no_common_iteration_stops_the_job():
-    got = decide(1, MEMBERS, {3}, reports({0: [7, 6], 1: [5, 4], 2: [7, 6]},
-                                          {0: [7, 6], 1: [5, 4], 2: [7, 6]}, skip={3}),
-                 SPARES, BUDDY, OWNER)
+    got = decide(
+        1,
+        MEMBERS,
+        {3},
+        reports({0: [7, 6], 1: [5, 4], 2: [7, 6]}, {0: [7, 6], 1: [5, 4], 2: [7, 6]}, skip={3}),
+        SPARES,
+        BUDDY,
+        OWNER,
+    )
     assert got.action == "abort" and "no iteration" in got.reason
 
 
@@ -58,16 +87,25 @@ def test_too_few_spares_stops_the_job():
 
 def test_a_spare_interrupted_mid_join_needs_its_buddy_again():
     members = {**MEMBERS, 3: "2.0"}
-    got = decide(2, members, {0}, {1: Report(1, "0.1", [5, 4], [5, 4]),
-                                   2: Report(2, "1.0", [5, 4], [5, 4]),
-                                   3: Report(3, "2.0", [], [])}, ["2.1"], BUDDY, OWNER)
+    got = decide(
+        2,
+        members,
+        {0},
+        {
+            1: Report(1, "0.1", [5, 4], [5, 4]),
+            2: Report(2, "1.0", [5, 4], [5, 4]),
+            3: Report(3, "2.0", [], []),
+        },
+        ["2.1"],
+        BUDDY,
+        OWNER,
+    )
     assert got.action == "recover" and got.from_buddy == [0, 3] and got.rollback_to == 5
 
 
 def test_spares_avoid_the_node_of_buddy_and_owner_and_fill_one_node_first():
     members = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
-    chosen, warnings = choose_spares([0, 1], ["3.1", "2.0", "3.0", "2.1"], members,
-                                     BUDDY, OWNER)
+    chosen, warnings = choose_spares([0, 1], ["3.1", "2.0", "3.0", "2.1"], members, BUDDY, OWNER)
     assert chosen == {0: "2.0", 1: "2.1"} and not warnings
     # Only a spare on the buddy's node is left: used, with a warning.
     chosen, warnings = choose_spares([0], ["1.5"], members, BUDDY, OWNER)
@@ -75,14 +113,24 @@ def test_spares_avoid_the_node_of_buddy_and_owner_and_fill_one_node_first():
 
 
 def test_rollback_ignores_ranks_that_need_their_buddy():
-    got = rollback_iteration({0: Report(0, "0.0", [5, 4], [5, 4]),
-                              2: Report(2, "1.0", [5, 4], [4])}, {0}, BUDDY)
+    # Rank 0 needs its buddy (rank 2): its own snapshots do not count.
+    got = newest_common(
+        {0: [BUDDY[0], Source.HELD], 2: [2, Source.OWN]},
+        {0: Report(0, "0.0", [5, 4], [5, 4]), 2: Report(2, "1.0", [5, 4], [4])},
+    )
     assert got == 4
 
 
 def test_decisions_survive_the_wire():
-    got = decide(1, MEMBERS, {3}, reports({0: [5], 1: [5], 2: [5]}, {0: [5], 1: [5], 2: [5]},
-                                          skip={3}), SPARES, BUDDY, OWNER)
+    got = decide(
+        1,
+        MEMBERS,
+        {3},
+        reports({0: [5], 1: [5], 2: [5]}, {0: [5], 1: [5], 2: [5]}, skip={3}),
+        SPARES,
+        BUDDY,
+        OWNER,
+    )
     assert Decision.from_message(got.to_message()) == got
 
 

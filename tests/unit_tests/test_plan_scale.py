@@ -1,4 +1,4 @@
-"""The scale planner (tools/plan_scale.py) against our own code and
+"""The scale planner (deadpool_ext/planning/scale.py) against our own code and
 megatron-core: snapshot sizes equal the layouts megatron-core builds for real
 models (tools/layout_probe.py, one subprocess with a fake world), and the
 sizes real runs logged (docs/benchmarks.md); memory terms against their
@@ -12,40 +12,121 @@ from dataclasses import replace
 import pytest
 
 from dist_utils import REPO, worker_env
-from tools import plan_scale as ps
+from deadpool_ext.planning import scale as ps
+from tools import plan_scale as plan_scale_cli
 
 MODEL_FLAGS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
-DEMO = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-        "--use-tp-pp-dp-mapping", "--num-layers", "4", "--hidden-size", "128",
-        "--num-attention-heads", "4", "--seq-length", "128", "--max-position-embeddings", "128",
-        "--global-batch-size", "32"] + MODEL_FLAGS
-LARGE = ["--num-layers", "6", "--hidden-size", "512", "--num-attention-heads", "8",
-         "--seq-length", "512", "--global-batch-size", "8"] + MODEL_FLAGS
+DEMO = [
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--use-tp-pp-dp-mapping",
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "128",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "128",
+    "--max-position-embeddings",
+    "128",
+    "--global-batch-size",
+    "32",
+] + MODEL_FLAGS
+LARGE = [
+    "--num-layers",
+    "6",
+    "--hidden-size",
+    "512",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--global-batch-size",
+    "8",
+] + MODEL_FLAGS
 # LLaMA-style, with every option that changes the tensors or the padding:
 # SwiGLU, RMSNorm, grouped-query attention, no biases, untied output layer,
 # rotary positions, bf16, a vocabulary that needs padding, DP = 3.
-LLAMA = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-         "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-         "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "176",
-         "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
-         "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--bf16",
-         "--seq-length", "32", "--global-batch-size", "6"] + MODEL_FLAGS
+LLAMA = [
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--ffn-hidden-size",
+    "176",
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--position-embedding-type",
+    "rope",
+    "--bf16",
+    "--seq-length",
+    "32",
+    "--global-batch-size",
+    "6",
+] + MODEL_FLAGS
 
 CASES = {
     # name: (flags, world, vocabulary, planner shape, planner layout, rank -> stage)
-    "demo": (DEMO, 8, 512, ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
-             ps.Parallel(2, 2, 2), lambda r: (r // 2) % 2),
-    "large": (LARGE, 2, 512, ps.ModelShape("large", 6, 512, 8, 2048, 512, 512),
-              ps.Parallel(1, 1, 2), lambda r: 0),
-    "llama": (LLAMA, 12, 1000, ps.ModelShape(
-        "llama", 4, 64, 4, 176, 1000, 32, num_query_groups=2, swiglu=True,
-        normalization="RMSNorm", add_bias_linear=False, position_embedding="rope",
-        tied_embeddings=False), ps.Parallel(2, 2, 3, precision="bf16"), lambda r: r // 6),
+    "demo": (
+        DEMO,
+        8,
+        512,
+        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
+        ps.Parallel(2, 2, 2),
+        lambda r: (r // 2) % 2,
+    ),
+    "large": (
+        LARGE,
+        2,
+        512,
+        ps.ModelShape("large", 6, 512, 8, 2048, 512, 512),
+        ps.Parallel(1, 1, 2),
+        lambda r: 0,
+    ),
+    "llama": (
+        LLAMA,
+        12,
+        1000,
+        ps.ModelShape(
+            "llama",
+            4,
+            64,
+            4,
+            176,
+            1000,
+            32,
+            num_query_groups=2,
+            swiglu=True,
+            normalization="RMSNorm",
+            add_bias_linear=False,
+            position_embedding="rope",
+            tied_embeddings=False,
+        ),
+        ps.Parallel(2, 2, 3, precision="bf16"),
+        lambda r: r // 6,
+    ),
 }
-PROBE = ("import json, sys\n"
-         "from tools.layout_probe import probe\n"
-         "cases = json.loads(sys.argv[1])\n"
-         "print(json.dumps({k: probe(a, w, list(range(w)), v) for k, (a, w, v) in cases.items()}))")
+PROBE = (
+    "import json, sys\n"
+    "from tools.layout_probe import probe\n"
+    "cases = json.loads(sys.argv[1])\n"
+    "print(json.dumps({k: probe(a, w, list(range(w)), v) for k, (a, w, v) in cases.items()}))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +134,25 @@ def real_layouts():
     """Every rank's layout as megatron-core and deadpool_ext build it."""
     cases = {name: (flags, world, vocab) for name, (flags, world, vocab, *_) in CASES.items()}
     env = dict(worker_env(), PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(cases)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def plain(name: str) -> str:
     while name.startswith("module."):  # DDP, and Float16Module in bf16
-        name = name[len("module."):]
+        name = name[len("module.") :]
     return name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_planner_layout_equals_megatron_cores_on_every_rank(case, real_layouts):
     _, world, _, shape, par, stage_of = CASES[case]
@@ -75,8 +163,9 @@ def test_planner_layout_equals_megatron_cores_on_every_rank(case, real_layouts):
         tensors = ps.stage_parameters(shape, par.tp, par.pp, stage)
         assert [(plain(n), k) for n, k in real["params"]] == [(t.name, t.numel) for t in tensors]
         layout = ps.rank_layout(shape, par, stage)
-        assert (layout.shard_numel, layout.snapshot_bytes) == (real["numel"], real["nbytes"]), \
+        assert (layout.shard_numel, layout.snapshot_bytes) == (real["numel"], real["nbytes"]), (
             f"rank {real['rank']}"
+        )
         assert real["padded_vocab_size"] == ps.padded_vocab(shape, par.tp)
 
 
@@ -85,8 +174,10 @@ def test_planner_reproduces_the_sizes_real_runs_logged():
     1.7 MB sent and 6.8 MB extra per rank; large 111.5 MB and 446 MB (MiB)."""
     for case, sent, extra in (("demo", 1.7, 6.8), ("large", 111.5, 446.0)):
         _, _, _, shape, par, _ = CASES[case]
-        largest = max((ps.rank_layout(shape, par, s) for s in range(par.pp)),
-                      key=lambda l: l.snapshot_bytes)
+        largest = max(
+            (ps.rank_layout(shape, par, s) for s in range(par.pp)),
+            key=lambda layout: layout.snapshot_bytes,
+        )
         assert round(largest.snapshot_bytes / ps.MiB, 1) == sent
         assert round(largest.mirror_bytes / ps.MiB, 1) == extra
 
@@ -94,8 +185,8 @@ def test_planner_reproduces_the_sizes_real_runs_logged():
 def test_snapshot_constants_follow_deadpool_ext():
     import torch
 
-    from deadpool_ext import snapshot as snap
-    from deadpool_ext.mirror import Mirror
+    from deadpool_ext.state import snapshot as snap
+    from deadpool_ext.state.mirror import Mirror
 
     assert ps.HEADER_BYTES == snap.HEADER_BYTES and ps.CHUNK_BYTES == snap.CHUNK_WORDS * 8
     assert ps.SNAPSHOT_BYTES_PER_ELEMENT == 4 * len(snap.STATES)
@@ -145,7 +236,8 @@ def test_activations_follow_korthikanti_et_al():
     assert ps.layer_activation_bytes(GPT, plain_par, b) == 34 * s * b * h + 5 * a * s * s * b
     for t in (2, 4, 8):
         tp = ps.Parallel(t, 1, 1, recompute="none", flash_attention=False)
-        assert ps.layer_activation_bytes(GPT, tp, b) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        assert ps.layer_activation_bytes(GPT, tp, b) == expected
         sp = ps.Parallel(t, 1, 1, sequence_parallel=True, recompute="selective")
         assert ps.layer_activation_bytes(GPT, sp, b) == 34 * s * b * h / t
         full = ps.Parallel(t, 1, 1, sequence_parallel=True, recompute="full")
@@ -162,9 +254,16 @@ def test_the_first_stage_holds_pp_microbatches_of_its_layers():
     assert ps.stage_activation_bytes(GPT, few, 0) == 1 * 2 * layer  # only 2 microbatches
 
 
-@pytest.mark.parametrize("key, published", [("gpt-1.3b", 1.3e9), ("gpt-6.7b", 6.7e9),
-                                            ("gpt-13b", 13.0e9), ("llama-30b", 32.5e9),
-                                            ("llama-65b", 65.2e9)])
+@pytest.mark.parametrize(
+    "key, published",
+    [
+        ("gpt-1.3b", 1.3e9),
+        ("gpt-6.7b", 6.7e9),
+        ("gpt-13b", 13.0e9),
+        ("llama-30b", 32.5e9),
+        ("llama-65b", 65.2e9),
+    ],
+)
 def test_model_shapes_have_their_published_sizes(key, published):
     assert ps.total_parameters(ps.MODELS[key]) == pytest.approx(published, rel=0.02)
 
@@ -176,7 +275,8 @@ def test_flops_per_token_is_six_per_weight_plus_attention():
     par = ps.Parallel(1, 1, 8, global_batch=16)
     hw = ps.HARDWARE["perlmutter-a100-40"]
     assert ps.iteration_seconds(shape, par, hw, 0.25) == pytest.approx(
-        2 * ps.iteration_seconds(shape, par, hw, 0.5))
+        2 * ps.iteration_seconds(shape, par, hw, 0.5)
+    )
 
 
 def test_the_mirror_hides_unless_the_link_is_too_slow():
@@ -188,21 +288,25 @@ def test_the_mirror_hides_unless_the_link_is_too_slow():
     assert fast.hides and fast.exposed == 0
     slow = ps.mirror_time(shape, par, ps.Hardware("slow", 4, 40, 256, 312, 0.05, 25, ""), 0.45)
     assert not slow.hides and slow.exposed == pytest.approx(
-        slow.link + slow.training_link - slow.iteration)
+        slow.link + slow.training_link - slow.iteration
+    )
 
 
 def test_the_mirror_share_does_not_grow_with_the_model():
     """Bytes per GPU and FLOPs per GPU both scale with parameters per GPU."""
     hw = ps.HARDWARE["perlmutter-a100-40"]
-    shares = [ps.plan(ps.MODELS[k], par, hw, 0.45).time for k, par in
-              ps.paper_layouts(512).items()]
+    shares = [ps.plan(ps.MODELS[k], par, hw, 0.45).time for k, par in ps.paper_layouts(512).items()]
     values = [t.link / t.iteration for t in shares]
     assert max(values) / min(values) < 1.2
 
 
 def test_65b_on_512_a100s_fits_with_the_mirror_anywhere():
-    p = ps.plan(ps.MODELS["llama-65b"], ps.paper_layouts(512)["llama-65b"],
-                ps.HARDWARE["perlmutter-a100-40"], 0.45)
+    p = ps.plan(
+        ps.MODELS["llama-65b"],
+        ps.paper_layouts(512)["llama-65b"],
+        ps.HARDWARE["perlmutter-a100-40"],
+        0.45,
+    )
     assert p.fits and p.host_fits
     assert p.memory.mirror_bytes == 4 * p.layout.snapshot_bytes
     # The shard: about 65.3 B / (TP 4 x PP 8) / DP 16 parameters on the first stage.
@@ -217,14 +321,16 @@ def test_paper_layouts_are_the_first_to_leave_a_third_of_the_memory_free():
     hw = ps.HARDWARE["perlmutter-a100-40"]
     order = [(1, 1), (2, 1), (4, 1), (4, 2), (4, 4), (4, 8), (4, 16)]
     for key, par in ps.paper_layouts(512).items():
+
         def used(tp, pp):
             trial = replace(par, tp=tp, pp=pp, dp=512 // (tp * pp), sequence_parallel=tp > 1)
             return ps.worst_stage_memory(ps.MODELS[key], trial).total
-        first = next(l for l in order if used(*l) <= 2 / 3 * hw.gpu_memory_gib * ps.GiB)
+
+        first = next(tp_pp for tp_pp in order if used(*tp_pp) <= 2 / 3 * hw.gpu_memory_gib * ps.GiB)
         assert first == (par.tp, par.pp), key
 
 
 def test_the_cli_prints_a_plan(capsys):
-    ps.main(["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128"])
+    plan_scale_cli.main(["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128"])
     out = capsys.readouterr().out
     assert "GPT 13B on 512" in out and "hides" in out

@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg as fake_pg
 
-from deadpool_ext import regroup
+from deadpool_ext.rank import regroup
 
 
 class Holder:

@@ -1,4 +1,4 @@
-"""Releasing ranks blocked on an old generation (deadpool_ext.release).
+"""Releasing ranks blocked on an old generation (deadpool_ext.rank.generation).
 
 Three gloo processes. Ranks 0 and 1 enter an all-reduce; rank 2 is alive
 but never joins it (a survivor blocked elsewhere). A forked child of every
@@ -25,9 +25,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from deadpool_ext.control import connect
-from deadpool_ext.launch import free_port
-from deadpool_ext.release import Generation, shut_down, socket_descriptors
+from deadpool_ext.wire import connect
+from deadpool_ext.control.launch import free_port
+from deadpool_ext.rank.generation import Generation, shut_down, socket_descriptors
 
 GROUP_TIMEOUT_S = 20
 
@@ -37,9 +37,13 @@ def built_generation(rank: int, port: int, world_size: int, timeout_s: float) ->
     generation = Generation()
     generation.begin(0)
     store = connect("127.0.0.1", port, is_master=rank == 0, timeout_s=30)
-    dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
-                            world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("gen0/", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     generation.built()
     return generation
 
@@ -76,8 +80,10 @@ def run_ranks(target, ranks: int, wanted: int, limit_s: float, *args) -> dict:
     port = free_port()
     with mp.Manager() as manager:
         results = manager.dict()
-        procs = [mp.get_context("fork").Process(target=target, args=(r, port, *args, results))
-                 for r in range(ranks)]
+        procs = [
+            mp.get_context("fork").Process(target=target, args=(r, port, *args, results))
+            for r in range(ranks)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + limit_s
@@ -94,14 +100,16 @@ def run_three(release: bool) -> dict:
     return run_ranks(_rank, 3, 3, GROUP_TIMEOUT_S + 20, release)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("release", [True, False], ids=["release", "drop-only"])
 def test_a_live_rank_that_leaves_releases_its_blocked_peers(release):
     results = run_three(release)
     assert results[2] == "left"
     for rank in (0, 1):
         if release:
-            assert "Connection closed" in results[rank] or "Connection reset" in results[rank], \
+            assert "Connection closed" in results[rank] or "Connection reset" in results[rank], (
                 results
+            )
         else:  # the negative control: only the group's own timeout frees them
             assert "Timed out" in results[rank], results
 
@@ -133,6 +141,7 @@ def _sender(rank: int, port: int, queued: bool, results) -> None:
         results[rank] = (time.monotonic() - start, str(error))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("queued", [False, True], ids=["pending", "queued"])
 def test_gloo_never_fails_a_send_queued_for_a_busy_socket(queued):
     """Why the release cannot free everything on gloo, and why a stuck
@@ -202,7 +211,7 @@ def test_a_generation_releases_only_what_it_opened(listener):
 
 
 def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
-    from deadpool_ext.worker import ControlClient
+    from deadpool_ext.rank.main import ControlClient
 
     ctx = object.__new__(ControlClient)  # the watch alone, no store
     ctx.gen, ctx.state, ctx._announced, ctx.stuck_after_s = 0, "training", None, 0.05
@@ -226,7 +235,7 @@ def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
 def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(monkeypatch):
     """Live peers first finish the transfer they are in: a release in the
     middle of it would leave the sender's queued send to the group timeout."""
-    from deadpool_ext import worker
+    from deadpool_ext.rank import main as worker
 
     class Recorded:
         calls = []
@@ -234,7 +243,7 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
         def release_if_older(self, newer, by):
             self.calls.append((newer, by))
 
-    monkeypatch.setattr(worker, "RELEASE_GRACE_S", 0.1)
+    monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
     ctx = object.__new__(worker.ControlClient)  # the watch alone, no store
     ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
     ctx._release_if_superseded({"gen": 1, "grow": True})  # a grow: at the boundary

@@ -37,15 +37,26 @@ from typing import List
 import pytest
 import torch
 
-from dist_utils import (REPO, assert_same_state, checkpoint_files, curve, deadpool_args,
-                        launch_command, launch_deadpool, leftovers, must_succeed, read_metrics,
-                        worker_env)
-from deadpool_ext.control import new_secret
+from dist_utils import (
+    REPO,
+    assert_same_state,
+    checkpoint_files,
+    curve,
+    deadpool_args,
+    launch_command,
+    launch_deadpool,
+    leftovers,
+    must_succeed,
+    read_metrics,
+    worker_env,
+)
+from deadpool_ext.wire import new_secret
 from deadpool_ext.events import read_events
-from deadpool_ext.grow import plan_grow
-from deadpool_ext.launch import free_port
-from deadpool_ext.plan import Report
-from deadpool_ext.shrink import Grid, kept_replicas, plan_shrink, renumber, whole_replica
+from deadpool_ext.policy import plan_grow
+from deadpool_ext.control.launch import free_port
+from deadpool_ext.policy import kept_replicas, plan_shrink, renumber, whole_replica
+from deadpool_ext.protocol import Report
+from deadpool_ext.topology import Grid
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
 from megatron.training.optimizer_layout import Bucket, full_state, new_shard
 
@@ -55,8 +66,13 @@ NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # 8 ranks as PP2 x DP4 on two 4-rank nodes: replicas 0, 1 on node 0, 2, 3 on node 1.
 DP4 = ["--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping"] + NO_DROPOUT
 # 4 ranks as TP2 x DP2 on two 2-rank nodes.
-DP2 = ["--num-layers", "2", "--tensor-model-parallel-size", "2",
-       "--use-tp-pp-dp-mapping"] + NO_DROPOUT
+DP2 = [
+    "--num-layers",
+    "2",
+    "--tensor-model-parallel-size",
+    "2",
+    "--use-tp-pp-dp-mapping",
+] + NO_DROPOUT
 
 
 # --- pure arithmetic -----------------------------------------------------------------
@@ -70,7 +86,7 @@ def test_renumber_keeps_positions_and_order():
     grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
     kept = [whole_replica(grid, d) for d in (0, 1, 3)]
     assert renumber(grid, kept) == {0: 0, 1: 1, 2: 2, 3: 3, 6: 4, 7: 5}
-    grid = Grid(tp=2, pp=2, dp=3)                   # rank = tp + 2 * (dp + 3 * pp)
+    grid = Grid(tp=2, pp=2, dp=3)  # rank = tp + 2 * (dp + 3 * pp)
     mapping = renumber(grid, [whole_replica(grid, 0), whole_replica(grid, 2)])
     new = grid.with_dp(2)
     for old, new_rank in mapping.items():
@@ -87,8 +103,7 @@ def test_kept_replicas_are_the_intact_ones_then_those_survivors_make_up():
     # The same stage lost in both: nothing can be made up.
     assert kept_replicas(grid, {2, 6}) == []
     grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
-    assert kept_replicas(grid, {1, 2, 5}) == [whole_replica(grid, 3),
-                                              {(0, 0): 0, (0, 1): 3}]
+    assert kept_replicas(grid, {1, 2, 5}) == [whole_replica(grid, 3), {(0, 0): 0, (0, 1): 3}]
 
 
 def test_plan_shrink_drops_the_broken_replica_and_names_sources():
@@ -125,8 +140,16 @@ def test_plan_shrink_makes_a_replica_of_the_survivors_of_two_broken_ones():
     assert d.renumber == {0: 0, 1: 1, 6: 2, 3: 3}
     assert d.members == {0: "0.0", 1: "0.1", 2: "1.2", 3: "0.3"}
     assert d.released == ["1.1", "1.3"]
-    assert d.sources == {0: [0, "own"], 1: [1, "own"], 2: [6, "held"], 3: [3, "own"],
-                         4: [0, "held"], 5: [1, "held"], 6: [6, "own"], 7: [3, "held"]}
+    assert d.sources == {
+        0: [0, "own"],
+        1: [1, "own"],
+        2: [6, "held"],
+        3: [3, "own"],
+        4: [0, "held"],
+        5: [1, "held"],
+        6: [6, "own"],
+        7: [3, "held"],
+    }
     assert "1 made up of their surviving ranks" in d.warnings[0]
     grid = Grid(tp=1, pp=1, dp=3)
     members = {r: f"{r}.0" for r in range(3)}
@@ -138,18 +161,26 @@ def test_plan_shrink_makes_a_replica_of_the_survivors_of_two_broken_ones():
 
 
 def test_plan_grow_appends_whole_replicas_from_spares_in_node_order():
-    grid = Grid(tp=2, pp=2, dp=1)                    # rank = tp + 2 * (dp + 1 * pp)
+    grid = Grid(tp=2, pp=2, dp=1)  # rank = tp + 2 * (dp + 1 * pp)
     members = {0: "0.0", 1: "0.1", 2: "0.2", 3: "0.3"}
     spares = ["2.1", "1.0", "2.0", "1.3", "1.1", "1.2", "2.2"]  # 7: one replica of 4
     d = plan_grow(5, members, reports(range(4), own=(7, 6)), spares, grid, planned_dp=4)
     assert d.action == "grow" and (d.old_dp, d.new_dp) == (1, 2) and d.rollback_to == 7
-    new = grid.with_dp(2)                            # rank = tp + 2 * (dp + 2 * pp)
+    new = grid.with_dp(2)  # rank = tp + 2 * (dp + 2 * pp)
     assert d.renumber == {0: 0, 1: 1, 2: 4, 3: 5}
     # The new replica's TP pairs are consecutive slots of node 1.
-    assert d.replaced == {new.rank(0, 1, 0): "1.0", new.rank(1, 1, 0): "1.1",
-                          new.rank(0, 1, 1): "1.2", new.rank(1, 1, 1): "1.3"}
+    assert d.replaced == {
+        new.rank(0, 1, 0): "1.0",
+        new.rank(1, 1, 0): "1.1",
+        new.rank(0, 1, 1): "1.2",
+        new.rank(1, 1, 1): "1.3",
+    }
     assert d.world_size == 8 and set(d.members.values()) == set(members.values()) | {
-        "1.0", "1.1", "1.2", "1.3"}
+        "1.0",
+        "1.1",
+        "1.2",
+        "1.3",
+    }
     assert all(d.sources[r] == [r, "own"] for r in range(4))
 
 
@@ -165,24 +196,27 @@ def test_plan_grow_stops_at_the_launched_size_and_needs_a_common_snapshot():
     assert d.action == "abort" and "no snapshot iteration" in d.reason
 
 
-@pytest.mark.parametrize("gbs, mbs, dp", [(8, 2, 3), (32, 4, 3), (24, 2, 5), (8, 2, 4),
-                                          (6, 1, 4)])
+@pytest.mark.parametrize("gbs, mbs, dp", [(8, 2, 3), (32, 4, 3), (24, 2, 5), (8, 2, 4), (6, 1, 4)])
 def test_quotas_cover_every_sample_of_every_iteration_once(gbs, mbs, dp):
     quotas = [microbatches_per_iteration(gbs, mbs, r, dp) for r in range(dp)]
     assert sum(quotas) == gbs // mbs and max(quotas) - min(quotas) <= 1
     total = 5 * gbs
     samplers = [list(MicrobatchSampler(total, gbs, mbs, r, dp, gbs)) for r in range(dp)]
     for it in range(4):
-        seen = sorted(i for r in range(dp) for mb in samplers[r][it * quotas[r]:
-                                                                 (it + 1) * quotas[r]]
-                      for i in mb)
+        seen = sorted(
+            i
+            for r in range(dp)
+            for mb in samplers[r][it * quotas[r] : (it + 1) * quotas[r]]
+            for i in mb
+        )
         assert seen == list(range(gbs * (it + 1), gbs * (it + 2)))
 
 
 def test_sampler_with_global_batch_is_megatrons_order_when_dp_divides():
     for r in range(2):
-        assert list(MicrobatchSampler(64, 16, 2, r, 2, 16)) == \
-            list(MicrobatchSampler(64, 16, 2, r, 2))
+        assert list(MicrobatchSampler(64, 16, 2, r, 2, 16)) == list(
+            MicrobatchSampler(64, 16, 2, r, 2)
+        )
 
 
 def test_reshard_round_trip_between_dp_sizes():
@@ -202,9 +236,9 @@ def test_reshard_round_trip_between_dp_sizes():
         flat = [torch.zeros(bucket.numel) for _ in range(3)]
         for name, (start, numel) in bucket.params.items():
             for k in range(3):
-                flat[k][start:start + numel] = params[name].view(-1) * (k + 1)
+                flat[k][start : start + numel] = params[name].view(-1) * (k + 1)
         size = bucket.numel // dp
-        return [[f[r * size:(r + 1) * size] for f in flat] for r in range(dp)]
+        return [[f[r * size : (r + 1) * size] for f in flat] for r in range(dp)]
 
     state = full_state(layout(3), shards(3))
     for name, value in params.items():
@@ -257,28 +291,31 @@ def assert_close_models(tmp, reference):
 
 
 SPARE_PREPARED_TWICE_SCRIPT = """
-import json, sys
+import functools, json, sys
 sys.path.insert(0, {repo!r})
 import pretrain_gpt
-from deadpool_ext import recovery, resize
+from deadpool_ext.rank import rebuild, recovery
 from deadpool_ext.config import parse_args
-from deadpool_ext.worker import build_hooks
+from deadpool_ext.inject import Injector
+from deadpool_ext.rank.main import build_hooks
 from megatron.training import data
 from megatron.training.tokenizer import build_tokenizer
 
 class Control:  # what a spare's objects read from the control client while they build
     gen, slot, iteration = 0, "2.0", 0
-    def post(self, **event):
+    def post(self, *message, **event):
         pass
 
 config = parse_args(sys.argv[1:])
 tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
                             config.data.vocab_size)
 datasets = data.build_datasets(config, tokenizer)
-builders = (pretrain_gpt.model_provider, pretrain_gpt.forward_step, build_hooks)
+no_faults = Injector([], rank=None, node=0, original=False)
+builders = (pretrain_gpt.model_provider, pretrain_gpt.forward_step,
+            functools.partial(build_hooks, injector=no_faults))
 built = []
 for rank, world in [(5, None), (1, {{"size": 4, "nodes": ["node0"] * 4}})]:
-    trainer = recovery.prepare_spare(Control(), rank, resize.world_config(config, world),
+    trainer = recovery.prepare_spare(Control(), rank, rebuild.world_config(config, world),
                                      builders, datasets).trainer
     r = trainer.runtime
     built.append([r.rank, r.world_size, r.tp_rank, r.pp_rank, r.dp_rank,
@@ -287,6 +324,7 @@ print(json.dumps(built))
 """
 
 
+@pytest.mark.integration
 def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
     """A warm spare builds ahead for the rank the coordinator will likely
     give it; when a shrink changes the world before the spare is picked, it
@@ -296,12 +334,27 @@ def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
     calculator is already initialized"."""
     script = tmp_path / "spare_prepared_twice.py"
     script.write_text(SPARE_PREPARED_TWICE_SCRIPT.format(repo=REPO))
-    flags = deadpool_args(tmp_path, ["--tensor-model-parallel-size", "2",
-                                     "--pipeline-model-parallel-size", "2",
-                                     "--use-tp-pp-dp-mapping"], [], ITERS)
+    flags = deadpool_args(
+        tmp_path,
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--use-tp-pp-dp-mapping",
+        ],
+        [],
+        ITERS,
+    )
     env = dict(worker_env(), WORLD_SIZE="8", DEADPOOL_RANKS_PER_NODE="4")
-    proc = subprocess.run([sys.executable, str(script), *flags], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), *flags],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     # rank = tp + 2·pp + 4·dp; 8 samples in microbatches of 2 over DP2, then DP1.
     assert json.loads(proc.stdout.splitlines()[-1]) == [[5, 8, 1, 0, 1, 2], [1, 4, 1, 0, 0, 4]]
@@ -309,18 +362,22 @@ def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
     assert [e["rank"] for e in built] == [5, 1]
 
 
+@pytest.mark.integration
 def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
     """Rank 5 dies in backward: replica 2 leaves (rank 4 becomes a spare),
     DP 4 -> 3 with quotas 2, 1, 1 of the 4 microbatches."""
     must_succeed(run(tmp_path, DP4, 2, 4, ["kill:rank=5:iter=4:phase=backward"]))
-    assert_close_curves(read_metrics(tmp_path / "metrics.jsonl"),
-                        read_metrics(reference / "metrics.jsonl"))
+    assert_close_curves(
+        read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    )
     assert_close_models(tmp_path, reference)
     assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 6
     events = read_events(str(tmp_path / "events.jsonl"))
     decision = next(e for e in events if e["event"] == "decision")
-    assert decision["action"] == "shrink" and (decision["dp_before"], decision["dp_after"]) \
-        == (4, 3)
+    assert decision["action"] == "shrink" and (decision["dp_before"], decision["dp_after"]) == (
+        4,
+        3,
+    )
     assert decision["released"] == ["1.0"]
     shrunk = [e for e in events if e["event"] == "shrunk"]
     assert len(shrunk) == 6 and all(e["rollback_to"] == 3 for e in shrunk)
@@ -328,6 +385,7 @@ def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
     assert any(e["event"] == "spare_ready" or e["event"] == "recovered" for e in events)
 
 
+@pytest.mark.integration
 def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, reference):
     """--deadpool-on-spares-exhausted checkpoint: rank 5 dies, no spare; the
     survivors gather every shard (on DP 3), save the rollback iteration and
@@ -335,10 +393,11 @@ def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, refe
     (DP 4) loads that checkpoint, re-sharded, and goes on. No iteration
     ran on fewer replicas, so the whole curve and the final state equal
     the failure-free run's bit for bit."""
-    from deadpool_ext.coordinator import STOPPED_WITH_CHECKPOINT
+    from deadpool_ext.protocol import ExitCode
+
     policy = ["--deadpool-on-spares-exhausted", "checkpoint"]
     proc, left = run(tmp_path, DP4 + policy, 2, 4, ["kill:rank=5:iter=8:phase=forward"])
-    assert proc.returncode == STOPPED_WITH_CHECKPOINT, proc.stderr[-6000:]
+    assert proc.returncode == ExitCode.STOPPED_WITH_CHECKPOINT, proc.stderr[-6000:]
     assert not left, f"processes left behind: {left}"
     assert "--deadpool-on-spares-exhausted checkpoint" in proc.stderr
     events = read_events(str(tmp_path / "events.jsonl"))
@@ -349,8 +408,9 @@ def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, refe
     assert 5 <= decision["rollback_to"] < 8
     stopped = checkpoint_files(str(tmp_path / "ckpt"))
     assert len(stopped) == 6 and all(s["layout"]["dp"] == 3 for s in stopped.values())
-    assert [m["iteration"] for m in read_metrics(tmp_path / "metrics.jsonl")] == \
-        list(range(1, decision["rollback_to"] + 1))
+    assert [m["iteration"] for m in read_metrics(tmp_path / "metrics.jsonl")] == list(
+        range(1, decision["rollback_to"] + 1)
+    )
 
     must_succeed(run(tmp_path, DP4 + ["--load", str(tmp_path / "ckpt")], 2, 4, []))
     got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
@@ -373,10 +433,14 @@ sys.exit(pretrain_gpt.main())
 
 
 def relative_drift(got, want) -> float:
-    return max(abs(g[key] - w[key]) / abs(w[key]) for g, w in zip(got, want)
-               for key in ("lm_loss", "grad_norm"))
+    return max(
+        abs(g[key] - w[key]) / abs(w[key])
+        for g, w in zip(got, want)
+        for key in ("lm_loss", "grad_norm")
+    )
 
 
+@pytest.mark.integration
 def test_the_tolerance_catches_a_wrong_quota_weighting(tmp_path, reference):
     """Negative control for the 1e-5 bound: the shrink of the first test
     with the uneven quotas (2, 1, 1) weighted as Megatron's even 1/DP,
@@ -386,17 +450,19 @@ def test_the_tolerance_catches_a_wrong_quota_weighting(tmp_path, reference):
     against at most 3e-7 for the correct weighting."""
     script = tmp_path / "pretrain_wrong_quota.py"
     script.write_text(WRONG_QUOTA_SCRIPT.format(repo=REPO))
-    command = launch_command(["--standalone", "--nnodes", "2", "--spare-nodes", "0",
-                              "--nproc-per-node", "4"],
-                             deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=4:phase=backward"],
-                                           ITERS))
+    command = launch_command(
+        ["--standalone", "--nnodes", "2", "--spare-nodes", "0", "--nproc-per-node", "4"],
+        deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=4:phase=backward"], ITERS),
+    )
     command[command.index(os.path.join(REPO, "pretrain_gpt.py"))] = str(script)
-    proc = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=420)
+    proc = subprocess.run(
+        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=420
+    )
     must_succeed((proc, leftovers(tmp_path)))
     got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
-    assert [(g["consumed_samples"], g["lr"]) for g in got] == \
-        [(w["consumed_samples"], w["lr"]) for w in want]
+    assert [(g["consumed_samples"], g["lr"]) for g in got] == [
+        (w["consumed_samples"], w["lr"]) for w in want
+    ]
     assert relative_drift(got[:3], want[:3]) == 0  # before the shrink: bit for bit
     assert relative_drift(got, want) > 100 * TOLERANCE
     with pytest.raises(AssertionError):
@@ -430,6 +496,7 @@ def training_workers(tmp) -> List[int]:
     return pids
 
 
+@pytest.mark.integration
 def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path, reference):
     """Rank 5 dies (DP 4 -> 3; rank 4's slot becomes a spare), then all of
     node 1 dies, that spare with it (DP 3 -> 2, on node 0 alone). Node 1
@@ -441,32 +508,57 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     second shrink until the new node's four spares are ready, with the
     heartbeat timeout above the pause, so the grow comes at a known point
     and takes them all."""
-    args = deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=3:phase=forward",
-                                         "kill:node=1:iter=6"], ITERS, heartbeat_timeout=120)
+    args = deadpool_args(
+        tmp_path,
+        DP4,
+        ["kill:rank=5:iter=3:phase=forward", "kill:node=1:iter=6"],
+        ITERS,
+        heartbeat_timeout=120,
+    )
     common = ["--nnodes", "2", "--nproc-per-node", "4", "--master-port", str(free_port())]
     env = dict(worker_env(), DEADPOOL_SECRET=new_secret())
     events = tmp_path / "events.jsonl"
     with open(tmp_path / "job.log", "w") as log, open(tmp_path / "join.log", "w") as join_log:
-        job = subprocess.Popen(launch_command(["--standalone", *common], args), env=env,
-                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        job = subprocess.Popen(
+            launch_command(["--standalone", *common], args),
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         joiner, paused = None, []
         try:
-            shrunk = wait_for_events(events, lambda e: e["event"] == "decision" and
-                                     e.get("dp_after") == 2, job, 300)
+            shrunk = wait_for_events(
+                events, lambda e: e["event"] == "decision" and e.get("dp_after") == 2, job, 300
+            )
             assert shrunk is not None, (tmp_path / "job.log").read_text()[-4000:]
-            resumed = wait_for_events(events, lambda e: e["event"] == "recovered" and
-                                      e["gen"] == shrunk[0]["gen"], job, 60)
+            resumed = wait_for_events(
+                events,
+                lambda e: e["event"] == "recovered" and e["gen"] == shrunk[0]["gen"],
+                job,
+                60,
+            )
             assert resumed is not None, (tmp_path / "job.log").read_text()[-4000:]
             paused = training_workers(tmp_path)
             for pid in paused:
                 os.kill(pid, signal.SIGSTOP)
             joiner = subprocess.Popen(
-                launch_command(["--join", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                                *common], args),
-                env=env, cwd=REPO, stdout=join_log, stderr=subprocess.STDOUT)
+                launch_command(
+                    ["--join", "--node-rank", "1", "--master-addr", "127.0.0.1", *common], args
+                ),
+                env=env,
+                cwd=REPO,
+                stdout=join_log,
+                stderr=subprocess.STDOUT,
+            )
             # All four ready before anyone reports, so the grow takes them all.
-            ready = wait_for_events(events, lambda e: e["event"] == "spare_ready" and
-                                    e["slot"].startswith("1."), job, 100, count=4)
+            ready = wait_for_events(
+                events,
+                lambda e: e["event"] == "spare_ready" and e["slot"].startswith("1."),
+                job,
+                100,
+                count=4,
+            )
             for pid in paused:
                 os.kill(pid, signal.SIGCONT)
             assert ready is not None, (tmp_path / "join.log").read_text()[-4000:]
@@ -483,14 +575,18 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
                     proc.kill()
     assert not leftovers(tmp_path)
     assert len(paused) == 4  # node 0's ranks, the only ones left
-    assert_close_curves(read_metrics(tmp_path / "metrics.jsonl"),
-                        read_metrics(reference / "metrics.jsonl"))
+    assert_close_curves(
+        read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    )
     assert_close_models(tmp_path, reference)
     assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 8  # the whole DP 4 again
     found = read_events(str(events))
     decisions = [e for e in found if e["event"] == "decision"]
-    assert [(e["action"], e["dp_after"]) for e in decisions] == \
-        [("shrink", 3), ("shrink", 2), ("grow", 4)]
+    assert [(e["action"], e["dp_after"]) for e in decisions] == [
+        ("shrink", 3),
+        ("shrink", 2),
+        ("grow", 4),
+    ]
     assert sorted(decisions[-1]["joined"].values()) == ["1.0", "1.1", "1.2", "1.3"]
     assert any(e["event"] == "node_joined" and e["node"] == 1 for e in found)
     grown = [e for e in found if e["event"] == "grown"]
@@ -498,11 +594,13 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     assert ITERS > grown[0]["rollback_to"] >= 6
 
 
+@pytest.mark.integration
 def test_shrink_to_one_replica_and_then_a_failure_ends_clearly(tmp_path, corpus):
     """DP 2 -> 1 (no mirror is possible then); the next loss leaves no
     complete replica: the job says so and exits non-zero, leaving nothing."""
-    proc, left = run(tmp_path, DP2, 2, 2, ["kill:rank=3:iter=3",
-                                           "kill:rank=0:iter=6:phase=backward"])
+    proc, left = run(
+        tmp_path, DP2, 2, 2, ["kill:rank=3:iter=3", "kill:rank=0:iter=6:phase=backward"]
+    )
     assert proc.returncode != 0
     assert "no complete data-parallel replica" in proc.stderr, proc.stderr[-3000:]
     assert not left, f"processes left behind: {left}"

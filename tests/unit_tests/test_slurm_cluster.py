@@ -30,8 +30,11 @@ from dist_utils import REPO, assert_same_state, checkpoint_files, curve, read_me
 from deadpool_ext.events import read_events
 
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("DEADPOOL_TEST_SLURM") != "1",
-                       reason="needs a Slurm cluster: `make test-slurm` starts one and runs this"),
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        os.environ.get("DEADPOOL_TEST_SLURM") != "1",
+        reason="needs a Slurm cluster: `make test-slurm` starts one and runs this",
+    ),
     # Each test waits for whole Slurm jobs (and a test's fixtures for earlier ones).
     pytest.mark.timeout(3 * 1800),
 ]
@@ -40,8 +43,18 @@ SCRIPT = os.path.join(REPO, "examples", "slurm", "cpu_demo.sh")
 ITERS = 20
 # The demo's model and layout; fewer iterations, every one logged, a short
 # heartbeat timeout so the lost node is declared within seconds.
-ARGS = ["--train-iters", str(ITERS), "--save-interval", "10", "--log-interval", "1",
-        "--eval-interval", "1000", "--deadpool-heartbeat-timeout", "5"]
+ARGS = [
+    "--train-iters",
+    str(ITERS),
+    "--save-interval",
+    "10",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "1000",
+    "--deadpool-heartbeat-timeout",
+    "5",
+]
 JOB_TIMEOUT = 1800  # seconds; a loaded 2-core machine starts 12 processes slowly
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
@@ -57,11 +70,21 @@ def job_fields(job: str) -> dict:
 
 
 def submit(run_dir, extra=()) -> str:
-    env = dict(os.environ, RUN_DIR=str(run_dir), PYTHON=sys.executable,
-               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    out = subprocess.run(["sbatch", "--parsable", "-o", str(run_dir) + ".out", SCRIPT,
-                          *ARGS, *extra], cwd=REPO, env=env, check=True,
-                         capture_output=True, text=True).stdout
+    env = dict(
+        os.environ,
+        RUN_DIR=str(run_dir),
+        PYTHON=sys.executable,
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+    )
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(run_dir) + ".out", SCRIPT, *ARGS, *extra],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.strip().split(";")[0]
 
 
@@ -110,8 +133,7 @@ def slurm_local(*args: str) -> str:
 
 
 def left_behind(run_dir) -> str:
-    return subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True,
-                          text=True).stdout
+    return subprocess.run(["pgrep", "-af", str(run_dir)], capture_output=True, text=True).stdout
 
 
 def log_lines(run_dir) -> list:
@@ -144,10 +166,16 @@ def cluster(report):
         pytest.fail(f"no Slurm controller ({error}): run `tools/slurm_local.sh start`")
     if not os.path.exists(os.path.join(REPO, "data", "corpus_text_document.bin")):
         pytest.fail("no data/corpus_text_document.bin: run `make data`")
-    report.add("# make test-slurm: examples/slurm/cpu_demo.sh on a one-machine Slurm cluster",
-               f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, {run('sbatch', '--version').strip()}",
-               "", "$ sinfo -N", run("sinfo", "-N").rstrip(),
-               "", f"$ sbatch examples/slurm/cpu_demo.sh {' '.join(ARGS)}", "")
+    report.add(
+        "# make test-slurm: examples/slurm/cpu_demo.sh on a one-machine Slurm cluster",
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S')}, {run('sbatch', '--version').strip()}",
+        "",
+        "$ sinfo -N",
+        run("sinfo", "-N").rstrip(),
+        "",
+        f"$ sbatch examples/slurm/cpu_demo.sh {' '.join(ARGS)}",
+        "",
+    )
 
 
 def timed_job(run_dir, report, name, extra=(), during=None) -> dict:
@@ -157,8 +185,10 @@ def timed_job(run_dir, report, name, extra=(), during=None) -> dict:
         during(job)
     fields = wait_for_job(job)
     seconds = time.monotonic() - start
-    report.add(f"## {name}: job {job} on {fields['NodeList']}: {fields['JobState']}, exit "
-               f"{fields['ExitCode']}, {seconds:.0f} s from sbatch to the end")
+    report.add(
+        f"## {name}: job {job} on {fields['NodeList']}: {fields['JobState']}, exit "
+        f"{fields['ExitCode']}, {seconds:.0f} s from sbatch to the end"
+    )
     return {"job": job, "fields": fields, "seconds": seconds, "dir": run_dir}
 
 
@@ -187,30 +217,42 @@ def node_failure(reference, report, tmp_path_factory):
         if "victim" in seen:
             slurm_local("revive-node", seen["victim"])
     result.update(seen)
-    report.add(f"after iteration 5: tools/slurm_local.sh kill-node {seen['victim']} -> "
-               f"{seen['kill']}; Slurm then marked it {seen['state']}")
+    report.add(
+        f"after iteration 5: tools/slurm_local.sh kill-node {seen['victim']} -> "
+        f"{seen['kill']}; Slurm then marked it {seen['state']}"
+    )
     return result
 
 
 def test_failure_free_submission_completes(reference):
     assert reference["fields"]["JobState"] == "COMPLETED", log_lines(reference["dir"])[-40:]
-    assert [m["iteration"] for m in read_metrics(reference["dir"] / "metrics.jsonl")] == \
-        list(range(1, ITERS + 1))
+    assert [m["iteration"] for m in read_metrics(reference["dir"] / "metrics.jsonl")] == list(
+        range(1, ITERS + 1)
+    )
     assert not left_behind(reference["dir"])
 
 
-def test_node_failure_is_hot_swapped_with_the_same_curve_bit_for_bit(node_failure, reference,
-                                                                    report):
+def test_node_failure_is_hot_swapped_with_the_same_curve_bit_for_bit(
+    node_failure, reference, report
+):
     lines = log_lines(node_failure["dir"])
     assert node_failure["fields"]["JobState"] == "COMPLETED", lines[-60:]
     assert any("first node exited with 0" in line for line in lines)
     got = read_metrics(node_failure["dir"] / "metrics.jsonl")
     want = read_metrics(reference["dir"] / "metrics.jsonl")
     assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
-    report.add("", "iteration  lm loss (failure-free)   lm loss (node failure)   grad norm "
-               "(failure-free)   grad norm (node failure)")
-    report.add(*[f"{a['iteration']:>9}  {a['lm_loss']!r:>22}   {b['lm_loss']!r:>22}   "
-                 f"{a['grad_norm']!r:>23}   {b['grad_norm']!r:>23}" for a, b in zip(want, got)])
+    report.add(
+        "",
+        "iteration  lm loss (failure-free)   lm loss (node failure)   grad norm "
+        "(failure-free)   grad norm (node failure)",
+    )
+    report.add(
+        *[
+            f"{a['iteration']:>9}  {a['lm_loss']!r:>22}   {b['lm_loss']!r:>22}   "
+            f"{a['grad_norm']!r:>23}   {b['grad_norm']!r:>23}"
+            for a, b in zip(want, got)
+        ]
+    )
     assert curve(got) == curve(want)
     report.add("curves (loss, grad norm, lr of every iteration): equal bit for bit")
 
@@ -221,8 +263,10 @@ def test_node_failure_final_checkpoints_equal_bit_for_bit(node_failure, referenc
     assert got.keys() == want.keys() and len(want) == 8
     for name in want:
         assert_same_state(got[name], want[name], name)
-    report.add(f"final checkpoints (iteration {ITERS}, {len(want)} rank files: model, optimizer "
-               "shard, scheduler, RNG): equal bit for bit")
+    report.add(
+        f"final checkpoints (iteration {ITERS}, {len(want)} rank files: model, optimizer "
+        "shard, scheduler, RNG): equal bit for bit"
+    )
 
 
 def test_node_failure_events_tell_the_swap(node_failure, report):
@@ -237,24 +281,42 @@ def test_node_failure_events_tell_the_swap(node_failure, report):
     assert not left_behind(node_failure["dir"])
     killed = node_failure["killed_at"]
     report.add("", "events (coordinator; seconds after the kill):")
-    report.add(*[f"  {e['time'] - killed:6.1f} s  {e['event']}: " + ", ".join(
-        f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
-        for e in events if e["rank"] == -1])
-    report.add("", "batch output (warnings, and the same line from other ranks, dropped):",
-               *lines_of_interest(node_failure["dir"]))
+    report.add(
+        *[
+            f"  {e['time'] - killed:6.1f} s  {e['event']}: "
+            + ", ".join(f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
+            for e in events
+            if e["rank"] == -1
+        ]
+    )
+    report.add(
+        "",
+        "batch output (warnings, and the same line from other ranks, dropped):",
+        *lines_of_interest(node_failure["dir"]),
+    )
 
 
 def lines_of_interest(run_dir) -> list:
     """The log without the lines every rank prints alike (rank 0's is kept)."""
-    per_rank = ("no checkpoint in", "saved checkpoint", "deadpool mirror:", "resuming at",
-                "failure seen", "exiting at iteration")
-    return ["  " + line for line in log_lines(run_dir)
-            if not any(k in line for k in per_rank) or line.startswith("[rank 0]")]
+    per_rank = (
+        "no checkpoint in",
+        "saved checkpoint",
+        "deadpool mirror:",
+        "resuming at",
+        "failure seen",
+        "exiting at iteration",
+    )
+    return [
+        "  " + line
+        for line in log_lines(run_dir)
+        if not any(k in line for k in per_rank) or line.startswith("[rank 0]")
+    ]
 
 
 def test_sigterm_before_the_time_limit_saves_a_checkpoint(cluster, report, tmp_path):
     """scancel --signal=TERM reaches every job step but not the batch shell,
     exactly as `#SBATCH --signal=TERM@T` does at T seconds before the limit."""
+
     def signal_job(job):
         wait_for_iteration(run_dir, 4, job)
         run("scancel", "--signal=TERM", job)
@@ -270,7 +332,11 @@ def test_sigterm_before_the_time_limit_saves_a_checkpoint(cluster, report, tmp_p
         assert state["iteration"] == done[-1]["iteration"]
     assert not left_behind(run_dir)
     assert any("first node exited with 0" in line for line in lines)
-    report.add(f"after iteration 4: scancel --signal=TERM {result['job']} -> every rank saved "
-               f"iteration {done[-1]['iteration']} and the job ended "
-               f"{result['fields']['JobState']} (exit {result['fields']['ExitCode']})",
-               "", "batch output:", *lines_of_interest(run_dir))
+    report.add(
+        f"after iteration 4: scancel --signal=TERM {result['job']} -> every rank saved "
+        f"iteration {done[-1]['iteration']} and the job ended "
+        f"{result['fields']['JobState']} (exit {result['fields']['ExitCode']})",
+        "",
+        "batch output:",
+        *lines_of_interest(run_dir),
+    )

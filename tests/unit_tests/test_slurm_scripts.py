@@ -2,7 +2,7 @@
 each script's own dry run (bash, then tools/slurm_plan.py with
 pretrain_gpt.py's parser) checked against what the paper's runs need: 4 GPUs
 per Perlmutter node (1 on Vista), the layouts and shapes of
-tools/plan_scale.py, tensor parallelism inside a node, every buddy on another
+deadpool_ext/planning/scale.py, tensor parallelism inside a node, every buddy on another
 node, spare nodes in the same allocation, the header sbatch reads, and a
 checkpoint on SIGTERM before the time limit. Also the pieces the scripts
 rely on: on_node.sh, the launcher's SIGTERM handling, bad input."""
@@ -20,12 +20,13 @@ from types import SimpleNamespace
 import pytest
 
 from dist_utils import REPO
-from deadpool_ext import launch
-from deadpool_ext.buddies import rank_of
-from tools import plan_scale, slurm_plan
+from deadpool_ext.control import launch
+from deadpool_ext.topology import rank_of
+from deadpool_ext.planning import scale as plan_scale
+from deadpool_ext.planning import slurm as slurm_plan
 
 SLURM = os.path.join(REPO, "examples", "slurm")
-# script: (tools/plan_scale.py model, GPUs per node)
+# script: (the planner's model, deadpool_ext/planning/scale.py, GPUs per node)
 GPU_SCRIPTS = {
     "gpt_1.3b.sh": ("gpt-1.3b", 4),
     "gpt_6.7b.sh": ("gpt-6.7b", 4),
@@ -43,8 +44,14 @@ def script_env() -> dict:
 
 
 def dry_run(script: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", script, "--dry-run", *extra], cwd=REPO, env=script_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", script, "--dry-run", *extra],
+        cwd=REPO,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +61,17 @@ def plans():
     # The CPU script's data check reads the corpus with megatron-core (seconds
     # of imports); the layout does not depend on the data.
     cpu_env = dict(script_env(), DATA="--mock-data --tokenizer-type ByteLevelTokenizer")
-    procs = {n: subprocess.Popen(["bash", os.path.join(SLURM, n), "--dry-run", "--json"],
-                                 cwd=REPO, env=cpu_env if n == "cpu_demo.sh" else script_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n in names}
+    procs = {
+        n: subprocess.Popen(
+            ["bash", os.path.join(SLURM, n), "--dry-run", "--json"],
+            cwd=REPO,
+            env=cpu_env if n == "cpu_demo.sh" else script_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in names
+    }
     out = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
@@ -69,6 +83,7 @@ def plans():
 gpu_script = pytest.mark.parametrize("name", list(GPU_SCRIPTS))
 
 
+@pytest.mark.integration
 @gpu_script
 def test_world_is_active_nodes_times_gpus_per_node(plans, name):
     p, gpus = plans[name], GPU_SCRIPTS[name][1]
@@ -78,24 +93,32 @@ def test_world_is_active_nodes_times_gpus_per_node(plans, name):
     assert {r["node"] for r in p["ranks"]} == set(range(p["nodes"]))
 
 
+@pytest.mark.integration
 @gpu_script
 def test_perlmutter_layouts_are_the_planned_ones(plans, name):
-    """tools/plan_scale.py's layouts for 512 A100s, which docs/scale.md sizes."""
+    """The planner's layouts for 512 A100s, which docs/scale.md sizes."""
     p, (model, gpus) = plans[name], GPU_SCRIPTS[name]
     if gpus != 4:
         pytest.skip("Vista has its own layout (TP 1)")
     want = plan_scale.paper_layouts(512)[model]
-    got = (p["tp"], p["pp"], p["dp"], p["micro_batch"], p["global_batch"],
-           p["sequence_parallel"])
-    assert got == (want.tp, want.pp, want.dp, want.micro_batch, want.global_batch,
-                   want.sequence_parallel)
+    got = (p["tp"], p["pp"], p["dp"], p["micro_batch"], p["global_batch"], p["sequence_parallel"])
+    assert got == (
+        want.tp,
+        want.pp,
+        want.dp,
+        want.micro_batch,
+        want.global_batch,
+        want.sequence_parallel,
+    )
 
 
+@pytest.mark.integration
 def test_vista_runs_without_tensor_parallelism(plans):
     p = plans["vista_gpt_13b.sh"]
     assert p["tp"] == 1 and p["hardware"] == "vista-gh200"
 
 
+@pytest.mark.integration
 @gpu_script
 def test_shape_is_the_papers_model(plans, name):
     model = GPU_SCRIPTS[name][0]
@@ -103,22 +126,26 @@ def test_shape_is_the_papers_model(plans, name):
     assert slurm_plan.comparable(got) == slurm_plan.comparable(plan_scale.MODELS[model])
 
 
+@pytest.mark.integration
 @gpu_script
 def test_memory_fits_the_gpu(plans, name):
     memory = plans[name]["memory"]
     assert memory["fits"] and memory["total_gib"] <= memory["limit_gib"]
 
 
+@pytest.mark.integration
 @gpu_script
 def test_rank_coordinates_follow_megatrons_tp_pp_dp_order(plans, name):
     p = plans[name]
     assert p["tp_pp_dp_mapping"]
     for r in p["ranks"]:
-        assert r["rank"] == rank_of(r["tp"], r["dp"], r["pp"], p["tp"], p["dp"], p["pp"],
-                                    tp_pp_dp=True)
+        assert r["rank"] == rank_of(
+            r["tp"], r["dp"], r["pp"], p["tp"], p["dp"], p["pp"], tp_pp_dp=True
+        )
         assert r["node"] == r["rank"] // p["ranks_per_node"]
 
 
+@pytest.mark.integration
 @gpu_script
 def test_tensor_parallel_groups_stay_inside_one_node(plans, name):
     groups = {}
@@ -127,6 +154,7 @@ def test_tensor_parallel_groups_stay_inside_one_node(plans, name):
     assert all(len(nodes) == 1 for nodes in groups.values())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
 def test_every_buddy_is_a_dp_peer_on_another_node(plans, name):
     ranks = {r["rank"]: r for r in plans[name]["ranks"]}
@@ -139,6 +167,7 @@ def test_every_buddy_is_a_dp_peer_on_another_node(plans, name):
     assert sorted(r["owner"] for r in ranks.values()) == sorted(ranks)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
 def test_spare_nodes_are_in_the_allocation_and_idle(plans, name):
     p = plans[name]
@@ -153,6 +182,7 @@ def header_value(options, *names):
     return slurm_plan.directive(options, *names)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
 def test_header_allocates_active_and_spare_nodes(plans, name):
     p = plans[name]
@@ -163,6 +193,7 @@ def test_header_allocates_active_and_spare_nodes(plans, name):
     assert header_value(options, "-t", "--time")
 
 
+@pytest.mark.integration
 @gpu_script
 def test_perlmutter_and_vista_headers(plans, name):
     options, gpus = plans[name]["sbatch"], GPU_SCRIPTS[name][1]
@@ -175,6 +206,7 @@ def test_perlmutter_and_vista_headers(plans, name):
         assert header_value(options, "-p", "--partition") == "gh"
 
 
+@pytest.mark.integration
 @gpu_script
 def test_sigterm_comes_early_enough_to_save(plans, name):
     """The signal reaches the job steps (no B:), leaving several iterations
@@ -185,6 +217,7 @@ def test_sigterm_comes_early_enough_to_save(plans, name):
     assert p["signal_lead_s"] >= 5 * p["memory"]["iteration_s"]
 
 
+@pytest.mark.integration
 def test_cpu_variant_is_the_demo_on_gloo(plans):
     p = plans["cpu_demo.sh"]
     assert (p["nodes"], p["spare_nodes"], p["ranks_per_node"]) == (2, 1, 4)
@@ -192,11 +225,16 @@ def test_cpu_variant_is_the_demo_on_gloo(plans):
     assert p["hardware"] is None and p["memory"] is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(GPU_SCRIPTS) + ["cpu_demo.sh"])
 def test_job_mirrors_and_saves_on_sigterm(plans, name):
     args = plans[name]["training_args"]
-    for flag in ("--deadpool", "--use-distributed-optimizer", "--use-tp-pp-dp-mapping",
-                 "--exit-signal-handler"):
+    for flag in (
+        "--deadpool",
+        "--use-distributed-optimizer",
+        "--use-tp-pp-dp-mapping",
+        "--exit-signal-handler",
+    ):
         assert flag in args, flag
     save, load = args[args.index("--save") + 1], args[args.index("--load") + 1]
     assert save == load  # a resubmission resumes from the SIGTERM checkpoint
@@ -216,41 +254,56 @@ def model_file(tmp_path, **changes) -> str:
 
 
 def run_model(path, *args, **env):
-    return subprocess.run(["bash", path, *args], cwd=REPO, capture_output=True, text=True,
-                          env=dict(script_env(), DEADPOOL_REPO=REPO, **env), timeout=120)
+    return subprocess.run(
+        ["bash", path, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(script_env(), DEADPOOL_REPO=REPO, **env),
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"CLUSTER": "summit"}, "CLUSTER must be perlmutter, vista or cpu"),
-    ({"NODES": "two"}, "NODES must be a whole number"),
-    ({"TP": "3"}, "TP 3 does not divide RANKS_PER_NODE 4"),
-    ({"SPARE_NODES": "2"}, "#SBATCH -N 3, but NODES + SPARE_NODES = 4"),
-    ({"GLOBAL_BATCH": "30"}, "--global-batch-size 30 is not divisible"),
-], ids=["cluster", "nodes", "tp", "header", "batch"])
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"CLUSTER": "summit"}, "CLUSTER must be perlmutter, vista or cpu"),
+        ({"NODES": "two"}, "NODES must be a whole number"),
+        ({"TP": "3"}, "TP 3 does not divide RANKS_PER_NODE 4"),
+        ({"SPARE_NODES": "2"}, "#SBATCH -N 3, but NODES + SPARE_NODES = 4"),
+        ({"GLOBAL_BATCH": "30"}, "--global-batch-size 30 is not divisible"),
+    ],
+    ids=["cluster", "nodes", "tp", "header", "batch"],
+)
 def test_bad_settings_stop_with_a_clear_message(tmp_path, changes, message):
     proc = run_model(model_file(tmp_path, **changes), "--dry-run")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.integration
 def test_outside_a_job_it_says_to_use_sbatch(tmp_path):
     proc = run_model(os.path.join(SLURM, "cpu_demo.sh"))
     assert proc.returncode == 2 and "not inside a Slurm job" in proc.stderr
 
 
+@pytest.mark.integration
 def test_wrong_allocation_size_is_refused(tmp_path):
-    proc = run_model(os.path.join(SLURM, "cpu_demo.sh"), SLURM_JOB_ID="7",
-                     SLURM_JOB_NUM_NODES="2")
+    proc = run_model(os.path.join(SLURM, "cpu_demo.sh"), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2")
     assert proc.returncode == 2 and "the job has 2 nodes" in proc.stderr
 
 
 # ----- on_node.sh and the launcher's SIGTERM -----
 ON_NODE = os.path.join(SLURM, "on_node.sh")
 # A child that, like the launcher, handles SIGTERM and finishes its work.
-CHILD = ("import signal, sys, time\n"
-         "signal.signal(signal.SIGTERM, lambda *a: None)\n"
-         "time.sleep(1.5)\nsys.exit(3)\n")
+CHILD = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+    "time.sleep(1.5)\nsys.exit(3)\n"
+)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("node", ["0", "1"])
 def test_on_node_waits_through_sigterm_and_records_node_0(tmp_path, node):
     status = tmp_path / "status"
@@ -289,9 +342,14 @@ def test_launcher_sigterm_lets_ranks_save_or_ends_the_job(handler):
         assert agent.signals == [] and coordinator.ended.action == "abort"
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_scripts_are_shellcheck_clean():
     scripts = sorted(os.path.join(SLURM, n) for n in os.listdir(SLURM) if n.endswith(".sh"))
-    proc = subprocess.run(["shellcheck", "-x", *scripts, "tools/slurm_local.sh"], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["shellcheck", "-x", *scripts, "tools/slurm_local.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from deadpool_ext import snapshot as snap
+from deadpool_ext.state import snapshot as snap
 
 
 def sealed(iteration=7, owner=3, numel=10_000):
@@ -24,8 +24,15 @@ def test_a_sealed_snapshot_verifies_and_reads_back():
     assert snap.read_sidecar(buffer, layout)["progress"] == {"iteration": 7}
 
 
-@pytest.mark.parametrize("byte", [snap.HEADER_BYTES + 5, snap.HEADER_BYTES + 60_000, -1,
-                                  snap.HEADER_BYTES + 3 * 10_000 * 4 + 10])
+@pytest.mark.parametrize(
+    "byte",
+    [
+        snap.HEADER_BYTES + 5,
+        snap.HEADER_BYTES + 60_000,
+        -1,
+        snap.HEADER_BYTES + 3 * 10_000 * 4 + 10,
+    ],
+)
 def test_any_flipped_bit_is_detected(byte):
     layout, buffer = sealed()
     buffer[byte] ^= 1
@@ -67,11 +74,18 @@ def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
     import time
 
     from deadpool_ext.events import EventLog, read_events
-    from deadpool_ext.mirror import Mirror, MirrorError
+    from deadpool_ext.state.mirror import Mirror, MirrorError
 
     layout = snap.ShardLayout(segments=[], numel=4, sidecar_capacity=64)
-    mirror = Mirror(None, layout, rank=0, buddy=1, owner=1, group=None,
-                    events=EventLog(str(tmp_path / "events.jsonl"), 0))
+    mirror = Mirror(
+        None,
+        layout,
+        rank=0,
+        buddy=1,
+        owner=1,
+        group=None,
+        events=EventLog(str(tmp_path / "events.jsonl"), 0),
+    )
     stuck, ran = threading.Event(), []
 
     def run(iteration, index, sidecar, event):

@@ -22,8 +22,6 @@ next generation. A spare joins at step 4, with a model it built for its
 position against a fake world (no collectives), re-pointed the same way.
 """
 
-import os
-import sys
 import time
 from typing import Optional
 
@@ -31,76 +29,79 @@ import torch.distributed as dist
 
 from megatron.training.initialize import init_process_groups
 from megatron.training.log import get_logger
-from megatron.training.training import Trainer, _LogWindow, build_trainer
+from megatron.training.training import Trainer, build_trainer
 
-from deadpool_ext import regroup, resize
+from deadpool_ext import protocol as P
 from deadpool_ext.config import section
-from deadpool_ext.control import STUCK_REPORT_TIMEOUTS
-from deadpool_ext.generation import FailureAnnounced, enter_generation
-from deadpool_ext.hook import mirror_backend
-from deadpool_ext.mirror import MirrorError, new_mirror_group
-from deadpool_ext.plan import Decision
-from deadpool_ext.restore import restore_snapshot
+from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState
+from deadpool_ext.rank import rebuild, regroup
+from deadpool_ext.rank.errors import Failure, classify, summary
+from deadpool_ext.rank.generation import enter_generation, open_fake_world
+from deadpool_ext.rank.hooks import mirror_backend
+from deadpool_ext.rank.restore import restore_snapshot
+from deadpool_ext.state.mirror import MirrorError, new_mirror_group
 
-ABORT_EXIT_CODE = 3
-RELEASED_EXIT_CODE = 4  # a shrink dropped this rank's replica: become a spare
 MIRROR_ROLE = "deadpool_mirror"
 
 
-# What a failed collective, a lost buddy or an announcement raises.
-RECOVERABLE = (RuntimeError, MirrorError, ConnectionError, TimeoutError)
+class WorkerExit(Exception):
+    """This process leaves the job with ``code``; only the worker's ``run``
+    exits, once the event log is closed."""
+
+    def __init__(self, code: ExitCode, reason: str):
+        super().__init__(reason)
+        self.code = code
+
+
+def peer_failure_text(error: BaseException) -> str:
+    """Only text leaves the ``except`` block (the traceback's frames hold
+    the old groups): the failure and where it was raised."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    where = "" if frame is None else f" (at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno})"
+    return summary(error) + where
 
 
 class Recovery:
-    def __init__(self, ctx, trainer: Trainer, mirror_hook, recovery_hook, builders=None):
-        """builders: (model_provider, forward_step, make_hooks), what a shrink
-        needs to build this rank's objects again for a smaller world."""
+    def __init__(self, ctx, trainer: Trainer, hooks: tuple, builders=None):
+        """hooks: (mirror, recovery, faults) as ``main.build_hooks`` makes
+        them; builders: (model_provider, forward_step, make_hooks), what a
+        shrink needs to build this rank's objects again for a smaller world."""
         self.ctx = ctx
         self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
-        self.injector = None
         self.completed = False  # the loop reached --train-iters
-        self.adopt(trainer, mirror_hook, recovery_hook)
+        self.adopt(trainer, hooks)
 
-    def adopt(self, trainer: Trainer, mirror_hook, recovery_hook) -> None:
+    def adopt(self, trainer: Trainer, hooks: tuple) -> None:
         """Train with these objects from now on (at start, and after a shrink)."""
         self.trainer, self.config = trainer, trainer.config
-        self.mirror_hook, self.recovery_hook = mirror_hook, recovery_hook
+        self.mirror_hook, self.recovery_hook, self.fault_hook = hooks
         self.logger = get_logger(trainer.runtime.rank)
         timeout = section(self.config).deadpool_heartbeat_timeout
-        self.ctx.stuck_after_s = STUCK_REPORT_TIMEOUTS * timeout
+        self.ctx.stuck_after_s = P.STUCK_REPORT_TIMEOUTS * timeout
         self.ctx.on_stuck = self._report_stuck
-        self._check_between_microbatches()
-        if self.injector is not None:
-            self.recovery_hook.injector = self.injector
-            install_fault_points(trainer, self)
-
-    def _check_between_microbatches(self) -> None:
-        """A survivor computing its own microbatches would notice a failure
-        only at its next collective with the lost ranks (for a pipeline
-        stage, at the end of backward): look at the announced generation
-        before every microbatch's forward instead."""
-        forward_step, ctx = self.trainer.forward_step, self.ctx
-
-        def forward_unless_announced(data_iterator, model):
-            # A grow waits for the iteration boundary (RecoveryHook.before_step).
-            if ctx.failure_announced() and not ctx.grow_announced():
-                raise FailureAnnounced(f"the coordinator announced generation "
-                                       f"{ctx.latest['gen']}")
-            return forward_step(data_iterator, model)
-
-        self.trainer.forward_step = forward_unless_announced
 
     def _report_stuck(self, gen: int, stacks: str) -> None:
         """The heartbeat thread saw generation ``gen`` announced and released
         this rank's connections, yet the main thread still trains: say where
         it is (the coordinator has it killed a heartbeat timeout later)."""
-        self.emit("stuck", for_gen=gen, stacks=stacks, released=self.ctx.generation.released,
-                  release_error=self.ctx.release_error,
-                  connections=self.ctx.generation.open_connections())
-        self.logger.error("deadpool: generation %d was announced %.0f s ago and this rank "
-                          "has not stopped training; its threads:\n%s", gen,
-                          self.ctx.stuck_after_s, stacks)
+        self.emit(
+            "stuck",
+            for_gen=gen,
+            stacks=stacks,
+            released=self.ctx.generation.released,
+            release_error=self.ctx.release_error,
+            connections=self.ctx.generation.open_connections(),
+        )
+        self.logger.error(
+            "deadpool: generation %d was announced %.0f s ago and this rank "
+            "has not stopped training; its threads:\n%s",
+            gen,
+            self.ctx.stuck_after_s,
+            stacks,
+        )
 
     @property
     def mirror(self):
@@ -114,8 +115,9 @@ class Recovery:
         return {"state": self.trainer.state, "mirror": self.mirror}
 
     def emit(self, event: str, **fields) -> None:
-        self.events.emit(event, gen=self.ctx.gen, iteration=self.trainer.progress.iteration,
-                         **fields)
+        self.events.emit(
+            event, gen=self.ctx.gen, iteration=self.trainer.progress.iteration, **fields
+        )
 
     # ----- the loop -----
     def train(self) -> None:
@@ -123,7 +125,7 @@ class Recovery:
             error = self._train_until_failure()
             if error is None:
                 break
-            if self.recover(error).action == "checkpoint":
+            if self.recover(error).action == Action.CHECKPOINT:
                 self.save_and_stop()
                 return
         if self.completed:  # not stopped early by a signal or an exit flag (saved then)
@@ -136,49 +138,61 @@ class Recovery:
         start = time.monotonic()
         self.trainer.save()
         directory = self.config.checkpoint.save
-        self.emit("checkpoint_saved", directory=directory,
-                  data_parallel_size=self.config.data_parallel_size,
-                  ms=round((time.monotonic() - start) * 1e3, 1))
+        self.emit(
+            "checkpoint_saved",
+            directory=directory,
+            data_parallel_size=self.config.data_parallel_size,
+            ms=round((time.monotonic() - start) * 1e3, 1),
+        )
         self.trainer.finish()  # closes the event log
-        self.logger.error("deadpool: no spare left; saved iteration %d to %s and stopped. "
-                          "Resubmit with --load %s when nodes are back (any data-parallel "
-                          "size, the same TP and PP).", self.trainer.progress.iteration,
-                          directory, directory)
+        self.logger.error(
+            "deadpool: no spare left; saved iteration %d to %s and stopped. "
+            "Resubmit with --load %s when nodes are back (any data-parallel "
+            "size, the same TP and PP).",
+            self.trainer.progress.iteration,
+            directory,
+            directory,
+        )
 
     def _train_until_failure(self) -> Optional[str]:
+        """None when training ended; the failure's text when a peer failed
+        (any other failure goes up to the worker's main)."""
         try:
             self.completed = self.trainer.loop()
             return None
-        except RECOVERABLE as error:
-            # Only the text leaves this block: the traceback's frames hold
-            # references to the old groups.
-            return f"{type(error).__name__}: {str(error)[:300]}"
+        except Exception as error:  # noqa: BLE001 - classified, re-raised unless a peer's
+            if classify(error) != Failure.PEER:
+                raise
+            return peer_failure_text(error)
 
     # ----- survivor -----
     def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:
         """Until a generation after ``after_gen`` (default: this one) resumes;
         returns its decision."""
-        self.ctx.state = "recovering"
+        self.ctx.state = WorkerState.RECOVERING
         self.emit("failure_seen", error=error)
-        self.logger.warning("stopped after iteration %d: %s", self.trainer.progress.iteration,
-                            error)
+        self.logger.warning(
+            "stopped after iteration %d: %s", self.trainer.progress.iteration, error
+        )
         after_gen = self.ctx.gen if after_gen is None else after_gen
         while True:
             self.tear_down()
             decision = self.report_and_wait(after_gen)
-            if decision.action == "abort":
+            if decision.action == Action.ABORT:
                 self.stop(decision)
             if self.ctx.slot in decision.released:
                 self.release(decision)
             try:
-                if decision.action in ("shrink", "grow", "checkpoint"):
-                    resize.resize(self, decision)
+                if decision.action.resizes:
+                    rebuild.resize(self, decision)
                 else:
                     self.rebuild(decision)
                     self.restore(decision)
                 return decision
-            except RECOVERABLE as failure:
-                message = f"{type(failure).__name__}: {str(failure)[:300]}"
+            except Exception as failure:  # noqa: BLE001 - classified, re-raised unless a peer's
+                if classify(failure) != Failure.PEER:
+                    raise
+                message = peer_failure_text(failure)
             after_gen = decision.gen
             self.emit("failure_seen", error=message, during="recovery")
 
@@ -198,11 +212,15 @@ class Recovery:
         if self.slots is None:
             # No local may hold a group (detach checks that none is left alive).
             self.slots = regroup.detach(
-                self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group})
+                self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group}
+            )
         else:
             regroup.reset()
-        self.emit("groups_torn_down", ms=round((time.monotonic() - start) * 1e3, 1),
-                  released=self.ctx.generation.released)
+        self.emit(
+            "groups_torn_down",
+            ms=round((time.monotonic() - start) * 1e3, 1),
+            released=self.ctx.generation.released,
+        )
 
     def generation_built(self) -> None:
         """Every group of the generation exists: fix the set of connections
@@ -220,42 +238,55 @@ class Recovery:
 
     def report_and_wait(self, after_gen: int) -> Decision:
         """Report for the newest generation until its decision comes."""
-        timeout = max(120.0, 10 * section(self.config).deadpool_heartbeat_timeout)
+        timeout = max(P.RECOVERY_TIMEOUT_S, 10 * section(self.config).deadpool_heartbeat_timeout)
         ctx = self.ctx
-        ctx.wait(lambda: ctx.current()["gen"] > after_gen, timeout, "the coordinator to "
-                 "announce a new generation")
+        ctx.wait(
+            lambda: ctx.current()["gen"] > after_gen,
+            timeout,
+            "the coordinator to announce a new generation",
+        )
         while True:
             gen = ctx.current()["gen"]
             mirror = self.mirror
-            ctx.post(kind="report", gen=gen, rank=self.trainer.runtime.rank, slot=ctx.slot,
-                     own=mirror.iterations("own") if mirror else [],
-                     held=mirror.iterations("held") if mirror else [])
+            ctx.post(
+                P.Report(
+                    gen=gen,
+                    rank=self.trainer.runtime.rank,
+                    slot=ctx.slot,
+                    own=mirror.iterations(Source.OWN) if mirror else [],
+                    held=mirror.iterations(Source.HELD) if mirror else [],
+                )
+            )
             self.emit("reported", for_gen=gen)
-            if self.injector is not None:
-                self.injector.at("recovery")
+            self.fault_hook.at("recovery")
             while ctx.current()["gen"] == gen:
                 decision = ctx.decision(gen)
                 if decision is not None:
-                    self.emit("decision_received", for_gen=gen, action=decision.action,
-                              rollback_to=decision.rollback_to)
+                    self.emit(
+                        "decision_received",
+                        for_gen=gen,
+                        action=decision.action,
+                        rollback_to=decision.rollback_to,
+                    )
                     return decision
                 time.sleep(0.02)
 
     def stop(self, decision: Decision) -> None:
         self.emit("stopping", reason=decision.reason)
-        self.logger.error("deadpool: the job stops: %s. Resume from the last --save "
-                          "checkpoint with more spare nodes.", decision.reason)
+        self.logger.error(
+            "deadpool: the job stops: %s. Resume from the last --save "
+            "checkpoint with more spare nodes.",
+            decision.reason,
+        )
         self.events.close()
-        sys.stdout.flush()
-        os._exit(ABORT_EXIT_CODE)
+        raise WorkerExit(ExitCode.ABORTED, decision.reason)
 
     def release(self, decision: Decision) -> None:
         """This rank's replica leaves the job (a shrink): exit, and the agent
         starts a warm spare in this slot."""
         self.emit("released", for_gen=decision.gen, reason="its replica was dropped")
         self.events.close()
-        sys.stdout.flush()
-        os._exit(RELEASED_EXIT_CODE)
+        raise WorkerExit(ExitCode.RELEASED, "its replica was dropped")
 
     # ----- the new generation -----
     def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:
@@ -265,8 +296,9 @@ class Recovery:
         start = time.monotonic()
         self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
         init_process_groups(self.config)
-        group = new_mirror_group(mirror_backend(self.config),
-                                 section(self.config).deadpool_mirror_timeout)
+        group = new_mirror_group(
+            mirror_backend(self.config), section(self.config).deadpool_mirror_timeout
+        )
         regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
         self.slots = None
         self.generation_built()
@@ -291,22 +323,27 @@ class Recovery:
         restore_snapshot(self.trainer, self.mirror_hook.layout, mirror.own[index], iteration=R)
         mirror.resume(index)
         self.resume_at(decision)
-        self.emit("state_restored", source=source, rollback_to=R,
-                  ms=round((time.monotonic() - start) * 1e3, 1))
-        self.logger.info("deadpool: generation %d, resuming at iteration %d (state from %s)",
-                         decision.gen, R + 1, source)
-
+        self.emit(
+            "state_restored",
+            source=source,
+            rollback_to=R,
+            ms=round((time.monotonic() - start) * 1e3, 1),
+        )
+        self.logger.info(
+            "deadpool: generation %d, resuming at iteration %d (state from %s)",
+            decision.gen,
+            R + 1,
+            source,
+        )
 
     def resume_at(self, decision: Decision) -> None:
-        """Training goes on from the rollback iteration: forget the redone
-        iterations' metrics and tell the coordinator."""
-        R = decision.rollback_to
-        if self.trainer.metrics is not None:
-            self.trainer.metrics.rewind(R)
-        self.trainer.window = _LogWindow()
-        self.ctx.iteration = R
-        self.ctx.post(kind="resumed", gen=decision.gen, rank=self.trainer.runtime.rank)
-        self.recovery_hook.recovered_at = time.monotonic()
+        """Training goes on from the rollback iteration (the restore put the
+        trainer back there): forget the redone iterations' metrics and tell
+        the coordinator."""
+        self.trainer.forget_after(decision.rollback_to)
+        self.ctx.iteration = decision.rollback_to
+        self.ctx.post(P.Resumed(gen=decision.gen, rank=self.trainer.runtime.rank))
+        self.recovery_hook.resumed()
 
 
 def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
@@ -314,24 +351,20 @@ def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
     for that position, built against a fake world (its collectives are
     no-ops), with every group swapped for a placeholder. It starts as soon
     as the coordinator names the likely spares, while survivors tear down."""
-    import torch.testing._internal.distributed.fake_pg as fake_pg
-
     start = time.monotonic()
     model_provider, forward_step, make_hooks = builders
     hooks = make_hooks(config, ctx)
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank,
-                            world_size=config.world_size)
-    trainer = build_trainer(config, model_provider, forward_step, list(hooks),
-                            datasets=datasets)
-    trainer.joining = True
+    open_fake_world(rank, config.world_size)
+    trainer = build_trainer(
+        config, model_provider, forward_step, list(hooks), datasets=datasets, joining=True
+    )
     trainer.setup()
-    rec = Recovery(ctx, trainer, *hooks, builders=builders)
+    rec = Recovery(ctx, trainer, hooks, builders=builders)
     if rec.mirror is None:
         raise RuntimeError("a spare cannot take a rank in a job without a mirror")
     rec.mirror.halt()
     rec.slots = regroup.detach(rec.roots(), {MIRROR_ROLE: rec.mirror.group})
-    rec.emit("spare_built", rank=rank, slot=ctx.slot,
-             ms=round((time.monotonic() - start) * 1e3, 1))
+    rec.emit("spare_built", rank=rank, slot=ctx.slot, ms=round((time.monotonic() - start) * 1e3, 1))
     return rec
 
 
@@ -342,8 +375,10 @@ def join(rec: Recovery, decision: Decision) -> Recovery:
         rec.rebuild(decision)
         rec.restore(decision)
         return rec
-    except RECOVERABLE as failure:
-        message = f"{type(failure).__name__}: {str(failure)[:300]}"
+    except Exception as failure:  # noqa: BLE001 - classified, re-raised unless a peer's
+        if classify(failure) != Failure.PEER:
+            raise
+        message = peer_failure_text(failure)
     rec.recover(message, after_gen=decision.gen)
     return rec
 
@@ -352,44 +387,7 @@ def join_grown(ctx, config, builders, datasets, decision: Decision) -> Recovery:
     """A spare that a grow brings in: it holds no state; its position's
     first rank sends it."""
     start = time.monotonic()
-    trainer, hooks = resize.grow_into(ctx, config, builders, datasets, decision)
-    rec = Recovery(ctx, trainer, *hooks, builders=builders)
-    resize.finish(rec, decision, start, None)
+    trainer, hooks = rebuild.grow_into(ctx, config, builders, datasets, decision)
+    rec = Recovery(ctx, trainer, hooks, builders=builders)
+    rebuild.finish(rec, decision, start, None)
     return rec
-
-
-def install_fault_points(trainer: Trainer, rec: Recovery) -> None:
-    """Where --deadpool-inject phases fire (the iteration is Megatron's
-    1-based number of the iteration in progress)."""
-    injector, state = rec.injector, trainer.state
-
-    def current() -> int:
-        return trainer.progress.iteration + 1
-
-    forward_step = trainer.forward_step
-
-    def forward_with_faults(data_iterator, model):
-        injector.at("forward", current())
-        output, loss = forward_step(data_iterator, model)
-        if output.requires_grad:
-            output.register_hook(lambda grad: injector.at("backward", current()) or grad)
-        return output, loss
-
-    trainer.forward_step = forward_with_faults
-    finalize = state.tf_config.finalize_model_grads_func
-
-    def finalize_with_faults(*args, **kwargs):
-        injector.at("grad-reduce", current())
-        return finalize(*args, **kwargs)
-
-    state.tf_config.finalize_model_grads_func = finalize_with_faults
-    for chunk in state.model:
-        sync = chunk.start_param_sync
-
-        def sync_with_faults(*args, _sync=sync, **kwargs):
-            injector.at("optimizer", current())
-            return _sync(*args, **kwargs)
-
-        chunk.start_param_sync = sync_with_faults
-    if rec.mirror is not None:
-        rec.mirror.before_exchange = lambda iteration: injector.at("mirror", iteration + 1)

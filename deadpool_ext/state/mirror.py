@@ -25,7 +25,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from deadpool_ext import snapshot as snap
+from deadpool_ext.state import snapshot as snap
 from deadpool_ext.events import EventLog
 
 
@@ -51,8 +51,17 @@ def new_mirror_group(backend: str, timeout_s: float):
 
 
 class Mirror:
-    def __init__(self, optimizer, layout: snap.ShardLayout, rank: int, buddy: int, owner: int,
-                 group, events: EventLog, device: Optional[torch.device] = None):
+    def __init__(
+        self,
+        optimizer,
+        layout: snap.ShardLayout,
+        rank: int,
+        buddy: int,
+        owner: int,
+        group,
+        events: EventLog,
+        device: Optional[torch.device] = None,
+    ):
         """device: None on CPU; on GPU the CUDA device (``allocate`` then puts
         the buffers in pinned host memory or in device memory)."""
         self.optimizer, self.layout = optimizer, layout
@@ -64,7 +73,7 @@ class Mirror:
         self.device = device
         self.own = []
         self.held = []
-        self.own_index: Optional[int] = None   # last sealed own snapshot
+        self.own_index: Optional[int] = None  # last sealed own snapshot
         self.held_index: Optional[int] = None  # last verified held snapshot
         self.error: Optional[BaseException] = None
         self.last = {}  # stage timings of the last job, for the event log
@@ -76,26 +85,31 @@ class Mirror:
         self._idle = threading.Condition(self._lock)
         self._stream = torch.cuda.Stream(device) if self.cuda else None
         self._last_event = None
-        self.before_exchange = None  # fault injection: called with the iteration
+        self._exchange_hooks = []  # called with the iteration, in the exchange thread
         self._thread = self._new_thread()
 
     def _new_thread(self) -> threading.Thread:
         # Each worker has its own queue: one abandoned by halt() must not
         # take the next worker's jobs.
-        return threading.Thread(target=self._work, args=(self._jobs,),
-                                name=f"deadpool-mirror-{self.rank}", daemon=True)
+        return threading.Thread(
+            target=self._work, args=(self._jobs,), name=f"deadpool-mirror-{self.rank}", daemon=True
+        )
 
     def _abandoned(self) -> bool:
         """In a worker thread that halt() gave up on: it must not touch the
         mirror's state any more."""
         return threading.current_thread() is not self._thread
 
+    def register_exchange_hook(self, hook) -> None:
+        """``hook(iteration)`` runs in the exchange thread before each
+        exchange (where fault injection's phase=mirror fires)."""
+        self._exchange_hooks.append(hook)
+
     def allocate(self, buffer_device: str = "cpu") -> None:
         pin = self.cuda and buffer_device == "cpu"
         where = self.device if buffer_device == "device" else "cpu"
         self.own = [snap.allocate(self.layout, where, pin) for _ in range(2)]
-        self.held = [] if self.local else [snap.allocate(self.layout, where, pin)
-                                           for _ in range(2)]
+        self.held = [] if self.local else [snap.allocate(self.layout, where, pin) for _ in range(2)]
         self._thread.start()
 
     @property
@@ -192,8 +206,10 @@ class Mirror:
             with self._idle:
                 self._pending = 0  # its job will never complete
                 self._idle.notify_all()
-            raise MirrorError(f"the mirror thread was still in an exchange {timeout_s} s after "
-                              "the generation's connections were shut down: abandoned")
+            raise MirrorError(
+                f"the mirror thread was still in an exchange {timeout_s} s after "
+                "the generation's connections were shut down: abandoned"
+            )
 
     def resume(self, source_index: int) -> None:
         """After a restore from own[source_index]: forget every other copy
@@ -274,8 +290,8 @@ class Mirror:
             self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3)
             return
         target = 0 if self.held_index is None else 1 - self.held_index
-        if self.before_exchange is not None:
-            self.before_exchange(iteration)
+        for hook in self._exchange_hooks:
+            hook(iteration)
         self.exchange(buffer, self.held[target])
         if self._abandoned():
             return
@@ -284,14 +300,28 @@ class Mirror:
         with self._lock:
             self.held_index = target
         t4 = time.perf_counter()
-        self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3,
-                         exchange_ms=(t3 - t2) * 1e3, verify_ms=(t4 - t3) * 1e3)
-        self.events.emit("mirror_snapshot", iteration=iteration, buddy=self.buddy,
-                         owner=self.owner, bytes=buffer.numel(),
-                         **{k: round(v, 3) for k, v in self.last.items()})
+        self.last.update(
+            pack_ms=(t1 - t0) * 1e3,
+            seal_ms=(t2 - t1) * 1e3,
+            exchange_ms=(t3 - t2) * 1e3,
+            verify_ms=(t4 - t3) * 1e3,
+        )
+        self.events.emit(
+            "mirror_snapshot",
+            iteration=iteration,
+            buddy=self.buddy,
+            owner=self.owner,
+            bytes=buffer.numel(),
+            **{k: round(v, 3) for k, v in self.last.items()},
+        )
 
-    def exchange(self, send: torch.Tensor, receive: torch.Tensor, to: Optional[int] = None,
-                 source: Optional[int] = None) -> None:
+    def exchange(
+        self,
+        send: torch.Tensor,
+        receive: torch.Tensor,
+        to: Optional[int] = None,
+        source: Optional[int] = None,
+    ) -> None:
         """Send to the buddy and receive from the owner at the same time (in
         a ring with DP=2 they are the same peer)."""
         to = self.buddy if to is None else to
@@ -299,8 +329,10 @@ class Mirror:
         if to == self.rank:  # a ring of one: nothing to send
             receive.copy_(send)
             return
-        requests = [dist.isend(send, to, group=self.group),
-                    dist.irecv(receive, source, group=self.group)]
+        requests = [
+            dist.isend(send, to, group=self.group),
+            dist.irecv(receive, source, group=self.group),
+        ]
         for request in requests:
             request.wait()
 

@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from megatron.training.optimizer_layout import REGIONS, inner_optimizers
+from megatron.training.optimizer_layout import REGIONS, inner_optimizers, walk_buckets
 
 MAGIC = 0x44504D4952524F52  # "DPMIRROR"
 HEADER_WORDS = 8
@@ -43,16 +43,16 @@ class SnapshotError(RuntimeError):
 class Segment:
     """One main parameter's place in the flat shard."""
 
-    optimizer_index: int   # which inner DistributedOptimizer
+    optimizer_index: int  # which inner DistributedOptimizer
     model_param: torch.nn.Parameter
-    offset: int            # first element in each state region
+    offset: int  # first element in each state region
     numel: int
 
 
 @dataclass
 class ShardLayout:
     segments: List[Segment]
-    numel: int             # N: elements per state region, equal on DP peers
+    numel: int  # N: elements per state region, equal on DP peers
     sidecar_capacity: int  # bytes reserved for the sidecar
 
     @property
@@ -64,24 +64,28 @@ class ShardLayout:
 
 def build_layout(optimizer) -> ShardLayout:
     """Walk the distributed optimizers' buckets in their fixed order."""
-    segments, base, model_params = [], 0, 0
-    for index, opt in enumerate(inner_optimizers(optimizer)):
+    for opt in inner_optimizers(optimizer):
         if not hasattr(opt, "gbuf_ranges"):
-            raise SnapshotError("--deadpool needs megatron-core's DistributedOptimizer "
-                                "(--use-distributed-optimizer)")
+            raise SnapshotError(
+                "--deadpool needs megatron-core's DistributedOptimizer "
+                "(--use-distributed-optimizer)"
+            )
         if getattr(opt.config, "use_precision_aware_optimizer", False):
             raise SnapshotError("--deadpool does not support the precision-aware optimizer")
-        dp_size = opt.data_parallel_group.size()
-        for gbuf_index, per_dtype in enumerate(opt.gbuf_ranges):
-            for buckets in per_dtype.values():
-                for bucket_index, bucket_range in enumerate(buckets):
-                    bucket = opt.buffers[gbuf_index].buckets[bucket_index]
-                    model_params += len(bucket.params)
-                    for model_param, ranges in bucket_range["param_map"].items():
-                        local = ranges["gbuf_local"]
-                        segments.append(Segment(index, model_param, base + local.start,
-                                                local.end - local.start))
-                    base += bucket.grad_data.numel() // dp_size
+    segments, base, model_params = [], 0, 0
+    for b in walk_buckets(optimizer):
+        model_params += len(b.bucket.params)
+        for model_param, ranges in b.param_map.items():
+            local = ranges["gbuf_local"]
+            segments.append(
+                Segment(
+                    b.optimizer_index,
+                    model_param,
+                    b.shard_start + local.start,
+                    local.end - local.start,
+                )
+            )
+        base = b.shard_start + b.bucket.grad_data.numel() // b.optimizer.data_parallel_group.size()
     segments.sort(key=lambda s: s.offset)
     # Adam's steps (one float per parameter) and RNG states; equal on DP peers.
     capacity = 256 * 1024 + 64 * model_params
@@ -101,9 +105,9 @@ def allocate(layout: ShardLayout, device="cpu", pin: bool = False) -> torch.Tens
 
 def regions(buffer: torch.Tensor, layout: ShardLayout) -> List[torch.Tensor]:
     """fp32 views of the param, exp_avg and exp_avg_sq regions."""
-    floats = buffer[HEADER_BYTES:HEADER_BYTES + len(STATES) * layout.numel * 4]
+    floats = buffer[HEADER_BYTES : HEADER_BYTES + len(STATES) * layout.numel * 4]
     floats = floats.view(torch.float32)
-    return [floats[i * layout.numel:(i + 1) * layout.numel] for i in range(len(STATES))]
+    return [floats[i * layout.numel : (i + 1) * layout.numel] for i in range(len(STATES))]
 
 
 def header(buffer: torch.Tensor) -> torch.Tensor:
@@ -117,31 +121,32 @@ def pack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor) -> List[flo
     for seg in layout.segments:
         main, state = main_param_and_state(optimizer, seg)
         end = seg.offset + seg.numel
-        views[0][seg.offset:end].copy_(main.detach().view(-1), non_blocking=True)
+        views[0][seg.offset : end].copy_(main.detach().view(-1), non_blocking=True)
         if "exp_avg" in state:
-            views[1][seg.offset:end].copy_(state["exp_avg"].view(-1), non_blocking=True)
-            views[2][seg.offset:end].copy_(state["exp_avg_sq"].view(-1), non_blocking=True)
+            views[1][seg.offset : end].copy_(state["exp_avg"].view(-1), non_blocking=True)
+            views[2][seg.offset : end].copy_(state["exp_avg_sq"].view(-1), non_blocking=True)
             steps.append(float(state["step"]))
     return steps
 
 
-def unpack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor,
-                 steps: List[float]) -> None:
+def unpack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor, steps: List[float]) -> None:
     """Write a snapshot's shard into the live optimizer, creating Adam's
     state when the optimizer is fresh."""
     views = regions(buffer, layout)
     if steps and len(steps) != len(layout.segments):
-        raise SnapshotError(f"snapshot has {len(steps)} Adam steps for "
-                            f"{len(layout.segments)} parameters: another layout")
+        raise SnapshotError(
+            f"snapshot has {len(steps)} Adam steps for "
+            f"{len(layout.segments)} parameters: another layout"
+        )
     for i, seg in enumerate(layout.segments):
         main, state = main_param_and_state(optimizer, seg)
         end = seg.offset + seg.numel
-        main.data.view(-1).copy_(views[0][seg.offset:end])
+        main.data.view(-1).copy_(views[0][seg.offset : end])
         if not steps:
             state.clear()
             continue
         for name, view in zip(STATES[1:], views[1:]):
-            source = view[seg.offset:end].view_as(main)
+            source = view[seg.offset : end].view_as(main)
             if name in state:
                 state[name].copy_(source)
             else:
@@ -175,17 +180,19 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def seal(buffer: torch.Tensor, layout: ShardLayout, iteration: int, owner: int,
-         sidecar: bytes) -> None:
+def seal(
+    buffer: torch.Tensor, layout: ShardLayout, iteration: int, owner: int, sidecar: bytes
+) -> None:
     """Write the sidecar and the header; the checksum goes in last."""
     if len(sidecar) > layout.sidecar_capacity:
-        raise SnapshotError(f"sidecar of {len(sidecar)} bytes exceeds the reserved "
-                            f"{layout.sidecar_capacity}")
+        raise SnapshotError(
+            f"sidecar of {len(sidecar)} bytes exceeds the reserved {layout.sidecar_capacity}"
+        )
     start = HEADER_BYTES + len(STATES) * layout.numel * 4
-    side = buffer[start:start + layout.sidecar_capacity]
+    side = buffer[start : start + layout.sidecar_capacity]
     if sidecar:
-        side[:len(sidecar)].copy_(torch.frombuffer(bytearray(sidecar), dtype=torch.uint8))
-    side[len(sidecar):].zero_()
+        side[: len(sidecar)].copy_(torch.frombuffer(bytearray(sidecar), dtype=torch.uint8))
+    side[len(sidecar) :].zero_()
     h = header(buffer)
     h.zero_()
     h[H_MAGIC], h[H_ITERATION], h[H_NUMEL] = MAGIC, iteration, layout.numel
@@ -193,25 +200,30 @@ def seal(buffer: torch.Tensor, layout: ShardLayout, iteration: int, owner: int,
     h[H_CHECKSUM] = _signed(checksum(buffer))  # computed with its own slot at 0
 
 
-def verify(buffer: torch.Tensor, layout: ShardLayout,
-           iteration: Optional[int] = None, owner: Optional[int] = None) -> int:
+def verify(
+    buffer: torch.Tensor,
+    layout: ShardLayout,
+    iteration: Optional[int] = None,
+    owner: Optional[int] = None,
+) -> int:
     """Raise SnapshotError unless the buffer is a whole, uncorrupted snapshot
     (of the given iteration and owner); returns its iteration."""
     h = header(buffer).clone()
     if int(h[H_MAGIC]) != MAGIC:
         raise SnapshotError("not a snapshot (bad magic): torn or never written")
     if int(h[H_NUMEL]) != layout.numel:
-        raise SnapshotError(f"snapshot holds {int(h[H_NUMEL])} elements per state, this "
-                            f"layout {layout.numel}")
+        raise SnapshotError(
+            f"snapshot holds {int(h[H_NUMEL])} elements per state, this layout {layout.numel}"
+        )
     expected = _unsigned(int(h[H_CHECKSUM]))
     # Take the checksum slot's own contribution (weight 3) back out.
     actual = _unsigned(checksum(buffer) - 3 * expected)
     if actual != expected:
-        raise SnapshotError(f"checksum mismatch ({actual:#x} != {expected:#x}): "
-                            "the snapshot is corrupted")
+        raise SnapshotError(
+            f"checksum mismatch ({actual:#x} != {expected:#x}): the snapshot is corrupted"
+        )
     if iteration is not None and int(h[H_ITERATION]) != iteration:
-        raise SnapshotError(f"snapshot is of iteration {int(h[H_ITERATION])}, "
-                            f"expected {iteration}")
+        raise SnapshotError(f"snapshot is of iteration {int(h[H_ITERATION])}, expected {iteration}")
     if owner is not None and int(h[H_OWNER]) != owner:
         raise SnapshotError(f"snapshot belongs to rank {int(h[H_OWNER])}, expected {owner}")
     return int(h[H_ITERATION])
@@ -224,4 +236,4 @@ def snapshot_iteration(buffer: torch.Tensor) -> int:
 def read_sidecar(buffer: torch.Tensor, layout: ShardLayout) -> dict:
     start = HEADER_BYTES + len(STATES) * layout.numel * 4
     length = int(header(buffer)[H_SIDECAR])
-    return decode_sidecar(buffer[start:start + length].cpu().numpy().tobytes())
+    return decode_sidecar(buffer[start : start + length].cpu().numpy().tobytes())

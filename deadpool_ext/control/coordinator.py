@@ -30,21 +30,34 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from deadpool_ext.control import STUCK_KILL_TIMEOUTS, Channel, parse_slot, slot_name
+from deadpool_ext import protocol as P
 from deadpool_ext.events import EventLog
-from deadpool_ext.grow import plan_grow, replicas_to_add
-from deadpool_ext.plan import Decision, Report, abort, choose_spares, decide
-from deadpool_ext.shrink import Grid, plan_shrink, world_of
-
-COORDINATOR_RANK = -1  # in the event log
-# deadpool-launch's exit code when the job stopped after saving a checkpoint
-# (--deadpool-on-spares-exhausted checkpoint): not finished, resumable.
-STOPPED_WITH_CHECKPOINT = 3
+from deadpool_ext.policy import (
+    abort,
+    choose_spares,
+    decide,
+    plan_grow,
+    plan_shrink,
+    replicas_to_add,
+)
+from deadpool_ext.protocol import (
+    COORDINATOR_RANK,
+    Action,
+    Command,
+    Decision,
+    ExitCode,
+    JobState,
+    Report,
+    parse_slot,
+    slot_name,
+)
+from deadpool_ext.topology import Grid
+from deadpool_ext.wire import Channel
 
 
 @dataclass
 class Membership:
-    members: Dict[int, str]                      # rank -> slot
+    members: Dict[int, str]  # rank -> slot
     spares: List[str] = field(default_factory=list)  # ready spare slots, in order
     lost_slots: Set[str] = field(default_factory=set)
 
@@ -53,36 +66,43 @@ class Membership:
 
 
 class Coordinator:
-    def __init__(self, channel: Channel, nnodes: int, spare_nodes: int, nproc: int,
-                 events: Optional[EventLog] = None, heartbeat_timeout: float = 30.0,
-                 recovery_timeout: float = 120.0, clock=time.monotonic):
+    def __init__(
+        self,
+        channel: Channel,
+        nnodes: int,
+        spare_nodes: int,
+        nproc: int,
+        events: Optional[EventLog] = None,
+        heartbeat_timeout: float = P.HEARTBEAT_TIMEOUT_S,
+        recovery_timeout: float = P.RECOVERY_TIMEOUT_S,
+        clock=time.monotonic,
+    ):
         self.channel, self.nproc = channel, nproc
         self.nnodes, self.spare_nodes = nnodes, spare_nodes
         self.world_size = self.planned_size = nnodes * nproc
         self.events = events or EventLog(None, COORDINATOR_RANK)
         self.heartbeat_timeout, self.recovery_timeout = heartbeat_timeout, recovery_timeout
         self.clock = clock
-        self.view = Membership({r: slot_name(r // nproc, r % nproc)
-                                for r in range(self.world_size)})
-        self.inbox = channel.reader("coordinator")
-        self.gen, self.state = 0, "starting"  # starting, training, recovering, rebuilding
+        self.view = Membership(
+            {r: slot_name(r // nproc, r % nproc) for r in range(self.world_size)}
+        )
+        self.inbox = channel.reader(P.COORDINATOR_TOPIC)
+        self.gen, self.state = 0, JobState.STARTING
         self.lost: Set[int] = set()
         self.reports: Dict[int, Report] = {}
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
         self.exited: Set[str] = set()  # slots whose process exit an agent reported
-        # After an abort, how long the ranks that reported may take to read
-        # it and stop on their own before their agents are told to stop them.
-        self.abort_grace_s = 10.0
-        self.plan: Optional[dict] = None  # layout and buddies from rank 0, per world
+        self.abort_grace_s = P.ABORT_GRACE_S
+        self.plan: Optional[P.Plan] = None  # layout and buddies from rank 0, per world
         self.buddy: Optional[List[int]] = None
         self.owner: Optional[List[int]] = None
         self.train_iters: Optional[int] = None
         self.world: Optional[dict] = None  # size and rank nodes after a shrink
-        self.released: Set[str] = set()     # slots whose replica a shrink dropped
+        self.released: Set[str] = set()  # slots whose replica a shrink dropped
         self.joined_nodes: Set[int] = set()  # registered with deadpool-launch --join
-        self.growing = False   # this generation grows the job (no rank was lost)
+        self.growing = False  # this generation grows the job (no rank was lost)
         self.resizing = False  # a shrink or grow is being carried out
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
@@ -108,12 +128,18 @@ class Coordinator:
         they can build their model while the survivors tear down. ``grow``
         tells workers to stop at their next iteration boundary, not within
         an iteration."""
-        self.channel.put("gen", gen=self.gen, state=self.state, lost=sorted(self.lost),
-                         assign={str(r): s for r, s in (assign or {}).items()},
-                         world=self.world, grow=self.growing)
+        self.channel.put(
+            P.GEN_KEY,
+            gen=self.gen,
+            state=self.state,
+            lost=sorted(self.lost),
+            assign={str(r): s for r, s in (assign or {}).items()},
+            world=self.world,
+            grow=self.growing,
+        )
 
-    def tell_agent(self, node: int, **command) -> None:
-        self.channel.post(f"agent/{node}", **command)
+    def tell_agent(self, node: int, command: Command, slot: Optional[str] = None) -> None:
+        self.channel.post(P.agent_topic(node), kind=command, slot=slot)
 
     @property
     def finished(self) -> bool:
@@ -131,73 +157,115 @@ class Coordinator:
         if self.clock() - self.last_heartbeat_check >= self.heartbeat_check_s:
             self.last_heartbeat_check = self.clock()
             self.check_heartbeats()
-        if self.state == "recovering":
+        if self.state == JobState.RECOVERING:
             self.maybe_decide()
-        elif self.state == "training":
+        elif self.state == JobState.TRAINING:
             self.maybe_grow()
-        elif self.state == "rebuilding" and self.clock() - self.decided_at > \
-                self.recovery_timeout:
-            self.end(abort(self.gen, f"generation {self.gen} did not resume within "
-                           f"{self.recovery_timeout:.0f} s", self.view.members))
+        elif (
+            self.state == JobState.REBUILDING
+            and self.clock() - self.decided_at > self.recovery_timeout
+        ):
+            self.end(
+                abort(
+                    self.gen,
+                    f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s",
+                    self.view.members,
+                )
+            )
 
-    def handle(self, m: dict) -> None:
-        kind = m.get("kind")
-        if kind == "exit":
-            self.exited.add(m["slot"])
-        if kind == "plan" and self.plan is None:
-            self.plan = m
-            self.buddy, self.owner = m["buddy"], m["owner"]
-            self.heartbeat_timeout = float(m.get("heartbeat_timeout", self.heartbeat_timeout))
-            self.spare_wait = float(m.get("spare_wait", self.spare_wait))
-            if m.get("distributed_timeout_minutes") is not None:
-                self.group_timeout_s = 60.0 * float(m["distributed_timeout_minutes"])
-            self.train_iters = m.get("train_iters")
-        elif kind == "exit" and m["slot"] in self.released:
-            self.released.discard(m["slot"])  # left on a shrink; its agent starts a spare
-        elif kind == "exit":
-            self.on_exit(m["slot"], int(m["code"]))
-        elif kind == "node" and m.get("join"):
-            self.register_node(int(m["node"]), int(m.get("nproc", 0)), str(m.get("nonce")))
-        elif kind == "node_lost":
-            self.lose_node(int(m["node"]), m.get("reason", "agent exited"))
-        elif kind == "spare_ready" and m["slot"] not in self.view.lost_slots:
-            if m["slot"] not in self.view.spares and self.view.rank_of(m["slot"]) is None:
-                self.view.spares.append(m["slot"])
-                self.events.emit("spare_ready", gen=self.gen, slot=m["slot"],
-                                 spares=len(self.view.spares))
-                if self.state == "recovering" and not self.growing:
-                    self.publish(self.likely_spares())  # it may build while we wait
-        elif kind == "report" and m["gen"] == self.gen and self.state == "recovering":
-            self.reports[m["rank"]] = Report(m["rank"], m["slot"], m["own"], m["held"])
-        elif kind == "joining" and m["gen"] == self.gen and self.state == "rebuilding":
-            # Everyone enters the new groups' rendezvous together, so that a
-            # failure before it is seen by polling, not by a gloo timeout.
-            self.joining.add(m["rank"])
-            if len(self.joining) == self.world_size:
-                self.channel.put(f"join/{self.gen}", gen=self.gen)
-        elif kind == "resumed" and m["gen"] == self.gen and self.state == "rebuilding":
-            self.resumed.add(m["rank"])
-            if len(self.resumed) == self.world_size:
-                self.state, self.resizing = "training", False
-                self.events.emit("recovered", gen=self.gen,
-                                 seconds=round(self.clock() - self.started_recovery, 3))
-                self.publish()
-        elif kind == "done":
-            self.done.add(m["rank"])
+    def handle(self, body: dict) -> None:
+        try:
+            message = P.parse_message(body)
+        except P.ProtocolError as error:
+            # Signed, so from a process of this job: another version, or a bug.
+            self.events.emit("message_dropped", gen=self.gen, error=str(error))
+            return
+        handler = getattr(self, f"on_{message.KIND.value}")
+        handler(message)
 
-    # ----- failures -----
-    def on_exit(self, slot: str, code: int) -> None:
-        rank = self.view.rank_of(slot)
+    def on_plan(self, m: P.Plan) -> None:
+        if self.plan is not None:
+            return  # a spare that took rank 0 repeats it; only the first counts
+        self.plan, self.buddy, self.owner = m, m.buddy, m.owner
+        self.heartbeat_timeout = float(m.heartbeat_timeout)
+        self.spare_wait = float(m.spare_wait)
+        if m.distributed_timeout_minutes is not None:
+            self.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
+        self.train_iters = m.train_iters
+
+    def on_exit(self, m: P.WorkerExited) -> None:
+        self.exited.add(m.slot)
+        if m.slot in self.released:
+            self.released.discard(m.slot)  # left on a shrink; its agent starts a spare
+            return
+        rank = self.view.rank_of(m.slot)
         if rank is not None and rank in self.done:
             return  # finished normally
-        if rank is None and slot in self.view.spares:
-            self.view.spares.remove(slot)
-        self.lose_slots([slot], f"process exited with code {code}")
+        if rank is None and m.slot in self.view.spares:
+            self.view.spares.remove(m.slot)
+        if m.code == ExitCode.BUG and not self.finished:
+            # A spare runs the same code and would meet it again.
+            self.end(
+                abort(
+                    self.gen,
+                    f"slot {m.slot} (rank {rank}) stopped on a programming "
+                    "error; its traceback is in its log. Fix it and resume from the "
+                    "last --save checkpoint",
+                    self.view.members,
+                )
+            )
+            return
+        self.lose_slots([m.slot], f"process exited with code {m.code}")
 
+    def on_node(self, m: P.NodeUp) -> None:
+        if m.join:
+            self.register_node(m.node, m.nproc, str(m.nonce))
+
+    def on_spare_ready(self, m: P.SpareReady) -> None:
+        slot = m.slot
+        if (
+            slot in self.view.lost_slots
+            or slot in self.view.spares
+            or self.view.rank_of(slot) is not None
+        ):
+            return
+        self.view.spares.append(slot)
+        self.events.emit("spare_ready", gen=self.gen, slot=slot, spares=len(self.view.spares))
+        if self.state == JobState.RECOVERING and not self.growing:
+            self.publish(self.likely_spares())  # it may build while we wait
+
+    def on_report(self, m: P.Report) -> None:
+        if m.gen == self.gen and self.state == JobState.RECOVERING:
+            self.reports[m.rank] = m
+
+    def on_joining(self, m: P.Joining) -> None:
+        """Everyone enters the new groups' rendezvous together, so that a
+        failure before it is seen by polling, not by a gloo timeout."""
+        if m.gen != self.gen or self.state != JobState.REBUILDING:
+            return
+        self.joining.add(m.rank)
+        if len(self.joining) == self.world_size:
+            self.channel.put(P.join_key(self.gen), gen=self.gen)
+
+    def on_resumed(self, m: P.Resumed) -> None:
+        if m.gen != self.gen or self.state != JobState.REBUILDING:
+            return
+        self.resumed.add(m.rank)
+        if len(self.resumed) == self.world_size:
+            self.state, self.resizing = JobState.TRAINING, False
+            self.events.emit(
+                "recovered", gen=self.gen, seconds=round(self.clock() - self.started_recovery, 3)
+            )
+            self.publish()
+
+    def on_done(self, m: P.Done) -> None:
+        self.done.add(m.rank)
+
+    # ----- failures -----
     def lose_node(self, node: int, reason: str) -> None:
         slots = [slot_name(node, i) for i in range(self.nproc)]
         self.lose_slots(slots, f"node {node} lost: {reason}")
-        self.tell_agent(node, kind="kill_all")
+        self.tell_agent(node, Command.KILL_ALL)
 
     def lose_slots(self, slots: List[str], reason: str) -> None:
         slots = [s for s in slots if s not in self.view.lost_slots]
@@ -211,26 +279,45 @@ class Coordinator:
             return
         if self.resizing or self.stopping:
             what = "saving its checkpoint" if self.stopping else "being resized"
-            self.end(abort(self.gen, f"{reason} (ranks {sorted(ranks)}) while the job was "
-                           f"{what}: resume from the last --save checkpoint",
-                           self.view.members))
+            self.end(
+                abort(
+                    self.gen,
+                    f"{reason} (ranks {sorted(ranks)}) while the job was "
+                    f"{what}: resume from the last --save checkpoint",
+                    self.view.members,
+                )
+            )
             return
         self.lost |= ranks
         self.growing = False  # a loss turns a pending grow into a recovery
-        self.gen += 1
-        self.state, self.reports, self.resumed, self.joining = "recovering", {}, set(), set()
-        self.started_recovery = self.clock()
-        self.events.emit("failure_detected", gen=self.gen, ranks=sorted(ranks), slots=slots,
-                         reason=reason, iteration=max(self.progress.values(), default=0))
+        self.open_generation()
+        self.events.emit(
+            "failure_detected",
+            gen=self.gen,
+            ranks=sorted(ranks),
+            slots=slots,
+            reason=reason,
+            iteration=max(self.progress.values(), default=0),
+        )
         self.publish(self.likely_spares())
+
+    def open_generation(self) -> None:
+        """A failure or a grow: the next generation starts collecting reports."""
+        self.gen += 1
+        self.state, self.reports, self.resumed, self.joining = JobState.RECOVERING, {}, set(), set()
+        self.started_recovery = self.clock()
 
     def likely_spares(self) -> Dict[int, str]:
         """What decide() will pick if nothing else fails (same inputs)."""
-        if self.buddy is None or len(self.view.spares) < len(self.lost) or \
-                any(self.buddy[r] in self.lost for r in self.lost):
+        if (
+            self.buddy is None
+            or len(self.view.spares) < len(self.lost)
+            or any(self.buddy[r] in self.lost for r in self.lost)
+        ):
             return {}
-        return choose_spares(sorted(self.lost), self.view.spares, self.view.members,
-                             self.buddy, self.owner)[0]
+        return choose_spares(
+            sorted(self.lost), self.view.spares, self.view.members, self.buddy, self.owner
+        )[0]
 
     def register_node(self, node: int, nproc: int, nonce: str) -> None:
         """A repaired or new node (``deadpool-launch --join``): its workers
@@ -241,15 +328,18 @@ class Coordinator:
         slots = [slot_name(node, i) for i in range(self.nproc)]
         taken = node in self.nodes() and not all(s in self.view.lost_slots for s in slots)
         if nproc != self.nproc or taken:
-            why = (f"it runs {nproc} ranks per node, the job {self.nproc}"
-                   if nproc != self.nproc else f"node {node} is still part of the job")
+            why = (
+                f"it runs {nproc} ranks per node, the job {self.nproc}"
+                if nproc != self.nproc
+                else f"node {node} is still part of the job"
+            )
             self.events.emit("join_refused", gen=self.gen, node=node, reason=why)
-            self.channel.put(f"admit/{nonce}", accepted=False, reason=why)
+            self.channel.put(P.admission_key(nonce), accepted=False, reason=why)
             return
-        self.channel.put(f"admit/{nonce}", accepted=True)
+        self.channel.put(P.admission_key(nonce), accepted=True)
         self.view.lost_slots.difference_update(slots)
         # Its old heartbeats are stale; the new processes' sequence starts again.
-        for key in [f"hb/node/{node}"] + [f"hb/{s}" for s in slots]:
+        for key in [P.node_heartbeat_key(node)] + [P.worker_heartbeat_key(s) for s in slots]:
             self.seen.pop(key, None)
         self.joined_nodes.add(node)
         self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
@@ -258,7 +348,7 @@ class Coordinator:
         now = self.clock()
         beating = set()
         for node in self.nodes():
-            body, stale = self.heartbeat(f"hb/node/{node}", now)
+            body, stale = self.heartbeat(P.node_heartbeat_key(node), now)
             if stale and slot_name(node, 0) not in self.view.lost_slots:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
             elif body is not None and not stale:
@@ -269,13 +359,12 @@ class Coordinator:
         for slot in watched:
             if slot in self.view.lost_slots:
                 continue
-            body, stale = self.heartbeat(f"hb/{slot}", now)
+            body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
             states[slot] = (body or {}).get("state")
             if stale and self.node_beats(parse_slot(slot)[0], now):
-                self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
-                self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s "
-                                "(hung)")
-        if self.state == "recovering" and not self.growing:
+                self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+                self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
+        if self.state == JobState.RECOVERING and not self.growing:
             self.kill_stuck(now, states)
 
     def kill_stuck(self, now: float, states: Dict[str, Optional[str]]) -> None:
@@ -284,24 +373,35 @@ class Coordinator:
         wrote its threads' stacks to the event log, event 'stuck'): they are
         killed and lost, and their buddies' copies restore them."""
         waited = now - self.started_recovery
-        if waited < STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
+        if waited < P.STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
             return
-        stuck = [rank for rank, slot in sorted(self.view.members.items())
-                 if rank not in self.lost and rank not in self.reports and
-                 states.get(slot) == "training"]
+        stuck = [
+            rank
+            for rank, slot in sorted(self.view.members.items())
+            if rank not in self.lost
+            and rank not in self.reports
+            and states.get(slot) == P.WorkerState.TRAINING
+        ]
         only_copies = self.only_copies()
         kept = {rank: only_copies[rank] for rank in stuck if rank in only_copies}
         if kept and self.waited_stuck_gen != self.gen:
             # Killing it would lose state: its wait ends at the groups' timeout.
             self.waited_stuck_gen = self.gen
-            self.events.emit("stuck_waited", gen=self.gen, ranks=sorted(kept),
-                             why=[kept[r] for r in sorted(kept)],
-                             up_to_s=self.group_timeout_s)
+            self.events.emit(
+                "stuck_waited",
+                gen=self.gen,
+                ranks=sorted(kept),
+                why=[kept[r] for r in sorted(kept)],
+                up_to_s=self.group_timeout_s,
+            )
         stuck = [self.view.members[rank] for rank in stuck if rank not in kept]
         for slot in stuck:
-            self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
-        self.lose_slots(stuck, f"still training {waited:.0f} s after generation {self.gen} "
-                        "was announced (stuck; its stacks are in the event log)")
+            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+        self.lose_slots(
+            stuck,
+            f"still training {waited:.0f} s after generation {self.gen} "
+            "was announced (stuck; its stacks are in the event log)",
+        )
 
     def only_copies(self) -> Dict[int, str]:
         """Live members whose loss would leave an optimizer shard with no
@@ -323,16 +423,25 @@ class Coordinator:
         will report ready: beating in the state "starting", or not beating
         yet on a node whose agent beats (the agent started it; early in a
         job a spare may still be importing when a failure comes)."""
-        busy = set(self.view.members.values()) | set(self.view.spares) | \
-            self.view.lost_slots | self.released
+        busy = (
+            set(self.view.members.values())
+            | set(self.view.spares)
+            | self.view.lost_slots
+            | self.released
+        )
         found = []
         for node in self.nodes():
             for slot in (slot_name(node, i) for i in range(self.nproc)):
                 if slot in busy:
                     continue
-                body, stale = self.heartbeat(f"hb/{slot}", now)
-                if body is None and node in beating_nodes or \
-                        body is not None and not stale and body.get("state") == "starting":
+                body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
+                if (
+                    body is None
+                    and node in beating_nodes
+                    or body is not None
+                    and not stale
+                    and body.get("state") == P.WorkerState.STARTING
+                ):
                     found.append(slot)
         return found
 
@@ -342,7 +451,7 @@ class Coordinator:
         workers' stopping together: a silent worker on a silent node is not
         hung, and the node's own timeout (due within the other half) takes
         all its ranks in one generation instead of one per worker."""
-        last = self.seen.get(f"hb/node/{node}")
+        last = self.seen.get(P.node_heartbeat_key(node))
         return last is None or now - last[1] <= self.heartbeat_timeout / 2
 
     def stale(self, key: str, now: float) -> bool:
@@ -376,35 +485,28 @@ class Coordinator:
             if self.clock() - self.started_recovery > timeout:
                 slots = [self.view.members[r] for r in waiting]
                 for slot in slots:
-                    self.tell_agent(parse_slot(slot)[0], kind="kill", slot=slot)
+                    self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
                 self.lose_slots(slots, f"did not report within {timeout:.0f} s")
             return
         if self.plan is None:
-            self.end(abort(self.gen, "no buddy plan was received from rank 0",
-                           self.view.members))
+            self.end(abort(self.gen, "no buddy plan was received from rank 0", self.view.members))
             return
         if self.waiting_for_spares():
             return
         decision = self.choose()
         self.growing = False
         self.decided_at = self.clock()
-        if decision.action == "abort":
+        if decision.action == Action.ABORT:
             self.end(decision)
             return
-        if decision.action in ("shrink", "grow", "checkpoint"):
+        if decision.action.resizes:
             self.apply_resize(decision)
             return
-        self.view.members = decision.members
-        self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
-        self.lost = set()
-        self.state = "rebuilding"
-        self.channel.put(f"decision/{self.gen}", **decision.to_message())
-        self.events.emit("decision", gen=self.gen, action=decision.action,
-                         rollback_to=decision.rollback_to,
-                         replaced={str(r): s for r, s in decision.replaced.items()},
-                         from_buddy=decision.from_buddy, warnings=decision.warnings,
-                         spares_left=len(self.view.spares))
-        self.publish()
+        self.commit(
+            decision,
+            replaced={str(r): s for r, s in decision.replaced.items()},
+            from_buddy=decision.from_buddy,
+        )
 
     def report_timeout(self, waiting: List[int]) -> float:
         """How long the survivors may take to report: longer when one that
@@ -419,94 +521,148 @@ class Coordinator:
         them, up to --deadpool-spare-wait after the failure, and swap once
         rather than shrink now and grow back when they are ready."""
         short = len(self.lost) - len(self.view.spares)
-        if self.growing or short <= 0 or len(self.warming) < short or \
-                self.clock() - self.started_recovery >= self.spare_wait:
+        if (
+            self.growing
+            or short <= 0
+            or len(self.warming) < short
+            or self.clock() - self.started_recovery >= self.spare_wait
+        ):
             return False
         if self.waited_gen != self.gen:
             self.waited_gen = self.gen
-            self.events.emit("waiting_for_spares", gen=self.gen, lost=len(self.lost),
-                             ready=len(self.view.spares), warming=sorted(self.warming),
-                             up_to_s=self.spare_wait)
+            self.events.emit(
+                "waiting_for_spares",
+                gen=self.gen,
+                lost=len(self.lost),
+                ready=len(self.view.spares),
+                warming=sorted(self.warming),
+                up_to_s=self.spare_wait,
+            )
         return True
 
     def grid(self) -> Grid:
-        return Grid(self.plan["tp"], self.plan["pp"],
-                    self.world_size // (self.plan["tp"] * self.plan["pp"]),
-                    self.plan["tp_pp_dp"])
+        tp, pp = self.plan.tp, self.plan.pp
+        return Grid(tp, pp, self.world_size // (tp * pp), self.plan.tp_pp_dp)
 
     def planned_dp(self) -> int:
-        return self.planned_size // (self.plan["tp"] * self.plan["pp"])
+        return self.planned_size // (self.plan.tp * self.plan.pp)
 
     def maybe_grow(self) -> None:
         """Announce a grow once the ready spares fill a whole replica."""
-        if self.plan is None or self.world_size >= self.planned_size or self.finished or \
-                self.stopping:
+        if (
+            self.plan is None
+            or self.world_size >= self.planned_size
+            or self.finished
+            or self.stopping
+        ):
             return
         grid = self.grid()
         add = replicas_to_add(grid, self.planned_dp(), self.view.spares)
         if add == 0:
             return
-        self.gen += 1
-        self.state, self.reports, self.resumed, self.joining = "recovering", {}, set(), set()
-        self.growing, self.started_recovery = True, self.clock()
-        self.events.emit("grow_announced", gen=self.gen, dp_before=grid.dp,
-                         dp_after=grid.dp + add, spares=list(self.view.spares),
-                         iteration=max(self.progress.values(), default=0))
+        self.open_generation()
+        self.growing = True
+        self.events.emit(
+            "grow_announced",
+            gen=self.gen,
+            dp_before=grid.dp,
+            dp_after=grid.dp + add,
+            spares=list(self.view.spares),
+            iteration=max(self.progress.values(), default=0),
+        )
         self.publish()
 
     def choose(self) -> Decision:
         """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
         if self.growing:
-            return plan_grow(self.gen, self.view.members, self.reports, self.view.spares,
-                             self.grid(), self.planned_dp())
-        policy = self.plan.get("on_spares_exhausted")
-        if len(self.view.spares) >= len(self.lost) and self.buddy is not None or \
-                policy not in ("shrink", "checkpoint"):
+            return plan_grow(
+                self.gen,
+                self.view.members,
+                self.reports,
+                self.view.spares,
+                self.grid(),
+                self.planned_dp(),
+            )
+        policy = self.plan.on_spares_exhausted
+        if (
+            len(self.view.spares) >= len(self.lost)
+            and self.buddy is not None
+            or policy not in ("shrink", "checkpoint")
+        ):
             if self.buddy is None:
-                return abort(self.gen, f"ranks {sorted(self.lost)} were lost and no copy of "
-                             "their state exists (the job runs without a mirror)",
-                             self.view.members)
-            return decide(self.gen, self.view.members, self.lost, self.reports,
-                          self.view.spares, self.buddy, self.owner)
-        decision = plan_shrink(self.gen, self.view.members, self.lost, self.reports,
-                               self.buddy, self.grid())
-        if policy == "checkpoint" and decision.action == "shrink":
+                return abort(
+                    self.gen,
+                    f"ranks {sorted(self.lost)} were lost and no copy of "
+                    "their state exists (the job runs without a mirror)",
+                    self.view.members,
+                )
+            return decide(
+                self.gen,
+                self.view.members,
+                self.lost,
+                self.reports,
+                self.view.spares,
+                self.buddy,
+                self.owner,
+            )
+        decision = plan_shrink(
+            self.gen, self.view.members, self.lost, self.reports, self.buddy, self.grid()
+        )
+        if policy == "checkpoint" and decision.action == Action.SHRINK:
             # The survivors gather every shard the way a shrink does, save
             # it, and stop; the checkpoint loads at any data-parallel size.
-            decision.action = "checkpoint"
-            decision.reason = (f"spares exhausted ({len(self.lost)} rank(s) lost): saved "
-                               f"iteration {decision.rollback_to} and stopped "
-                               "(--deadpool-on-spares-exhausted checkpoint); resubmit with "
-                               "--load when nodes are back")
+            decision.action = Action.CHECKPOINT
+            decision.reason = (
+                f"spares exhausted ({len(self.lost)} rank(s) lost): saved "
+                f"iteration {decision.rollback_to} and stopped "
+                "(--deadpool-on-spares-exhausted checkpoint); resubmit with "
+                "--load when nodes are back"
+            )
         return decision
 
     def apply_resize(self, decision: Decision) -> None:
         """The decision's members form the new world. A shrink's dropped
         replicas' live ranks exit and come back as spares; a grow's spares
         join. Rank 0 of the new world then sends the new layout."""
-        self.view.members = decision.members
-        self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.released |= set(decision.released)
         self.world_size = decision.world_size
-        self.world = world_of(decision)
+        self.world = decision.world()
         self.plan = self.buddy = self.owner = None
-        self.lost, self.progress = set(), {}
-        self.state, self.resizing = "rebuilding", True
-        if decision.action == "checkpoint":
+        self.progress = {}
+        self.resizing = True
+        if decision.action == Action.CHECKPOINT:
             self.stopping = decision
-        self.channel.put(f"decision/{self.gen}", **decision.to_message())
-        self.events.emit("decision", gen=self.gen, action=decision.action,
-                         rollback_to=decision.rollback_to, dp_before=decision.old_dp,
-                         dp_after=decision.new_dp, world_size=decision.world_size,
-                         released=decision.released,
-                         joined={str(r): s for r, s in decision.replaced.items()},
-                         warnings=decision.warnings, spares_left=len(self.view.spares))
+        self.commit(
+            decision,
+            dp_before=decision.old_dp,
+            dp_after=decision.new_dp,
+            world_size=decision.world_size,
+            released=decision.released,
+            joined={str(r): s for r, s in decision.replaced.items()},
+        )
+
+    def commit(self, decision: Decision, **details) -> None:
+        """The decision's members form the generation: publish it and rebuild."""
+        self.view.members = decision.members
+        self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
+        self.lost = set()
+        self.state = JobState.REBUILDING
+        self.channel.put(P.decision_key(self.gen), **decision.to_message())
+        self.events.emit(
+            "decision",
+            gen=self.gen,
+            action=decision.action,
+            rollback_to=decision.rollback_to,
+            warnings=decision.warnings,
+            spares_left=len(self.view.spares),
+            **details,
+        )
         self.publish()
 
     def end(self, decision: Decision) -> None:
         self.result = decision
-        self.state = "aborted"
-        self.channel.put(f"decision/{decision.gen}", **decision.to_message())
+        self.state = JobState.ABORTED
+        self.channel.put(P.decision_key(decision.gen), **decision.to_message())
         self.events.emit("abort", gen=decision.gen, reason=decision.reason)
         self.publish()
 
@@ -523,9 +679,12 @@ class Coordinator:
 
     def mark_training(self) -> None:
         """Every active rank has finished an iteration: spares may build data."""
-        if self.state == "starting" and len(self.progress) == self.world_size and \
-                min(self.progress.values()) >= 1:
-            self.state = "training"
+        if (
+            self.state == JobState.STARTING
+            and len(self.progress) == self.world_size
+            and min(self.progress.values()) >= 1
+        ):
+            self.state = JobState.TRAINING
             self.publish()
 
     def run(self, poll_s: float = 0.01, alive=lambda: True) -> int:
@@ -538,7 +697,11 @@ class Coordinator:
         if len(self.done) < self.world_size:
             return 1
         if self.stopping is not None:
-            self.events.emit("stopped", gen=self.gen, reason=self.stopping.reason,
-                             iteration=self.stopping.rollback_to)
-            return STOPPED_WITH_CHECKPOINT
+            self.events.emit(
+                "stopped",
+                gen=self.gen,
+                reason=self.stopping.reason,
+                iteration=self.stopping.rollback_to,
+            )
+            return ExitCode.STOPPED_WITH_CHECKPOINT
         return 0

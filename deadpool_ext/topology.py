@@ -3,10 +3,12 @@
 Megatron numbers ranks with tensor parallelism fastest, then data
 parallelism, then pipeline stages: ``rank = tp + TP * (dp + DP * pp)``; with
 ``--use-tp-pp-dp-mapping`` pipeline stages come before data parallelism:
-``rank = tp + TP * (pp + PP * dp)``, so each DP replica fills whole nodes. The data-parallel ranks that share a
-(tp, pp) position hold the same model shard and differently placed
-optimizer shards, so they form a ring, and each rank mirrors its optimizer
-shard to a ring peer on another node: its *buddy*.
+``rank = tp + TP * (pp + PP * dp)``, so each DP replica fills whole nodes.
+The data-parallel ranks that share a (tp, pp) position hold the same model
+shard and differently placed optimizer shards, so they form a ring, and
+each rank mirrors its optimizer shard to a ring peer on another node: its
+*buddy*. ``Grid`` holds the order; megatron-core's ``RankGenerator`` makes
+the same one (tests/unit_tests/test_buddies.py checks it).
 
 The buddy map is one uniform shift along every ring: rank i of a ring sends
 to rank (i + s) mod DP, with s the smallest shift that puts every buddy on
@@ -15,29 +17,33 @@ exactly one peer's mirror, and memory per rank stays one shard.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 class BuddyError(ValueError):
     """No valid buddy layout; the message says what to change."""
 
 
-def rank_of(tp: int, dp: int, pp: int, tp_size: int, dp_size: int, pp_size: int,
-            tp_pp_dp: bool = False) -> int:
+def rank_of(
+    tp: int, dp: int, pp: int, tp_size: int, dp_size: int, pp_size: int, tp_pp_dp: bool = False
+) -> int:
     if tp_pp_dp:
         return tp + tp_size * (pp + pp_size * dp)
     return tp + tp_size * (dp + dp_size * pp)
 
 
-def dp_rings(world_size: int, tp_size: int, pp_size: int,
-             tp_pp_dp: bool = False) -> List[List[int]]:
+def dp_rings(
+    world_size: int, tp_size: int, pp_size: int, tp_pp_dp: bool = False
+) -> List[List[int]]:
     """The data-parallel groups, each in DP-rank order, ordered by (pp, tp)."""
     if world_size % (tp_size * pp_size):
-        raise BuddyError(f"world size {world_size} is not divisible by TP {tp_size} x "
-                         f"PP {pp_size}")
+        raise BuddyError(f"world size {world_size} is not divisible by TP {tp_size} x PP {pp_size}")
     dp_size = world_size // (tp_size * pp_size)
-    return [[rank_of(tp, dp, pp, tp_size, dp_size, pp_size, tp_pp_dp) for dp in range(dp_size)]
-            for pp in range(pp_size) for tp in range(tp_size)]
+    return [
+        [rank_of(tp, dp, pp, tp_size, dp_size, pp_size, tp_pp_dp) for dp in range(dp_size)]
+        for pp in range(pp_size)
+        for tp in range(tp_size)
+    ]
 
 
 def ring_shift(rings: Sequence[Sequence[int]], node_of: Sequence[str]) -> Optional[int]:
@@ -45,8 +51,11 @@ def ring_shift(rings: Sequence[Sequence[int]], node_of: Sequence[str]) -> Option
     different nodes, or None if there is none."""
     dp_size = len(rings[0])
     for shift in range(1, dp_size):
-        if all(node_of[ring[i]] != node_of[ring[(i + shift) % dp_size]]
-               for ring in rings for i in range(dp_size)):
+        if all(
+            node_of[ring[i]] != node_of[ring[(i + shift) % dp_size]]
+            for ring in rings
+            for i in range(dp_size)
+        ):
             return shift
     return None
 
@@ -61,8 +70,14 @@ class BuddyMap:
     same_node: bool  # True when some buddy shares its owner's node
 
 
-def buddy_map(world_size: int, tp_size: int, pp_size: int, node_of: Sequence[str],
-              allow_same_node: bool = False, tp_pp_dp: bool = False) -> BuddyMap:
+def buddy_map(
+    world_size: int,
+    tp_size: int,
+    pp_size: int,
+    node_of: Sequence[str],
+    allow_same_node: bool = False,
+    tp_pp_dp: bool = False,
+) -> BuddyMap:
     """The mirror layout of a job, or BuddyError saying why there is none."""
     if len(node_of) != world_size:
         raise BuddyError(f"{len(node_of)} node names for {world_size} ranks")
@@ -72,7 +87,8 @@ def buddy_map(world_size: int, tp_size: int, pp_size: int, node_of: Sequence[str
         raise BuddyError(
             "--deadpool needs data-parallel size >= 2 (a buddy holds a DP peer's optimizer "
             f"shard), but TP {tp_size} x PP {pp_size} uses all {world_size} ranks: launch "
-            "more ranks or lower --tensor-model-parallel-size / --pipeline-model-parallel-size")
+            "more ranks or lower --tensor-model-parallel-size / --pipeline-model-parallel-size"
+        )
     shift, same_node = ring_shift(rings, node_of), False
     if shift is None:
         nodes = sorted(set(node_of))
@@ -82,7 +98,8 @@ def buddy_map(world_size: int, tp_size: int, pp_size: int, node_of: Sequence[str
                 f"{', '.join(nodes)}; data-parallel peers of some rank all share its node): "
                 "use --use-tp-pp-dp-mapping so DP replicas fill whole nodes, run on more "
                 "nodes so each DP ring spans two, or accept same-node buddies "
-                "with --deadpool-allow-same-node-buddy (a node failure then loses state)")
+                "with --deadpool-allow-same-node-buddy (a node failure then loses state)"
+            )
         shift, same_node = 1, True
     buddy = {ring[i]: ring[(i + shift) % dp_size] for ring in rings for i in range(dp_size)}
     owner = {b: r for r, b in buddy.items()}
@@ -93,3 +110,33 @@ def nodes_by_block(world_size: int, ranks_per_node: int) -> List[str]:
     """Node names when each node hosts a contiguous block of ranks (torchrun,
     srun with one task per GPU, and the launcher's emulated nodes)."""
     return [f"node{r // ranks_per_node}" for r in range(world_size)]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A job's TP x PP x DP layout and Megatron's rank order."""
+
+    tp: int
+    pp: int
+    dp: int
+    tp_pp_dp: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def rank(self, tp: int, dp: int, pp: int) -> int:
+        return rank_of(tp, dp, pp, self.tp, self.dp, self.pp, self.tp_pp_dp)
+
+    def coords(self, rank: int) -> Tuple[int, int, int]:
+        """(tp, dp, pp) of a rank."""
+        tp, rest = rank % self.tp, rank // self.tp
+        if self.tp_pp_dp:
+            return tp, rest // self.pp, rest % self.pp
+        return tp, rest % self.dp, rest // self.dp
+
+    def replica(self, rank: int) -> int:
+        return self.coords(rank)[1]
+
+    def with_dp(self, dp: int) -> "Grid":
+        return Grid(self.tp, self.pp, dp, self.tp_pp_dp)

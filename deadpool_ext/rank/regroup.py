@@ -46,9 +46,23 @@ class GroupSlot:
 
 
 # Values that never hold a process group: not worth walking into.
-_LEAVES = (torch.Tensor, str, bytes, int, float, bool, complex, type(None), type,
-           types.ModuleType, torch.dtype, torch.device, torch.Size, weakref.ref,
-           types.BuiltinFunctionType)
+_LEAVES = (
+    torch.Tensor,
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    complex,
+    type(None),
+    type,
+    types.ModuleType,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+    weakref.ref,
+    types.BuiltinFunctionType,
+)
 
 
 def groups_by_role(extra: Optional[Dict[str, object]] = None) -> Dict[str, ProcessGroup]:
@@ -59,11 +73,13 @@ def groups_by_role(extra: Optional[Dict[str, object]] = None) -> Dict[str, Proce
         if isinstance(value, ProcessGroup):
             roles[name] = value
         elif isinstance(value, (list, tuple)):
-            roles.update({f"{name}[{i}]": v for i, v in enumerate(value)
-                          if isinstance(v, ProcessGroup)})
+            roles.update(
+                {f"{name}[{i}]": v for i, v in enumerate(value) if isinstance(v, ProcessGroup)}
+            )
         elif isinstance(value, dict):
-            roles.update({f"{name}[{k!r}]": v for k, v in value.items()
-                          if isinstance(v, ProcessGroup)})
+            roles.update(
+                {f"{name}[{k!r}]": v for k, v in value.items() if isinstance(v, ProcessGroup)}
+            )
     if dist.is_initialized():
         roles["WORLD"] = dist.group.WORLD
     roles.update(extra or {})
@@ -163,8 +179,9 @@ def swap_groups(roots: Dict[str, object], mapping: Dict[int, object], kinds: tup
     if swapper.unknown:
         raise RegroupError("process groups of no known role at " + ", ".join(swapper.unknown[:5]))
     if swapper.stuck:
-        raise RegroupError("process groups held where they cannot be replaced: "
-                           + ", ".join(swapper.stuck[:5]))
+        raise RegroupError(
+            "process groups held where they cannot be replaced: " + ", ".join(swapper.stuck[:5])
+        )
     return swapper.count
 
 
@@ -197,8 +214,9 @@ def _swap_out(roots: Dict[str, object], extra_roles) -> tuple:
     return slots, alive
 
 
-def detach(roots: Dict[str, object], extra_roles: Optional[Dict[str, object]] = None,
-           settle_s: float = 5.0) -> Dict[str, GroupSlot]:
+def detach(
+    roots: Dict[str, object], extra_roles: Optional[Dict[str, object]] = None, settle_s: float = 5.0
+) -> Dict[str, GroupSlot]:
     """Swap every group under ``roots`` for a GroupSlot, destroy the groups
     and wait until no old group object is alive. Returns the slots by role."""
     slots, alive = _swap_out(roots, extra_roles)
@@ -215,8 +233,10 @@ def detach(roots: Dict[str, object], extra_roles: Optional[Dict[str, object]] = 
         if not left:
             return slots
         if time.monotonic() > deadline:
-            raise RegroupError("old process groups still referenced: " + "; ".join(
-                f"{role} (held by {_holders(alive[role]())})" for role in left[:5]))
+            raise RegroupError(
+                "old process groups still referenced: "
+                + "; ".join(f"{role} (held by {_holders(alive[role]())})" for role in left[:5])
+            )
         time.sleep(0.05)
 
 
@@ -243,8 +263,11 @@ def _holders(obj) -> str:
     return ", ".join(found[:4]) or "nothing Python can see"
 
 
-def attach(roots: Dict[str, object], slots: Dict[str, GroupSlot],
-           extra_roles: Optional[Dict[str, object]] = None) -> int:
+def attach(
+    roots: Dict[str, object],
+    slots: Dict[str, GroupSlot],
+    extra_roles: Optional[Dict[str, object]] = None,
+) -> int:
     """Put the new generation's group of each role where its slot stands."""
     roles = groups_by_role(extra_roles)
     missing = [role for role in slots if role not in roles]

@@ -1,4 +1,5 @@
-"""The control plane's wire: signed JSON messages in the coordinator's store.
+"""The control plane's wire: signed JSON messages in the coordinator's
+store (what they say is typed in ``protocol``).
 
 The coordinator hosts a ``TCPStore``; agents and workers connect to it. It
 carries the process-group rendezvous of each generation (under
@@ -22,24 +23,12 @@ import hmac
 import json
 import os
 import secrets
-from typing import List, Optional, Tuple
+import sys
+from typing import List, NoReturn, Optional
 
 import torch.distributed as dist
 
-SECRET_ENV = "DEADPOOL_SECRET"
-# A rank still training this many heartbeat timeouts after a failure was
-# announced is blocked where no release reaches: it writes every thread's
-# stack (event 'stuck'); one timeout later the coordinator has it killed,
-# and it is restored from its buddy like any lost rank.
-STUCK_REPORT_TIMEOUTS = 2
-STUCK_KILL_TIMEOUTS = 3
-# How long after a failure is announced the heartbeat thread shuts the old
-# groups' connections down. Live peers finish the transfers they are in the
-# middle of first: gloo never fails a send it queued on a socket the peer
-# then closed, so a release mid-transfer would block the sender until the
-# groups' timeout (docs/reliability.md). Ranks blocked on a lost peer wait
-# this much longer; a rank that notices the failure itself releases at once.
-RELEASE_GRACE_S = 1.0
+from deadpool_ext.protocol import SECRET_ENV, Message
 
 
 class ControlError(RuntimeError):
@@ -56,13 +45,21 @@ def job_secret(environ=os.environ) -> bytes:
     read the key file it mixes in)."""
     if environ.get(SECRET_ENV):
         return environ[SECRET_ENV].encode()
-    raise ControlError(f"no {SECRET_ENV} in the environment: start workers with "
-                       "deadpool-launch (python -m deadpool_ext.launch)")
+    raise ControlError(
+        f"no {SECRET_ENV} in the environment: start workers with "
+        "deadpool-launch (python -m deadpool_ext.launch)"
+    )
 
 
 def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = False):
-    return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s), use_libuv=True)
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=is_master,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        use_libuv=True,
+    )
 
 
 class Channel:
@@ -103,7 +100,10 @@ class Channel:
         return self._open(name, self.store.get(name))
 
     # ----- topics -----
-    def post(self, topic: str, **body) -> None:
+    def post(self, topic: str, message: Optional[Message] = None, **body) -> None:
+        """Append a message (a protocol ``Message``, or a body's fields) to a topic."""
+        if message is not None:
+            body = message.body()
         seq = self.store.add(f"topic/{topic}/n", 1)
         name = f"topic/{topic}/{seq}"
         self.store.set(name, self._seal(name, body))
@@ -137,11 +137,10 @@ class Reader:
         self.cursor = self.channel.store.add(f"topic/{self.topic}/n", 0)
 
 
-def slot_name(node: int, local: int) -> str:
-    """A worker process's place: node index and local index on the node."""
-    return f"{node}.{local}"
-
-
-def parse_slot(slot: str) -> Tuple[int, int]:
-    node, local = slot.split(".")
-    return int(node), int(local)
+def leave(code: int) -> NoReturn:
+    """Exit without destroying the store client: when the store's server
+    (node 0's launcher) is already gone, its thread aborts the interpreter's
+    exit ("terminate called without an active exception"). For ``main``s only."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

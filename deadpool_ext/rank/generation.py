@@ -1,4 +1,14 @@
-"""Free every rank blocked on an old generation, whatever it is blocked in.
+"""One generation of the job, as a rank sees it: entering it (its own
+store prefix and default group) and leaving it (every connection it opened
+shut down, NCCL groups aborted), so that no rank stays blocked on an old
+generation, whatever it is blocked in.
+
+Entering: everyone arrives first (a store barrier, so a failure now is
+seen by polling), then generation N's default group is created under its
+own prefix in the coordinator's store; megatron's groups and the mirror's
+follow (``rebuild``), and ``regroup.attach`` re-points live objects to them.
+
+Leaving:
 
 A gloo operation waits until its peer's socket delivers data or closes.
 Dropping a group does not close its sockets while anything else holds
@@ -28,13 +38,17 @@ no group owns.
 """
 
 import contextlib
+import datetime
 import os
 import socket
 import threading
+import time
 import weakref
 from typing import Iterable, List, Optional, Set
 
 import torch.distributed as dist
+
+from deadpool_ext.protocol import Decision, Joining, join_key
 
 # /proc/self/fd links of sockets read "socket:[INODE]".
 _SOCKET_PREFIX = "socket:["
@@ -50,7 +64,7 @@ def socket_descriptors() -> dict:
         except OSError:  # closed since the listing
             continue
         if target.startswith(_SOCKET_PREFIX):
-            found.setdefault(int(target[len(_SOCKET_PREFIX):-1]), int(name))
+            found.setdefault(int(target[len(_SOCKET_PREFIX) : -1]), int(name))
     return found
 
 
@@ -66,8 +80,7 @@ def _connected_tcp(fd: int):
         return
     try:
         peer = None
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and \
-                sock.type == socket.SOCK_STREAM:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
             with contextlib.suppress(OSError):  # a listener or an unconnected socket
                 host, port = sock.getpeername()[:2]
                 peer = f"{host}:{port}"
@@ -98,7 +111,7 @@ class Generation:
         self._lock = threading.Lock()
         self.number: Optional[int] = None
         self._baseline: Optional[Set[int]] = None  # sockets open before it began
-        self._inodes: Set[int] = set()              # recorded once built
+        self._inodes: Set[int] = set()  # recorded once built
         self._building = False
         self._done = False  # released since it began (it is built again only anew)
         self._groups: List[weakref.ref] = []
@@ -147,8 +160,12 @@ class Generation:
                 self._last_released = set(inodes)
             self._done = not self._building
             if count and self.released is None:
-                self.released = {"by": by, "connections": count, "known": len(inodes),
-                                 "open": len(still_open)}
+                self.released = {
+                    "by": by,
+                    "connections": count,
+                    "known": len(inodes),
+                    "open": len(still_open),
+                }
         abort_nccl([ref() for ref in groups])
         return count
 
@@ -182,3 +199,44 @@ def abort_nccl(groups: Iterable[Optional[object]]) -> None:
                 group.abort()
         except RuntimeError:
             pass  # already aborted, or torn down meanwhile
+
+
+class FailureAnnounced(RuntimeError):
+    """The coordinator started a new generation (some rank was lost)."""
+
+
+def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int) -> None:
+    """Everyone arrives (a store barrier, so a failure now is seen by
+    polling), then generation N's default group under its own prefix."""
+    ctx.post(Joining(gen=decision.gen, rank=rank))
+    while ctx.channel.get(join_key(decision.gen)) is None:
+        if ctx.current()["gen"] != decision.gen:
+            raise FailureAnnounced("another failure before the rebuild")
+        time.sleep(0.01)
+    open_default_group(ctx, config, decision.gen, rank, world_size)
+
+
+def open_default_group(ctx, config, gen: int, rank: int, world_size: int) -> None:
+    """Generation ``gen``'s default group (the one place a real one is made):
+    its rendezvous under its own prefix, on a store connection the
+    generation owns, so that releasing the generation frees a rank waiting
+    there for a peer that died. Megatron's and the mirror's groups follow."""
+    p = config.parallel
+    ctx.generation.begin(gen)
+    dist.init_process_group(
+        p.distributed_backend,
+        store=dist.PrefixStore(f"gen{gen}/", ctx.generation_store()),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes),
+    )
+
+
+def open_fake_world(rank: int, world_size: int) -> None:
+    """A world whose collectives do nothing, for a warm spare to build its
+    model and optimizer for a position before it can join the real one.
+    torch ships the "fake" backend under torch.testing; nothing else gives
+    megatron-core a group of the right size without peers."""
+    import torch.testing._internal.distributed.fake_pg as fake_pg
+
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)

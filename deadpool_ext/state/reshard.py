@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import torch
 import torch.distributed as dist
 
-from deadpool_ext import snapshot as snap
+from deadpool_ext.state import snapshot as snap
 
 
 def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:
@@ -37,14 +37,20 @@ def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:
     return mine_holders, mine_all
 
 
-def share_position(layout: snap.ShardLayout, flats: Optional[torch.Tensor],
-                   sidecar: Optional[dict], iteration: int, root: int,
-                   group) -> Tuple[torch.Tensor, dict]:
+def share_position(
+    layout: snap.ShardLayout,
+    flats: Optional[torch.Tensor],
+    sidecar: Optional[dict],
+    iteration: int,
+    root: int,
+    group,
+) -> Tuple[torch.Tensor, dict]:
     """The root's full state and sidecar on every rank of the position,
     sealed and verified like a snapshot. ``layout``: this rank's new shard
     layout (its sidecar room is the same on every rank of the position)."""
-    whole = snap.ShardLayout([], flats.shape[1] if flats is not None else 0,
-                             layout.sidecar_capacity)
+    whole = snap.ShardLayout(
+        [], flats.shape[1] if flats is not None else 0, layout.sidecar_capacity
+    )
     size = torch.tensor([whole.numel], dtype=torch.int64)
     dist.broadcast(size, root, group=group)
     whole.numel = int(size.item())
@@ -54,16 +60,21 @@ def share_position(layout: snap.ShardLayout, flats: Optional[torch.Tensor],
             view.copy_(values)
         # One Adam step for all: the receivers' segments differ from the root's.
         steps = sorted(set(sidecar["steps"]))[:1]
-        snap.seal(buffer, whole, iteration, root,
-                  snap.encode_sidecar(dict(sidecar, steps=steps)))
+        snap.seal(buffer, whole, iteration, root, snap.encode_sidecar(dict(sidecar, steps=steps)))
     dist.broadcast(buffer, root, group=group)
     snap.verify(buffer, whole, iteration=iteration, owner=root)
     return torch.stack(snap.regions(buffer, whole)), snap.read_sidecar(buffer, whole)
 
 
-def gather_position(old_layout: snap.ShardLayout, own: Dict[int, torch.Tensor],
-                    sources: Dict[int, List], old_ring: List[int], renumber: Dict[int, int],
-                    iteration: int, group) -> List[torch.Tensor]:
+def gather_position(
+    old_layout: snap.ShardLayout,
+    own: Dict[int, torch.Tensor],
+    sources: Dict[int, List],
+    old_ring: List[int],
+    renumber: Dict[int, int],
+    iteration: int,
+    group,
+) -> List[torch.Tensor]:
     """Every old snapshot of this position, in old DP order, on every rank
     of ``group`` (the position's holders): broadcast by its contributor,
     verified on arrival. ``own``: old rank -> buffer this process contributes."""
@@ -81,14 +92,16 @@ def gather_position(old_layout: snap.ShardLayout, own: Dict[int, torch.Tensor],
     return buffers
 
 
-def build_snapshot(layout: snap.ShardLayout, regions: List[torch.Tensor], sidecar: dict,
-                   iteration: int, owner: int) -> torch.Tensor:
+def build_snapshot(
+    layout: snap.ShardLayout, regions: List[torch.Tensor], sidecar: dict, iteration: int, owner: int
+) -> torch.Tensor:
     """A sealed snapshot of the new layout, ready for ``restore_snapshot``."""
     buffer = snap.allocate(layout)
     for view, values in zip(snap.regions(buffer, layout), regions):
         if values.numel() != view.numel():
-            raise snap.SnapshotError(f"re-sharded state has {values.numel()} elements, the "
-                                     f"new layout {view.numel()}")
+            raise snap.SnapshotError(
+                f"re-sharded state has {values.numel()} elements, the new layout {view.numel()}"
+            )
         view.copy_(values)
     steps = sorted(set(sidecar["steps"]))
     if len(steps) > 1:

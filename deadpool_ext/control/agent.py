@@ -2,7 +2,7 @@
 spares), reports their exits at once, beats for the node, and carries out
 the coordinator's commands (kill a hung worker, stop).
 
-Run by the launcher; ``python -m deadpool_ext.agent`` takes its settings
+Run by the launcher; ``python -m deadpool_ext.control.agent`` takes its settings
 from the environment the launcher sets (the secret never goes on a command
 line, where other users could read it).
 """
@@ -19,20 +19,29 @@ from typing import Dict, List, NoReturn
 
 import torch.distributed as dist
 
-from deadpool_ext.control import Channel, connect, job_secret, parse_slot, slot_name
-
-RELEASED_EXIT_CODE = 4  # recovery.RELEASED_EXIT_CODE (not imported: keeps the agent light)
+from deadpool_ext import protocol as P
+from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
+from deadpool_ext.wire import Channel, connect, job_secret, leave
 
 
 class Agent:
-    def __init__(self, channel: Channel, node: int, nproc: int, active: bool, world_size: int,
-                 command: List[str], store_addr: str, heartbeat_s: float = 0.5,
-                 join: bool = False):
+    def __init__(
+        self,
+        channel: Channel,
+        node: int,
+        nproc: int,
+        active: bool,
+        world_size: int,
+        command: List[str],
+        store_addr: str,
+        heartbeat_s: float = P.HEARTBEAT_INTERVAL_S,
+        join: bool = False,
+    ):
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
         self.workers: Dict[str, subprocess.Popen] = {}
-        self.commands = channel.reader(f"agent/{node}")
+        self.commands = channel.reader(P.agent_topic(node))
         self.join, self.refused = join, None
         self.nonce = secrets.token_hex(8) if join else None  # where the admission comes
         if join:
@@ -43,27 +52,37 @@ class Agent:
         self.seq = 0
 
     def worker_env(self, local: int, active: bool) -> dict:
-        env = dict(os.environ)
-        slot = slot_name(self.node, local)
-        env.update(DEADPOOL_SLOT=slot, DEADPOOL_ROLE="active" if active else "spare",
-                   DEADPOOL_STORE=self.store_addr, DEADPOOL_NODE=str(self.node),
-                   DEADPOOL_RANKS_PER_NODE=str(self.nproc), LOCAL_RANK=str(local),
-                   LOCAL_WORLD_SIZE=str(self.nproc), WORLD_SIZE=str(self.world_size))
-        if active:
-            env["RANK"] = str(self.node * self.nproc + local)
-        return env
+        worker = WorkerEnv(
+            slot=slot_name(self.node, local),
+            role=Role.ACTIVE if active else Role.SPARE,
+            node=self.node,
+            store=self.store_addr,
+            ranks_per_node=self.nproc,
+            world_size=self.world_size,
+            rank=self.node * self.nproc + local if active else None,
+        )
+        return {**os.environ, **worker.variables()}
 
     def start(self) -> None:
         for local in range(self.nproc):
             self.workers[slot_name(self.node, local)] = subprocess.Popen(
-                self.command, env=self.worker_env(local, self.active))
-        self.channel.post("coordinator", kind="node", node=self.node, active=self.active,
-                          join=self.join, nproc=self.nproc, nonce=self.nonce,
-                          pids={s: p.pid for s, p in self.workers.items()})
+                self.command, env=self.worker_env(local, self.active)
+            )
+        self.channel.post(
+            P.COORDINATOR_TOPIC,
+            P.NodeUp(
+                node=self.node,
+                active=self.active,
+                nproc=self.nproc,
+                join=self.join,
+                nonce=self.nonce,
+                pids={s: p.pid for s, p in self.workers.items()},
+            ),
+        )
 
     def beat(self) -> None:
         self.seq += 1
-        self.channel.put(f"hb/node/{self.node}", seq=self.seq, time=time.time())
+        self.channel.put(P.node_heartbeat_key(self.node), seq=self.seq, time=time.time())
 
     def watch_once(self) -> None:
         for slot, proc in list(self.workers.items()):
@@ -71,12 +90,13 @@ class Agent:
             if code is not None:
                 del self.workers[slot]
                 if not self.stopping:
-                    self.channel.post("coordinator", kind="exit", slot=slot, code=code)
-                if code == RELEASED_EXIT_CODE and not self.stopping:
+                    self.channel.post(P.COORDINATOR_TOPIC, P.WorkerExited(slot=slot, code=code))
+                if code == ExitCode.RELEASED and not self.stopping:
                     # A shrink dropped its replica: the slot serves as a warm spare.
                     local = parse_slot(slot)[1]
                     self.workers[slot] = subprocess.Popen(
-                        self.command, env=self.worker_env(local, active=False))
+                        self.command, env=self.worker_env(local, active=False)
+                    )
         if self.nonce is not None:
             self.check_admission()
         for command in self.commands.poll():
@@ -84,25 +104,24 @@ class Agent:
 
     def check_admission(self) -> None:
         """A joining node waits for the coordinator's answer; refused, it stops."""
-        answer = self.channel.get(f"admit/{self.nonce}")
+        answer = self.channel.get(P.admission_key(self.nonce))
         if answer is None:
             return
         self.nonce = None
         if not answer["accepted"]:
             self.refused = answer["reason"]
-            print(f"deadpool-launch --join: refused: {self.refused}", file=sys.stderr,
-                  flush=True)
-            self.obey({"kind": "stop"})
+            print(f"deadpool-launch --join: refused: {self.refused}", file=sys.stderr, flush=True)
+            self.obey({"kind": Command.STOP})
 
     def obey(self, command: dict) -> None:
-        kind = command.get("kind")
-        if kind == "kill" and command.get("slot") in self.workers:
+        kind = Command(command.get("kind"))
+        if kind == Command.KILL and command.get("slot") in self.workers:
             self.workers[command["slot"]].kill()
             self.workers[command["slot"]].send_signal(signal.SIGCONT)  # a stopped one too
-        elif kind in ("kill_all", "stop"):
-            self.stopping = kind == "stop"
+        elif kind in (Command.KILL_ALL, Command.STOP):
+            self.stopping = kind == Command.STOP
             for proc in self.workers.values():
-                proc.terminate() if kind == "stop" else proc.kill()
+                proc.terminate() if kind == Command.STOP else proc.kill()
 
     def run(self) -> int:
         self.start()
@@ -118,28 +137,26 @@ class Agent:
             # The coordinator is gone, and with it the job: leave no orphans.
             # After its stop command that is the normal end of the job.
             stopped = self.stopping
-            self.obey({"kind": "kill_all"})
-            leave(0 if stopped else 1)
-        return 2 if self.refused else 0
-
-
-def leave(code: int) -> NoReturn:
-    """Exit without destroying the store client: when the store's server
-    (node 0's launcher) is already gone, its thread aborts the interpreter's
-    exit ("terminate called without an active exception")."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+            self.obey({"kind": Command.KILL_ALL})
+            return ExitCode.OK if stopped else ExitCode.FAILED
+        return ExitCode.USAGE if self.refused else ExitCode.OK
 
 
 def main() -> NoReturn:
-    settings = json.loads(os.environ["DEADPOOL_AGENT"])
+    settings = json.loads(os.environ[P.AGENT_ENV])
     host, port = settings["store"].rsplit(":", 1)
     store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
-    agent = Agent(Channel(store, job_secret()), settings["node"], settings["nproc"],
-                  settings["active"], settings["world_size"], settings["command"],
-                  settings["store"], join=settings.get("join", False))
-    signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": "stop"}))
+    agent = Agent(
+        Channel(store, job_secret()),
+        settings["node"],
+        settings["nproc"],
+        settings["active"],
+        settings["world_size"],
+        settings["command"],
+        settings["store"],
+        join=settings.get("join", False),
+    )
+    signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"
     leave(agent.run())
 

@@ -1,0 +1,15 @@
+"""Planning a --deadpool job before it runs: pure arithmetic, no measurement.
+
+- ``scale``: the memory and bandwidth planner (memory per GPU, snapshot and
+  mirror bytes, whether the mirror hides inside an iteration) for the
+  paper's models and hardware;
+- ``goodput``: the goodput model, closed forms and a discrete-event
+  simulation of a long run under failures, per recovery strategy;
+- ``slurm``: the layout of a Slurm job under deadpool-launch (ranks per
+  node, warm spares, buddies, the #SBATCH header), the sbatch scripts' dry run.
+
+The command lines are thin scripts in tools/ (plan_scale.py, goodput.py,
+slurm_plan.py, scale_report.py). Nothing here imports torch or megatron, and
+nothing of deadpool_ext outside its pure modules, so planning runs on any
+machine in a fraction of a second.
+"""

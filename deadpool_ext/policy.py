@@ -1,0 +1,335 @@
+"""The coordinator's decisions after a failure or when spares come back,
+as pure rank arithmetic (tested without processes).
+
+Inputs: the members (rank -> slot), the lost ranks, what every live rank
+reported holding (the iterations of its own verified snapshots and of the
+verified copies it holds for its owner), the buddy map, the grid and the
+ready spare slots. Output: one ``Decision``. Three policies share one rule
+for the rollback, ``newest_common``: the newest iteration every shard can be
+restored at, from the snapshot of the rank that contributes it.
+
+  * hot swap (``decide``): a spare at each lost rank's id, the lost ranks'
+    state from their buddies (after DeadPool);
+  * shrink (``plan_shrink``), when spares run out: every data-parallel
+    replica that lost a rank leaves; the kept replicas are renumbered, in
+    order, into a world of TP x PP x DP' ranks, each rank keeping its (tp,
+    pp) position so its model shard stays valid. When ranks were lost from
+    every replica, the survivors of the broken replicas still make up whole
+    replicas if every position kept a rank: DP replicas hold the same
+    weights, so a replica assembled from ranks of several is as good. Every
+    old shard, the dropped ones included, comes from a kept rank (after
+    ReCoVer). The global batch does not change: its microbatches are spread
+    over the DP' replicas (``data.microbatches_per_iteration``);
+  * grow (``plan_grow``), when the ready spares make up whole replicas
+    again, at an iteration boundary and never past the launched size. The
+    running replicas keep their order and positions; the new ones come
+    after them, each taking spare slots in node order, so its
+    tensor-parallel group stays on one node where the slots allow. Nobody
+    was lost: every shard comes from its owner's own snapshot.
+"""
+
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from deadpool_ext.protocol import Action, Decision, Report, Source, parse_slot
+from deadpool_ext.topology import Grid
+
+
+def newest_common(sources: Dict[int, List], reports: Dict[int, Report]) -> Optional[int]:
+    """The one rollback rule: the newest iteration at which every shard can
+    be restored, each from its contributor's snapshots of the kind named
+    (``sources``: rank -> [contributor, Source])."""
+    candidates: Optional[Set[int]] = None
+    for contributor, kind in sources.values():
+        held = set(getattr(reports[contributor], Source(kind).value))
+        candidates = held if candidates is None else candidates & held
+    return max(candidates) if candidates else None
+
+
+def abort(gen: int, reason: str, members: Dict[int, str]) -> Decision:
+    return Decision(gen=gen, action=Action.ABORT, reason=reason, members=dict(members))
+
+
+def choose_spares(
+    lost: Sequence[int],
+    spares: Sequence[str],
+    members: Dict[int, str],
+    buddy: Sequence[int],
+    owner: Sequence[int],
+) -> tuple:
+    """A spare slot for each lost rank, avoiding the nodes of its buddy and its
+    owner (so that one node never holds a rank and its only copy). Spares
+    are taken node by node, so a lost node is replaced by one spare node."""
+    free = sorted(spares, key=parse_slot)
+    chosen: Dict[int, str] = {}
+    warnings: List[str] = []
+    for rank in sorted(lost):
+        avoid = {
+            parse_slot(members[r])[0]
+            for r in (buddy[rank], owner[rank])
+            if r not in lost and r in members
+        }
+        good = [s for s in free if parse_slot(s)[0] not in avoid]
+        used = {parse_slot(s)[0] for s in chosen.values()}
+        # Fill a spare node already taken in this decision before another.
+        pick = sorted(good or free, key=lambda s: (parse_slot(s)[0] not in used, parse_slot(s)))[0]
+        if not good:
+            warnings.append(f"rank {rank}'s spare shares a node with its buddy or owner")
+        free.remove(pick)
+        chosen[rank] = pick
+    return chosen, warnings
+
+
+def decide(
+    gen: int,
+    members: Dict[int, str],
+    lost: Set[int],
+    reports: Dict[int, Report],
+    spares: Sequence[str],
+    buddy: Sequence[int],
+    owner: Sequence[int],
+) -> Decision:
+    """members: rank -> slot before the failure; lost: ranks without a live
+    process; reports: from every other rank."""
+    for rank in sorted(lost):
+        if buddy[rank] in lost:
+            return abort(
+                gen,
+                f"rank {rank} and its buddy rank {buddy[rank]} were both lost: "
+                f"no copy of rank {rank}'s optimizer shard is left",
+                members,
+            )
+    if len(spares) < len(lost):
+        return abort(
+            gen,
+            f"spares exhausted: {len(lost)} rank(s) lost "
+            f"({', '.join(map(str, sorted(lost)))}), {len(spares)} spare process(es) "
+            "left",
+            members,
+        )
+    missing = [r for r in members if r not in lost and r not in reports]
+    if missing:
+        raise ValueError(f"no report from ranks {missing}")
+    # A rank whose process is new (a spare assigned in an interrupted
+    # recovery) reports no own snapshot: it also needs its buddy's copy.
+    needs_buddy = set(lost) | {r for r, rep in reports.items() if not rep.own}
+    for rank in sorted(needs_buddy - set(lost)):
+        if buddy[rank] in needs_buddy:
+            return abort(
+                gen,
+                f"rank {rank} and its buddy rank {buddy[rank]} both lost their "
+                "state in consecutive failures",
+                members,
+            )
+    sources = {
+        rank: [buddy[rank], Source.HELD] if rank in needs_buddy else [rank, Source.OWN]
+        for rank in members
+    }
+    iteration = newest_common(sources, reports)
+    if iteration is None:
+        return abort(
+            gen,
+            "no iteration that every rank can restore: own snapshots "
+            f"{ {r: rep.own for r, rep in sorted(reports.items())} }, held copies "
+            f"{ {buddy[r]: reports[buddy[r]].held for r in sorted(needs_buddy)} }",
+            members,
+        )
+    replaced, warnings = choose_spares(sorted(lost), spares, members, buddy, owner)
+    new_members = dict(members)
+    new_members.update(replaced)
+    return Decision(
+        gen=gen,
+        action=Action.RECOVER,
+        rollback_to=iteration,
+        members=new_members,
+        replaced=replaced,
+        from_buddy=sorted(needs_buddy),
+        warnings=warnings,
+    )
+
+
+# ----- shrink -----
+Position = Tuple[int, int]  # (tp, pp)
+
+
+def positions(grid: Grid) -> List[Position]:
+    return [(tp, pp) for pp in range(grid.pp) for tp in range(grid.tp)]
+
+
+def whole_replica(grid: Grid, dp: int) -> Dict[Position, int]:
+    return {(tp, pp): grid.rank(tp, dp, pp) for tp, pp in positions(grid)}
+
+
+def kept_replicas(grid: Grid, lost: Set[int]) -> List[Dict[Position, int]]:
+    """The replicas of the smaller job, each a rank per position: the intact
+    old replicas in order, then as many as the broken replicas' survivors
+    make up, taking at each position its survivors in replica order."""
+    broken = sorted({grid.replica(r) for r in lost})
+    kept = [whole_replica(grid, d) for d in range(grid.dp) if d not in broken]
+    left = {
+        pos: [r for r in (grid.rank(pos[0], d, pos[1]) for d in broken) if r not in lost]
+        for pos in positions(grid)
+    }
+    assembled = min(len(ranks) for ranks in left.values())
+    return kept + [{pos: left[pos][i] for pos in left} for i in range(assembled)]
+
+
+def renumber(grid: Grid, replicas: Sequence[Dict[Position, int]]) -> Dict[int, int]:
+    """Old rank -> new rank for the ranks of the kept replicas (in order)."""
+    new_grid = grid.with_dp(len(replicas))
+    return {
+        old: new_grid.rank(tp, new_dp, pp)
+        for new_dp, replica in enumerate(replicas)
+        for (tp, pp), old in replica.items()
+    }
+
+
+def shard_sources(
+    grid: Grid, kept: Set[int], reports: Dict[int, Report], buddy: Sequence[int]
+) -> Tuple[Dict[int, List], List[str]]:
+    """For every old rank, who contributes its shard: itself from its own
+    snapshot if it stays (is in ``kept``), else its buddy from the held copy
+    if the buddy stays. Returns (sources, problems)."""
+    sources: Dict[int, List] = {}
+    problems: List[str] = []
+    for rank in range(grid.world_size):
+        report = reports.get(rank)
+        if rank in kept and report and report.own:
+            sources[rank] = [rank, Source.OWN]
+        elif buddy[rank] in kept:
+            sources[rank] = [buddy[rank], Source.HELD]
+        else:
+            problems.append(
+                f"rank {rank}'s optimizer shard has no copy on a kept rank "
+                f"(its buddy rank {buddy[rank]} is lost or leaves too)"
+            )
+    return sources, problems
+
+
+def plan_shrink(
+    gen: int,
+    members: Dict[int, str],
+    lost: Set[int],
+    reports: Dict[int, Report],
+    buddy: Sequence[int],
+    grid: Grid,
+) -> Decision:
+    """Drop every replica that lost a rank; the rest, and the replicas its
+    survivors make up, go on as a smaller job.
+
+    members: old rank -> slot; reports: from every live rank."""
+    broken = {grid.replica(r) for r in lost}
+    replicas = kept_replicas(grid, lost)
+    if not replicas:
+        return abort(
+            gen,
+            f"no complete data-parallel replica is left: ranks "
+            f"{sorted(lost)} were lost from all {grid.dp} replicas, and some "
+            "(tp, pp) position has no rank left",
+            members,
+        )
+    if buddy is None:
+        return abort(
+            gen,
+            f"ranks {sorted(lost)} were lost and no copy of their optimizer "
+            "shards exists (the job runs without a mirror)",
+            members,
+        )
+    mapping = renumber(grid, replicas)
+    sources, problems = shard_sources(grid, set(mapping), reports, buddy)
+    if problems:
+        return abort(gen, "cannot shrink: " + "; ".join(problems), members)
+    iteration = newest_common(sources, reports)
+    if iteration is None:
+        return abort(
+            gen, "cannot shrink: no iteration that every kept rank holds for every shard", members
+        )
+    released = sorted(members[r] for r in members if r not in lost and r not in mapping)
+    assembled = len(replicas) - (grid.dp - len(broken))
+    return Decision(
+        gen=gen,
+        action=Action.SHRINK,
+        rollback_to=iteration,
+        members={new: members[old] for old, new in mapping.items()},
+        renumber=mapping,
+        sources=sources,
+        released=released,
+        old_dp=grid.dp,
+        new_dp=len(replicas),
+        warnings=[
+            f"shrinking from {grid.dp} to {len(replicas)} data-parallel "
+            f"replicas: dropped replica(s) {sorted(broken)}"
+            + (f", {assembled} made up of their surviving ranks" if assembled else "")
+        ],
+    )
+
+
+# ----- grow -----
+def replicas_to_add(grid: Grid, planned_dp: int, spares: Sequence[str]) -> int:
+    """Whole replicas the spares can fill, up to the planned size."""
+    return max(0, min(planned_dp - grid.dp, len(spares) // (grid.tp * grid.pp)))
+
+
+def place_new_replicas(grid: Grid, new_grid: Grid, spares: Sequence[str]) -> Dict[int, str]:
+    """New rank -> spare slot for the replicas grid.dp .. new_grid.dp - 1.
+    TP is innermost in the rank order, so consecutive slots of a node make
+    up a TP group."""
+    free = iter(sorted(spares, key=parse_slot))
+    return {
+        new_grid.rank(tp, dp, pp): next(free)
+        for dp in range(grid.dp, new_grid.dp)
+        for pp in range(grid.pp)
+        for tp in range(grid.tp)
+    }
+
+
+def plan_grow(
+    gen: int,
+    members: Dict[int, str],
+    reports: Dict[int, Report],
+    spares: Sequence[str],
+    grid: Grid,
+    planned_dp: int,
+) -> Decision:
+    """members: rank -> slot of the running job; reports: from all of them."""
+    sources = {rank: [rank, Source.OWN] for rank in members}
+    iteration = newest_common(sources, reports)
+    if iteration is None:
+        return abort(
+            gen,
+            "cannot grow: no snapshot iteration every rank holds: "
+            f"{ {r: rep.own for r, rep in sorted(reports.items())} }",
+            members,
+        )
+    add = replicas_to_add(grid, planned_dp, spares)
+    if add == 0:
+        # The spares left between the announcement and now: go on as before.
+        return Decision(
+            gen=gen,
+            action=Action.RECOVER,
+            rollback_to=iteration,
+            members=dict(members),
+            warnings=[
+                "the spares for the grow are gone; the job goes on at "
+                f"{grid.dp} data-parallel replicas"
+            ],
+        )
+    new_grid = grid.with_dp(grid.dp + add)
+    mapping = {rank: new_grid.rank(*grid.coords(rank)) for rank in members}
+    joined = place_new_replicas(grid, new_grid, spares)
+    new_members = {mapping[rank]: slot for rank, slot in members.items()}
+    new_members.update(joined)
+    return Decision(
+        gen=gen,
+        action=Action.GROW,
+        rollback_to=iteration,
+        members=new_members,
+        replaced=joined,
+        renumber=mapping,
+        sources=sources,
+        old_dp=grid.dp,
+        new_dp=new_grid.dp,
+        warnings=[
+            f"growing from {grid.dp} to {new_grid.dp} data-parallel "
+            f"replicas with spare slots {sorted(joined.values())}"
+        ],
+    )

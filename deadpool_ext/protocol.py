@@ -1,0 +1,365 @@
+"""Everything processes tell each other, typed in one place: the messages
+on the control plane, the states they carry, the decisions, the workers'
+environment and the exit codes, and every default the control plane uses.
+
+Pure: no sockets and no torch. The wire (``wire.py``) signs and carries the
+dict form of these messages; this module turns them into objects and back.
+Enums derive from ``str`` (or ``int``), so their JSON form is the plain value.
+"""
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum, IntEnum
+from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
+
+# ----- defaults: the one home of each -----
+HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
+HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
+RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
+# A rank still training this many heartbeat timeouts after a failure was
+# announced is blocked where no release reaches: it writes every thread's
+# stack (event 'stuck'); one timeout later the coordinator has it killed,
+# and it is restored from its buddy like any lost rank.
+STUCK_REPORT_TIMEOUTS = 2
+STUCK_KILL_TIMEOUTS = 3
+# How long after a failure is announced the heartbeat thread shuts the old
+# groups' connections down. Live peers finish the transfers they are in the
+# middle of first: gloo never fails a send it queued on a socket the peer
+# then closed, so a release mid-transfer would block the sender until the
+# groups' timeout (docs/reliability.md). Ranks blocked on a lost peer wait
+# this much longer; a rank that notices the failure itself releases at once.
+RELEASE_GRACE_S = 1.0
+# After an abort, how long the ranks that reported may take to read it and
+# stop on their own before their agents are told to stop them.
+ABORT_GRACE_S = 10.0
+COORDINATOR_RANK = -1  # the coordinator's "rank" in the event log
+
+
+class ExitCode(IntEnum):
+    """Exit codes of deadpool-launch, its agents and its workers."""
+
+    OK = 0
+    FAILED = 1  # the job (or, for a worker, its coordinator) is lost
+    USAGE = 2  # bad flags: nothing started (argparse's own code)
+    STOPPED_WITH_CHECKPOINT = 3  # launcher: spares ran out, the state is saved; resumable
+    RELEASED = 4  # worker: a shrink dropped its replica; its slot turns spare
+    ABORTED = 5  # worker: the coordinator's decision stops the job
+    BUG = 6  # worker: a programming error (its traceback is in its
+    # log): the coordinator stops the job
+    LOCAL_FAILURE = 7  # worker: its own device or memory failed; replaced
+
+
+# ----- states -----
+class JobState(str, Enum):
+    """The coordinator's state of the current generation (published in ``gen``)."""
+
+    STARTING = "starting"  # no iteration finished by every rank yet
+    TRAINING = "training"
+    RECOVERING = "recovering"  # a failure (or a grow) announced; survivors report
+    REBUILDING = "rebuilding"  # decided; the new generation builds and restores
+    ABORTED = "aborted"
+
+
+class WorkerState(str, Enum):
+    """What a worker says it does, in every heartbeat."""
+
+    STARTING = "starting"
+    SPARE = "spare"
+    TRAINING = "training"
+    RECOVERING = "recovering"
+    DONE = "done"
+
+
+class Role(str, Enum):
+    ACTIVE = "active"
+    SPARE = "spare"
+
+
+class Action(str, Enum):
+    """What a decision does."""
+
+    RECOVER = "recover"  # hot swap: spares take the lost ranks
+    SHRINK = "shrink"  # drop the replicas that lost a rank
+    GROW = "grow"  # spares make up new replicas
+    CHECKPOINT = "checkpoint"  # gather every shard on the survivors, save, stop
+    ABORT = "abort"
+
+    @property
+    def resizes(self) -> bool:
+        return self in (Action.SHRINK, Action.GROW, Action.CHECKPOINT)
+
+
+class Source(str, Enum):
+    """Where a rank's optimizer shard is restored from."""
+
+    OWN = "own"  # the rank's own snapshot
+    HELD = "held"  # the copy its buddy holds
+
+
+# ----- slots: a worker process's place -----
+def slot_name(node: int, local: int) -> str:
+    return f"{node}.{local}"
+
+
+def parse_slot(slot: str) -> Tuple[int, int]:
+    node, local = slot.split(".")
+    return int(node), int(local)
+
+
+# ----- where things live in the store -----
+COORDINATOR_TOPIC = "coordinator"
+GEN_KEY = "gen"
+
+
+def agent_topic(node: int) -> str:
+    return f"agent/{node}"
+
+
+def decision_key(gen: int) -> str:
+    return f"decision/{gen}"
+
+
+def join_key(gen: int) -> str:
+    return f"join/{gen}"
+
+
+def admission_key(nonce: str) -> str:
+    return f"admit/{nonce}"
+
+
+def worker_heartbeat_key(slot: str) -> str:
+    return f"hb/{slot}"
+
+
+def node_heartbeat_key(node: int) -> str:
+    return f"hb/node/{node}"
+
+
+# ----- messages to the coordinator -----
+class Kind(str, Enum):
+    NODE = "node"
+    EXIT = "exit"
+    PLAN = "plan"
+    SPARE_READY = "spare_ready"
+    REPORT = "report"
+    JOINING = "joining"
+    RESUMED = "resumed"
+    DONE = "done"
+
+
+class Message:
+    """Base of the messages: ``body()`` is the wire form, ``parse`` the reverse."""
+
+    KIND: ClassVar[Kind]
+
+    def body(self) -> dict:
+        return {"kind": self.KIND.value, **asdict(self)}
+
+
+@dataclass
+class NodeUp(Message):
+    """An agent started its node's workers (``join``: a node added to a running job)."""
+
+    KIND: ClassVar[Kind] = Kind.NODE
+    node: int
+    active: bool
+    nproc: int
+    join: bool = False
+    nonce: Optional[str] = None
+    pids: Dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerExited(Message):
+    KIND: ClassVar[Kind] = Kind.EXIT
+    slot: str
+    code: int
+
+
+@dataclass
+class Plan(Message):
+    """Rank 0's layout, buddies and settings, once per world."""
+
+    KIND: ClassVar[Kind] = Kind.PLAN
+    gen: int
+    buddy: Optional[List[int]]
+    owner: Optional[List[int]]
+    tp: int
+    pp: int
+    tp_pp_dp: bool
+    on_spares_exhausted: str
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    spare_wait: float = 0.0
+    distributed_timeout_minutes: Optional[float] = None
+    train_iters: Optional[int] = None
+
+
+@dataclass
+class SpareReady(Message):
+    KIND: ClassVar[Kind] = Kind.SPARE_READY
+    slot: str
+
+
+@dataclass
+class Report(Message):
+    """What a live rank can restore from, sent during a recovery."""
+
+    KIND: ClassVar[Kind] = Kind.REPORT
+    rank: int
+    slot: str
+    own: List[int]  # iterations of its own verified snapshots
+    held: List[int]  # iterations of its owner's verified snapshots it holds
+    gen: int = 0
+
+
+@dataclass
+class Joining(Message):
+    """A member arrived at the new generation's rendezvous."""
+
+    KIND: ClassVar[Kind] = Kind.JOINING
+    gen: int
+    rank: int
+
+
+@dataclass
+class Resumed(Message):
+    KIND: ClassVar[Kind] = Kind.RESUMED
+    gen: int
+    rank: int
+
+
+@dataclass
+class Done(Message):
+    KIND: ClassVar[Kind] = Kind.DONE
+    rank: int
+
+
+MESSAGES = {
+    cls.KIND: cls
+    for cls in (NodeUp, WorkerExited, Plan, SpareReady, Report, Joining, Resumed, Done)
+}
+
+
+class ProtocolError(ValueError):
+    """A signed message of an unknown kind or shape (a version mismatch or a bug)."""
+
+
+def parse_message(body: Mapping) -> Message:
+    try:
+        cls = MESSAGES[Kind(body.get("kind"))]
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in body.items() if k in names})
+    except (ValueError, TypeError) as error:
+        raise ProtocolError(f"not a control message: {dict(body)!r} ({error})") from None
+
+
+# ----- commands to an agent -----
+class Command(str, Enum):
+    KILL = "kill"  # SIGKILL one worker (``slot``)
+    KILL_ALL = "kill_all"  # the node is lost: SIGKILL every worker
+    STOP = "stop"  # the job ends: SIGTERM every worker
+
+
+# ----- the decision of a generation -----
+@dataclass
+class Decision:
+    gen: int
+    action: Action
+    reason: str = ""
+    rollback_to: Optional[int] = None  # the iteration everyone restarts (0-based start)
+    members: Dict[int, str] = field(default_factory=dict)  # rank -> slot
+    replaced: Dict[int, str] = field(default_factory=dict)  # rank -> spare slot taking it
+    from_buddy: List[int] = field(default_factory=list)  # ranks restored from the buddy
+    warnings: List[str] = field(default_factory=list)
+    # A shrink or grow renumbers the members into another world; every old
+    # shard comes from one contributor.
+    renumber: Dict[int, int] = field(default_factory=dict)  # old rank -> new rank
+    sources: Dict[int, List] = field(default_factory=dict)  # old rank -> [old rank, Source]
+    released: List[str] = field(default_factory=list)  # live slots that leave
+    old_dp: int = 0
+    new_dp: int = 0
+
+    def __post_init__(self):
+        self.action = Action(self.action)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, slot: str) -> Optional[int]:
+        return next((r for r, s in self.members.items() if s == slot), None)
+
+    def world(self) -> dict:
+        """The world the decision makes: its size and each rank's node."""
+        return {
+            "size": self.world_size,
+            "nodes": [f"node{parse_slot(self.members[r])[0]}" for r in range(self.world_size)],
+        }
+
+    def to_message(self) -> dict:
+        body = asdict(self)
+        body["action"] = self.action.value
+        for name in ("members", "replaced", "renumber", "sources"):
+            body[name] = {str(k): v for k, v in body[name].items()}
+        return body
+
+    @classmethod
+    def from_message(cls, body: dict) -> "Decision":
+        ints = {
+            name: {int(k): v for k, v in body[name].items()}
+            for name in ("members", "replaced", "renumber", "sources")
+        }
+        ints["renumber"] = {o: int(n) for o, n in ints["renumber"].items()}
+        ints["sources"] = {o: list(src) for o, src in ints["sources"].items()}
+        plain = {f.name: body[f.name] for f in fields(cls) if f.name not in ints}
+        return cls(**plain, **ints)
+
+
+# ----- the worker's environment, written by the agent, read by the worker -----
+SECRET_ENV = "DEADPOOL_SECRET"
+AGENT_ENV = "DEADPOOL_AGENT"  # the agent's settings (JSON), from the launcher
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    slot: str
+    role: Role
+    node: int
+    store: str  # host:port of the coordinator's store
+    ranks_per_node: int
+    world_size: int
+    rank: Optional[int]  # None for a spare: it learns its rank from a decision
+
+    def variables(self) -> Dict[str, str]:
+        """What the agent adds to the worker's environment (torchrun's names too)."""
+        env = {
+            "DEADPOOL_SLOT": self.slot,
+            "DEADPOOL_ROLE": self.role.value,
+            "DEADPOOL_STORE": self.store,
+            "DEADPOOL_NODE": str(self.node),
+            "DEADPOOL_RANKS_PER_NODE": str(self.ranks_per_node),
+            "LOCAL_RANK": str(parse_slot(self.slot)[1]),
+            "LOCAL_WORLD_SIZE": str(self.ranks_per_node),
+            "WORLD_SIZE": str(self.world_size),
+        }
+        if self.rank is not None:
+            env["RANK"] = str(self.rank)
+        return env
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] = os.environ) -> "WorkerEnv":
+        rank = environ.get("RANK")
+        return cls(
+            slot=environ["DEADPOOL_SLOT"],
+            role=Role(environ["DEADPOOL_ROLE"]),
+            node=int(environ["DEADPOOL_NODE"]),
+            store=environ["DEADPOOL_STORE"],
+            ranks_per_node=int(environ["DEADPOOL_RANKS_PER_NODE"]),
+            world_size=int(environ["WORLD_SIZE"]),
+            rank=None if rank is None else int(rank),
+        )
+
+    @property
+    def store_address(self) -> Tuple[str, int]:
+        host, port = self.store.rsplit(":", 1)
+        return host, int(port)

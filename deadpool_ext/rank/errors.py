@@ -1,0 +1,73 @@
+"""What a failure inside a worker means, and so what the worker does.
+
+  * PEER: another process, node or the network failed: a collective or the
+    mirror broke, the coordinator announced a new generation, a copy that
+    came over the network does not verify. The worker recovers.
+  * LOCAL: this process cannot go on (its device ran out of memory or
+    failed). It exits with ``ExitCode.LOCAL_FAILURE``; the coordinator
+    replaces it like any lost rank, from its buddy's copy.
+  * BUG: anything else. Recovering would only meet it again (a spare runs
+    the same code), so the job stops with the full traceback and exit code
+    ``ExitCode.BUG``.
+
+Only text leaves an ``except`` block that caught a failure: the traceback's
+frames hold references to the old process groups, which must be freed.
+"""
+
+import traceback
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from deadpool_ext.rank.generation import FailureAnnounced
+from deadpool_ext.state.mirror import MirrorError
+from deadpool_ext.state.snapshot import SnapshotError
+
+
+class Failure(str, Enum):
+    PEER = "peer"
+    LOCAL = "local"
+    BUG = "bug"
+
+
+PEER_TYPES = (
+    FailureAnnounced,
+    MirrorError,
+    SnapshotError,
+    ConnectionError,
+    TimeoutError,
+    dist.DistError,
+)
+# torch raises a broken transport as a plain RuntimeError: gloo's pair
+# (what every failure_seen event of the fault campaign showed) and NCCL's.
+PEER_MESSAGES = (
+    "gloo/transport",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "NCCL error",
+)
+LOCAL_TYPES = (torch.OutOfMemoryError, MemoryError)
+LOCAL_MESSAGES = ("CUDA error", "out of memory", "uncorrectable ECC error")
+
+
+def classify(error: BaseException) -> Failure:
+    text = str(error)
+    if isinstance(error, LOCAL_TYPES) or any(m in text for m in LOCAL_MESSAGES):
+        return Failure.LOCAL
+    if isinstance(error, PEER_TYPES):
+        return Failure.PEER
+    if isinstance(error, RuntimeError) and any(m in text for m in PEER_MESSAGES):
+        return Failure.PEER
+    return Failure.BUG
+
+
+def summary(error: BaseException) -> str:
+    """One line for logs and events: the type and the whole message."""
+    return f"{type(error).__name__}: {error}"
+
+
+def traceback_text(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))

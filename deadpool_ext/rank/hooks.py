@@ -1,0 +1,331 @@
+"""What deadpool adds to the training loop, as trainer hooks:
+
+* ``MirrorHook``: snapshot at every iteration start, hold the optimizer
+  step until the shard is copied out, report in the log line;
+* ``RecoveryHook``: progress for the heartbeats, a failure announced by
+  the coordinator seen between microbatches, the buddy plan for the
+  coordinator, the first iteration after a recovery;
+* ``FaultHook``: where ``--deadpool-inject`` faults fire.
+"""
+
+import dataclasses
+import socket
+import threading
+import time
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from megatron.training import checkpointing
+from megatron.training.config import Config
+from megatron.training.log import get_logger
+from megatron.training.training import Hook, Trainer
+
+from deadpool_ext import protocol as P
+from deadpool_ext.config import nodes_are_emulated, plan_buddies, section
+from deadpool_ext.events import EventLog
+from deadpool_ext.inject import Fault, Injector, fire
+from deadpool_ext.protocol import WorkerState
+from deadpool_ext.rank.generation import FailureAnnounced
+from deadpool_ext.state import snapshot as snap
+from deadpool_ext.state.mirror import Mirror, new_mirror_group
+from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map
+
+
+def replay_state(trainer: Trainer) -> dict:
+    """What exact replay needs beside the optimizer shard, as of now (the
+    start of an iteration)."""
+    return {
+        "progress": dataclasses.asdict(trainer.progress),
+        "rng": checkpointing.rng_state(),
+        **checkpointing.schedule_state(trainer.state),
+    }
+
+
+def runtime_buddies(config: Config) -> BuddyMap:
+    """The plan checked in parse_args, confirmed with real hostnames unless
+    nodes are emulated (a multi-node job whose hosts hold uneven rank blocks
+    gets its buddies from the hostnames)."""
+    planned = plan_buddies(config)
+    if nodes_are_emulated(config):
+        return planned
+    hosts: List[Optional[str]] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    p, dp = config.parallel, section(config)
+    try:
+        return buddy_map(
+            config.world_size,
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            hosts,
+            allow_same_node=dp.deadpool_allow_same_node_buddy,
+            tp_pp_dp=p.use_tp_pp_dp_mapping,
+        )
+    except BuddyError as error:
+        raise SystemExit(f"--deadpool: {error}") from None
+
+
+def mirror_backend(config: Config) -> str:
+    """Host-memory mirrors travel over gloo, device-memory ones over NCCL."""
+    return "nccl" if section(config).deadpool_mirror_memory == "device" else "gloo"
+
+
+class MirrorHook(Hook):
+    def __init__(self, config: Config):
+        self.config = config
+        self.mirror: Optional[Mirror] = None
+        self.layout: Optional[snap.ShardLayout] = None
+        self.events: Optional[EventLog] = None
+        self.buddies: Optional[BuddyMap] = None
+
+    def on_setup(self, trainer: Trainer) -> None:
+        dp, rank = section(self.config), trainer.runtime.rank
+        logger = get_logger(rank)
+        self.events = EventLog(dp.deadpool_events, rank)
+        self.layout = snap.build_layout(trainer.state.optimizer)
+        device = (
+            None if trainer.runtime.on_cpu else torch.device("cuda", torch.cuda.current_device())
+        )
+        in_device = dp.deadpool_mirror_memory == "device"
+        group = new_mirror_group(mirror_backend(self.config), dp.deadpool_mirror_timeout)
+        if self.config.data_parallel_size < 2:
+            # Only a job shrunk to one replica gets here (parse_args refuses
+            # DP=1): there is no peer to mirror to, and a lost rank ends the
+            # job. Own snapshots are still taken: a grow starts from them.
+            logger.warning(
+                "deadpool mirror: one data-parallel replica is left; own snapshots only, no buddy"
+            )
+            self.events.emit("mirror_local", reason="one data-parallel replica left")
+            self.mirror = Mirror(
+                trainer.state.optimizer, self.layout, rank, rank, rank, group, self.events, device
+            )
+            self.mirror.allocate("device" if in_device else "cpu")
+            return
+        buddies = self.buddies = runtime_buddies(self.config)
+        self.mirror = Mirror(
+            trainer.state.optimizer,
+            self.layout,
+            rank,
+            buddies.buddy[rank],
+            buddies.owner[rank],
+            group,
+            self.events,
+            device,
+        )
+        self.mirror.allocate("device" if in_device else "cpu")
+        if buddies.same_node:
+            logger.warning(
+                "--deadpool-allow-same-node-buddy: some buddies share a node with "
+                "their owner; losing that node loses their state"
+            )
+        logger.info(
+            "deadpool mirror: buddy %d, owner %d, snapshot %.1f MB, %.1f MB extra (%s memory)",
+            buddies.buddy[rank],
+            buddies.owner[rank],
+            self.layout.nbytes / 2**20,
+            self.mirror.extra_bytes / 2**20,
+            dp.deadpool_mirror_memory,
+        )
+        self.events.emit(
+            "mirror_ready",
+            buddy=buddies.buddy[rank],
+            owner=buddies.owner[rank],
+            shard_elements=self.layout.numel,
+            snapshot_bytes=self.layout.nbytes,
+            extra_bytes=self.mirror.extra_bytes,
+            memory=dp.deadpool_mirror_memory,
+            same_node=buddies.same_node,
+        )
+
+    def rebind(self, trainer: Trainer) -> None:
+        """Point the mirror at rebuilt model and optimizer objects (same layout)."""
+        self.mirror.wait_idle()
+        layout = snap.build_layout(trainer.state.optimizer)
+        if (layout.numel, layout.nbytes) != (self.layout.numel, self.layout.nbytes):
+            raise snap.SnapshotError("the rebuilt optimizer has another shard layout")
+        self.layout = self.mirror.layout = layout
+        self.mirror.optimizer = trainer.state.optimizer
+
+    def before_step(self, trainer: Trainer) -> None:
+        if self.mirror is not None:
+            self.mirror.start(trainer.progress.iteration, replay_state(trainer))
+
+    def before_optimizer_step(self, trainer: Trainer) -> None:
+        if self.mirror is not None:
+            self.mirror.wait_exchanged()
+
+    def log_fields(self, trainer: Trainer) -> List[str]:
+        if self.mirror is None:
+            return ["mirror: off"]
+        if self.mirror.local:
+            return ["mirror: local"]
+        held = self.mirror.held_iteration()
+        return [f"mirror held: {'-' if held is None else held}"]
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Mirror the final state too, so the buddies hold where training ended."""
+        if self.mirror is None:
+            self.events.close()
+            return
+        self.mirror.start(trainer.progress.iteration, replay_state(trainer))
+        self.mirror.wait_idle()
+        self.events.emit(
+            "mirror_done", iteration=trainer.progress.iteration, held=self.mirror.held_iteration()
+        )
+        self.mirror.close()
+        self.events.close()
+
+
+class RecoveryHook(Hook):
+    """Heartbeat progress, failure announcements between iterations, the
+    buddy plan for the coordinator, and the first iteration after a recovery."""
+
+    def __init__(self, ctx, mirror_hook: MirrorHook, config: Config):
+        self.ctx, self.mirror_hook, self.config = ctx, mirror_hook, config
+        self.recovered_at: Optional[float] = None
+
+    def on_setup(self, trainer: Trainer) -> None:
+        """Rank 0 tells the coordinator the layout: at start, and after a
+        shrink (a spare that took rank 0 repeats it; only the first counts)."""
+        self.ctx.iteration = trainer.progress.iteration
+        if trainer.runtime.rank != 0:
+            return
+        buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
+        p, dp = self.config.parallel, section(self.config)
+        self.ctx.post(
+            P.Plan(
+                gen=self.ctx.gen,
+                buddy=[buddies.buddy[r] for r in ranks] if buddies else None,
+                owner=[buddies.owner[r] for r in ranks] if buddies else None,
+                tp=p.tensor_model_parallel_size,
+                pp=p.pipeline_model_parallel_size,
+                tp_pp_dp=p.use_tp_pp_dp_mapping,
+                on_spares_exhausted=dp.deadpool_on_spares_exhausted,
+                heartbeat_timeout=dp.deadpool_heartbeat_timeout,
+                spare_wait=dp.deadpool_spare_wait,
+                distributed_timeout_minutes=p.distributed_timeout_minutes,
+                train_iters=self.config.training.train_iters,
+            )
+        )
+
+    def log_fields(self, trainer: Trainer) -> List[str]:
+        planned = self.config.extra.get("planned_world_size", self.config.world_size)
+        if planned == self.config.world_size:
+            return []
+        p = self.config.parallel
+        per_replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        return [
+            f"shrunk: data-parallel size {self.config.data_parallel_size} of "
+            f"{planned // per_replica} ({self.config.world_size} of {planned} ranks)"
+        ]
+
+    def before_step(self, trainer: Trainer) -> None:
+        self.ctx.iteration = trainer.progress.iteration
+        self.ctx.state = WorkerState.TRAINING
+        if self.ctx.failure_announced():
+            why = " to grow the job" if self.ctx.grow_announced() else ""
+            raise FailureAnnounced(
+                f"the coordinator announced generation {self.ctx.latest['gen']}{why}"
+            )
+
+    def before_microbatch(self, trainer: Trainer) -> None:
+        """A survivor computing its own microbatches would notice a failure
+        only at its next collective with the lost ranks (for a pipeline
+        stage, at the end of backward): look at the announced generation
+        before every microbatch instead. A grow waits for the boundary."""
+        if self.ctx.failure_announced() and not self.ctx.grow_announced():
+            raise FailureAnnounced(f"the coordinator announced generation {self.ctx.latest['gen']}")
+
+    def resumed(self) -> None:
+        """A recovery ended here: the next step's time is reported."""
+        self.recovered_at = time.monotonic()
+
+    def after_step(self, trainer: Trainer, metrics: dict) -> None:
+        self.ctx.iteration = trainer.progress.iteration
+        if self.recovered_at is not None:
+            self.mirror_hook.events.emit(
+                "first_iteration_after_recovery",
+                gen=self.ctx.gen,
+                iteration=trainer.progress.iteration,
+                seconds=round(time.monotonic() - self.recovered_at, 3),
+            )
+            self.recovered_at = None
+
+
+class FaultHook(Hook):
+    """Fires the ``--deadpool-inject`` faults at their phase; the iteration
+    is Megatron's 1-based number of the iteration in progress."""
+
+    def __init__(self, injector: Injector, ctx, mirror_hook: MirrorHook):
+        self.injector, self.ctx, self.mirror_hook = injector, ctx, mirror_hook
+        self.trainer: Optional[Trainer] = None
+
+    def on_setup(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        mirror = self.mirror_hook.mirror
+        if mirror is not None and self.injector.faults:
+            mirror.register_exchange_hook(lambda iteration: self.at("mirror", iteration + 1))
+
+    def current(self) -> int:
+        return self.trainer.progress.iteration + 1
+
+    def before_step(self, trainer: Trainer) -> None:
+        self.at("start", self.current())
+
+    def before_microbatch(self, trainer: Trainer) -> None:
+        self.at("forward", self.current())
+
+    def after_forward(self, trainer: Trainer, output) -> None:
+        if self.injector.faults and output.requires_grad:
+            output.register_hook(lambda grad: self.at("backward", self.current()) or grad)
+
+    def before_grad_reduce(self, trainer: Trainer) -> None:
+        self.at("grad-reduce", self.current())
+
+    def before_param_sync(self, trainer: Trainer) -> None:
+        self.at("optimizer", self.current())
+
+    def at(self, phase: str, iteration: Optional[int] = None) -> None:
+        for fault in self.injector.due(phase, iteration):
+            if phase not in ("mirror", "recovery") and self.mirror_hook.mirror is not None:
+                # Let the iteration's starting snapshot reach the buddy, so
+                # the run redoes exactly the interrupted iteration.
+                self.mirror_hook.mirror.wait_idle()
+            if phase == "start":
+                self.wait_for_the_node(fault)
+            self.mirror_hook.events.emit(
+                "fault_injected",
+                gen=self.ctx.gen,
+                iteration=iteration,
+                action=fault.action,
+                phase=fault.phase,
+                node=fault.node,
+                delay_ms=fault.delay_ms,
+            )
+            if fault.delay_ms:
+                threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
+            else:
+                fire(fault)
+
+    def wait_for_the_node(self, fault: Fault) -> None:
+        """A node dies once all its ranks are at the kill point (in forward,
+        pipeline stages would wait on each other)."""
+        key = f"inject/{fault}"
+        self.ctx.store.add(key, 1)
+        deadline = time.monotonic() + 10  # a rank replaced earlier never comes
+        while (
+            self.ctx.store.add(key, 0) < self.ranks_on_this_node() and time.monotonic() < deadline
+        ):
+            time.sleep(0.005)
+
+    def ranks_on_this_node(self) -> int:
+        """In the current world (a resized one names each rank's node)."""
+        nodes = self.trainer.config.extra.get("rank_nodes")
+        if nodes is None:
+            return self.ctx.env.ranks_per_node
+        return sum(1 for name in nodes if name == f"node{self.ctx.node}")
+
+
+def deadpool_hooks(config: Config) -> list:
+    return [MirrorHook(config)] if section(config).deadpool else []

@@ -1,0 +1,320 @@
+"""A worker under deadpool-launch: an active rank, or a warm spare that
+waits to take a lost rank's place; both then train with recovery.
+
+Environment from the agent: DEADPOOL_SLOT (node.local), DEADPOOL_ROLE
+(active or spare), DEADPOOL_STORE (host:port), DEADPOOL_SECRET, RANK and
+WORLD_SIZE.
+"""
+
+import faulthandler
+import functools
+import os
+import signal
+import tempfile
+import threading
+import time
+from typing import Callable, NoReturn, Optional
+
+import torch.distributed as dist
+
+from megatron.training import data
+from megatron.training.config import Config
+from megatron.training.initialize import setup_device
+from megatron.training.log import get_logger
+from megatron.training.tokenizer import build_tokenizer
+from megatron.training.training import build_trainer
+
+from deadpool_ext import protocol as P
+from deadpool_ext.config import section
+from deadpool_ext.inject import Injector, parse_faults
+from deadpool_ext.protocol import Action, Decision, ExitCode, Role, WorkerEnv, WorkerState
+from deadpool_ext.rank import rebuild, recovery
+from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
+from deadpool_ext.rank.generation import Generation, open_default_group
+from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
+from deadpool_ext.wire import Channel, connect, job_secret, leave
+
+
+class ControlClient:
+    """This process's line to the coordinator, plus a heartbeat thread that
+    also watches the generation (so a failure is noticed between iterations
+    even by ranks no collective has failed yet)."""
+
+    def __init__(self, environ=os.environ, heartbeat_s: float = P.HEARTBEAT_INTERVAL_S):
+        self.env = WorkerEnv.read(environ)
+        self.slot, self.role, self.node = self.env.slot, self.env.role, self.env.node
+        host, port = self.store_address = self.env.store_address
+        secret = job_secret(environ)
+        self.store = connect(host, port)
+        self.channel = Channel(self.store, secret)
+        # The groups this process holds or is building, and their sockets.
+        self.generation = Generation()
+        self.release_error: Optional[str] = None
+        # A rank still training this long after a failure was announced is
+        # stuck where a release cannot reach: its stacks go to on_stuck once.
+        self.stuck_after_s: Optional[float] = None
+        self.on_stuck: Optional[Callable[[int, str], None]] = None
+        self._announced: Optional[tuple] = None  # (generation, when seen)
+        self._superseded: Optional[tuple] = None  # (newer generation, when seen)
+        # The heartbeat thread has its own connection.
+        self._beat_channel = Channel(connect(host, port), secret)
+        self.heartbeat_s = heartbeat_s
+        self.gen = 0  # the generation this process trains in
+        self.iteration = None  # last started iteration, for the coordinator
+        self.state = WorkerState.STARTING
+        self.latest = {"gen": 0, "state": P.JobState.STARTING}
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self, watch_s: float = 0.05) -> None:
+        """Beat every heartbeat_s; read the generation every watch_s."""
+        last_beat = 0.0
+        while not self._stop.wait(watch_s):
+            try:
+                if time.monotonic() - last_beat >= self.heartbeat_s:
+                    self._seq += 1
+                    self._beat_channel.put(
+                        P.worker_heartbeat_key(self.slot),
+                        seq=self._seq,
+                        iteration=self.iteration,
+                        state=self.state,
+                    )
+                    last_beat = time.monotonic()
+                latest = self._beat_channel.get(P.GEN_KEY)
+            except dist.DistError:
+                # The coordinator is gone, and with it the job.
+                os._exit(1)
+            if latest is not None:
+                self.latest = latest
+                self._release_if_superseded(latest)
+                self._report_if_stuck(latest)
+
+    def _release_if_superseded(self, latest: dict) -> None:
+        """A newer generation that is not a grow means the groups held now
+        are dead: RELEASE_GRACE_S later, shut their connections down, so a
+        main thread blocked in a collective (and every peer blocked on this
+        rank) is released then, not when its peers' sockets happen to close.
+        A grow lets the iteration finish; ranks release at the boundary."""
+        if latest.get("grow"):
+            return
+        gen = int(latest["gen"])
+        if self._superseded is None or self._superseded[0] != gen:
+            self._superseded = (gen, time.monotonic())
+        if time.monotonic() - self._superseded[1] < P.RELEASE_GRACE_S:
+            return
+        try:
+            self.generation.release_if_older(gen, by="heartbeat thread")
+        except Exception as error:  # noqa: BLE001 - the thread must go on beating
+            # tear_down releases again, from the main thread, and reports it.
+            self.release_error = f"{type(error).__name__}: {error}"
+
+    def _report_if_stuck(self, latest: dict) -> None:
+        gen = int(latest["gen"])
+        if gen <= self.gen or latest.get("grow") or self.state != WorkerState.TRAINING:
+            return
+        if self._announced is None or self._announced[0] != gen:
+            self._announced = (gen, time.monotonic())
+        elif (
+            self.stuck_after_s is not None
+            and self.on_stuck is not None
+            and time.monotonic() - self._announced[1] > self.stuck_after_s
+        ):
+            self._announced = (gen, float("inf"))  # once per generation
+            self.on_stuck(gen, thread_stacks())
+
+    def generation_store(self):
+        """A store connection of the generation's own, for its rendezvous:
+        releasing the generation shuts it down too, which frees a rank
+        waiting for the address of a peer that died."""
+        return connect(*self.store_address)
+
+    def post(self, message: P.Message) -> None:
+        self.channel.post(P.COORDINATOR_TOPIC, message)
+
+    def failure_announced(self) -> bool:
+        """A new generation: a failure, or a grow (see ``grow_announced``)."""
+        return self.latest["gen"] > self.gen
+
+    def grow_announced(self) -> bool:
+        """The new generation grows the job: stop at the iteration's end."""
+        return self.failure_announced() and bool(self.latest.get("grow"))
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+            time.sleep(0.02)
+
+    def current(self) -> dict:
+        return self.channel.get(P.GEN_KEY) or self.latest
+
+    def decision(self, gen: int) -> Optional[Decision]:
+        body = self.channel.get(P.decision_key(gen))
+        return None if body is None else Decision.from_message(body)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def thread_stacks() -> str:
+    """Every thread's Python stack, as faulthandler prints it."""
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return f.read()
+
+
+def build_hooks(config: Config, ctx: ControlClient, injector: Injector) -> tuple:
+    """The hooks a rank trains with: (mirror, recovery, faults)."""
+    mirror_hook = MirrorHook(config)
+    return (
+        mirror_hook,
+        RecoveryHook(ctx, mirror_hook, config),
+        FaultHook(injector, ctx, mirror_hook),
+    )
+
+
+def start_active(ctx: ControlClient, config: Config, builders: tuple):
+    setup_device(config)
+    open_default_group(ctx, config, 0, ctx.env.rank, config.world_size)
+    model_provider, forward_step, make_hooks = builders
+    hooks = make_hooks(config, ctx)
+    trainer = build_trainer(config, model_provider, forward_step, list(hooks))
+    trainer.setup()
+    rec = recovery.Recovery(ctx, trainer, hooks, builders=builders)
+    rec.generation_built()
+    return rec
+
+
+def newest_assignment(ctx: ControlClient, checked: int, gen: int):
+    """The decision that names this spare, looking at the generations after
+    ``checked`` up to ``gen``; and the last generation fully looked at. A
+    busy spare (building its model) may see a decision only after the next
+    generation began: it is a member all the same, and must join and report."""
+    for g in range(checked + 1, gen + 1):
+        decision = ctx.decision(g)
+        if decision is None and g == gen:
+            return None, g - 1  # not decided yet
+        if decision is not None and ctx.slot in decision.replaced.values():
+            return decision, g
+        # Decided without this spare, or superseded before any decision
+        # (the coordinator writes decisions only for its current generation).
+    return None, gen
+
+
+def start_spare(ctx: ControlClient, config: Config, builders: tuple):
+    """Warm up (imports, device, tokenizer, data), then wait to be assigned:
+    to a lost rank (hot swap) or to a new replica (grow)."""
+    logger = get_logger(0)
+    setup_device(config)
+    tokenizer = build_tokenizer(
+        config.data.tokenizer_type, config.data.tokenizer_model, config.data.vocab_size
+    )
+    # The active ranks write the dataset index caches first; read them after.
+    ctx.wait(lambda: ctx.current()["state"] != P.JobState.STARTING, 24 * 3600, "the job to start")
+    datasets = data.build_datasets(config, tokenizer)
+    ctx.state = WorkerState.SPARE
+    # No decision before this generation can name this process (a slot that
+    # served earlier may be named in old ones).
+    checked = ctx.current()["gen"] - 1
+    ctx.post(P.SpareReady(slot=ctx.slot))
+    logger.info("warm spare %s ready", ctx.slot)
+    prepared = None  # (rank, world, Recovery) built ahead of the decision
+    while True:
+        time.sleep(0.01)
+        try:
+            latest = ctx.current()
+            decision, checked = newest_assignment(ctx, checked, latest["gen"])
+        except dist.DistError:
+            # The coordinator is gone, and with it the job (at its end, the
+            # first node's launcher may exit before this node's agent stops
+            # us): leave as the heartbeat thread does, without a traceback.
+            raise recovery.WorkerExit(ExitCode.FAILED, "the coordinator is gone") from None
+        world = latest.get("world")  # size and node map since the last shrink
+        if decision is None:
+            likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}
+            if ctx.slot in likely and (
+                prepared is None or prepared[:2] != (likely[ctx.slot], world)
+            ):
+                prepared = (
+                    likely[ctx.slot],
+                    world,
+                    recovery.prepare_spare(
+                        ctx,
+                        likely[ctx.slot],
+                        rebuild.world_config(config, world),
+                        builders,
+                        datasets,
+                    ),
+                )
+            continue
+        if decision.action == Action.GROW:
+            prepared = None  # built for a hot swap that did not pick it
+            return recovery.join_grown(ctx, config, builders, datasets, decision)
+        rank = decision.rank_of(ctx.slot)
+        if prepared is None or prepared[:2] != (rank, world):
+            prepared = (
+                rank,
+                world,
+                recovery.prepare_spare(
+                    ctx, rank, rebuild.world_config(config, world), builders, datasets
+                ),
+            )
+        return recovery.join(prepared[2], decision)
+
+
+def run(config: Config, model_provider, forward_step) -> NoReturn:
+    # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
+    # a report of a hang (the fault campaign sends it before it gives up).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    ctx = ControlClient()
+    try:
+        train(ctx, config, model_provider, forward_step)
+    except recovery.WorkerExit as leaving:
+        leave(leaving.code)
+    except Exception as error:  # noqa: BLE001 - every failure leaves with a typed code
+        leave(report_failure(ctx, error))
+    ctx.stop()
+    leave(ExitCode.OK)  # as the agent does, for the same reason
+
+
+def report_failure(ctx: ControlClient, error: Exception) -> ExitCode:
+    """A failure recovery did not handle: log it with its whole traceback;
+    the exit code tells the coordinator what it was (errors.py)."""
+    failure = classify(error)
+    code = {
+        Failure.BUG: ExitCode.BUG,
+        Failure.LOCAL: ExitCode.LOCAL_FAILURE,
+        Failure.PEER: ExitCode.FAILED,
+    }[failure]
+    get_logger(0).error(
+        "deadpool: slot %s stops (%s failure, exit code %d): %s\n%s",
+        ctx.slot,
+        failure.value,
+        code,
+        summary(error),
+        traceback_text(error),
+    )
+    return code
+
+
+def train(ctx: ControlClient, config: Config, model_provider, forward_step) -> None:
+    # Faults fire only in the process that held the rank from the start:
+    # a spare that replaced it redoes the iteration and must not die again.
+    injector = Injector(
+        parse_faults(section(config).deadpool_inject),
+        ctx.env.rank,
+        ctx.node,
+        original=ctx.role == Role.ACTIVE,
+    )
+    builders = (model_provider, forward_step, functools.partial(build_hooks, injector=injector))
+    if ctx.role == Role.ACTIVE:
+        rec = start_active(ctx, config, builders)
+    else:
+        rec = start_spare(ctx, config, builders)
+    rec.train()
+    ctx.state = WorkerState.DONE
+    ctx.post(P.Done(rank=rec.trainer.runtime.rank))

@@ -1,0 +1,479 @@
+"""The package's shape, read from the source with ``ast`` (nothing is imported):
+
+* no import cycle among the repository's modules, counting imports inside
+  functions too (a function-level import is still a dependency; it only
+  hides the cycle until the function runs);
+* the pure modules (decisions, layouts, messages, parsing) never reach
+  ``torch.distributed``, themselves or through anything of the repository
+  they import, so they stay testable without process groups.
+
+Each check has a negative control that feeds it a small cycle or a small
+impure package and asserts that it is caught; so does conftest.py's guard
+that keeps unmarked tests from starting processes.
+"""
+
+import ast
+import multiprocessing
+import os
+import subprocess
+import textwrap
+from collections import deque
+from typing import Dict, Iterator, List, Optional, Set
+
+import pytest
+
+from conftest import ProcessInUnitTest, processes_forbidden_unless_integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The repository's packages, as dotted names (their folders follow).
+PACKAGES = ["deadpool_ext", "megatron.training", "tools"]
+
+# Modules that must never reach torch.distributed: pure arithmetic and pure
+# parsing, no process groups, no sockets. A package name stands for all of
+# its modules. A name that is no module of the repository fails the test.
+PURE_MODULES = [
+    "deadpool_ext.policy",  # the coordinator's decisions
+    "deadpool_ext.protocol",  # the control plane's messages
+    "deadpool_ext.topology",  # buddy maps and rank layouts
+    "deadpool_ext.inject",  # fault specs (parsing; firing is signals)
+    "deadpool_ext.compare",  # how runs are judged equal
+    "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
+]
+# Stricter still: no torch and no megatron at all (the planner runs on any laptop).
+TORCH_FREE_MODULES = ["deadpool_ext.planning"]
+
+Graph = Dict[str, Set[str]]
+
+
+# ----- the repository's modules -----
+def find_modules(root: str, packages: List[str]) -> Dict[str, str]:
+    """Dotted module name -> file, for every .py file under the packages."""
+    modules = {}
+    for package in packages:
+        top = os.path.join(root, *package.split("."))
+        for folder, _, files in os.walk(top):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    modules[module_name(root, path)] = path
+    return modules
+
+
+def module_name(root: str, path: str) -> str:
+    parts = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_package(path: str) -> bool:
+    return os.path.basename(path) == "__init__.py"
+
+
+def parents(module: str) -> List[str]:
+    """``a.b.c`` -> ``a.b``, ``a``: the packages Python runs first."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+# ----- what a module imports -----
+def import_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every import anywhere in the module, in functions too, except under
+    ``if TYPE_CHECKING:`` (never run: the usual way to name a type across
+    modules without a runtime dependency)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    elif isinstance(node, ast.If) and is_type_checking(node.test):
+        for statement in node.orelse:
+            yield from import_nodes(statement)
+    else:
+        for child in ast.iter_child_nodes(node):
+            yield from import_nodes(child)
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+    return name == "TYPE_CHECKING"
+
+
+def absolute_base(node: ast.ImportFrom, module: str, path: str) -> str:
+    """The module a ``from ... import`` names, with relative dots resolved."""
+    if node.level == 0:
+        return node.module
+    package = module if is_package(path) else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def repository_module(name: str, modules: Dict[str, str]) -> Optional[str]:
+    """The repository module that loading ``name`` runs: itself, or its
+    longest prefix that is one; None outside the repository."""
+    for candidate in [name] + parents(name):
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def targets(node: ast.AST, module: str, path: str, modules: Dict[str, str]) -> Iterator[str]:
+    """The repository modules one import statement depends on: ``from p import
+    x`` is p.x when x is a submodule, else p (x is a name defined in p)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = absolute_base(node, module, path)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    for name in names:
+        found = repository_module(name, modules)
+        if found is not None:
+            yield found
+
+
+def parse(path: str) -> ast.AST:
+    with open(path) as f:
+        return ast.parse(f.read(), path)
+
+
+def dependencies(module: str, modules: Dict[str, str]) -> Set[str]:
+    """The repository modules ``module`` imports, at module level or in a
+    function. Parent packages are left out: Python runs them first, but an
+    edge to each would call every package that re-exports its modules a cycle."""
+    path = modules[module]
+    found = set()
+    for node in import_nodes(parse(path)):
+        found.update(targets(node, module, path, modules))
+    return found - {module}
+
+
+def import_graph(root: str, packages: List[str]) -> Graph:
+    modules = find_modules(root, packages)
+    return {module: dependencies(module, modules) for module in modules}
+
+
+# ----- cycles -----
+def shortest_path(graph: Graph, start: str, goal: str) -> Optional[List[str]]:
+    """Breadth-first: the shortest import chain from start to goal."""
+    came_from = {start: None}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for child in sorted(graph.get(node, ())):
+            if child == goal:
+                chain = [child, node]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])
+                return chain[::-1]
+            if child not in came_from:
+                came_from[child] = node
+                queue.append(child)
+    return None
+
+
+def rotate_to_smallest(cycle: List[str]) -> tuple:
+    """One form per cycle whichever module it was found from."""
+    ring = cycle[:-1]
+    i = ring.index(min(ring))
+    return tuple(ring[i:] + ring[:i] + [ring[i]])
+
+
+def find_cycles(graph: Graph) -> List[List[str]]:
+    """The shortest cycle through each module that is on one, each cycle once,
+    as ``[a, b, a]``."""
+    cycles = set()
+    for module in graph:
+        cycle = shortest_path(graph, module, module)
+        if cycle:
+            cycles.add(rotate_to_smallest(cycle))
+    return [list(c) for c in sorted(cycles)]
+
+
+def show(chain: List[str]) -> str:
+    return " -> ".join(chain)
+
+
+# ----- torch.distributed -----
+def distributed_imports(path: str) -> List[int]:
+    """Lines that import torch.distributed, in any form (``import
+    torch.distributed``, ``from torch import distributed``, ``from
+    torch.distributed.x import y``), or use it as ``torch.distributed``."""
+    lines = []
+    tree = parse(path)
+    for node in import_nodes(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif node.level == 0 and node.module == "torch":
+            names = [f"torch.{alias.name}" for alias in node.names]
+        else:
+            names = [node.module or ""] if node.level == 0 else []
+        if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in names):
+            lines.append(node.lineno)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "distributed"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        ):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def expand(names: List[str], modules: Dict[str, str]) -> List[str]:
+    """Module names, a package standing for itself and all its modules; a
+    name that matches nothing fails, so a renamed module is not left unchecked."""
+    expanded = []
+    for name in names:
+        matches = sorted(m for m in modules if m == name or m.startswith(name + "."))
+        assert matches, (
+            f"PURE_MODULES lists {name}, which is no module or package "
+            "of the repository: update the list"
+        )
+        expanded += matches
+    return expanded
+
+
+def reaches_distributed(module: str, graph: Graph, modules: Dict[str, str]) -> List[str]:
+    """Every import chain from ``module`` to a repository module that imports
+    torch.distributed (parent packages count: Python runs them first)."""
+    came_from = {module: None}
+    queue = deque([module])
+    found = []
+    while queue:
+        node = queue.popleft()
+        lines = distributed_imports(modules[node])
+        if lines:
+            chain = [node]
+            while came_from[chain[-1]] is not None:
+                chain.append(came_from[chain[-1]])
+            found.append(f"{show(chain[::-1])} (line {', '.join(map(str, lines))})")
+        for child in sorted(graph[node] | (set(parents(node)) & set(modules))):
+            if child not in came_from:
+                came_from[child] = node
+                queue.append(child)
+    return found
+
+
+def impure(names: List[str], root: str, packages: List[str]) -> List[str]:
+    modules = find_modules(root, packages)
+    graph = import_graph(root, packages)
+    return [
+        chain
+        for module in expand(names, modules)
+        for chain in reaches_distributed(module, graph, modules)
+    ]
+
+
+def imported_names(path: str) -> Set[str]:
+    """Absolute module names a file imports (relative imports are the repository's)."""
+    names = set()
+    for node in import_nodes(parse(path)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def reachable(module: str, graph: Graph, modules: Dict[str, str]) -> Set[str]:
+    seen, queue = {module}, deque([module])
+    while queue:
+        node = queue.popleft()
+        for child in graph[node] | (set(parents(node)) & set(modules)):
+            if child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return seen
+
+
+def heavy_imports(names: List[str], root: str, packages: List[str]) -> List[str]:
+    """'module: name' for every torch or megatron import the modules reach."""
+    modules = find_modules(root, packages)
+    graph = import_graph(root, packages)
+    found = []
+    for module in expand(names, modules):
+        for reached in sorted(reachable(module, graph, modules)):
+            found += [
+                f"{module} -> {reached}: {name}"
+                for name in sorted(imported_names(modules[reached]))
+                if name.split(".")[0] in ("torch", "megatron")
+            ]
+    return found
+
+
+# ----- the repository -----
+def test_no_import_cycle():
+    cycles = find_cycles(import_graph(REPO, PACKAGES))
+    assert not cycles, "import cycles (function-level imports count):\n" + "\n".join(
+        show(c) for c in cycles
+    )
+
+
+def test_pure_modules_never_reach_torch_distributed():
+    chains = impure(PURE_MODULES, REPO, PACKAGES)
+    assert not chains, "pure modules that reach torch.distributed:\n" + "\n".join(chains)
+
+
+def test_the_planner_imports_neither_torch_nor_megatron():
+    found = heavy_imports(TORCH_FREE_MODULES, REPO, PACKAGES)
+    assert not found, "torch-free modules that import torch or megatron:\n" + "\n".join(found)
+
+
+def test_the_torch_free_check_sees_a_heavy_import(tmp_path):
+    package = tmp_path / "light"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from light import b\n")
+    (package / "b.py").write_text("def f():\n    import megatron.core\n")
+    assert heavy_imports(["light.a"], str(tmp_path), ["light"]) == [
+        "light.a -> light.b: megatron.core"
+    ]
+
+
+def test_the_graph_sees_the_packages_imports():
+    """Guards the reader: an empty graph would pass every check above."""
+    graph = import_graph(REPO, PACKAGES)
+    edges = [(a, b) for a, deps in graph.items() for b in deps]
+    assert any(a.startswith("deadpool_ext.") and b.startswith("deadpool_ext.") for a, b in edges)
+    assert any(
+        a.startswith("deadpool_ext.") and b.startswith("megatron.training.") for a, b in edges
+    )
+
+
+# ----- negative controls: the checks catch what they claim to -----
+def write_package(root, files: Dict[str, str]) -> None:
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+
+
+def test_a_cycle_is_found_and_shown():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert find_cycles(graph) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_cycle_through_a_function_level_relative_import_is_found(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/sub/__init__.py": "",
+            "pkg/a.py": "from pkg.sub import b\n",
+            "pkg/sub/b.py": "def later():\n    from .. import a\n    return a\n",
+            "pkg/c.py": "import pkg.a\n",
+        },
+    )
+    cycles = find_cycles(import_graph(str(tmp_path), ["pkg"]))
+    assert cycles == [["pkg.a", "pkg.sub.b", "pkg.a"]]
+
+
+def test_an_import_only_for_type_checking_is_no_dependency(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg import b\nelse:\n    import json\n",
+            "pkg/b.py": "from pkg import a\n",
+        },
+    )
+    assert find_cycles(import_graph(str(tmp_path), ["pkg"])) == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import torch.distributed",
+        "import torch.distributed as dist",
+        "from torch import distributed",
+        "from torch import nn, distributed as dist",
+        "from torch.distributed import ProcessGroup",
+        "from torch.distributed.checkpoint import save",
+        "import torch\nworld = torch.distributed.get_world_size",
+    ],
+)
+def test_every_form_of_importing_torch_distributed_is_seen(tmp_path, statement):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/pure.py": "from pkg.helpers import helper\n",
+            "pkg/helpers.py": "def helper():\n" + textwrap.indent(statement, "    ") + "\n",
+        },
+    )
+    chains = impure(["pkg.pure"], str(tmp_path), ["pkg"])
+    assert len(chains) == 1 and chains[0].startswith("pkg.pure -> pkg.helpers (line "), chains
+
+
+def test_other_torch_imports_are_pure(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/pure.py": "import torch\nimport torch.nn\nfrom torch import nn\n"
+            "from pkg import distributed\n",
+            "pkg/distributed.py": "",
+        },
+    )
+    assert impure(["pkg"], str(tmp_path), ["pkg"]) == []
+
+
+def test_a_parent_package_that_imports_distributed_makes_its_modules_impure(tmp_path):
+    write_package(tmp_path, {"pkg/__init__.py": "import torch.distributed\n", "pkg/pure.py": ""})
+    chains = impure(["pkg.pure"], str(tmp_path), ["pkg"])
+    assert [c.split(" (")[0] for c in chains] == ["pkg.pure -> pkg"]
+
+
+def test_a_listed_module_that_does_not_exist_fails(tmp_path):
+    write_package(tmp_path, {"pkg/__init__.py": "", "pkg/pure.py": ""})
+    with pytest.raises(AssertionError, match="pkg.gone"):
+        impure(["pkg.pure", "pkg.gone"], str(tmp_path), ["pkg"])
+
+
+def test_a_package_stands_for_all_its_modules(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/planning/__init__.py": "",
+            "pkg/planning/deep/__init__.py": "",
+            "pkg/planning/deep/rule.py": "import torch.distributed as dist\n",
+            "pkg/planning_notes.py": "import torch.distributed\n",  # a prefix, not a child
+        },
+    )
+    chains = impure(["pkg.planning"], str(tmp_path), ["pkg"])
+    assert [c.split(" (")[0] for c in chains] == ["pkg.planning.deep.rule"]
+
+
+# ----- the unit/integration split (conftest.py) -----
+class FakeItem:
+    nodeid = "probe"
+
+    def __init__(self, integration: bool):
+        self.integration = integration
+
+    def get_closest_marker(self, name):
+        if name == "integration" and self.integration:
+            return pytest.mark.integration.mark
+        return None
+
+
+def test_an_unmarked_test_cannot_start_a_process():
+    def start_process():
+        multiprocessing.get_context("fork").Process(target=print).start()
+
+    with processes_forbidden_unless_integration(FakeItem(integration=False)):
+        for start in (
+            lambda: subprocess.run(["true"]),
+            os.fork,
+            start_process,
+            lambda: os.system("true"),
+        ):
+            with pytest.raises(ProcessInUnitTest, match="probe started a process"):
+                start()
+
+
+def test_an_integration_test_starts_processes_unhindered():
+    before = subprocess.Popen._execute_child
+    with processes_forbidden_unless_integration(FakeItem(integration=True)):
+        assert subprocess.Popen._execute_child is before

@@ -1,0 +1,81 @@
+"""Failures inside a worker are told apart: a peer's is recovered, the
+rank's own device failure replaces the rank, anything else stops the job."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from deadpool_ext.rank.errors import Failure, classify, traceback_text
+from deadpool_ext.rank.generation import FailureAnnounced
+from deadpool_ext.state.mirror import MirrorError
+
+# The messages torch raised when peers died in the fault campaign's runs.
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] "
+    "Connection closed by peer [127.0.0.1]:21346"
+)
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    "Read error [127.0.0.1]:4431: Connection reset by peer"
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(GLOO_CLOSED),
+        RuntimeError(GLOO_RESET),
+        FailureAnnounced("the coordinator announced generation 2"),
+        MirrorError("buddy lost"),
+        ConnectionResetError("reset"),
+        TimeoutError("waited"),
+        dist.DistNetworkError("store gone"),
+    ],
+)
+def test_peer_failures_are_recovered(error):
+    assert classify(error) == Failure.PEER
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        MemoryError(),
+    ],
+)
+def test_the_ranks_own_resource_failures_are_local(error):
+    assert classify(error) == Failure.LOCAL
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x128 and 64x128)"),
+        KeyError("iteration"),
+        TypeError("unsupported operand"),
+        AssertionError(),
+        ValueError("bad"),
+    ],
+)
+def test_everything_else_is_a_bug(error):
+    """Before, every RuntimeError counted as recoverable: a shape bug was
+    'recovered' into a new generation that met it again."""
+    assert classify(error) == Failure.BUG
+
+
+def test_the_whole_traceback_is_kept_as_text():
+    def outer():
+        middle()
+
+    def middle():
+        inner()
+
+    def inner():
+        raise RuntimeError("x" * 1000)
+
+    with pytest.raises(RuntimeError) as caught:
+        outer()
+    text = traceback_text(caught.value)
+    assert "x" * 1000 in text
+    assert all(f"in {name}" in text for name in ("outer", "middle", "inner"))
