@@ -55,8 +55,11 @@ class JobState(str, Enum):
 
     STARTING = "starting"  # no iteration finished by every rank yet
     TRAINING = "training"
-    RECOVERING = "recovering"  # a failure (or a grow) announced; survivors report
-    REBUILDING = "rebuilding"  # decided; the new generation builds and restores
+    RECOVERING = "recovering"  # a failure announced; the survivors report
+    GROWING = "growing"  # spares fill a replica; every rank reports at its iteration's end
+    REBUILDING = "rebuilding"  # a swap decided; the new generation builds and restores
+    RESIZING = "resizing"  # a shrink, grow or checkpoint decided; carried out
+    STOPPING = "stopping"  # resumed after a checkpoint decision: saving, then done
     ABORTED = "aborted"
 
 

@@ -175,6 +175,27 @@ def worker_pids(root: int) -> dict:
     return found
 
 
+# ----- torchrun on 8 ranks, saving and loading checkpoints -----
+def checkpoint_restart_command(args: List[str], workdir: str, save_interval: int) -> List[str]:
+    """The failure-free way to survive a failure: torchrun restarts the job
+    from the last --save checkpoint."""
+    save = os.path.join(workdir, "checkpoints")
+    checkpoints = ["--save", save, "--load", save, "--save-interval", str(save_interval)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "8",
+        "--monitor-interval",
+        "0.1",
+        os.path.join(REPO, "pretrain_gpt.py"),
+        *args,
+        *checkpoints,
+    ]
+
+
 # ----- deadpool-launch on two emulated 4-rank nodes -----
 def launcher(args: List[str], spare_nodes: int) -> List[str]:
     return [

@@ -32,7 +32,7 @@ import time
 
 from deadpool_ext.events import read_events
 from tools.bench_common import (
-    REPO,
+    checkpoint_restart_command,
     MetricsWatch,
     demo_workload,
     launcher,
@@ -67,27 +67,9 @@ def hot_swap(opts, workdir: str, fault: bool) -> dict:
 
 
 def checkpoint_restart(opts, workdir: str) -> dict:
-    save = os.path.join(workdir, "checkpoints")
-    args = demo_workload(opts.iters, workdir) + [
-        "--save",
-        save,
-        "--load",
-        save,
-        "--save-interval",
-        str(opts.save_interval),
-    ]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "8",
-        "--monitor-interval",
-        "0.1",
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-    ]
+    command = checkpoint_restart_command(
+        demo_workload(opts.iters, workdir), workdir, opts.save_interval
+    )
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
     killed = []
 

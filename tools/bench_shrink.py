@@ -28,7 +28,7 @@ import time
 from typing import List
 
 from tools.bench_common import (
-    REPO,
+    checkpoint_restart_command,
     MetricsWatch,
     deadpool_run,
     demo_workload,
@@ -59,27 +59,9 @@ def trace_deadpool(opts, workdir: str) -> dict:
 
 
 def trace_checkpoint_restart(opts, workdir: str) -> dict:
-    save = os.path.join(workdir, "checkpoints")
-    args = trace_layout(demo_workload(opts.iters, workdir)) + [
-        "--save",
-        save,
-        "--load",
-        save,
-        "--save-interval",
-        str(opts.save_interval),
-    ]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "8",
-        "--monitor-interval",
-        "0.1",
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-    ]
+    command = checkpoint_restart_command(
+        trace_layout(demo_workload(opts.iters, workdir)), workdir, opts.save_interval
+    )
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
     pending, total, restarts = list(opts.trace), 0.0, 0
 

@@ -18,6 +18,18 @@ Survivors blocked in a collective are released by their own heartbeat
 thread, which shuts the old generation's connections down as soon as it
 reads a newer generation (release.py); case 5 is the bound behind it.
 
+The job's state (``JobState``) moves only along ``NEXT``:
+
+  STARTING -> TRAINING -> RECOVERING (a loss: the survivors report)
+                       -> GROWING (spares fill a replica: everyone reports)
+  RECOVERING / GROWING -> REBUILDING (a swap decided) -> TRAINING
+                       -> RESIZING (a shrink or grow decided) -> TRAINING
+                                   (a checkpoint decided) -> STOPPING
+  any -> ABORTED (no decision can keep the job)
+
+A loss while RECOVERING, GROWING or REBUILDING opens the next generation
+(RECOVERING again); while RESIZING or STOPPING it ends the job.
+
 Sizes: while spares last a lost rank is swapped; then the job shrinks
 (--deadpool-on-spares-exhausted shrink), and it grows back towards its
 launched size whenever the ready spares make up a whole replica (a node
@@ -28,9 +40,10 @@ old layout, which no decision could combine with the new one.
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control.detector import Detector
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import (
     abort,
@@ -53,6 +66,23 @@ from deadpool_ext.protocol import (
 )
 from deadpool_ext.topology import Grid
 from deadpool_ext.wire import Channel
+
+S = JobState
+# The states each state may move to; anything else is a bug of the coordinator.
+NEXT = {
+    S.STARTING: {S.TRAINING, S.RECOVERING, S.ABORTED},
+    S.TRAINING: {S.RECOVERING, S.GROWING, S.ABORTED},
+    S.RECOVERING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
+    S.GROWING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
+    S.REBUILDING: {S.TRAINING, S.RECOVERING, S.ABORTED},
+    S.RESIZING: {S.TRAINING, S.STOPPING, S.ABORTED},
+    S.STOPPING: {S.ABORTED},
+    S.ABORTED: set(),
+}
+COLLECTING = (S.RECOVERING, S.GROWING)  # members report for a decision
+BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
+# A loss now cannot be combined with the decision being carried out.
+UNRECOVERABLE = (S.RESIZING, S.STOPPING)
 
 
 @dataclass
@@ -81,13 +111,14 @@ class Coordinator:
         self.nnodes, self.spare_nodes = nnodes, spare_nodes
         self.world_size = self.planned_size = nnodes * nproc
         self.events = events or EventLog(None, COORDINATOR_RANK)
-        self.heartbeat_timeout, self.recovery_timeout = heartbeat_timeout, recovery_timeout
+        self.recovery_timeout = recovery_timeout
         self.clock = clock
+        self.detector = Detector(channel, heartbeat_timeout)
         self.view = Membership(
             {r: slot_name(r // nproc, r % nproc) for r in range(self.world_size)}
         )
         self.inbox = channel.reader(P.COORDINATOR_TOPIC)
-        self.gen, self.state = 0, JobState.STARTING
+        self.gen, self.state = 0, S.STARTING
         self.lost: Set[int] = set()
         self.reports: Dict[int, Report] = {}
         self.resumed: Set[int] = set()
@@ -102,8 +133,6 @@ class Coordinator:
         self.world: Optional[dict] = None  # size and rank nodes after a shrink
         self.released: Set[str] = set()  # slots whose replica a shrink dropped
         self.joined_nodes: Set[int] = set()  # registered with deadpool-launch --join
-        self.growing = False  # this generation grows the job (no rank was lost)
-        self.resizing = False  # a shrink or grow is being carried out
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
         self.started_recovery = 0.0
@@ -117,10 +146,23 @@ class Coordinator:
         self.group_timeout_s: Optional[float] = None
         self.waited_stuck_gen: Optional[int] = None
         self.waited_gen: Optional[int] = None
-        self.seen: Dict[str, tuple] = {}  # heartbeat key -> (seq, local time seen)
-        self.progress: Dict[int, int] = {}
         self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
         self.publish()
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return self.detector.timeout_s
+
+    @property
+    def progress(self) -> Dict[int, int]:
+        """rank -> the iteration its last heartbeat gave."""
+        seen = self.detector.iterations
+        return {rank: seen[slot] for rank, slot in self.view.members.items() if slot in seen}
+
+    def enter(self, state: JobState) -> None:
+        if state not in NEXT[self.state]:
+            raise AssertionError(f"coordinator bug: {self.state.value} -> {state.value}")
+        self.state = state
 
     # ----- outputs -----
     def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
@@ -135,7 +177,7 @@ class Coordinator:
             lost=sorted(self.lost),
             assign={str(r): s for r, s in (assign or {}).items()},
             world=self.world,
-            grow=self.growing,
+            grow=self.state == S.GROWING,
         )
 
     def tell_agent(self, node: int, command: Command, slot: Optional[str] = None) -> None:
@@ -157,14 +199,11 @@ class Coordinator:
         if self.clock() - self.last_heartbeat_check >= self.heartbeat_check_s:
             self.last_heartbeat_check = self.clock()
             self.check_heartbeats()
-        if self.state == JobState.RECOVERING:
+        if self.state in COLLECTING:
             self.maybe_decide()
-        elif self.state == JobState.TRAINING:
+        elif self.state == S.TRAINING:
             self.maybe_grow()
-        elif (
-            self.state == JobState.REBUILDING
-            and self.clock() - self.decided_at > self.recovery_timeout
-        ):
+        elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.end(
                 abort(
                     self.gen,
@@ -187,7 +226,7 @@ class Coordinator:
         if self.plan is not None:
             return  # a spare that took rank 0 repeats it; only the first counts
         self.plan, self.buddy, self.owner = m, m.buddy, m.owner
-        self.heartbeat_timeout = float(m.heartbeat_timeout)
+        self.detector.timeout_s = float(m.heartbeat_timeout)
         self.spare_wait = float(m.spare_wait)
         if m.distributed_timeout_minutes is not None:
             self.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
@@ -231,28 +270,29 @@ class Coordinator:
             return
         self.view.spares.append(slot)
         self.events.emit("spare_ready", gen=self.gen, slot=slot, spares=len(self.view.spares))
-        if self.state == JobState.RECOVERING and not self.growing:
+        if self.state == S.RECOVERING:
             self.publish(self.likely_spares())  # it may build while we wait
 
     def on_report(self, m: P.Report) -> None:
-        if m.gen == self.gen and self.state == JobState.RECOVERING:
+        if m.gen == self.gen and self.state in COLLECTING:
             self.reports[m.rank] = m
 
     def on_joining(self, m: P.Joining) -> None:
         """Everyone enters the new groups' rendezvous together, so that a
         failure before it is seen by polling, not by a gloo timeout."""
-        if m.gen != self.gen or self.state != JobState.REBUILDING:
+        if m.gen != self.gen or self.state not in BUILDING:
             return
         self.joining.add(m.rank)
         if len(self.joining) == self.world_size:
             self.channel.put(P.join_key(self.gen), gen=self.gen)
 
     def on_resumed(self, m: P.Resumed) -> None:
-        if m.gen != self.gen or self.state != JobState.REBUILDING:
+        if m.gen != self.gen or self.state not in BUILDING:
             return
         self.resumed.add(m.rank)
         if len(self.resumed) == self.world_size:
-            self.state, self.resizing = JobState.TRAINING, False
+            # After a checkpoint decision the ranks save and stop.
+            self.enter(S.STOPPING if self.stopping else S.TRAINING)
             self.events.emit(
                 "recovered", gen=self.gen, seconds=round(self.clock() - self.started_recovery, 3)
             )
@@ -262,8 +302,11 @@ class Coordinator:
         self.done.add(m.rank)
 
     # ----- failures -----
+    def slots_of(self, node: int) -> List[str]:
+        return [slot_name(node, i) for i in range(self.nproc)]
+
     def lose_node(self, node: int, reason: str) -> None:
-        slots = [slot_name(node, i) for i in range(self.nproc)]
+        slots = self.slots_of(node)
         self.lose_slots(slots, f"node {node} lost: {reason}")
         self.tell_agent(node, Command.KILL_ALL)
 
@@ -277,7 +320,7 @@ class Coordinator:
         if not ranks:
             self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
             return
-        if self.resizing or self.stopping:
+        if self.state in UNRECOVERABLE:
             what = "saving its checkpoint" if self.stopping else "being resized"
             self.end(
                 abort(
@@ -289,8 +332,7 @@ class Coordinator:
             )
             return
         self.lost |= ranks
-        self.growing = False  # a loss turns a pending grow into a recovery
-        self.open_generation()
+        self.open_generation(S.RECOVERING)  # a pending grow becomes a recovery
         self.events.emit(
             "failure_detected",
             gen=self.gen,
@@ -301,10 +343,11 @@ class Coordinator:
         )
         self.publish(self.likely_spares())
 
-    def open_generation(self) -> None:
+    def open_generation(self, state: JobState) -> None:
         """A failure or a grow: the next generation starts collecting reports."""
+        self.enter(state)
         self.gen += 1
-        self.state, self.reports, self.resumed, self.joining = JobState.RECOVERING, {}, set(), set()
+        self.reports, self.resumed, self.joining = {}, set(), set()
         self.started_recovery = self.clock()
 
     def likely_spares(self) -> Dict[int, str]:
@@ -325,7 +368,7 @@ class Coordinator:
         free when no node had it or every slot of the node it named was lost.
         The answer goes to the joining agent alone (``admit/{nonce}``): the
         index's command topic may belong to a live agent."""
-        slots = [slot_name(node, i) for i in range(self.nproc)]
+        slots = self.slots_of(node)
         taken = node in self.nodes() and not all(s in self.view.lost_slots for s in slots)
         if nproc != self.nproc or taken:
             why = (
@@ -339,33 +382,29 @@ class Coordinator:
         self.channel.put(P.admission_key(nonce), accepted=True)
         self.view.lost_slots.difference_update(slots)
         # Its old heartbeats are stale; the new processes' sequence starts again.
-        for key in [P.node_heartbeat_key(node)] + [P.worker_heartbeat_key(s) for s in slots]:
-            self.seen.pop(key, None)
+        self.detector.forget(node, slots)
         self.joined_nodes.add(node)
         self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
 
     def check_heartbeats(self) -> None:
-        now = self.clock()
-        beating = set()
-        for node in self.nodes():
-            body, stale = self.heartbeat(P.node_heartbeat_key(node), now)
-            if stale and slot_name(node, 0) not in self.view.lost_slots:
-                self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
-            elif body is not None and not stale:
-                beating.add(node)
-        self.warming = self.warming_spares(now, beating)
+        now, lost = self.clock(), self.view.lost_slots
         watched = list(self.view.members.values()) + list(self.view.spares)
-        states = {}  # slot -> the state its last beat gave
-        for slot in watched:
-            if slot in self.view.lost_slots:
-                continue
-            body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
-            states[slot] = (body or {}).get("state")
-            if stale and self.node_beats(parse_slot(slot)[0], now):
-                self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
-                self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
-        if self.state == JobState.RECOVERING and not self.growing:
-            self.kill_stuck(now, states)
+        busy = set(watched) | lost | self.released
+        sighting = self.detector.look(
+            self.nodes(),
+            [slot for slot in watched if slot not in lost],
+            [slot for node in self.nodes() for slot in self.slots_of(node) if slot not in busy],
+            now,
+        )
+        for node in sighting.silent_nodes:
+            if slot_name(node, 0) not in self.view.lost_slots:
+                self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
+        self.warming = sighting.warming
+        for slot in sighting.hung_slots:
+            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+            self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
+        if self.state == S.RECOVERING:
+            self.kill_stuck(now, sighting.states)
 
     def kill_stuck(self, now: float, states: Dict[str, Optional[str]]) -> None:
         """Members that neither reported nor stopped training long after the
@@ -418,65 +457,6 @@ class Coordinator:
                 found.setdefault(rank, f"its optimizer shard's copy was lost with rank {buddy}")
         return found
 
-    def warming_spares(self, now: float, beating_nodes: Set[int]) -> List[str]:
-        """Slots whose process is still starting (imports, device, data) and
-        will report ready: beating in the state "starting", or not beating
-        yet on a node whose agent beats (the agent started it; early in a
-        job a spare may still be importing when a failure comes)."""
-        busy = (
-            set(self.view.members.values())
-            | set(self.view.spares)
-            | self.view.lost_slots
-            | self.released
-        )
-        found = []
-        for node in self.nodes():
-            for slot in (slot_name(node, i) for i in range(self.nproc)):
-                if slot in busy:
-                    continue
-                body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
-                if (
-                    body is None
-                    and node in beating_nodes
-                    or body is not None
-                    and not stale
-                    and body.get("state") == P.WorkerState.STARTING
-                ):
-                    found.append(slot)
-        return found
-
-    def node_beats(self, node: int, now: float) -> bool:
-        """Whether a node's agent beat within half the timeout. On a cluster a
-        dead node is seen only through heartbeats, its agent's and its
-        workers' stopping together: a silent worker on a silent node is not
-        hung, and the node's own timeout (due within the other half) takes
-        all its ranks in one generation instead of one per worker."""
-        last = self.seen.get(P.node_heartbeat_key(node))
-        return last is None or now - last[1] <= self.heartbeat_timeout / 2
-
-    def stale(self, key: str, now: float) -> bool:
-        """True once a key that has been beating stops for the timeout."""
-        return self.heartbeat(key, now)[1]
-
-    def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
-        """A key's last beat (None before the first), and whether it has
-        stopped beating for the timeout; records rank progress."""
-        body = self.channel.get(key)
-        if body is None:
-            return None, False
-        seq = body.get("seq")
-        if body.get("iteration") is not None and not key.startswith("hb/node"):
-            rank = self.view.rank_of(key[3:])
-            if rank is not None:
-                self.progress[rank] = body["iteration"]
-        last = self.seen.get(key)
-        if last is None or last[0] != seq:
-            self.seen[key] = (seq, now)
-            return body, False
-        if body.get("state") == "done":
-            return body, False
-        return body, now - last[1] > self.heartbeat_timeout
-
     # ----- decisions -----
     def maybe_decide(self) -> None:
         waiting = [r for r in self.view.members if r not in self.lost and r not in self.reports]
@@ -494,7 +474,6 @@ class Coordinator:
         if self.waiting_for_spares():
             return
         decision = self.choose()
-        self.growing = False
         self.decided_at = self.clock()
         if decision.action == Action.ABORT:
             self.end(decision)
@@ -504,6 +483,7 @@ class Coordinator:
             return
         self.commit(
             decision,
+            S.REBUILDING,
             replaced={str(r): s for r, s in decision.replaced.items()},
             from_buddy=decision.from_buddy,
         )
@@ -522,7 +502,7 @@ class Coordinator:
         rather than shrink now and grow back when they are ready."""
         short = len(self.lost) - len(self.view.spares)
         if (
-            self.growing
+            self.state == S.GROWING
             or short <= 0
             or len(self.warming) < short
             or self.clock() - self.started_recovery >= self.spare_wait
@@ -560,8 +540,7 @@ class Coordinator:
         add = replicas_to_add(grid, self.planned_dp(), self.view.spares)
         if add == 0:
             return
-        self.open_generation()
-        self.growing = True
+        self.open_generation(S.GROWING)
         self.events.emit(
             "grow_announced",
             gen=self.gen,
@@ -574,7 +553,7 @@ class Coordinator:
 
     def choose(self) -> Decision:
         """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
-        if self.growing:
+        if self.state == S.GROWING:
             return plan_grow(
                 self.gen,
                 self.view.members,
@@ -628,12 +607,12 @@ class Coordinator:
         self.world_size = decision.world_size
         self.world = decision.world()
         self.plan = self.buddy = self.owner = None
-        self.progress = {}
-        self.resizing = True
+        self.detector.iterations.clear()  # the old ranks' progress
         if decision.action == Action.CHECKPOINT:
             self.stopping = decision
         self.commit(
             decision,
+            S.RESIZING,
             dp_before=decision.old_dp,
             dp_after=decision.new_dp,
             world_size=decision.world_size,
@@ -641,12 +620,12 @@ class Coordinator:
             joined={str(r): s for r, s in decision.replaced.items()},
         )
 
-    def commit(self, decision: Decision, **details) -> None:
+    def commit(self, decision: Decision, state: JobState, **details) -> None:
         """The decision's members form the generation: publish it and rebuild."""
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
-        self.state = JobState.REBUILDING
+        self.enter(state)
         self.channel.put(P.decision_key(self.gen), **decision.to_message())
         self.events.emit(
             "decision",
@@ -661,7 +640,7 @@ class Coordinator:
 
     def end(self, decision: Decision) -> None:
         self.result = decision
-        self.state = JobState.ABORTED
+        self.enter(S.ABORTED)
         self.channel.put(P.decision_key(decision.gen), **decision.to_message())
         self.events.emit("abort", gen=decision.gen, reason=decision.reason)
         self.publish()
@@ -680,11 +659,11 @@ class Coordinator:
     def mark_training(self) -> None:
         """Every active rank has finished an iteration: spares may build data."""
         if (
-            self.state == JobState.STARTING
+            self.state == S.STARTING
             and len(self.progress) == self.world_size
             and min(self.progress.values()) >= 1
         ):
-            self.state = JobState.TRAINING
+            self.enter(S.TRAINING)
             self.publish()
 
     def run(self, poll_s: float = 0.01, alive=lambda: True) -> int:

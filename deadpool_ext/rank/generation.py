@@ -44,10 +44,14 @@ import socket
 import threading
 import time
 import weakref
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, Optional, Set, Tuple
 
 import torch.distributed as dist
 
+from megatron.training.config import Config
+from megatron.training.initialize import init_process_groups
+
+from deadpool_ext.config import section
 from deadpool_ext.protocol import Decision, Joining, join_key
 
 # /proc/self/fd links of sockets read "socket:[INODE]".
@@ -209,7 +213,7 @@ def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int
     """Everyone arrives (a store barrier, so a failure now is seen by
     polling), then generation N's default group under its own prefix."""
     ctx.post(Joining(gen=decision.gen, rank=rank))
-    while ctx.channel.get(join_key(decision.gen)) is None:
+    while ctx.get(join_key(decision.gen)) is None:
         if ctx.current()["gen"] != decision.gen:
             raise FailureAnnounced("another failure before the rebuild")
         time.sleep(0.01)
@@ -240,3 +244,41 @@ def open_fake_world(rank: int, world_size: int) -> None:
     import torch.testing._internal.distributed.fake_pg as fake_pg
 
     dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+
+
+def open_training_groups(config: Config):
+    """Megatron's groups (megatron-core's parallel state) and the mirror's,
+    in the generation whose default group exists; returns the mirror's."""
+    init_process_groups(config)
+    return open_mirror_group(config)
+
+
+def open_mirror_group(config: Config):
+    """The group only mirror traffic uses (all ranks must call it), so it
+    never interleaves with training collectives: gloo for host-memory
+    mirrors, NCCL for device-memory ones. In a spare's fake world it is fake
+    too, until the real one replaces it."""
+    dp = section(config)
+    backend = "nccl" if dp.deadpool_mirror_memory == "device" else "gloo"
+    if dist.get_backend() == "fake":
+        backend = None
+    timeout = datetime.timedelta(seconds=dp.deadpool_mirror_timeout)
+    return dist.new_group(backend=backend, timeout=timeout)
+
+
+def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:
+    """Gloo groups of this rank's (tp, pp) position in ``grid`` (the new
+    world): its ranks that held state before, and all of them. Collective:
+    every rank creates every position's groups, in the same order."""
+    me = dist.get_rank()
+    mine_holders, mine_all = None, None
+    for pp in range(grid.pp):
+        for tp in range(grid.tp):
+            ranks = [grid.rank(tp, d, pp) for d in range(grid.dp)]
+            kept = [r for r in ranks if r in holders]
+            group = dist.new_group(ranks, backend="gloo")
+            kept_group = group if kept == ranks else dist.new_group(kept, backend="gloo")
+            if me in ranks:
+                mine_all = group
+                mine_holders = kept_group if me in kept else None
+    return mine_holders, mine_all

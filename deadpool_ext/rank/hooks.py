@@ -29,7 +29,8 @@ from deadpool_ext.inject import Fault, Injector, fire
 from deadpool_ext.protocol import WorkerState
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
-from deadpool_ext.state.mirror import Mirror, new_mirror_group
+from deadpool_ext.rank.generation import open_mirror_group
+from deadpool_ext.state.mirror import Mirror
 from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map
 
 
@@ -66,11 +67,6 @@ def runtime_buddies(config: Config) -> BuddyMap:
         raise SystemExit(f"--deadpool: {error}") from None
 
 
-def mirror_backend(config: Config) -> str:
-    """Host-memory mirrors travel over gloo, device-memory ones over NCCL."""
-    return "nccl" if section(config).deadpool_mirror_memory == "device" else "gloo"
-
-
 class MirrorHook(Hook):
     def __init__(self, config: Config):
         self.config = config
@@ -88,7 +84,7 @@ class MirrorHook(Hook):
             None if trainer.runtime.on_cpu else torch.device("cuda", torch.cuda.current_device())
         )
         in_device = dp.deadpool_mirror_memory == "device"
-        group = new_mirror_group(mirror_backend(self.config), dp.deadpool_mirror_timeout)
+        group = open_mirror_group(self.config)
         if self.config.data_parallel_size < 2:
             # Only a job shrunk to one replica gets here (parse_args refuses
             # DP=1): there is no peer to mirror to, and a lost rank ends the

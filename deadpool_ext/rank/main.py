@@ -6,6 +6,7 @@ Environment from the agent: DEADPOOL_SLOT (node.local), DEADPOOL_ROLE
 WORLD_SIZE.
 """
 
+import contextlib
 import faulthandler
 import functools
 import os
@@ -47,6 +48,9 @@ class ControlClient:
         secret = job_secret(environ)
         self.store = connect(host, port)
         self.channel = Channel(self.store, secret)
+        # Set by the heartbeat thread when the store (and with it the
+        # coordinator) is gone; the main thread then leaves.
+        self.coordinator_lost: Optional[str] = None
         # The groups this process holds or is building, and their sockets.
         self.generation = Generation()
         self.release_error: Optional[str] = None
@@ -83,13 +87,35 @@ class ControlClient:
                     )
                     last_beat = time.monotonic()
                 latest = self._beat_channel.get(P.GEN_KEY)
-            except dist.DistError:
-                # The coordinator is gone, and with it the job.
-                os._exit(1)
+            except dist.DistError as error:
+                self._lose_coordinator(error)
+                return
             if latest is not None:
                 self.latest = latest
                 self._release_if_superseded(latest)
                 self._report_if_stuck(latest)
+
+    def _lose_coordinator(self, error: Exception) -> None:
+        """The store is gone, and with it the coordinator and the job: free
+        the main thread from any collective of the generation (its next
+        contact with the control plane then makes it leave)."""
+        self.coordinator_lost = f"the coordinator is gone ({type(error).__name__}: {error})"
+        try:
+            self.generation.release(by="heartbeat thread: the coordinator is gone")
+        except Exception as failure:  # noqa: BLE001 - the main thread leaves all the same
+            self.release_error = f"{type(failure).__name__}: {failure}"
+
+    @contextlib.contextmanager
+    def _control_plane(self):
+        """Every use of the store by the main thread: once it is gone the job
+        is, and this process leaves with ``ExitCode.FAILED``."""
+        if self.coordinator_lost is not None:
+            raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost)
+        try:
+            yield
+        except dist.DistError as error:
+            self.coordinator_lost = f"the coordinator is gone ({type(error).__name__}: {error})"
+            raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost) from None
 
     def _release_if_superseded(self, latest: dict) -> None:
         """A newer generation that is not a grow means the groups held now
@@ -131,11 +157,13 @@ class ControlClient:
         return connect(*self.store_address)
 
     def post(self, message: P.Message) -> None:
-        self.channel.post(P.COORDINATOR_TOPIC, message)
+        with self._control_plane():
+            self.channel.post(P.COORDINATOR_TOPIC, message)
 
     def failure_announced(self) -> bool:
         """A new generation: a failure, or a grow (see ``grow_announced``)."""
-        return self.latest["gen"] > self.gen
+        with self._control_plane():
+            return self.latest["gen"] > self.gen
 
     def grow_announced(self) -> bool:
         """The new generation grows the job: stop at the iteration's end."""
@@ -148,11 +176,15 @@ class ControlClient:
                 raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
             time.sleep(0.02)
 
+    def get(self, key: str) -> Optional[dict]:
+        with self._control_plane():
+            return self.channel.get(key)
+
     def current(self) -> dict:
-        return self.channel.get(P.GEN_KEY) or self.latest
+        return self.get(P.GEN_KEY) or self.latest
 
     def decision(self, gen: int) -> Optional[Decision]:
-        body = self.channel.get(P.decision_key(gen))
+        body = self.get(P.decision_key(gen))
         return None if body is None else Decision.from_message(body)
 
     def stop(self) -> None:
@@ -225,14 +257,10 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
     prepared = None  # (rank, world, Recovery) built ahead of the decision
     while True:
         time.sleep(0.01)
-        try:
-            latest = ctx.current()
-            decision, checked = newest_assignment(ctx, checked, latest["gen"])
-        except dist.DistError:
-            # The coordinator is gone, and with it the job (at its end, the
-            # first node's launcher may exit before this node's agent stops
-            # us): leave as the heartbeat thread does, without a traceback.
-            raise recovery.WorkerExit(ExitCode.FAILED, "the coordinator is gone") from None
+        # At the job's end the first node's launcher may exit before this
+        # node's agent stops us: the control plane then makes us leave.
+        latest = ctx.current()
+        decision, checked = newest_assignment(ctx, checked, latest["gen"])
         world = latest.get("world")  # size and node map since the last shrink
         if decision is None:
             likely = {slot: int(rank) for rank, slot in latest.get("assign", {}).items()}

@@ -20,7 +20,7 @@ from megatron.training.training import Trainer, build_trainer
 
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Action, Decision
-from deadpool_ext.rank.generation import enter_generation
+from deadpool_ext.rank.generation import enter_generation, position_groups
 from deadpool_ext.rank.restore import contributions, grid_of, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
@@ -76,7 +76,7 @@ def resize(rec, decision: Decision) -> None:
         decision,
         decision.renumber[old_rank],
     )
-    groups = reshard.position_groups(grid_of(config), set(decision.renumber.values()))
+    groups = position_groups(grid_of(config), set(decision.renumber.values()))
     buffers = reshard.gather_position(
         old_layout, mine, decision.sources, ring, decision.renumber, R, groups[0]
     )
@@ -98,7 +98,7 @@ def grow_into(ctx, config: Config, builders, datasets, decision: Decision):
     trainer, hooks = rebuild_for(
         ctx, config, builders, datasets, decision, decision.rank_of(ctx.slot)
     )
-    groups = reshard.position_groups(grid_of(config), set(decision.renumber.values()))
+    groups = position_groups(grid_of(config), set(decision.renumber.values()))
     restore_resharded(trainer, hooks, decision, groups, None, None)
     return trainer, hooks
 

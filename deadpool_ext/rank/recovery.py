@@ -23,11 +23,10 @@ position against a fake world (no collectives), re-pointed the same way.
 """
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from megatron.training.initialize import init_process_groups
 from megatron.training.log import get_logger
 from megatron.training.training import Trainer, build_trainer
 
@@ -36,10 +35,9 @@ from deadpool_ext.config import section
 from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState
 from deadpool_ext.rank import rebuild, regroup
 from deadpool_ext.rank.errors import Failure, classify, summary
-from deadpool_ext.rank.generation import enter_generation, open_fake_world
-from deadpool_ext.rank.hooks import mirror_backend
+from deadpool_ext.rank.generation import enter_generation, open_fake_world, open_training_groups
 from deadpool_ext.rank.restore import restore_snapshot
-from deadpool_ext.state.mirror import MirrorError, new_mirror_group
+from deadpool_ext.state.mirror import MirrorError
 
 MIRROR_ROLE = "deadpool_mirror"
 
@@ -51,6 +49,18 @@ class WorkerExit(Exception):
     def __init__(self, code: ExitCode, reason: str):
         super().__init__(reason)
         self.code = code
+
+
+def peer_failure_of(work: Callable[[], None]) -> Optional[str]:
+    """Run ``work``: None when it returns, the failure's text when a peer
+    failed; any other failure goes up to the worker's main."""
+    try:
+        work()
+        return None
+    except Exception as error:  # noqa: BLE001 - classified, re-raised unless a peer's
+        if classify(error) != Failure.PEER:
+            raise
+        return peer_failure_text(error)
 
 
 def peer_failure_text(error: BaseException) -> str:
@@ -157,13 +167,11 @@ class Recovery:
     def _train_until_failure(self) -> Optional[str]:
         """None when training ended; the failure's text when a peer failed
         (any other failure goes up to the worker's main)."""
-        try:
+
+        def loop() -> None:
             self.completed = self.trainer.loop()
-            return None
-        except Exception as error:  # noqa: BLE001 - classified, re-raised unless a peer's
-            if classify(error) != Failure.PEER:
-                raise
-            return peer_failure_text(error)
+
+        return peer_failure_of(loop)
 
     # ----- survivor -----
     def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:
@@ -182,19 +190,18 @@ class Recovery:
                 self.stop(decision)
             if self.ctx.slot in decision.released:
                 self.release(decision)
-            try:
-                if decision.action.resizes:
-                    rebuild.resize(self, decision)
-                else:
-                    self.rebuild(decision)
-                    self.restore(decision)
+            message = peer_failure_of(lambda: self.carry_out(decision))
+            if message is None:
                 return decision
-            except Exception as failure:  # noqa: BLE001 - classified, re-raised unless a peer's
-                if classify(failure) != Failure.PEER:
-                    raise
-                message = peer_failure_text(failure)
             after_gen = decision.gen
             self.emit("failure_seen", error=message, during="recovery")
+
+    def carry_out(self, decision: Decision) -> None:
+        if decision.action.resizes:
+            rebuild.resize(self, decision)
+        else:
+            self.rebuild(decision)
+            self.restore(decision)
 
     def tear_down(self) -> None:
         start = time.monotonic()
@@ -295,10 +302,7 @@ class Recovery:
     def rebuild(self, decision: Decision) -> None:
         start = time.monotonic()
         self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
-        init_process_groups(self.config)
-        group = new_mirror_group(
-            mirror_backend(self.config), section(self.config).deadpool_mirror_timeout
-        )
+        group = open_training_groups(self.config)
         regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
         self.slots = None
         self.generation_built()
@@ -371,15 +375,9 @@ def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
 def join(rec: Recovery, decision: Decision) -> Recovery:
     """The prepared spare enters the decision's generation and restores."""
     rec.ctx.gen = decision.gen - 1
-    try:
-        rec.rebuild(decision)
-        rec.restore(decision)
-        return rec
-    except Exception as failure:  # noqa: BLE001 - classified, re-raised unless a peer's
-        if classify(failure) != Failure.PEER:
-            raise
-        message = peer_failure_text(failure)
-    rec.recover(message, after_gen=decision.gen)
+    message = peer_failure_of(lambda: rec.carry_out(decision))
+    if message is not None:
+        rec.recover(message, after_gen=decision.gen)
     return rec
 
 

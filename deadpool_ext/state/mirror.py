@@ -16,7 +16,6 @@ verified snapshot is never the one being received into, so the buddy always
 holds a whole snapshot of iteration t or t-1, never a torn one).
 """
 
-import datetime
 import queue
 import threading
 import time
@@ -40,14 +39,6 @@ class MirrorError(RuntimeError):
 # pending and posted operations, not of unbound sends in its transmit
 # queue), and waits out the group's timeout. The thread is then abandoned.
 HALT_GRACE_S = 2.0
-
-
-def new_mirror_group(backend: str, timeout_s: float):
-    """A process group used by mirror traffic only (all ranks must call it).
-    In a spare's fake world it is fake too, until the real one replaces it."""
-    if dist.get_backend() == "fake":
-        backend = None
-    return dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class Mirror:

@@ -5,36 +5,19 @@ rank's flat shard in exactly that layout (``snapshot.build_layout``).
 
 The exchange, per (tp, pp) position, over gloo (the snapshots live in host
 memory, on GPU too): every old snapshot is broadcast, checksum verified,
-from the rank that contributes it (``shrink.shard_sources``; after a grow,
-its owner) to the position's ranks that held state before. After a grow
+from the rank that contributes it (``policy.shard_sources``; after a grow,
+its owner) to the position's ranks that held state before (the groups are
+the generation's: ``rank.generation.position_groups``). After a grow
 the position's first rank then sends the whole re-laid state, sealed like a
 snapshot, to every rank of the position, the new ones included.
 """
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from deadpool_ext.state import snapshot as snap
-
-
-def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:
-    """Gloo groups of this rank's (tp, pp) position in ``grid`` (the new
-    world): its ranks that held state before, and all of them. Collective:
-    every rank creates every position's groups, in the same order."""
-    me = dist.get_rank()
-    mine_holders, mine_all = None, None
-    for pp in range(grid.pp):
-        for tp in range(grid.tp):
-            ranks = [grid.rank(tp, d, pp) for d in range(grid.dp)]
-            kept = [r for r in ranks if r in holders]
-            group = dist.new_group(ranks, backend="gloo")
-            kept_group = group if kept == ranks else dist.new_group(kept, backend="gloo")
-            if me in ranks:
-                mine_all = group
-                mine_holders = kept_group if me in kept else None
-    return mine_holders, mine_all
 
 
 def share_position(

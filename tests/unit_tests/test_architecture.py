@@ -5,7 +5,9 @@
   hides the cycle until the function runs);
 * the pure modules (decisions, layouts, messages, parsing) never reach
   ``torch.distributed``, themselves or through anything of the repository
-  they import, so they stay testable without process groups.
+  they import, so they stay testable without process groups;
+* process groups are made in one module of ours (a rank's generation) and
+  in the trainer's initialize, nowhere else.
 
 Each check has a negative control that feeds it a small cycle or a small
 impure package and asserts that it is caught; so does conftest.py's guard
@@ -477,3 +479,46 @@ def test_an_integration_test_starts_processes_unhindered():
     before = subprocess.Popen._execute_child
     with processes_forbidden_unless_integration(FakeItem(integration=True)):
         assert subprocess.Popen._execute_child is before
+
+
+# ----- where process groups are made -----
+# A generation owns every group (rank.generation); megatron-core's parallel
+# state is made by the trainer's initialize (and, through it, by a generation).
+GROUP_MAKERS = {"deadpool_ext.rank.generation", "megatron.training.initialize"}
+GROUP_CALLS = {"new_group", "init_process_group", "new_subgroups", "new_subgroups_by_enumeration"}
+
+
+def group_calls(path: str) -> List[int]:
+    """Lines that call torch.distributed's group constructors (``dist.new_group``,
+    ``torch.distributed.init_process_group``, ...)."""
+    found = []
+    for node in ast.walk(parse(path)):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in GROUP_CALLS:
+                found.append(node.lineno)
+    return found
+
+
+def group_makers(root: str, packages: List[str]) -> Dict[str, List[int]]:
+    modules = find_modules(root, packages)
+    return {m: lines for m, p in sorted(modules.items()) if (lines := group_calls(p))}
+
+
+def test_only_a_generation_and_the_trainers_initialize_make_process_groups():
+    makers = group_makers(REPO, ["deadpool_ext", "megatron.training"])
+    assert set(makers) <= GROUP_MAKERS, makers
+    assert "deadpool_ext.rank.generation" in makers
+
+
+def test_the_group_check_sees_a_group_made_elsewhere(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "import torch.distributed as dist\ng = dist.new_group([0, 1])\n",
+            "pkg/b.py": "from torch.distributed import new_group\nnew_group([0])\n",
+            "pkg/c.py": "x = 1\n",
+        },
+    )
+    assert group_makers(str(tmp_path), ["pkg"]) == {"pkg.a": [2], "pkg.b": [2]}

@@ -317,14 +317,16 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     worker.post("coordinator", kind="spare_ready", slot="1.0")
     coordinator.step()
     assert worker.get("gen")["grow"] is True and coordinator.gen == 2
+    assert coordinator.state == "growing"
     report_all(worker, 2, [0, 1], own=(9, 8))
     coordinator.step()
+    assert coordinator.state == "resizing" and worker.get("gen")["grow"] is False
     decision = Decision.from_message(worker.get("decision/2"))
     assert decision.action == "grow" and decision.rollback_to == 9
     assert decision.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
     assert coordinator.world_size == 4 and coordinator.view.spares == []
     resume(coordinator, worker, range(4))
-    assert coordinator.state == "training" and not coordinator.resizing
+    assert coordinator.state == "training"
 
 
 def test_a_join_into_a_live_node_is_refused(shrinking_job):
@@ -382,6 +384,7 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
         worker.post("coordinator", kind="spare_ready", slot=slot)
     coordinator.step()
     assert coordinator.gen == 1 and not worker.get("gen")["grow"]
+    assert coordinator.state == "stopping"
     for rank in (0, 1):
         worker.post("coordinator", kind="done", rank=rank)
     assert coordinator.run(poll_s=0) == ExitCode.STOPPED_WITH_CHECKPOINT
@@ -540,3 +543,28 @@ def test_no_wait_without_warming_spares(warming_job):
     report_all(worker, 1, [0, 1, 2])
     coordinator.step()
     assert Decision.from_message(worker.get("decision/1")).action == "shrink"
+
+
+def test_every_move_of_a_job_follows_the_state_table(job):
+    """A swap goes training -> recovering -> rebuilding -> training; a move
+    the table does not list is a bug and raises instead of going on."""
+    from deadpool_ext.control.coordinator import NEXT
+    from deadpool_ext.protocol import JobState
+
+    coordinator, worker, _ = job
+    seen = [coordinator.state]
+    coordinator.enter(JobState.TRAINING)
+    seen.append(coordinator.state)
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    seen.append(coordinator.state)
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    seen.append(coordinator.state)
+    resume(coordinator, worker, range(4))
+    seen.append(coordinator.state)
+    assert seen == ["starting", "training", "recovering", "rebuilding", "training"]
+    with pytest.raises(AssertionError, match="training -> stopping"):
+        coordinator.enter(JobState.STOPPING)
+    assert set(NEXT) == set(JobState) and all(s <= set(JobState) for s in NEXT.values())
+    assert NEXT[JobState.ABORTED] == set()

@@ -254,3 +254,34 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
     assert Recorded.calls == [(1, "heartbeat thread")]
     ctx._release_if_superseded({"gen": 2})  # a newer failure: a grace of its own
     assert Recorded.calls == [(1, "heartbeat thread")]
+
+
+def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which_leaves():
+    """The launcher that hosts the store and the coordinator is gone: the
+    heartbeat thread releases the generation (a collective would fail) and
+    stops; the main thread's next contact with the control plane raises
+    WorkerExit(FAILED), which only the worker's main turns into an exit."""
+    from deadpool_ext.protocol import ExitCode, Role, WorkerEnv
+    from deadpool_ext.rank.main import ControlClient
+    from deadpool_ext.rank.recovery import WorkerExit
+    from deadpool_ext.wire import SECRET_ENV
+
+    port = free_port()
+    server = connect("127.0.0.1", port, timeout_s=10, is_master=True)
+    env = WorkerEnv("0.0", Role.ACTIVE, 0, f"127.0.0.1:{port}", 1, 1, 0).variables()
+    ctx = ControlClient({**env, SECRET_ENV: "s"}, heartbeat_s=0.05)
+    released = []
+    ctx.generation.release = lambda by: released.append(by)
+    try:
+        assert ctx.failure_announced() is False and ctx.current()["gen"] == 0
+        del server  # the store's server goes with its launcher
+        ctx._thread.join(timeout=10)
+        assert not ctx._thread.is_alive()
+        assert released == ["heartbeat thread: the coordinator is gone"]
+        assert ctx.coordinator_lost.startswith("the coordinator is gone")
+        for contact in (ctx.failure_announced, ctx.current):
+            with pytest.raises(WorkerExit) as leaving:
+                contact()
+            assert leaving.value.code == ExitCode.FAILED
+    finally:
+        ctx.stop()

@@ -1,0 +1,97 @@
+"""Who is alive, from heartbeats: the agents' (one per node) and the workers'.
+
+The detector only observes: each ``look`` reads the heartbeat keys and says
+which nodes fell silent, which workers hang on a node that still beats, what
+state every watched worker last gave, and which slots are still starting.
+The coordinator decides what a silence means for the job.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from deadpool_ext import protocol as P
+from deadpool_ext.protocol import parse_slot
+from deadpool_ext.wire import Channel
+
+
+@dataclass
+class Sighting:
+    """One look at every heartbeat."""
+
+    silent_nodes: List[int] = field(default_factory=list)  # stopped for the timeout
+    hung_slots: List[str] = field(default_factory=list)  # silent workers on beating nodes
+    states: Dict[str, Optional[str]] = field(default_factory=dict)  # slot -> its last state
+    warming: List[str] = field(default_factory=list)  # processes still starting
+
+
+class Detector:
+    def __init__(self, channel: Channel, timeout_s: float):
+        self.channel, self.timeout_s = channel, timeout_s
+        self.seen: Dict[str, tuple] = {}  # key -> (seq, local time seen)
+        self.iterations: Dict[str, int] = {}  # slot -> the iteration it last beat in
+
+    def look(
+        self, nodes: Iterable[int], watched: Iterable[str], idle: Iterable[str], now: float
+    ) -> Sighting:
+        """``nodes``: every node of the job; ``watched``: the live members'
+        and spares' slots; ``idle``: the slots nothing is known to run in."""
+        sighting, beating = Sighting(), set()
+        for node in nodes:
+            body, stale = self.heartbeat(P.node_heartbeat_key(node), now)
+            if stale:
+                sighting.silent_nodes.append(node)
+            elif body is not None:
+                beating.add(node)
+        for slot in watched:
+            body, stale = self.worker(slot, now)
+            sighting.states[slot] = (body or {}).get("state")
+            if stale and self.node_beats(parse_slot(slot)[0], now):
+                sighting.hung_slots.append(slot)
+        sighting.warming = [slot for slot in idle if self.starting(slot, beating, now)]
+        return sighting
+
+    def starting(self, slot: str, beating_nodes: Set[int], now: float) -> bool:
+        """A process that will report ready (imports, device, data): beating
+        in the state "starting", or not beating yet on a node whose agent
+        beats (the agent started it; early in a job a spare may still be
+        importing when a failure comes)."""
+        body, stale = self.worker(slot, now)
+        if body is None:
+            return parse_slot(slot)[0] in beating_nodes
+        return not stale and body.get("state") == P.WorkerState.STARTING
+
+    def node_beats(self, node: int, now: float) -> bool:
+        """Whether a node's agent beat within half the timeout. On a cluster a
+        dead node is seen only through heartbeats, its agent's and its
+        workers' stopping together: a silent worker on a silent node is not
+        hung, and the node's own timeout (due within the other half) takes
+        all its ranks in one generation instead of one per worker."""
+        last = self.seen.get(P.node_heartbeat_key(node))
+        return last is None or now - last[1] <= self.timeout_s / 2
+
+    def worker(self, slot: str, now: float) -> Tuple[Optional[dict], bool]:
+        """``heartbeat`` of a worker; records the iteration it beat in."""
+        body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
+        if body is not None and body.get("iteration") is not None:
+            self.iterations[slot] = body["iteration"]
+        return body, stale
+
+    def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
+        """A key's last beat (None before the first), and whether it has
+        stopped beating for the timeout."""
+        body = self.channel.get(key)
+        if body is None:
+            return None, False
+        seq, last = body.get("seq"), self.seen.get(key)
+        if last is None or last[0] != seq:
+            self.seen[key] = (seq, now)
+            return body, False
+        if body.get("state") == P.WorkerState.DONE:
+            return body, False
+        return body, now - last[1] > self.timeout_s
+
+    def forget(self, node: int, slots: List[str]) -> None:
+        """A node that joins again: its old beats are stale, and the new
+        processes' sequence starts again."""
+        for key in [P.node_heartbeat_key(node)] + [P.worker_heartbeat_key(s) for s in slots]:
+            self.seen.pop(key, None)
