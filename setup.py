@@ -18,6 +18,9 @@ setup(
         # megatron.training that would collide with ours.
         "megatron-core>=0.16.1,<0.17",
         "nvidia-ml-py",
+        # dist_checkpointing's writer processes report their memory with it;
+        # without it a torch_dist save waits forever for them.
+        "psutil",
         "numpy",
         "matplotlib",  # the demo's loss curve and recovery timeline
     ],

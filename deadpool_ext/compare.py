@@ -2,9 +2,9 @@
 the fault campaign (tools/chaos.py) judge runs by these."""
 
 import json
-import os
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
 
@@ -19,16 +19,9 @@ def curve(metrics: List[dict]) -> List[tuple]:
     return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
 
 
-def checkpoint_files(directory: str, iteration: Optional[int] = None) -> Dict[str, dict]:
-    """Every rank's saved state of an iteration (default: the latest)."""
-    if iteration is None:
-        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
-            iteration = int(f.read())
-    folder = os.path.join(directory, f"iter_{iteration:07d}")
-    return {
-        name: torch.load(os.path.join(folder, name), weights_only=True)
-        for name in sorted(os.listdir(folder))
-    }
+def model_tensors(state: Dict[str, object]) -> Dict[str, torch.Tensor]:
+    """The model's tensors of a ``checkpoint_state`` state (no optimizer)."""
+    return {k: v for k, v in state.items() if torch.is_tensor(v) and not k.startswith("optimizer.")}
 
 
 def state_difference(a, b, path: str = "") -> Optional[str]:
@@ -49,6 +42,8 @@ def state_difference(a, b, path: str = "") -> Optional[str]:
             ),
             None,
         )
+    if isinstance(a, np.ndarray):
+        return None if np.array_equal(a, b) else f"{path}: values differ"
     if torch.is_tensor(a):
         if a.dtype != b.dtype or a.shape != b.shape:
             return f"{path}: dtype/shape differ"

@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
 from deadpool_ext.topology import buddy_map, nodes_by_block
-from deadpool_ext.compare import checkpoint_files, curve, read_metrics, state_difference
+from deadpool_ext.compare import curve, read_metrics, state_difference
+from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
 
@@ -354,15 +355,10 @@ def check_swap(out: str, ref: str) -> Optional[str]:
     )
     if curve(got) != curve(want):
         return "the curve differs from the failure-free run"
-    got_states = checkpoint_files(os.path.join(out, "ckpt"))
-    want_states = checkpoint_files(os.path.join(ref, "ckpt"))
-    if got_states.keys() != want_states.keys():
-        return "the final checkpoint has other files"
-    for name in want_states:
-        where = state_difference(got_states[name], want_states[name], name)
-        if where:
-            return f"final state differs: {where}"
-    return None
+    got_state = checkpoint_state(os.path.join(out, "ckpt"))
+    want_state = checkpoint_state(os.path.join(ref, "ckpt"))
+    where = state_difference(got_state, want_state)
+    return f"final state differs: {where}" if where else None
 
 
 def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:

@@ -17,7 +17,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.training import checkpointing
+from megatron.training import rank_state
 from megatron.training.config import Config
 from megatron.training.log import get_logger
 from megatron.training.training import Hook, Trainer
@@ -39,8 +39,8 @@ def replay_state(trainer: Trainer) -> dict:
     start of an iteration)."""
     return {
         "progress": dataclasses.asdict(trainer.progress),
-        "rng": checkpointing.rng_state(),
-        **checkpointing.schedule_state(trainer.state),
+        "rng": rank_state.rng_state(),
+        **rank_state.schedule_state(trainer.state),
     }
 
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-from megatron.training import checkpointing, optimizer_layout
+from megatron.training import optimizer_layout, rank_state
 from megatron.training.config import Config
 from megatron.training.training import Progress, Trainer
 
@@ -29,12 +29,12 @@ def restore_snapshot(
     snap.unpack_shard(state.optimizer, layout, buffer, side["steps"])
     # Main params -> model params, then the same all-gather an optimizer step
     # ends with: this also overwrites any half-applied update on the model.
-    for opt in checkpointing.inner_optimizers(state.optimizer):
+    for opt in optimizer_layout.inner_optimizers(state.optimizer):
         opt._copy_main_params_to_model_params()
     for chunk in state.model:
         chunk.start_param_sync(force_sync=True)
-    checkpointing.load_schedule_state(state, side)
-    checkpointing.set_rng_state(side["rng"])
+    rank_state.load_schedule_state(state, side)
+    rank_state.set_rng_state(side["rng"])
     trainer.restart_at(Progress(**side["progress"]))
     return trainer.progress.iteration
 

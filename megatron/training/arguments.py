@@ -38,8 +38,8 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
         kind, item = _base_type(f.type)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kwargs = {"dest": f.name, "default": default, "help": meta.get("help", "")}
-        if kind is bool:
-            kwargs["action"] = "store_true"
+        if kind is bool:  # a flag named --no-... turns a default of True off
+            kwargs["action"] = "store_false" if default else "store_true"
         elif kind is list and meta.get("action") == "append":  # a repeatable flag
             kwargs.update(type=item, action="append")
         elif kind is list:
@@ -351,3 +351,22 @@ def _check_checkpoint(config: Config) -> None:
     _require(
         not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
     )
+    _require(
+        c.save is None or _can_create(c.save),
+        f"--save {c.save} cannot be written (a file stands in its path, or a directory "
+        "on it is not writable): choose another directory",
+    )
+    _require(
+        c.ckpt_format == "torch_dist",
+        "--ckpt-format torch (Megatron-LM's legacy per-rank files) cannot be written or "
+        "read here yet: use --ckpt-format torch_dist (the default)",
+    )
+
+
+def _can_create(path: str) -> bool:
+    """Whether ``path`` is, or can be made, a writable directory: checked up
+    front, so that a save does not fail hours into a run."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)

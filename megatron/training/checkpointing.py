@@ -1,300 +1,438 @@
-"""Per-rank checkpoints: model shard, optimizer shard, scheduler, RNG,
-iteration and consumed samples, so a resumed run continues the same curve.
+"""Checkpoints in Megatron-LM's own format, ``--ckpt-format torch_dist``,
+through megatron-core's ``dist_checkpointing`` (no format of ours).
 
-Layout: ``{dir}/iter_{iteration:07d}/tp{TP:02d}_pp{PP:03d}_dp{DP:03d}.pt`` and
-``{dir}/latest_checkpointed_iteration.txt``, written last and atomically, so a
-checkpoint that was cut off half-way is never picked up. Files hold tensors
-and plain containers only and are loaded with ``weights_only=True``.
+On disk, as Megatron-LM writes it (so checkpoints go both ways)::
+
+    {save}/latest_checkpointed_iteration.txt     the iteration, or "release"
+    {save}/iter_{iteration:07d}/common.pt         what every rank holds alike
+                               .metadata, __{rank}_{n}.distcp   the shards
+                               metadata.json      written last: the save is whole
+
+The state is Megatron-LM's: ``args`` (a flat Namespace with Megatron-LM's
+names), ``checkpoint_version`` 3.0, ``iteration``, ``model`` (the model's
+sharded state dict), ``optimizer`` (the optimizer's, ``dp_reshardable`` or,
+with --dist-ckpt-optim-fully-reshardable, ``fully_reshardable``),
+``opt_param_scheduler``, ``rng_state`` (one object per (pp, tp) position)
+and ``num_floating_point_operations_so_far``. Each data-parallel replica's
+tensors are written once: every shard by one rank, spread over the
+data-parallel group (--ckpt-fully-parallel-save, the default).
+
+A save goes to a staging directory, is fsynced, and only then takes its
+name ``iter_N`` and the tracker names it (both replaced atomically): a save
+cut off at any point leaves the previous checkpoint the one loaded. Loading
+reshards across TP, PP and DP (the model always; the optimizer across DP,
+or across all three when it was saved fully reshardable).
 """
 
+import argparse
+import dataclasses
+import io
 import os
+import tempfile
 import random
-from typing import Dict, List, Optional
+import shutil
+from typing import Dict, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import (
+    LocalNonpersistentObject,
+    ShardedObject,
+    ShardedTensor,
+)
+from megatron.core.dist_checkpointing.serialization import (
+    get_default_load_sharded_strategy,
+    get_default_save_sharded_strategy,
+)
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+    FullyParallelLoadStrategyWrapper,
+    FullyParallelSaveStrategyWrapper,
+)
+from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from megatron.training import optimizer_layout
-from megatron.training.optimizer_layout import inner_optimizers
+from megatron.training.config import SECTIONS, Config
+from megatron.training.optimizer_layout import init_adam_state, restore_adam_steps
+from megatron.training.rank_state import load_scheduler
 
 TRACKER = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0
+STAGING_SUFFIX = ".partial"
+# Megatron-LM's top-level keys that are no model, optimizer or RNG state.
+COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
+# What must agree between a checkpoint and the run that loads it.
+MODEL_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size")
 
 
-def optimizer_shard(optimizer) -> List[Dict[str, torch.Tensor]]:
-    """This rank's optimizer state, one dict per main parameter, in the
-    optimizer's own (deterministic) parameter order: the fp32 main parameter
-    and its state (Adam's step, exp_avg, exp_avg_sq). With the distributed
-    optimizer these are the rank's shard only."""
-    entries = []
-    for opt in inner_optimizers(optimizer):
-        torch_opt = opt.optimizer
-        for group in torch_opt.param_groups:
-            for param in group["params"]:
-                entries.append({"param": param.data, **torch_opt.state.get(param, {})})
-    return entries
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded; the message says what is wrong."""
 
 
-def load_optimizer_shard(optimizer, entries: List[Dict[str, torch.Tensor]]) -> None:
-    """Copy a saved shard into this rank's optimizer, in place (main params
-    may be views of the model's buffers), creating Adam state if missing."""
-    params = [
-        p
-        for opt in inner_optimizers(optimizer)
-        for g in opt.optimizer.param_groups
-        for p in g["params"]
-    ]
-    if len(params) != len(entries):
-        raise RuntimeError(
-            f"optimizer shard has {len(entries)} parameters, this rank "
-            f"has {len(params)}: the checkpoint is from another model or layout"
-        )
+@dataclasses.dataclass
+class Loaded:
+    """What a loaded checkpoint puts back beside the model and optimizer."""
+
+    iteration: int
+    consumed_samples: int
+    floating_point_operations: float
+
+
+# ----- names on disk -----
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def read_tracker(root: str) -> Optional[str]:
+    """The tracker's entry: an iteration number or ``release``; None without one."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        entry = f.read().strip()
+    if entry != "release" and not entry.isdigit():
+        raise CheckpointError(f"{path} holds {entry!r}, neither an iteration number nor 'release'")
+    return entry
+
+
+def checkpoint_dir(root: str, entry: str) -> str:
+    return os.path.join(root, "release") if entry == "release" else iteration_dir(root, int(entry))
+
+
+# ----- what is saved -----
+def sharding_metadata(config: Config) -> dict:
+    """How model and optimizer describe their shards (Megatron-LM's choices);
+    saved as the checkpoint's content metadata, and read back from it on load."""
+    optim_type = (
+        "fully_reshardable"
+        if config.checkpoint.dist_ckpt_optim_fully_reshardable
+        else "dp_reshardable"
+    )
+    return {
+        "distrib_optim_sharding_type": optim_type,
+        "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True,
+        "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True),
+    }
+
+
+def checkpoint_args(config: Config, progress) -> argparse.Namespace:
+    """Megatron-LM's ``args``: every flag by its Megatron-LM name, plus what
+    Megatron-LM derives and reads back on load. Plain values only: Megatron-LM
+    loads common.pt with ``weights_only=True``."""
+    values = {}
+    for name in SECTIONS:
+        values.update(dataclasses.asdict(getattr(config, name)))
+    p = config.parallel
+    values.update(
+        world_size=config.world_size,
+        data_parallel_size=config.data_parallel_size,
+        padded_vocab_size=config.extra.get("padded_vocab_size"),
+        iteration=progress.iteration,
+        consumed_train_samples=progress.consumed_samples,
+        skipped_train_samples=0,
+        consumed_valid_samples=0,
+        use_dist_ckpt=True,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+    )
+    return argparse.Namespace(**values)
+
+
+def rng_object() -> ShardedObject:
+    """This rank's RNG states under Megatron-LM's keys, one object per (pp, tp)
+    position: data-parallel peers draw alike, so one of them is saved."""
     states = [
-        opt.optimizer.state
-        for opt in inner_optimizers(optimizer)
-        for g in opt.optimizer.param_groups
-        for _ in g["params"]
-    ]
-    for param, state, entry in zip(params, states, entries):
-        param.data.copy_(entry["param"].view_as(param))
-        for key, value in entry.items():
-            if key == "param":
-                continue
-            if key in state[param]:
-                state[param][key].copy_(value.view_as(state[param][key]))
-            elif key == "step":
-                state[param][key] = value.clone()  # torch keeps Adam's step on the host
-            else:
-                state[param][key] = value.view_as(param).to(param.device, copy=True)
-
-
-def schedule_state(state) -> dict:
-    """The LR scheduler and the grad scaler (None without one)."""
-    scaler = getattr(state.optimizer, "grad_scaler", None)
-    return {
-        "scheduler": state.scheduler.state_dict(),
-        "grad_scaler": scaler.state_dict() if scaler is not None else None,
-    }
-
-
-def load_schedule_state(state, saved: dict) -> None:
-    scaler = getattr(state.optimizer, "grad_scaler", None)
-    if scaler is not None and saved["grad_scaler"] is not None:
-        scaler.load_state_dict(saved["grad_scaler"])
-    # load_state_dict adds the saved step count to the current one.
-    state.scheduler.num_steps = 0
-    state.scheduler.load_state_dict(saved["scheduler"])
-
-
-def rng_state() -> dict:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": (name, torch.from_numpy(keys.copy()), pos, has_gauss, gauss),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy(), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def layout() -> dict:
-    return {
-        "tp": parallel_state.get_tensor_model_parallel_world_size(),
-        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-        "dp": parallel_state.get_data_parallel_world_size(),
-    }
-
-
-def rank_file(directory: str, iteration: int) -> str:
-    name = "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
-        parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.get_pipeline_model_parallel_rank(),
-        parallel_state.get_data_parallel_rank(),
-    )
-    return os.path.join(directory, f"iter_{iteration:07d}", name)
-
-
-def _atomic_save(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def save_checkpoint(directory: str, iteration: int, consumed_samples: int, state) -> str:
-    """Every rank writes its file; rank 0 then points the tracker at it."""
-    path = rank_file(directory, iteration)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    _atomic_save(
         {
-            "iteration": iteration,
-            "consumed_samples": consumed_samples,
-            "layout": layout(),
-            "model": state.model[0].state_dict(),
-            "optimizer": optimizer_shard(state.optimizer),
-            **shard_layout(state),
-            **schedule_state(state),
-            "rng": rng_state(),
-        },
-        path,
+            "random_rng_state": random.getstate(),
+            "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_state": torch.cuda.get_rng_state(),
+            "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        }
+    ]
+    ps = parallel_state
+    return ShardedObject(
+        "rng_state",
+        states,
+        (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
     )
+
+
+def set_rng(states: list) -> None:
+    state = states[0]
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    torch.cuda.set_rng_state(state["cuda_rng_state"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def sharded_state(state, metadata: dict, loading: bool, optim: bool, rng: bool) -> dict:
+    """Model, optimizer and RNG as sharded state dicts under Megatron-LM's keys."""
+    chunks = unwrap_model(state.model)
+    if len(chunks) != 1:
+        raise CheckpointError(
+            "checkpoints of several model chunks (virtual pipeline) are not wired"
+        )
+    out = {"model": chunks[0].sharded_state_dict(metadata=metadata)}
+    if optim:
+        init_adam_state(state.optimizer)
+        out["optimizer"] = state.optimizer.sharded_state_dict(
+            out, is_loading=loading, metadata=metadata
+        )
+        out["opt_param_scheduler"] = state.scheduler.state_dict()
+    if rng:
+        out["rng_state"] = rng_object()
+    return out
+
+
+def zero_padding(tree) -> None:
+    """megatron-core fills the gaps between parameters in a dp_reshardable
+    bucket with ``torch.empty``: give them zeros, so that a checkpoint's bytes
+    depend on the training state alone (two equal runs save equal files)."""
+    if isinstance(tree, dict):
+        padding = tree.get("padding")
+        if isinstance(padding, LocalNonpersistentObject) and padding.obj is True:
+            for value in tree.values():
+                if isinstance(value, ShardedTensor):
+                    value.data.zero_()
+        for value in tree.values():
+            zero_padding(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            zero_padding(value)
+
+
+def save_strategy(config: Config):
+    strategy = get_default_save_sharded_strategy("torch_dist")
+    if config.checkpoint.ckpt_fully_parallel_save:
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        strategy = FullyParallelSaveStrategyWrapper(strategy, group)
+    return strategy
+
+
+# ----- save -----
+def save_checkpoint(root: str, config: Config, progress, state) -> str:
+    """Collective. Writes iteration ``progress.iteration`` and points the
+    tracker at it; returns its directory."""
+    c = config.checkpoint
+    final = iteration_dir(root, progress.iteration)
+    staging = final + STAGING_SUFFIX
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # a save cut off before
+        os.makedirs(staging)
+    dist.barrier()
+    metadata = sharding_metadata(config)
+    state_dict = {
+        "args": checkpoint_args(config, progress),
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": progress.iteration,
+        "num_floating_point_operations_so_far": progress.floating_point_operations,
+        **sharded_state(state, metadata, False, not c.no_save_optim, not c.no_save_rng),
+    }
+    zero_padding(state_dict.get("optimizer"))
+    dist_checkpointing.save(
+        state_dict,
+        staging,
+        save_strategy(config),
+        content_metadata=_clean_metadata_for_serialization(metadata),
+    )
+    fsync_tree(staging)  # every rank: the files it wrote
     dist.barrier()
     if dist.get_rank() == 0:
-        tracker = os.path.join(directory, TRACKER)
-        with open(tracker + ".tmp", "w") as f:
-            f.write(str(iteration))
-        os.replace(tracker + ".tmp", tracker)
+        publish(root, staging, final, str(progress.iteration))
     dist.barrier()
-    return path
+    return final
 
 
-def latest_iteration(directory: str) -> Optional[int]:
-    tracker = os.path.join(directory, TRACKER)
-    if not os.path.exists(tracker):
+def fsync_tree(directory: str) -> None:
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            fsync_path(path)
+    fsync_path(directory)
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(root: str, staging: str, final: str, entry: str) -> None:
+    """The staged save takes its name, then the tracker names it; each step
+    is atomic and durable. A checkpoint of the same iteration (a DeadPool
+    rollback redoes iterations) is replaced only once the new one is whole."""
+    if os.path.exists(final):
+        retired = final + ".replaced"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(final, retired)
+        os.replace(staging, final)
+        shutil.rmtree(retired)
+    else:
+        os.replace(staging, final)
+    fsync_path(root)
+    tracker = os.path.join(root, TRACKER)
+    with open(tracker + ".tmp", "w") as f:
+        f.write(entry)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tracker + ".tmp", tracker)
+    fsync_path(root)
+
+
+# ----- load -----
+def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
+    """Collective. Restores model, optimizer, scheduler and RNG as the
+    flags allow; None when ``root`` holds no checkpoint."""
+    entry = read_tracker(root)
+    if entry is None:
         return None
-    with open(tracker) as f:
-        return int(f.read().strip())
+    directory = checkpoint_dir(root, entry)
+    if not dist_checkpointing.check_is_distributed_checkpoint(directory):
+        raise CheckpointError(
+            f"{directory} (named by {os.path.join(root, TRACKER)}) is no complete torch_dist "
+            "checkpoint: its metadata.json is missing"
+        )
+    common = dist_checkpointing.load_common_state_dict(directory)
+    check_compatible(common, config, directory)
+    c, release = config.checkpoint, entry == "release"
+    load_optim = not (c.no_load_optim or c.finetune or release)
+    same_layout = saved_layout(common) == run_layout(config)
+    load_rng = not (c.no_load_rng or c.finetune or release) and same_layout
+    metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common)
+    if metadata is None:
+        raise CheckpointError(
+            f"{directory} has no content metadata: it predates megatron-core 0.14; "
+            "convert it with Megatron-LM first"
+        )
+    metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    request = sharded_state(state, metadata, True, load_optim, load_rng)
+    loaded = dist_checkpointing.load(
+        request, directory, load_strategy(config, directory), strict=c.dist_ckpt_strictness
+    )
+    if isinstance(loaded, tuple):  # return_*: the mismatched keys too
+        loaded, missing, unexpected = loaded
+        if dist.get_rank() == 0:
+            print(
+                f"checkpoint {directory}: missing keys {sorted(missing)}, "
+                f"unexpected keys {sorted(unexpected)}",
+                flush=True,
+            )
+    apply(loaded, state, load_optim, load_rng)
+    if c.finetune or release:
+        return Loaded(0, 0, 0.0)
+    args = common["args"]
+    return Loaded(
+        iteration=int(common["iteration"]),
+        consumed_samples=int(getattr(args, "consumed_train_samples", 0)),
+        floating_point_operations=float(common.get("num_floating_point_operations_so_far", 0)),
+    )
 
 
-def shard_layout(state) -> dict:
-    """With the distributed optimizer: where the shard's entries sit in the
-    buckets, so that a run with another data-parallel size can load it."""
-    if not optimizer_layout.is_distributed(state.optimizer):
-        return {}
+def load_strategy(config: Config, directory: str):
+    strategy = get_default_load_sharded_strategy(directory)
+    if config.checkpoint.ckpt_fully_parallel_load:
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        strategy = FullyParallelLoadStrategyWrapper(strategy, group)
+    return strategy
+
+
+@torch.no_grad()  # main parameters may be views of the model's (fp32 training)
+def apply(loaded: dict, state, optim: bool, rng: bool) -> None:
+    unwrap_model(state.model)[0].load_state_dict(loaded["model"], strict=True)
+    if optim:
+        state.optimizer.load_state_dict(loaded["optimizer"])
+        restore_adam_steps(state.optimizer)
+        load_scheduler(state.scheduler, loaded["opt_param_scheduler"])
+    if rng:
+        set_rng(loaded["rng_state"])
+
+
+def saved_layout(common: dict) -> tuple:
+    args = common["args"]
+    return (args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+
+
+def run_layout(config: Config) -> tuple:
+    p = config.parallel
+    return (p.tensor_model_parallel_size, p.pipeline_model_parallel_size)
+
+
+def check_compatible(common: dict, config: Config, directory: str) -> None:
+    """The model's shape must agree (any layout may differ); a TP or PP change
+    needs an optimizer saved fully reshardable unless it is not loaded."""
+    version = common.get("checkpoint_version")
+    if version is None or version < CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"{directory} has checkpoint_version {version}; this reads {CHECKPOINT_VERSION}"
+        )
+    args, run = common["args"], model_shape(config)
+    wrong = [
+        f"{k} {getattr(args, k, None)} (this run: {run[k]})"
+        for k in MODEL_SHAPE
+        if getattr(args, k, None) != run[k]
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"{directory} holds another model: it was saved with " + ", ".join(wrong)
+        )
+    c = config.checkpoint
+    if saved_layout(common) != run_layout(config) and not (c.no_load_optim or c.finetune):
+        metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
+        if metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
+            tp, pp = saved_layout(common)
+            raise CheckpointError(
+                f"{directory} was saved at TP {tp} and PP {pp} with the optimizer "
+                "resharded only across data-parallel ranks: load it at the same TP and PP, "
+                "or with --no-load-optim, or save it with --dist-ckpt-optim-fully-reshardable"
+            )
+
+
+def model_shape(config: Config) -> dict:
+    m = config.model
     return {
-        "shard_places": [
-            list(place) for place in optimizer_layout.shard_places(state.model, state.optimizer)
-        ],
-        "buckets": optimizer_layout.table(optimizer_layout.buckets(state.model, state.optimizer)),
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "padded_vocab_size": config.extra.get("padded_vocab_size"),
     }
 
 
-def load_checkpoint(
-    directory: str, state, load_optim: bool = True, load_rng: bool = True, finetune: bool = False
-) -> Optional[dict]:
-    """Restore this rank's state; returns {'iteration', 'consumed_samples'} or
-    None when there is no checkpoint. A checkpoint of another data-parallel
-    size is re-sharded (same TP and PP, distributed optimizer)."""
-    iteration = latest_iteration(directory)
+# ----- reading a checkpoint whole, without process groups (tests, tools) -----
+def read_whole(directory: str, iteration: Optional[int] = None) -> Dict[str, object]:
+    """A torch_dist checkpoint's whole state, read without process groups:
+    every tensor in full under its key, every object's bytes, and the
+    common state (``args`` left out: it names the run's own paths and
+    layout). Default: the iteration the tracker names."""
     if iteration is None:
-        return None
-    path = rank_file(directory, iteration)
-    if not os.path.exists(path):
-        saved = _any_rank_file(directory, iteration)
-        if saved["layout"] == layout():
-            raise RuntimeError(f"checkpoint {directory} has no file {path}: it is incomplete")
-    else:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    resharded = saved["layout"]["dp"] != layout()["dp"]
-    if {k: v for k, v in saved["layout"].items() if k != "dp"} != {
-        k: v for k, v in layout().items() if k != "dp"
-    }:
-        raise RuntimeError(
-            f"checkpoint {directory} was saved with layout {saved['layout']}, "
-            f"this run has {layout()}: resume with the same TP and PP (the "
-            "data-parallel size may differ)"
-        )
-    if resharded:
-        saved = _resharded(directory, iteration, saved["layout"]["dp"], state, load_optim)
-    state.model[0].load_state_dict(saved["model"], strict=True)
-    if finetune:
-        return {"iteration": 0, "consumed_samples": 0}
-    if load_optim:
-        load_optimizer_shard(state.optimizer, saved["optimizer"])
-        load_schedule_state(state, saved)
-    if load_rng:
-        set_rng_state(saved["rng"])
-    return {"iteration": saved["iteration"], "consumed_samples": saved["consumed_samples"]}
+        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
+            iteration = int(f.read())
+    folder = os.path.join(directory, f"iter_{iteration:07d}")
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = os.path.join(scratch, "whole.pt")
+        dcp_to_torch_save(folder, whole)
+        state = torch.load(whole, weights_only=False)
+    common = torch.load(os.path.join(folder, "common.pt"), weights_only=False)
+    common.pop("args")
+    state = {k: v.getvalue() if isinstance(v, io.BytesIO) else v for k, v in state.items()}
+    return {"common": common, **state}
 
 
-def _position_file(directory: str, iteration: int, dp_rank: int) -> str:
-    return os.path.join(
-        directory,
-        f"iter_{iteration:07d}",
-        "tp{:02d}_pp{:03d}_dp{:03d}.pt".format(
-            parallel_state.get_tensor_model_parallel_rank(),
-            parallel_state.get_pipeline_model_parallel_rank(),
-            dp_rank,
-        ),
-    )
-
-
-def _any_rank_file(directory: str, iteration: int) -> dict:
-    """The first data-parallel rank's file of this rank's position."""
-    path = _position_file(directory, iteration, 0)
-    if not os.path.exists(path):
-        raise RuntimeError(
-            f"checkpoint {directory} has no file {path}: it is incomplete or "
-            "from another TP/PP layout"
-        )
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _resharded(directory: str, iteration: int, old_dp: int, state, load_optim: bool) -> dict:
-    """This rank's file as if it had been saved with this run's data-parallel
-    size: the model and schedule are the same on every DP rank; the RNG
-    comes from DP rank (this rank mod the old size), since DP peers draw
-    alike; the optimizer shard is cut anew from all old shards of this
-    position."""
-    dp_rank, dp = parallel_state.get_data_parallel_rank(), layout()["dp"]
-    files = [
-        torch.load(_position_file(directory, iteration, k), map_location="cpu", weights_only=True)
-        for k in range(old_dp)
-    ]
-    saved = dict(files[dp_rank % old_dp])
-    if not load_optim:
-        return saved
-    if "shard_places" not in saved or not optimizer_layout.is_distributed(state.optimizer):
-        raise RuntimeError(
-            f"checkpoint {directory} was saved with data-parallel size {old_dp}, "
-            f"this run has {dp}: a different size needs the distributed "
-            "optimizer (--use-distributed-optimizer) on both sides"
-        )
-    by_name = optimizer_layout.full_state(
-        optimizer_layout.from_table(saved["buckets"]), [_regions(f) for f in files]
-    )
-    regions = optimizer_layout.new_shard(
-        optimizer_layout.buckets(state.model, state.optimizer), by_name, dp_rank, dp
-    )
-    steps = {float(e["step"]) for f in files for e in f["optimizer"] if "step" in e}
-    if len(steps) > 1:
-        raise RuntimeError(
-            f"checkpoint {directory}: Adam's step differs between parameters ({sorted(steps)})"
-        )
-    saved["optimizer"] = [
-        _entry(regions, offset, numel, steps)
-        for _, offset, numel in optimizer_layout.shard_places(state.model, state.optimizer)
-    ]
-    return saved
-
-
-def _regions(saved: dict) -> List[torch.Tensor]:
-    """A saved shard as flat (param, exp_avg, exp_avg_sq) regions."""
-    numel = sum(bucket_numel // saved["layout"]["dp"] for bucket_numel, _ in saved["buckets"])
-    regions = [torch.zeros(numel) for _ in optimizer_layout.REGIONS]
-    for entry, (_, offset, n) in zip(saved["optimizer"], saved["shard_places"]):
-        for region, key in zip(regions, optimizer_layout.REGIONS):
-            if key in entry:
-                region[offset : offset + n] = entry[key].reshape(-1)
-    return regions
-
-
-def _entry(regions: List[torch.Tensor], offset: int, numel: int, steps: set) -> dict:
-    entry = {"param": regions[0][offset : offset + numel]}
-    if steps:  # no Adam state before the first step
-        entry.update(
-            exp_avg=regions[1][offset : offset + numel],
-            exp_avg_sq=regions[2][offset : offset + numel],
-            step=torch.tensor(next(iter(steps))),
-        )
-    return entry
+def read_args(directory: str, iteration: Optional[int] = None):
+    """The ``args`` a checkpoint was saved with (Megatron-LM's Namespace)."""
+    if iteration is None:
+        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
+            iteration = int(f.read())
+    path = os.path.join(directory, f"iter_{iteration:07d}", "common.pt")
+    return torch.load(path, weights_only=False)["args"]

@@ -185,6 +185,41 @@ class CheckpointConfig:
     exit_on_missing_checkpoint: bool = arg(
         False, help="Exit if --load has no checkpoint instead of starting fresh."
     )
+    ckpt_format: str = arg(
+        "torch_dist",
+        help="Checkpoint format: torch_dist (megatron-core dist_checkpointing).",
+        choices=["torch_dist", "torch"],
+    )
+    no_save_optim: bool = arg(False, help="Do not save the optimizer and scheduler state.")
+    no_save_rng: bool = arg(False, help="Do not save the RNG states.")
+    ckpt_fully_parallel_save: bool = arg(
+        True,
+        flag="--no-ckpt-fully-parallel-save",
+        help="Write each shard from one rank only, without spreading the writes "
+        "over the data-parallel group.",
+    )
+    ckpt_fully_parallel_load: bool = arg(
+        False, help="Read each shard once and exchange it over the data-parallel group."
+    )
+    dist_ckpt_optim_fully_reshardable: bool = arg(
+        False,
+        help="Save the distributed optimizer so that it loads at another TP and PP "
+        "too (default: data-parallel resharding only).",
+    )
+    dist_ckpt_strictness: str = arg(
+        "assume_ok_unexpected",
+        help="What a load does with keys missing from or unexpected in the checkpoint.",
+        choices=[
+            "assume_ok_unexpected",
+            "log_unexpected",
+            "log_all",
+            "raise_unexpected",
+            "raise_all",
+            "return_unexpected",
+            "return_all",
+            "ignore_all",
+        ],
+    )
 
 
 @dataclass(kw_only=True)

@@ -8,12 +8,13 @@ order. So the DP shards of one (tp, pp) position, side by side, give every
 bucket's full flat state, from which each parameter's state is cut by its
 place in the bucket and put at its place in the buckets of the new size
 (whose padding and slice bounds depend on that size). Parameters are
-matched by name. Used to re-shard checkpoints on load (a different
---data-parallel size) and by deadpool's shrink and grow.
+matched by name. Used by deadpool's shrink and grow (checkpoints are
+re-cut by dist_checkpointing); also the fixes megatron-core's distributed
+optimizer needs around a checkpoint when torch's Adam is used.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional
 
 import torch
 
@@ -25,8 +26,43 @@ def inner_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def is_distributed(optimizer) -> bool:
-    return all(hasattr(opt, "gbuf_ranges") for opt in inner_optimizers(optimizer))
+def init_adam_state(optimizer) -> None:
+    """Adam's state as torch creates it before its first step (step 0, zero
+    moments) wherever it does not exist yet. Without Apex or Transformer
+    Engine, megatron-core's distributed optimizer reads Adam's step from
+    this state to describe itself for a checkpoint, and fails on a fresh
+    optimizer (one about to load a checkpoint)."""
+    for opt in inner_optimizers(optimizer):
+        torch_opt = getattr(opt, "optimizer", None)
+        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in torch_opt.param_groups:
+            for param in group["params"]:
+                state = torch_opt.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+
+
+def restore_adam_steps(optimizer) -> None:
+    """Adam's step, one tensor per parameter, from the step a loaded
+    checkpoint put in each parameter group. Without Apex or Transformer
+    Engine, megatron-core's distributed optimizer keeps the step in the
+    parameter groups of a checkpoint, but its load then writes the step the
+    optimizer had before the load into each parameter's state (and shares
+    one tensor among them, which torch's Adam would advance once per
+    parameter)."""
+    for opt in inner_optimizers(optimizer):
+        torch_opt = getattr(opt, "optimizer", None)
+        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in torch_opt.param_groups:
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                if param in torch_opt.state:
+                    torch_opt.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
 @dataclass
@@ -89,26 +125,6 @@ def buckets(model, optimizer) -> List[Bucket]:
     return result
 
 
-def shard_places(model, optimizer) -> List[Tuple[str, int, int]]:
-    """(name, offset, numel) in this rank's flat shard of every main
-    parameter, in the optimizer's own parameter order (that of
-    ``checkpointing.optimizer_shard``)."""
-    names = _param_names(model)
-    offset = {}
-    for b in walk_buckets(optimizer):
-        for model_param, ranges in b.param_map.items():
-            local = ranges["gbuf_local"]
-            offset[model_param] = (b.shard_start + local.start, local.end - local.start)
-    places = []
-    for opt in inner_optimizers(optimizer):
-        by_position = {where: param for param, where in opt.model_param_group_index_map.items()}
-        for group_index, group in enumerate(opt.optimizer.param_groups):
-            for order in range(len(group["params"])):
-                model_param = by_position[(group_index, order)]
-                places.append((names[model_param], *offset[model_param]))
-    return places
-
-
 def full_state(
     layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
 ) -> Dict[str, List[torch.Tensor]]:
@@ -160,17 +176,3 @@ def new_shard(
 ) -> List[torch.Tensor]:
     """This DP rank's regions under the new buckets."""
     return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
-
-
-def table(layout_buckets: List[Bucket]) -> list:
-    """Plain containers for a checkpoint file (loadable with weights_only)."""
-    return [
-        [b.numel, {name: list(place) for name, place in b.params.items()}] for b in layout_buckets
-    ]
-
-
-def from_table(rows: list) -> List[Bucket]:
-    return [
-        Bucket(int(numel), {name: tuple(place) for name, place in params.items()})
-        for numel, params in rows
-    ]

@@ -8,7 +8,6 @@ before the parameter all-gather and around every step, and ``restart_at``
 puts it back at any progress.
 """
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -68,6 +67,7 @@ class Progress:
     consumed_samples: int = 0
     skipped_iterations: int = 0
     nan_iterations: int = 0
+    floating_point_operations: float = 0.0  # so far, as Megatron-LM counts them
 
 
 @dataclass
@@ -204,9 +204,7 @@ class Trainer:
         c = self.config.checkpoint
         if not c.load:
             return
-        loaded = checkpointing.load_checkpoint(
-            c.load, self.state, not c.no_load_optim, not c.no_load_rng, c.finetune
-        )
+        loaded = checkpointing.load_checkpoint(c.load, self.config, self.state)
         if loaded is None:
             if c.exit_on_missing_checkpoint:
                 raise SystemExit(
@@ -214,19 +212,17 @@ class Trainer:
                 )
             self.logger.info("no checkpoint in %s: starting from scratch", c.load)
             return
-        self.progress.iteration = loaded["iteration"]
-        self.progress.consumed_samples = loaded["consumed_samples"]
+        self.progress.iteration = loaded.iteration
+        self.progress.consumed_samples = loaded.consumed_samples
+        self.progress.floating_point_operations = loaded.floating_point_operations
         self.logger.info("resumed from %s at iteration %d", c.load, self.progress.iteration)
 
     def save(self) -> None:
         if self.config.checkpoint.save:
             path = checkpointing.save_checkpoint(
-                self.config.checkpoint.save,
-                self.progress.iteration,
-                self.progress.consumed_samples,
-                self.state,
+                self.config.checkpoint.save, self.config, self.progress, self.state
             )
-            self.logger.info("saved checkpoint %s", os.path.dirname(path))
+            self.logger.info("saved checkpoint %s", path)
 
     # ----- one iteration -----
     def train_step(self) -> dict:
@@ -358,6 +354,7 @@ class Trainer:
         p = self.progress
         p.iteration += 1
         p.consumed_samples += self.config.batch.global_batch_size
+        p.floating_point_operations += flops_per_iteration(self.config)
         p.skipped_iterations += int(metrics["skipped"])
         loss = metrics["losses"].get("lm loss")
         p.nan_iterations += int(loss is not None and loss != loss)

@@ -6,7 +6,9 @@ import sys
 from typing import Dict, List
 
 # Re-exported for the tests: how runs are compared lives in the package.
-from deadpool_ext.compare import checkpoint_files, curve, read_metrics  # noqa: F401
+from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F401
+from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
+from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

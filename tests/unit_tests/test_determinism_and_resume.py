@@ -4,7 +4,8 @@ checkpoint continues the same curve to the last bit."""
 
 import pytest
 
-from dist_utils import TINY_GPT, assert_same_state, checkpoint_files, curve, read_metrics
+from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
+from dist_utils import read_metrics, state_difference
 from dist_utils import run_pretrain
 
 # Every test here starts real processes.
@@ -54,11 +55,9 @@ def test_two_seeded_runs_are_bit_identical(reference, tmp_path, corpus_prefix):
     b = read_metrics(tmp_path / "metrics.jsonl")
     assert len(a) == ITERS
     assert curve(a) == curve(b)
-    final_a = checkpoint_files(str(reference / "ckpt"))
-    final_b = checkpoint_files(str(tmp_path / "ckpt"))
-    assert len(final_a) == 8
-    for name in final_a:
-        assert_same_state(final_a[name], final_b[name], name)
+    assert_same_state(
+        checkpoint_state(str(reference / "ckpt")), checkpoint_state(str(tmp_path / "ckpt"))
+    )
 
 
 def test_another_seed_gives_another_curve(reference, tmp_path, corpus_prefix):
@@ -76,18 +75,21 @@ def test_resume_continues_the_same_curve(reference, tmp_path, corpus_prefix):
     train(tmp_path, corpus_prefix, ["--load", str(tmp_path / "ckpt")])
     resumed = read_metrics(tmp_path / "metrics.jsonl")
     assert curve(resumed) == curve(read_metrics(reference / "metrics.jsonl"))
-    final_ref = checkpoint_files(str(reference / "ckpt"))
-    final_resumed = checkpoint_files(str(tmp_path / "ckpt"))
-    for name in final_ref:
-        assert_same_state(final_ref[name], final_resumed[name], name)
+    final = checkpoint_state(str(tmp_path / "ckpt"))
+    assert_same_state(checkpoint_state(str(reference / "ckpt")), final)
+    # The comparison sees every tensor: the checkpoint of iteration 3 differs.
+    stopped = checkpoint_state(str(tmp_path / "ckpt"), iteration=stop)
+    assert stopped.keys() == final.keys()
+    assert any(k.startswith("optimizer.") for k in final) and "rng_state/shard_0.0_2.2" in final
+    assert state_difference(stopped, final) is not None
 
 
 def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, corpus_prefix):
     """The reference's final checkpoint (DP 2) loaded by 4 ranks (DP 1, its
-    optimizer shards cut anew for other bucket padding) and saved again,
-    then loaded by 8 ranks (DP 2) and saved: every file equals the
-    reference's, bit for bit. Nothing is trained (the loads are at the last
-    iteration), so any element misplaced by the re-sharding shows."""
+    optimizer shards cut anew for other bucket padding by dist_checkpointing)
+    and saved again, then loaded by 8 ranks (DP 2) and saved: both hold the
+    reference's state bit for bit. Nothing is trained (the loads are at the
+    last iteration), so any element misplaced by the re-sharding shows."""
     common = TINY_GPT + [
         "--tensor-model-parallel-size",
         "2",
@@ -102,12 +104,8 @@ def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, c
         str(ITERS),
     ]
     run_pretrain(4, common + ["--load", str(reference / "ckpt"), "--save", str(tmp_path / "dp1")])
-    dp1 = checkpoint_files(str(tmp_path / "dp1"))
-    assert sorted(dp1) == [f"tp{t:02d}_pp{p:03d}_dp000.pt" for t in range(2) for p in range(2)]
-    assert all(state["layout"]["dp"] == 1 for state in dp1.values())
+    assert saved_args(str(tmp_path / "dp1")).data_parallel_size == 1
     run_pretrain(8, common + ["--load", str(tmp_path / "dp1"), "--save", str(tmp_path / "dp2")])
-    final_ref = checkpoint_files(str(reference / "ckpt"))
-    again = checkpoint_files(str(tmp_path / "dp2"))
-    assert sorted(again) == sorted(final_ref)
-    for name in final_ref:
-        assert_same_state(final_ref[name], again[name], name)
+    final_ref = checkpoint_state(str(reference / "ckpt"))
+    assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp1")))
+    assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp2")))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dist_utils import TINY_GPT, checkpoint_files, read_metrics, torchrun_command, worker_env
+from dist_utils import TINY_GPT, saved_args, read_metrics, torchrun_command, worker_env
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration
@@ -64,11 +64,10 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
     assert proc.returncode == 0, err[-4000:]
     done = read_metrics(metrics)
     assert 3 <= len(done) < 1000
-    saved = checkpoint_files(str(ckpt))
-    assert len(saved) == 2
-    for state in saved.values():
-        assert state["iteration"] == done[-1]["iteration"]
-        assert state["consumed_samples"] == done[-1]["consumed_samples"]
+    saved = saved_args(str(ckpt))
+    assert saved.world_size == 2
+    assert saved.iteration == done[-1]["iteration"]
+    assert saved.consumed_train_samples == done[-1]["consumed_samples"]
 
 
 def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
@@ -129,7 +128,7 @@ def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
     done = read_metrics(metrics)
-    saved = checkpoint_files(str(ckpt))
-    assert len(saved) == 2 and {s["iteration"] for s in saved.values()} == {done[-1]["iteration"]}
+    saved = saved_args(str(ckpt))
+    assert saved.world_size == 2 and saved.iteration == done[-1]["iteration"]
     assert out.count("saved checkpoint") == 2, out[-4000:]
     assert "validation loss at the end of training" not in out, out[-4000:]

@@ -40,8 +40,10 @@ import torch
 from dist_utils import (
     REPO,
     assert_same_state,
-    checkpoint_files,
+    saved_args,
+    checkpoint_state,
     curve,
+    model_tensors,
     deadpool_args,
     launch_command,
     launch_deadpool,
@@ -279,15 +281,14 @@ def assert_close_curves(got, want):
 
 
 def assert_close_models(tmp, reference):
-    """Every position's weights (one DP copy each) against the reference's."""
-    got, want = checkpoint_files(str(tmp / "ckpt")), checkpoint_files(str(reference / "ckpt"))
-    for name, state in got.items():
-        position = name.rsplit("_dp", 1)[0]
-        ref = next(s for n, s in want.items() if n.startswith(position))
-        for key, value in state["model"].items():
-            if torch.is_tensor(value) and value.is_floating_point():
-                scale = ref["model"][key].abs().max().clamp(min=1e-6)
-                assert (value - ref["model"][key]).abs().max() <= 10 * TOLERANCE * scale, key
+    """Every weight of the saved model against the reference's."""
+    got = model_tensors(checkpoint_state(str(tmp / "ckpt")))
+    want = model_tensors(checkpoint_state(str(reference / "ckpt")))
+    assert got.keys() == want.keys()
+    for key, value in got.items():
+        if value.is_floating_point():
+            scale = want[key].abs().max().clamp(min=1e-6)
+            assert (value - want[key]).abs().max() <= 10 * TOLERANCE * scale, key
 
 
 SPARE_PREPARED_TWICE_SCRIPT = """
@@ -371,7 +372,7 @@ def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
         read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
     )
     assert_close_models(tmp_path, reference)
-    assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 6
+    assert saved_args(str(tmp_path / "ckpt")).data_parallel_size == 3
     events = read_events(str(tmp_path / "events.jsonl"))
     decision = next(e for e in events if e["event"] == "decision")
     assert decision["action"] == "shrink" and (decision["dp_before"], decision["dp_after"]) == (
@@ -406,8 +407,8 @@ def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, refe
     saved = [e for e in events if e["event"] == "checkpoint_saved"]
     assert len(saved) == 6 and {e["iteration"] for e in saved} == {decision["rollback_to"]}
     assert 5 <= decision["rollback_to"] < 8
-    stopped = checkpoint_files(str(tmp_path / "ckpt"))
-    assert len(stopped) == 6 and all(s["layout"]["dp"] == 3 for s in stopped.values())
+    stopped = saved_args(str(tmp_path / "ckpt"))
+    assert (stopped.world_size, stopped.data_parallel_size) == (6, 3)
     assert [m["iteration"] for m in read_metrics(tmp_path / "metrics.jsonl")] == list(
         range(1, decision["rollback_to"] + 1)
     )
@@ -415,10 +416,8 @@ def test_checkpoint_policy_saves_stops_and_resumes_the_same_curve(tmp_path, refe
     must_succeed(run(tmp_path, DP4 + ["--load", str(tmp_path / "ckpt")], 2, 4, []))
     got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
     assert curve(got) == curve(want)
-    final, final_ref = (checkpoint_files(str(p / "ckpt")) for p in (tmp_path, reference))
-    assert sorted(final) == sorted(final_ref)
-    for name in final_ref:
-        assert_same_state(final_ref[name], final[name], name)
+    final, final_ref = (checkpoint_state(str(p / "ckpt")) for p in (tmp_path, reference))
+    assert_same_state(final_ref, final)
 
 
 WRONG_QUOTA_SCRIPT = """
@@ -579,7 +578,7 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
         read_metrics(tmp_path / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
     )
     assert_close_models(tmp_path, reference)
-    assert len(checkpoint_files(str(tmp_path / "ckpt"))) == 8  # the whole DP 4 again
+    assert saved_args(str(tmp_path / "ckpt")).data_parallel_size == 4  # the whole DP 4 again
     found = read_events(str(events))
     decisions = [e for e in found if e["event"] == "decision"]
     assert [(e["action"], e["dp_after"]) for e in decisions] == [

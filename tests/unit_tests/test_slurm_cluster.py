@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from dist_utils import REPO, assert_same_state, checkpoint_files, curve, read_metrics
+from dist_utils import REPO, assert_same_state, saved_args, checkpoint_state, curve
+from dist_utils import read_metrics
 from deadpool_ext.events import read_events
 
 pytestmark = [
@@ -258,14 +259,13 @@ def test_node_failure_is_hot_swapped_with_the_same_curve_bit_for_bit(
 
 
 def test_node_failure_final_checkpoints_equal_bit_for_bit(node_failure, reference, report):
-    got = checkpoint_files(str(node_failure["dir"] / "checkpoints"))
-    want = checkpoint_files(str(reference["dir"] / "checkpoints"))
-    assert got.keys() == want.keys() and len(want) == 8
-    for name in want:
-        assert_same_state(got[name], want[name], name)
+    got = checkpoint_state(str(node_failure["dir"] / "checkpoints"))
+    want = checkpoint_state(str(reference["dir"] / "checkpoints"))
+    assert saved_args(str(reference["dir"] / "checkpoints")).world_size == 8
+    assert_same_state(got, want)
     report.add(
-        f"final checkpoints (iteration {ITERS}, {len(want)} rank files: model, optimizer "
-        "shard, scheduler, RNG): equal bit for bit"
+        f"final checkpoints (iteration {ITERS}, torch_dist: model, optimizer, scheduler, "
+        "RNG): equal bit for bit"
     )
 
 
@@ -326,10 +326,9 @@ def test_sigterm_before_the_time_limit_saves_a_checkpoint(cluster, report, tmp_p
     lines = log_lines(run_dir)
     assert result["fields"]["JobState"] == "COMPLETED", lines[-60:]
     done = read_metrics(run_dir / "metrics.jsonl")
-    saved = checkpoint_files(str(run_dir / "checkpoints"))
-    assert 4 <= len(done) < 1000 and len(saved) == 8
-    for state in saved.values():
-        assert state["iteration"] == done[-1]["iteration"]
+    saved = saved_args(str(run_dir / "checkpoints"))
+    assert 4 <= len(done) < 1000 and saved.world_size == 8
+    assert saved.iteration == done[-1]["iteration"]
     assert not left_behind(run_dir)
     assert any("first node exited with 0" in line for line in lines)
     report.add(

@@ -1,0 +1,117 @@
+"""The parts of torch_dist checkpointing that need no process group: the
+tracker, publishing a staged save, and the checks a load makes before it
+reads any shard. Saving and loading themselves run in real processes
+(test_determinism_and_resume.py, test_hot_swap.py, test_shrink.py)."""
+
+import argparse
+import os
+
+import pytest
+
+from megatron.training import checkpointing as ckpt
+from megatron.training.arguments import parse_args
+
+
+def config(*extra):
+    argv = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "2",
+        "--seq-length",
+        "8",
+        "--micro-batch-size",
+        "1",
+        "--train-iters",
+        "4",
+        "--lr",
+        "1e-3",
+        "--mock-data",
+        *extra,
+    ]
+    cfg = parse_args(argv, world_size=1)
+    cfg.extra["padded_vocab_size"] = 128
+    return cfg
+
+
+def common(**args):
+    shape = dict(num_layers=2, hidden_size=16, num_attention_heads=2, padded_vocab_size=128)
+    layout = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    return {
+        "checkpoint_version": 3.0,
+        "iteration": 4,
+        "args": argparse.Namespace(**{**shape, **layout, **args}),
+        "content_metadata": {"distrib_optim_sharding_type": "dp_reshardable"},
+    }
+
+
+def test_the_tracker_names_an_iteration_or_release(tmp_path):
+    assert ckpt.read_tracker(str(tmp_path)) is None
+    (tmp_path / ckpt.TRACKER).write_text("120\n")
+    assert ckpt.read_tracker(str(tmp_path)) == "120"
+    assert ckpt.checkpoint_dir(str(tmp_path), "120") == str(tmp_path / "iter_0000120")
+    (tmp_path / ckpt.TRACKER).write_text("release")
+    assert ckpt.checkpoint_dir(str(tmp_path), "release") == str(tmp_path / "release")
+    (tmp_path / ckpt.TRACKER).write_text("12a")
+    with pytest.raises(ckpt.CheckpointError, match="neither an iteration number nor 'release'"):
+        ckpt.read_tracker(str(tmp_path))
+
+
+def staged(root, iteration, content):
+    staging = root / f"iter_{iteration:07d}{ckpt.STAGING_SUFFIX}"
+    staging.mkdir()
+    (staging / "metadata.json").write_text(content)
+    return str(staging)
+
+
+def test_a_staged_save_takes_its_name_and_then_the_tracker_names_it(tmp_path):
+    final = ckpt.iteration_dir(str(tmp_path), 8)
+    ckpt.publish(str(tmp_path), staged(tmp_path, 8, "first"), final, "8")
+    assert (tmp_path / ckpt.TRACKER).read_text() == "8"
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000008", ckpt.TRACKER]
+    # The same iteration again (a rollback redid it): replaced whole.
+    ckpt.publish(str(tmp_path), staged(tmp_path, 8, "second"), final, "8")
+    assert (tmp_path / "iter_0000008" / "metadata.json").read_text() == "second"
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000008", ckpt.TRACKER]
+
+
+def test_a_checkpoint_of_another_model_is_refused_by_name():
+    cfg = config()
+    ckpt.check_compatible(common(), cfg, "ckpt/iter_0000004")
+    with pytest.raises(ckpt.CheckpointError, match=r"hidden_size 32 \(this run: 16\)"):
+        ckpt.check_compatible(common(hidden_size=32), cfg, "ckpt/iter_0000004")
+    old = {**common(), "checkpoint_version": 2.0}
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint_version 2.0"):
+        ckpt.check_compatible(old, cfg, "ckpt/iter_0000004")
+
+
+def test_another_tp_needs_an_optimizer_saved_fully_reshardable():
+    saved_at_tp2 = common(tensor_model_parallel_size=2)
+    with pytest.raises(ckpt.CheckpointError, match="--dist-ckpt-optim-fully-reshardable"):
+        ckpt.check_compatible(saved_at_tp2, config(), "d")
+    ckpt.check_compatible(saved_at_tp2, config("--no-load-optim"), "d")
+    fully = {
+        **saved_at_tp2,
+        "content_metadata": {"distrib_optim_sharding_type": "fully_reshardable"},
+    }
+    ckpt.check_compatible(fully, config(), "d")
+
+
+def test_megatron_lm_flag_names_and_defaults():
+    c = config().checkpoint
+    assert c.ckpt_format == "torch_dist" and c.ckpt_fully_parallel_save is True
+    assert c.dist_ckpt_strictness == "assume_ok_unexpected"
+    assert config("--no-ckpt-fully-parallel-save").checkpoint.ckpt_fully_parallel_save is False
+
+
+def test_an_unwritable_save_directory_is_refused_before_anything_starts(tmp_path):
+    from megatron.training.arguments import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="--save .* cannot be written"):
+        config("--save", str(blocker / "ckpt"))
+    assert config("--save", str(tmp_path / "new" / "ckpt")).checkpoint.save
+    assert not (tmp_path / "new").exists()  # checked, not created
