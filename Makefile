@@ -31,7 +31,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo demo-reference lint test test-unit test-slurm bench bench-mirror bench-recovery bench-shrink clean print-demo-args print-deadpool-args
+.PHONY: setup data demo demo-reference lint test test-unit test-slurm bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,9 @@ bench-recovery: data
 
 bench-shrink: data
 	OMP_NUM_THREADS=1 $(PY) -m tools.bench_shrink
+
+bench-checkpoint: data
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench_checkpoint --output docs/bench_checkpoint.json
 
 clean:
 	rm -rf $(VENV) data runs *.egg-info

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import io
 import os
+import queue
 import tempfile
 import random
 import shutil
@@ -42,6 +43,7 @@ from megatron.core.dist_checkpointing.mapping import (
     ShardedObject,
     ShardedTensor,
 )
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
@@ -211,6 +213,18 @@ def zero_padding(tree) -> None:
             zero_padding(value)
 
 
+def keep_write_results_in_process() -> None:
+    """dist_checkpointing collects its writer processes' results in a queue
+    served by a spawned multiprocessing Manager, one per rank, made at the
+    first save so that asynchronous saves can report from another process.
+    Our saves are synchronous: the results never leave this process. And a
+    Manager outlives a rank that is killed or leaves with os._exit (DeadPool's
+    ranks do both), so they would pile up on a node. An in-process queue
+    takes its place."""
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_strategy(config: Config):
     strategy = get_default_save_sharded_strategy("torch_dist")
     if config.checkpoint.ckpt_fully_parallel_save:
@@ -224,6 +238,7 @@ def save_checkpoint(root: str, config: Config, progress, state) -> str:
     """Collective. Writes iteration ``progress.iteration`` and points the
     tracker at it; returns its directory."""
     c = config.checkpoint
+    keep_write_results_in_process()
     final = iteration_dir(root, progress.iteration)
     staging = final + STAGING_SUFFIX
     if dist.get_rank() == 0:
@@ -410,15 +425,18 @@ def model_shape(config: Config) -> dict:
 
 
 # ----- reading a checkpoint whole, without process groups (tests, tools) -----
-def read_whole(directory: str, iteration: Optional[int] = None) -> Dict[str, object]:
+def folder_of(root: str, iteration: Optional[int] = None) -> str:
+    """An iteration's directory; by default the one the tracker names."""
+    entry = read_tracker(root) if iteration is None else str(iteration)
+    return checkpoint_dir(root, entry)
+
+
+def read_whole(root: str, iteration: Optional[int] = None) -> Dict[str, object]:
     """A torch_dist checkpoint's whole state, read without process groups:
     every tensor in full under its key, every object's bytes, and the
     common state (``args`` left out: it names the run's own paths and
-    layout). Default: the iteration the tracker names."""
-    if iteration is None:
-        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
-            iteration = int(f.read())
-    folder = os.path.join(directory, f"iter_{iteration:07d}")
+    layout)."""
+    folder = folder_of(root, iteration)
     with tempfile.TemporaryDirectory() as scratch:
         whole = os.path.join(scratch, "whole.pt")
         dcp_to_torch_save(folder, whole)
@@ -429,10 +447,7 @@ def read_whole(directory: str, iteration: Optional[int] = None) -> Dict[str, obj
     return {"common": common, **state}
 
 
-def read_args(directory: str, iteration: Optional[int] = None):
+def read_args(root: str, iteration: Optional[int] = None) -> argparse.Namespace:
     """The ``args`` a checkpoint was saved with (Megatron-LM's Namespace)."""
-    if iteration is None:
-        with open(os.path.join(directory, "latest_checkpointed_iteration.txt")) as f:
-            iteration = int(f.read())
-    path = os.path.join(directory, f"iter_{iteration:07d}", "common.pt")
+    path = os.path.join(folder_of(root, iteration), "common.pt")
     return torch.load(path, weights_only=False)["args"]

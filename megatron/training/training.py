@@ -204,6 +204,7 @@ class Trainer:
         c = self.config.checkpoint
         if not c.load:
             return
+        start = time.perf_counter()
         loaded = checkpointing.load_checkpoint(c.load, self.config, self.state)
         if loaded is None:
             if c.exit_on_missing_checkpoint:
@@ -215,14 +216,20 @@ class Trainer:
         self.progress.iteration = loaded.iteration
         self.progress.consumed_samples = loaded.consumed_samples
         self.progress.floating_point_operations = loaded.floating_point_operations
-        self.logger.info("resumed from %s at iteration %d", c.load, self.progress.iteration)
+        self.logger.info(
+            "resumed from %s at iteration %d (loaded in %.2f s)",
+            c.load,
+            self.progress.iteration,
+            time.perf_counter() - start,
+        )
 
     def save(self) -> None:
         if self.config.checkpoint.save:
+            start = time.perf_counter()
             path = checkpointing.save_checkpoint(
                 self.config.checkpoint.save, self.config, self.progress, self.state
             )
-            self.logger.info("saved checkpoint %s", path)
+            self.logger.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - start)
 
     # ----- one iteration -----
     def train_step(self) -> dict:

@@ -115,3 +115,15 @@ def test_an_unwritable_save_directory_is_refused_before_anything_starts(tmp_path
         config("--save", str(blocker / "ckpt"))
     assert config("--save", str(tmp_path / "new" / "ckpt")).checkpoint.save
     assert not (tmp_path / "new").exists()  # checked, not created
+
+
+def test_the_writers_results_stay_in_this_process(monkeypatch):
+    """No multiprocessing Manager (a process that would outlive a killed
+    rank) serves dist_checkpointing's results queue."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)
+    ckpt.keep_write_results_in_process()
+    assert type(filesystem_async._get_write_results_queue()) is queue.Queue
