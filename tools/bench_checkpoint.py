@@ -85,7 +85,9 @@ def state_bytes(state: Dict[str, object]) -> Dict[str, int]:
 
 def one_layout(name: str, tp: str, pp: str, workdir: str) -> dict:
     ckpt = os.path.join(workdir, "ckpt")
-    base = with_layout(strip_outputs(demo_args()), tp, pp) + ["--train-iters", "2"]
+    # Two iterations of the demo's 60-iteration schedule.
+    base = with_layout(strip_outputs(demo_args()), tp, pp)
+    base += ["--train-iters", "2", "--lr-decay-iters", "60"]
     saved = pretrain(base + ["--save", ckpt, "--save-interval", "1"], workdir)
     loaded = pretrain(base + ["--load", ckpt], workdir)
     saves = {}
