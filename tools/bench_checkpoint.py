@@ -26,7 +26,7 @@ import tempfile
 from typing import Dict, List
 
 from megatron.training.checkpointing import read_args, read_whole
-from tools.bench_common import ENV, REPO, demo_args, strip_outputs
+from tools.bench_common import ENV, REPO, demo_args, strip_outputs, torchrun_command
 
 LAYOUTS = {
     "TP2 PP2 DP2": ("2", "2"),
@@ -46,20 +46,8 @@ def with_layout(args: List[str], tp: str, pp: str) -> List[str]:
 
 def pretrain(args: List[str], workdir: str) -> str:
     """One 8-rank torchrun of pretrain_gpt.py; its whole output."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "8",
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-        "--eval-iters",
-        "0",
-        "--metrics-file",
-        os.path.join(workdir, "metrics.jsonl"),
-    ]
+    metrics = ["--eval-iters", "0", "--metrics-file", os.path.join(workdir, "metrics.jsonl")]
+    command = torchrun_command(8, args + metrics)
     proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

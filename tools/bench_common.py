@@ -60,6 +60,21 @@ def demo_workload(iters: int, workdir: str) -> List[str]:
 
 
 # ----- a torchrun job, start to end -----
+def torchrun_command(nproc: int, args: List[str], torchrun_flags: List[str] = ()) -> List[str]:
+    """pretrain_gpt.py under torchrun on this host."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *torchrun_flags,
+        os.path.join(REPO, "pretrain_gpt.py"),
+        *args,
+    ]
+
+
 def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> dict:
     """One torchrun of pretrain_gpt.py with ``base`` flags (default: the demo's)."""
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -73,16 +88,7 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> di
         metrics,
         *extra,
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-    ]
+    cmd = torchrun_command(nproc, args)
     start = time.time()
     with open(os.path.join(workdir, "stderr.log"), "w+") as stderr:
         proc = subprocess.Popen(
@@ -181,19 +187,7 @@ def checkpoint_restart_command(args: List[str], workdir: str, save_interval: int
     from the last --save checkpoint."""
     save = os.path.join(workdir, "checkpoints")
     checkpoints = ["--save", save, "--load", save, "--save-interval", str(save_interval)]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "8",
-        "--monitor-interval",
-        "0.1",
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-        *checkpoints,
-    ]
+    return torchrun_command(8, args + checkpoints, ["--monitor-interval", "0.1"])
 
 
 # ----- deadpool-launch on two emulated 4-rank nodes -----
