@@ -99,11 +99,11 @@ class ControlClient:
         """The store is gone, and with it the coordinator and the job: free
         the main thread from any collective of the generation (its next
         contact with the control plane then makes it leave)."""
-        self.coordinator_lost = f"the coordinator is gone ({type(error).__name__}: {error})"
+        self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
         try:
             self.generation.release(by="heartbeat thread: the coordinator is gone")
         except Exception as failure:  # noqa: BLE001 - the main thread leaves all the same
-            self.release_error = f"{type(failure).__name__}: {failure}"
+            self.release_error = summary(failure)
 
     @contextlib.contextmanager
     def _control_plane(self):
@@ -114,7 +114,7 @@ class ControlClient:
         try:
             yield
         except dist.DistError as error:
-            self.coordinator_lost = f"the coordinator is gone ({type(error).__name__}: {error})"
+            self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
             raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost) from None
 
     def _release_if_superseded(self, latest: dict) -> None:
@@ -134,7 +134,7 @@ class ControlClient:
             self.generation.release_if_older(gen, by="heartbeat thread")
         except Exception as error:  # noqa: BLE001 - the thread must go on beating
             # tear_down releases again, from the main thread, and reports it.
-            self.release_error = f"{type(error).__name__}: {error}"
+            self.release_error = summary(error)
 
     def _report_if_stuck(self, latest: dict) -> None:
         gen = int(latest["gen"])

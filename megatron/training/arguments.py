@@ -358,8 +358,9 @@ def _check_checkpoint(config: Config) -> None:
     )
     _require(
         c.ckpt_format == "torch_dist",
-        "--ckpt-format torch (Megatron-LM's legacy per-rank files) cannot be written or "
-        "read here yet: use --ckpt-format torch_dist (the default)",
+        f"--ckpt-format {c.ckpt_format} cannot be written or read here yet (torch is "
+        "Megatron-LM's legacy per-rank files; torch_dcp and fsdp_dtensor belong to "
+        "FSDP): use --ckpt-format torch_dist (the default)",
     )
 
 

@@ -127,7 +127,6 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
     values = {}
     for name in SECTIONS:
         values.update(dataclasses.asdict(getattr(config, name)))
-    p = config.parallel
     values.update(
         world_size=config.world_size,
         data_parallel_size=config.data_parallel_size,
@@ -140,8 +139,6 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
         context_parallel_size=1,
         expert_model_parallel_size=1,
         virtual_pipeline_model_parallel_size=None,
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
     )
     return argparse.Namespace(**values)
 
@@ -320,9 +317,9 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
             "checkpoint: its metadata.json is missing"
         )
     common = dist_checkpointing.load_common_state_dict(directory)
-    check_compatible(common, config, directory)
     c, release = config.checkpoint, entry == "release"
-    load_optim = not (c.no_load_optim or c.finetune or release)
+    load_optim = loads_optimizer(config, release)
+    check_compatible(common, config, directory, load_optim)
     same_layout = saved_layout(common) == run_layout(config)
     load_rng = not (c.no_load_rng or c.finetune or release) and same_layout
     metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common)
@@ -384,7 +381,13 @@ def run_layout(config: Config) -> tuple:
     return (p.tensor_model_parallel_size, p.pipeline_model_parallel_size)
 
 
-def check_compatible(common: dict, config: Config, directory: str) -> None:
+def loads_optimizer(config: Config, release: bool) -> bool:
+    """Whether a load restores the optimizer (and scheduler), as Megatron-LM decides."""
+    c = config.checkpoint
+    return not (c.no_load_optim or c.finetune or release)
+
+
+def check_compatible(common: dict, config: Config, directory: str, load_optim: bool) -> None:
     """The model's shape must agree (any layout may differ); a TP or PP change
     needs an optimizer saved fully reshardable unless it is not loaded."""
     version = common.get("checkpoint_version")
@@ -402,8 +405,7 @@ def check_compatible(common: dict, config: Config, directory: str) -> None:
         raise CheckpointError(
             f"{directory} holds another model: it was saved with " + ", ".join(wrong)
         )
-    c = config.checkpoint
-    if saved_layout(common) != run_layout(config) and not (c.no_load_optim or c.finetune):
+    if saved_layout(common) != run_layout(config) and load_optim:
         metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
         if metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
             tp, pp = saved_layout(common)

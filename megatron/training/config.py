@@ -188,10 +188,11 @@ class CheckpointConfig:
     ckpt_format: str = arg(
         "torch_dist",
         help="Checkpoint format: torch_dist (megatron-core dist_checkpointing).",
-        choices=["torch_dist", "torch"],
+        choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
     )
-    no_save_optim: bool = arg(False, help="Do not save the optimizer and scheduler state.")
-    no_save_rng: bool = arg(False, help="Do not save the RNG states.")
+    # Megatron-LM's default for these store_true flags is None, not False.
+    no_save_optim: Optional[bool] = arg(help="Do not save the optimizer and scheduler state.")
+    no_save_rng: Optional[bool] = arg(help="Do not save the RNG states.")
     ckpt_fully_parallel_save: bool = arg(
         True,
         flag="--no-ckpt-fully-parallel-save",

@@ -26,16 +26,21 @@ def inner_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def torch_adams(optimizer) -> Iterator[torch.optim.Optimizer]:
+    """The torch Adam optimizers megatron-core runs without Apex or Transformer Engine."""
+    for opt in inner_optimizers(optimizer):
+        torch_opt = getattr(opt, "optimizer", None)
+        if isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            yield torch_opt
+
+
 def init_adam_state(optimizer) -> None:
     """Adam's state as torch creates it before its first step (step 0, zero
     moments) wherever it does not exist yet. Without Apex or Transformer
     Engine, megatron-core's distributed optimizer reads Adam's step from
     this state to describe itself for a checkpoint, and fails on a fresh
     optimizer (one about to load a checkpoint)."""
-    for opt in inner_optimizers(optimizer):
-        torch_opt = getattr(opt, "optimizer", None)
-        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
-            continue
+    for torch_opt in torch_adams(optimizer):
         for group in torch_opt.param_groups:
             for param in group["params"]:
                 state = torch_opt.state[param]
@@ -53,10 +58,7 @@ def restore_adam_steps(optimizer) -> None:
     optimizer had before the load into each parameter's state (and shares
     one tensor among them, which torch's Adam would advance once per
     parameter)."""
-    for opt in inner_optimizers(optimizer):
-        torch_opt = getattr(opt, "optimizer", None)
-        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
-            continue
+    for torch_opt in torch_adams(optimizer):
         for group in torch_opt.param_groups:
             if "step" not in group:
                 continue

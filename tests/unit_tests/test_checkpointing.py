@@ -47,6 +47,10 @@ def common(**args):
     }
 
 
+def loads(cfg) -> bool:
+    return ckpt.loads_optimizer(cfg, release=False)
+
+
 def test_the_tracker_names_an_iteration_or_release(tmp_path):
     assert ckpt.read_tracker(str(tmp_path)) is None
     (tmp_path / ckpt.TRACKER).write_text("120\n")
@@ -79,24 +83,28 @@ def test_a_staged_save_takes_its_name_and_then_the_tracker_names_it(tmp_path):
 
 def test_a_checkpoint_of_another_model_is_refused_by_name():
     cfg = config()
-    ckpt.check_compatible(common(), cfg, "ckpt/iter_0000004")
+    ckpt.check_compatible(common(), cfg, "ckpt/iter_0000004", loads(cfg))
     with pytest.raises(ckpt.CheckpointError, match=r"hidden_size 32 \(this run: 16\)"):
-        ckpt.check_compatible(common(hidden_size=32), cfg, "ckpt/iter_0000004")
+        ckpt.check_compatible(common(hidden_size=32), cfg, "ckpt/iter_0000004", loads(cfg))
     old = {**common(), "checkpoint_version": 2.0}
     with pytest.raises(ckpt.CheckpointError, match="checkpoint_version 2.0"):
-        ckpt.check_compatible(old, cfg, "ckpt/iter_0000004")
+        ckpt.check_compatible(old, cfg, "ckpt/iter_0000004", loads(cfg))
 
 
 def test_another_tp_needs_an_optimizer_saved_fully_reshardable():
     saved_at_tp2 = common(tensor_model_parallel_size=2)
     with pytest.raises(ckpt.CheckpointError, match="--dist-ckpt-optim-fully-reshardable"):
-        ckpt.check_compatible(saved_at_tp2, config(), "d")
-    ckpt.check_compatible(saved_at_tp2, config("--no-load-optim"), "d")
+        ckpt.check_compatible(saved_at_tp2, config(), "d", loads(config()))
+    no_optim = config("--no-load-optim")
+    ckpt.check_compatible(saved_at_tp2, no_optim, "d", loads(no_optim))
+    # A release checkpoint loads no optimizer state either.
+    assert not ckpt.loads_optimizer(config(), release=True)
+    ckpt.check_compatible(saved_at_tp2, config(), "d", ckpt.loads_optimizer(config(), True))
     fully = {
         **saved_at_tp2,
         "content_metadata": {"distrib_optim_sharding_type": "fully_reshardable"},
     }
-    ckpt.check_compatible(fully, config(), "d")
+    ckpt.check_compatible(fully, config(), "d", loads(config()))
 
 
 def test_megatron_lm_flag_names_and_defaults():
