@@ -12,11 +12,18 @@
     kill:rank=3:iter=5:phase=backward:delay=40
                                         SIGKILL rank 3 40 ms after it entered iteration
                                         5's backward, wherever it is by then
+    kill:rank=1:iter=4:phase=save:delay=20
+                                        SIGKILL rank 1 20 ms into the checkpoint save
+                                        that ends iteration 4
+    disk-full:rank=0:iter=4             every file write of rank 0 fails (EFBIG, as on
+                                        a full disk) while it saves the checkpoint that
+                                        ends iteration 4 (--save-interval must make one)
 
 Phases: forward (default), backward, grad-reduce, optimizer (after the
 shard update, before the parameter all-gather), mirror (in the mirror's
-exchange), recovery (after reporting to the coordinator, before its
-decision; ``iter`` is then ignored). A spec fires once per job: only in the
+exchange), save (as the checkpoint save after iteration ``iter`` begins;
+disk-full's only phase), recovery (after reporting to the coordinator,
+before its decision; ``iter`` is then ignored). A spec fires once per job: only in the
 process that held the rank from the start, never in a spare that replaced it
 (the spare redoes the iteration and must not die again).
 
@@ -30,13 +37,14 @@ fault lands anywhere in or after the phase (the fault campaign draws it).
 """
 
 import os
+import resource
 import signal
 import threading
 from dataclasses import dataclass
 from typing import List, Optional
 
-PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "recovery")
-ACTIONS = ("kill", "hang", "stall")
+PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
+ACTIONS = ("kill", "hang", "stall", "disk-full")
 # Where a stall stops the main thread (mirror runs in its own thread).
 STALL_PHASES = ("forward", "backward", "grad-reduce", "optimizer")
 
@@ -88,6 +96,13 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
     if action in ("hang", "stall") and "node" in fields:
         raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
+    if action == "disk-full":
+        phase = fields.setdefault("phase", "save")
+        if "node" in fields or phase != "save" or "delay" in fields:
+            raise InjectError(
+                f"--deadpool-inject {spec}: disk-full takes rank=N and iter=N only "
+                "(it lasts the checkpoint save that ends iteration N)"
+            )
     if action == "stall" and (phase not in STALL_PHASES or "delay" in fields):
         raise InjectError(
             f"--deadpool-inject {spec}: stall stops the main thread: phase "
@@ -137,7 +152,9 @@ class Injector:
 
 
 def fire(fault: Fault) -> None:
-    if fault.action == "stall":
+    if fault.action == "disk-full":
+        fill_disk()
+    elif fault.action == "stall":
         threading.Event().wait()  # forever; only a kill ends it
     elif fault.action == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -146,3 +163,20 @@ def fire(fault: Fault) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
     else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fill_disk() -> None:
+    """From now on every write of this process past a file's first byte
+    fails with EFBIG (Python ignores SIGXFSZ), as on a full disk."""
+    global _file_size_limit
+    _file_size_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, _file_size_limit[1]))
+
+
+def free_disk() -> None:
+    """Undoes fill_disk."""
+    if _file_size_limit is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, _file_size_limit)
+
+
+_file_size_limit = None  # the process's limit before fill_disk

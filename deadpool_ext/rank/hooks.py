@@ -25,7 +25,7 @@ from megatron.training.training import Hook, Trainer
 from deadpool_ext import protocol as P
 from deadpool_ext.config import nodes_are_emulated, plan_buddies, section
 from deadpool_ext.events import EventLog
-from deadpool_ext.inject import Fault, Injector, fire
+from deadpool_ext.inject import Fault, Injector, fire, free_disk
 from deadpool_ext.protocol import WorkerState
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
@@ -281,6 +281,13 @@ class FaultHook(Hook):
 
     def before_param_sync(self, trainer: Trainer) -> None:
         self.at("optimizer", self.current())
+
+    def before_save(self, trainer: Trainer) -> None:
+        self.at("save", trainer.progress.iteration)
+
+    def after_save(self, trainer: Trainer, outcome) -> None:
+        if any(f.action == "disk-full" for f in self.injector.fired):
+            free_disk()
 
     def at(self, phase: str, iteration: Optional[int] = None) -> None:
         for fault in self.injector.due(phase, iteration):

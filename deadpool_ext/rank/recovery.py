@@ -146,15 +146,25 @@ class Recovery:
         """Spares ran out under --deadpool-on-spares-exhausted checkpoint:
         the survivors hold every shard; save them and end without training on."""
         start = time.monotonic()
-        self.trainer.save()
+        outcome = self.trainer.save(wait=True)
         directory = self.config.checkpoint.save
         self.emit(
-            "checkpoint_saved",
+            "checkpoint_saved" if outcome.ok else "checkpoint_failed",
             directory=directory,
             data_parallel_size=self.config.data_parallel_size,
             ms=round((time.monotonic() - start) * 1e3, 1),
         )
         self.trainer.finish()  # closes the event log
+        if not outcome.ok:
+            self.logger.error(
+                "deadpool: no spare left and iteration %d could not be saved to %s (%s): "
+                "stopped; resubmit with --load %s to go on from its latest checkpoint.",
+                self.trainer.progress.iteration,
+                directory,
+                "; ".join(outcome.errors),
+                directory,
+            )
+            return
         self.logger.error(
             "deadpool: no spare left; saved iteration %d to %s and stopped. "
             "Resubmit with --load %s when nodes are back (any data-parallel "

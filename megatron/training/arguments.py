@@ -351,6 +351,7 @@ def _check_checkpoint(config: Config) -> None:
     _require(
         not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
     )
+    _require(not c.async_save or c.save, "--async-save needs --save DIR")
     _require(
         c.save is None or _can_create(c.save),
         f"--save {c.save} cannot be written (a file stands in its path, or a directory "

@@ -17,9 +17,11 @@ and ``num_floating_point_operations_so_far``. Each data-parallel replica's
 tensors are written once: every shard by one rank, spread over the
 data-parallel group (--ckpt-fully-parallel-save, the default).
 
-A save goes to a staging directory, is fsynced, and only then takes its
-name ``iter_N`` and the tracker names it (both replaced atomically): a save
-cut off at any point leaves the previous checkpoint the one loaded. Loading
+A save (megatron/training/saving.py) goes to a staging directory, is
+fsynced, and only then takes its name ``iter_N`` and the tracker names it
+(both replaced atomically): a save cut off at any point leaves the previous
+checkpoint the one loaded, and one that cannot be written is reported
+while training goes on. Loading
 reshards across TP, PP and DP (the model always; the optimizer across DP,
 or across all three when it was saved fully reshardable).
 """
@@ -52,6 +54,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
     FullyParallelSaveStrategyWrapper,
 )
+from megatron.core.dist_checkpointing.serialization import _CONTENT_METADATA_KEY as CONTENT_METADATA
 from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -62,7 +65,6 @@ from megatron.training.rank_state import load_scheduler
 
 TRACKER = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 3.0
-STAGING_SUFFIX = ".partial"
 # Megatron-LM's top-level keys that are no model, optimizer or RNG state.
 COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
 # What must agree between a checkpoint and the run that loads it.
@@ -211,13 +213,13 @@ def zero_padding(tree) -> None:
 
 
 def keep_write_results_in_process() -> None:
-    """dist_checkpointing collects its writer processes' results in a queue
-    served by a spawned multiprocessing Manager, one per rank, made at the
-    first save so that asynchronous saves can report from another process.
-    Our saves are synchronous: the results never leave this process. And a
-    Manager outlives a rank that is killed or leaves with os._exit (DeadPool's
-    ranks do both), so they would pile up on a node. An in-process queue
-    takes its place."""
+    """dist_checkpointing collects its writers' results in a queue served by
+    a spawned multiprocessing Manager, one per rank, made at the first save
+    so that writer processes can report. Our writers are threads of the rank
+    (saving.py): the results never leave the process. And a Manager outlives
+    a rank that is killed or leaves with os._exit (DeadPool's ranks do
+    both), so they would pile up on a node. An in-process queue takes its
+    place."""
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = queue.Queue()
 
@@ -231,17 +233,11 @@ def save_strategy(config: Config):
 
 
 # ----- save -----
-def save_checkpoint(root: str, config: Config, progress, state) -> str:
-    """Collective. Writes iteration ``progress.iteration`` and points the
-    tracker at it; returns its directory."""
+def state_to_save(config: Config, progress, state) -> dict:
+    """Collective (the optimizer gathers its sharding). The whole state a
+    save writes, under Megatron-LM's keys, with its content metadata."""
     c = config.checkpoint
     keep_write_results_in_process()
-    final = iteration_dir(root, progress.iteration)
-    staging = final + STAGING_SUFFIX
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)  # a save cut off before
-        os.makedirs(staging)
-    dist.barrier()
     metadata = sharding_metadata(config)
     state_dict = {
         "args": checkpoint_args(config, progress),
@@ -251,34 +247,8 @@ def save_checkpoint(root: str, config: Config, progress, state) -> str:
         **sharded_state(state, metadata, False, not c.no_save_optim, not c.no_save_rng),
     }
     zero_padding(state_dict.get("optimizer"))
-    dist_checkpointing.save(
-        state_dict,
-        staging,
-        save_strategy(config),
-        content_metadata=_clean_metadata_for_serialization(metadata),
-    )
-    fsync_tree(staging)  # every rank: the files it wrote
-    dist.barrier()
-    if dist.get_rank() == 0:
-        publish(root, staging, final, str(progress.iteration))
-    dist.barrier()
-    return final
-
-
-def fsync_tree(directory: str) -> None:
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            fsync_path(path)
-    fsync_path(directory)
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    state_dict[CONTENT_METADATA] = _clean_metadata_for_serialization(metadata)
+    return state_dict
 
 
 def publish(root: str, staging: str, final: str, entry: str) -> None:
@@ -301,6 +271,14 @@ def publish(root: str, staging: str, final: str, entry: str) -> None:
         os.fsync(f.fileno())
     os.replace(tracker + ".tmp", tracker)
     fsync_path(root)
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ----- load -----

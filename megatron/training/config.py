@@ -190,6 +190,11 @@ class CheckpointConfig:
         help="Checkpoint format: torch_dist (megatron-core dist_checkpointing).",
         choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
     )
+    async_save: Optional[bool] = arg(
+        help="Write the checkpoint's files in the background while training goes on; "
+        "the save ends (the tracker names it) at the first iteration's end after "
+        "every rank's files are written. torch_dist only."
+    )
     # Megatron-LM's default for these store_true flags is None, not False.
     no_save_optim: Optional[bool] = arg(help="Do not save the optimizer and scheduler state.")
     no_save_rng: Optional[bool] = arg(help="Do not save the RNG states.")

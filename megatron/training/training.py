@@ -22,7 +22,7 @@ from megatron.core.num_microbatches_calculator import (
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron.training import checkpointing, data
+from megatron.training import checkpointing, data, saving
 from megatron.training.config import Config
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -43,7 +43,9 @@ class Hook:
     microbatch before_microbatch and after_forward (its output, which a hook
     may register a backward hook on), before_grad_reduce (at the end of
     backward), before_optimizer_step, before_param_sync (after the optimizer
-    updated the shard, before the parameter all-gather), after_step."""
+    updated the shard, before the parameter all-gather), after_step. Around
+    a checkpoint save: before_save, and after_save with its outcome once it
+    ended (for --async-save, iterations later)."""
 
     def on_setup(self, trainer: "Trainer") -> None: ...
     def before_step(self, trainer: "Trainer") -> None: ...
@@ -53,6 +55,8 @@ class Hook:
     def before_optimizer_step(self, trainer: "Trainer") -> None: ...
     def before_param_sync(self, trainer: "Trainer") -> None: ...
     def after_step(self, trainer: "Trainer", metrics: dict) -> None: ...
+    def before_save(self, trainer: "Trainer") -> None: ...
+    def after_save(self, trainer: "Trainer", outcome: saving.Outcome) -> None: ...
     def log_fields(self, trainer: "Trainer") -> List[str]:
         return []
 
@@ -122,6 +126,7 @@ class Trainer:
         self.metrics = None
         self.window = _LogWindow()
         self.train_iterator = None
+        self.saves = saving.Saves(config, self.logger)
         self.start_time = time.time()
 
     # ----- hook points inside megatron-core's schedule and optimizer -----
@@ -147,6 +152,7 @@ class Trainer:
     def restart_at(self, progress: Progress) -> None:
         """Go on from ``progress`` (a restored state's): read data from there."""
         self.progress = progress
+        self.saves.abandon()
         self.reset_train_iterator()
 
     def forget_after(self, iteration: int) -> None:
@@ -223,13 +229,21 @@ class Trainer:
             time.perf_counter() - start,
         )
 
-    def save(self) -> None:
-        if self.config.checkpoint.save:
-            start = time.perf_counter()
-            path = checkpointing.save_checkpoint(
-                self.config.checkpoint.save, self.config, self.progress, self.state
-            )
-            self.logger.info("saved checkpoint %s in %.2f s", path, time.perf_counter() - start)
+    def save(self, wait: bool = False) -> Optional[saving.Outcome]:
+        """Collective. A save that fails to write is reported and training
+        goes on (saving.py). With ``wait``, an asynchronous save is ended
+        too; its outcome is returned."""
+        if not self.config.checkpoint.save:
+            return None
+        self._saved(self.saves.wait())  # the one before, if still in flight
+        self._call("before_save")
+        ended = self.saves.save(self.progress, self.state)
+        return self._saved(ended or (self.saves.wait() if wait else None))
+
+    def _saved(self, outcome: Optional[saving.Outcome]) -> Optional[saving.Outcome]:
+        if outcome is not None:
+            self._call("after_save", outcome)
+        return outcome
 
     # ----- one iteration -----
     def train_step(self) -> dict:
@@ -353,6 +367,7 @@ class Trainer:
             self.window.add(metrics["seconds"], metrics["losses"])
             self._call("after_step", metrics)
             self.record(metrics, self.window)
+            self._saved(self.saves.poll())
             if self.maybe_save_and_exit():
                 return False
         return True
@@ -452,6 +467,7 @@ class Trainer:
         return bool(flag.item())
 
     def finish(self) -> None:
+        self._saved(self.saves.wait())
         self._call("on_train_end")
         if self.metrics is not None:
             self.metrics.close()

@@ -230,6 +230,7 @@ SPECIAL = {
     "vocab_size": (["1000"], 1000, [], (), 1),
     "split": (["90,8,2"], "90,8,2", [], (), 1),
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
+    "async_save": ([], True, ["--save", "ckpt"], (), 1),
     "exit_on_missing_checkpoint": ([], True, ["--load", "ckpt"], (), 1),
 }
 # Accepted by the parser, then refused with a message naming the flag.

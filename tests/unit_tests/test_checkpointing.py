@@ -9,6 +9,7 @@ import os
 import pytest
 
 from megatron.training import checkpointing as ckpt
+from megatron.training import saving
 from megatron.training.arguments import parse_args
 
 
@@ -64,7 +65,7 @@ def test_the_tracker_names_an_iteration_or_release(tmp_path):
 
 
 def staged(root, iteration, content):
-    staging = root / f"iter_{iteration:07d}{ckpt.STAGING_SUFFIX}"
+    staging = root / f"iter_{iteration:07d}{saving.STAGING_SUFFIX}"
     staging.mkdir()
     (staging / "metadata.json").write_text(content)
     return str(staging)
@@ -135,3 +136,20 @@ def test_the_writers_results_stay_in_this_process(monkeypatch):
     monkeypatch.setattr(filesystem_async, "_results_queue", None)
     ckpt.keep_write_results_in_process()
     assert type(filesystem_async._get_write_results_queue()) is queue.Queue
+
+
+def test_a_background_write_keeps_the_state_its_save_began_with():
+    """megatron-core's staging leaves host tensors as they are (training
+    would change them under a background write); saving copies them."""
+    import torch
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync,
+    )
+
+    shard = torch.zeros(4)
+    buckets = [("__0_0.distcp", "key", ([], [("item", shard)]))]
+    staged = FileSystemWriterAsync.preload_tensors(buckets, non_blocking=False)
+    copied = saving.host_copies(staged)
+    shard.add_(1)  # the next optimizer step
+    assert copied[0][2][1][0][1].sum() == 0
+    assert staged[0][2][1][0][1].sum() == 4  # the staging alone would write this

@@ -61,7 +61,10 @@ def test_fault_specs_parse_and_bad_ones_say_what_to_change():
     assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")
     assert parse_fault("kill:node=1:iter=4").node == 1
     assert parse_fault("kill:rank=0:phase=recovery").iteration is None
+    assert parse_fault("disk-full:rank=2:iter=4").phase == "save"
     for bad, words in [
+        ("disk-full:node=1:iter=4", "disk-full takes rank=N and iter=N only"),
+        ("disk-full:rank=1:iter=4:phase=forward", "disk-full takes rank=N"),
         ("kill:rank=1", "iter=N"),
         ("explode:rank=1:iter=2", "action"),
         ("kill:rank=1:node=0:iter=2", "exactly one"),
@@ -94,3 +97,15 @@ def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
     with pytest.raises(SystemExit) as error:
         check(build_parser().parse_args(argv))
     assert message in str(error.value)
+
+
+def test_a_full_disk_fails_writes_until_it_is_freed(tmp_path):
+    from deadpool_ext.inject import fill_disk, free_disk
+
+    fill_disk()
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            (tmp_path / "f").write_bytes(b"x")
+    finally:
+        free_disk()
+    (tmp_path / "f").write_bytes(b"x")

@@ -2,11 +2,20 @@
 bit-identical, and a run stopped at iteration k and resumed from its
 checkpoint continues the same curve to the last bit."""
 
+import filecmp
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
 import pytest
 
 from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics, state_difference
-from dist_utils import run_pretrain
+from dist_utils import REPO, run_pretrain, torchrun_command, worker_env
+from megatron.training.checkpointing import read_tracker
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration
@@ -24,7 +33,11 @@ LAYOUT_8 = [
 
 
 def train(directory, corpus, extra=()):
-    args = (
+    return run_pretrain(8, train_args(directory, corpus, extra))
+
+
+def train_args(directory, corpus, extra=()):
+    return (
         TINY_GPT
         + LAYOUT_8
         + [
@@ -39,7 +52,6 @@ def train(directory, corpus, extra=()):
             *extra,
         ]
     )
-    return run_pretrain(8, args)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +80,20 @@ def test_another_seed_gives_another_curve(reference, tmp_path, corpus_prefix):
     )
 
 
-def test_resume_continues_the_same_curve(reference, tmp_path, corpus_prefix):
-    stop = 3
-    train(tmp_path, corpus_prefix, ["--exit-interval", str(stop)])
+STOP = 3
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, corpus_prefix):
+    """The reference's run, stopped by --exit-interval after iteration STOP."""
+    directory = tmp_path_factory.mktemp("stopped")
+    train(directory, corpus_prefix, ["--exit-interval", str(STOP)])
+    return directory
+
+
+def test_resume_continues_the_same_curve(reference, stopped, tmp_path, corpus_prefix):
+    stop = STOP
+    shutil.copytree(stopped, tmp_path, dirs_exist_ok=True)
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == stop
     train(tmp_path, corpus_prefix, ["--load", str(tmp_path / "ckpt")])
     resumed = read_metrics(tmp_path / "metrics.jsonl")
@@ -109,3 +132,72 @@ def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, c
     final_ref = checkpoint_state(str(reference / "ckpt"))
     assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp1")))
     assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp2")))
+
+
+def shard_files(directory) -> list:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".distcp"))
+
+
+def test_an_async_save_writes_what_a_sync_save_writes(reference, stopped, tmp_path, corpus_prefix):
+    """--async-save at iteration STOP is written while training goes on
+    (the state changes under it): its shard files equal, byte for byte, the
+    synchronous save of the stopped run, and its last those of the reference."""
+    train(tmp_path, corpus_prefix, ["--async-save", "--save-interval", str(STOP)])
+    assert curve(read_metrics(tmp_path / "metrics.jsonl")) == curve(
+        read_metrics(reference / "metrics.jsonl")
+    )
+    for sync, iteration in ((stopped, STOP), (reference, ITERS)):
+        ours = tmp_path / "ckpt" / f"iter_{iteration:07d}"
+        theirs = sync / "ckpt" / f"iter_{iteration:07d}"
+        names = shard_files(theirs)
+        assert names and shard_files(ours) == names
+        _, differ, _ = filecmp.cmpfiles(ours, theirs, names, shallow=False)
+        assert not differ, f"iteration {iteration}: {differ}"
+        assert_same_state(
+            checkpoint_state(str(tmp_path / "ckpt"), iteration=iteration),
+            checkpoint_state(str(sync / "ckpt"), iteration=iteration),
+        )
+
+
+def test_a_save_killed_midway_leaves_the_last_one_loadable(reference, tmp_path, corpus_prefix):
+    """The whole job is SIGKILLed at a random moment of a save (one every
+    iteration): the tracker names a whole checkpoint, and the run resumed
+    from it continues the reference's curve to the last bit."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--save-interval", "1"]
+    job = subprocess.Popen(
+        torchrun_command(8, train_args(tmp_path, corpus_prefix, args)),
+        env=worker_env(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        staged = wait_for_a_save_in_progress(ckpt, job, after=2)
+        time.sleep(random.Random(STOP).uniform(0, 0.05))
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert staged, "no save was seen in progress"
+    entry = read_tracker(str(ckpt))
+    assert entry is not None and int(entry) >= 2
+    train(tmp_path, corpus_prefix, ["--load", str(ckpt)])
+    got = read_metrics(tmp_path / "metrics.jsonl")
+    assert (
+        curve(got[-(ITERS - int(entry)) :])
+        == curve(read_metrics(reference / "metrics.jsonl"))[int(entry) :]
+    )
+    assert_same_state(checkpoint_state(str(reference / "ckpt")), checkpoint_state(str(ckpt)))
+
+
+def wait_for_a_save_in_progress(ckpt, job, after: int) -> bool:
+    """Whether a save after iteration ``after`` was seen staged."""
+    deadline = time.monotonic() + 240
+    while job.poll() is None and time.monotonic() < deadline:
+        names = os.listdir(ckpt) if ckpt.exists() else []
+        partial = [n for n in names if n.endswith(".partial")]
+        if partial and int(partial[0][5:12]) > after:
+            return True
+        time.sleep(0.002)
+    return False

@@ -8,6 +8,7 @@ identical. Runs are shared between tests through module fixtures.
 """
 
 import os
+import re
 
 import pytest
 
@@ -21,6 +22,7 @@ from dist_utils import (
     read_metrics,
 )
 from deadpool_ext.events import read_events
+from megatron.training.checkpointing import read_tracker
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration
@@ -77,6 +79,22 @@ SCENARIOS = {
         ["stall:rank=1:iter=4:phase=forward", "kill:rank=2:iter=4:phase=forward"],
     ),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
+    # Saves every 2 iterations: rank 3's fails at 2 (a shard file), rank 0's at
+    # 6 (common.pt), with a recovery between; training goes on through both.
+    "disk-full": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["disk-full:rank=3:iter=2", "kill:rank=1:iter=5:phase=backward", "disk-full:rank=0:iter=6"],
+    ),
+    # A rank dies 30 ms into an asynchronous save: the survivors abandon it.
+    "save-kill": (SMALL, 2, 1, 2, ["kill:rank=2:iter=4:phase=save:delay=30"]),
+}
+# Flags beyond the layout, per scenario.
+EXTRA = {
+    "disk-full": ["--save-interval", "2"],
+    "save-kill": ["--save-interval", "2", "--async-save"],
 }
 
 
@@ -105,7 +123,9 @@ def references(tmp_path_factory, corpus):
 def recovered(request, tmp_path_factory, references):
     layout, nodes, spares, per_node, faults = SCENARIOS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
-    must_succeed(launch(tmp, layout, nodes, spares, per_node, faults))
+    result = launch(tmp, layout, nodes, spares, per_node, faults, EXTRA.get(request.param, ()))
+    (tmp / "output.log").write_text(result[0].stdout + result[0].stderr)
+    must_succeed(result)
     reference = references["pp" if layout is WITH_PP else "small"]
     return request.param, tmp, reference
 
@@ -130,7 +150,7 @@ def test_events_tell_the_recovery(recovered):
     kinds = [e["event"] for e in events]
     # One recovery per failure, except a failure during a recovery, which
     # that recovery absorbs (a stuck rank's kill among them).
-    faults = SCENARIOS[name][4]
+    faults = [f for f in SCENARIOS[name][4] if not f.startswith("disk-full")]
     during = sum("phase=recovery" in f or f.startswith("stall") for f in faults)
     assert kinds.count("recovered") == len(faults) - during
     assert kinds.count("failure_detected") >= len(faults)
@@ -153,6 +173,8 @@ def test_events_tell_the_recovery(recovered):
     # sending); at an iteration start the whole node waits for its exchanges.
     earliest = latest = None
     for e in sorted(events, key=lambda e: e["time"]):
+        if e["event"] == "fault_injected" and e["action"] == "disk-full":
+            continue
         if e["event"] == "fault_injected" and e["iteration"] is not None:
             latest = e["iteration"] - (2 if e["phase"] == "mirror" else 1)
             earliest = latest - (e["node"] is not None and e["phase"] == "backward")
@@ -168,6 +190,29 @@ def test_events_tell_the_recovery(recovered):
         assert detected[0]["ranks"] == [2] and detected[1]["ranks"] == [1]
         assert "stuck" in detected[1]["reason"]
         assert stuck[0]["time"] < detected[1]["time"]
+
+
+def test_saves_that_fail_or_die_stop_nothing(recovered):
+    """A save that cannot be written is reported on every rank, the tracker
+    keeps naming the checkpoint before, no half-written directory is left,
+    and training goes on (its curve and final state are checked above). A
+    save whose rank dies is redone after the recovery."""
+    name, tmp, _ = recovered
+    if name not in EXTRA:
+        pytest.skip("no interval saves in this scenario")
+    ckpt, log = tmp / "ckpt", (tmp / "output.log").read_text()
+    assert read_tracker(str(ckpt)) == "8"
+    saved = [f"iter_{i:07d}" for i in ((4, 8) if name == "disk-full" else (2, 4, 6, 8))]
+    assert sorted(os.listdir(ckpt)) == saved + ["latest_checkpointed_iteration.txt"]
+    if name == "disk-full":
+        for iteration, rank, before in ((2, 3, "none"), (6, 0, "iteration 4")):
+            said = re.findall(
+                rf"checkpoint of iteration {iteration} NOT saved \(rank {rank}: "
+                rf"[^;]*\); the latest checkpoint in \S+ stays "
+                rf"{before}; training goes on",
+                log,
+            )
+            assert len(said) == 4, log[-3000:]  # every rank
 
 
 @pytest.mark.parametrize(

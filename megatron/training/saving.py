@@ -1,0 +1,372 @@
+"""Writing a torch_dist checkpoint so that a failed write stops nothing,
+synchronously or in the background (--async-save).
+
+The pieces are megatron-core's (``save_preprocess``, the common strategy,
+the sharded strategy's ``async_save`` plan, its finalize step, ``save_config``),
+called one by one instead of through ``dist_checkpointing.save`` for one
+reason: there rank 0 writes ``common.pt`` and ``metadata.json`` between
+collectives, so a full disk on rank 0 leaves every other rank waiting in
+the next collective for ever. Here every local write is followed by an
+agreement (one all-gather of each rank's error), so all ranks learn of a
+failed write together, the staged directory is dropped, the previous
+checkpoint stays the one the tracker names, and training goes on.
+
+Only storage errors (``OSError``: disk full, quota, permissions, a file
+too large; torch.save reports them as a RuntimeError of its zip writer)
+make a save fail this way. An error of a collective is a
+peer's failure and goes up as it is; anything else is a bug.
+
+The shard files are written by threads of this process, not by the
+forked processes megatron-core's writer starts: a background write must
+not fork a process that holds communicator threads, and its results then
+stay in the process (see ``checkpointing.keep_write_results_in_process``).
+A background write works on a copy of the tensors taken when the save
+starts (megatron-core's staging copies device tensors to host memory and
+leaves host tensors as they are, which training would change under it);
+the copy is the memory an async save costs, one shard per rank.
+"""
+
+import dataclasses
+import os
+import queue
+import shutil
+import threading
+import time
+import traceback
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+from megatron.core.dist_checkpointing.serialization import get_default_save_common_strategy
+from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+from torch.distributed.checkpoint import CheckpointException
+
+from megatron.training import checkpointing
+from megatron.training.checkpointing import fsync_path, iteration_dir
+
+STAGING_SUFFIX = ".partial"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A finished save: its directory, or why it was not written."""
+
+    iteration: int
+    directory: str
+    errors: List[str]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def agree(error: Optional[BaseException]) -> List[str]:
+    """Collective: every rank's failure of the step just taken, empty when
+    all succeeded."""
+    mine = None if error is None else describe(error)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return [e for e in everyone if e]
+
+
+def describe(error: BaseException) -> Optional[str]:
+    """One line per failure. megatron-core's finalize raises the same
+    CheckpointException on every rank, with each rank's write error in the
+    coordinator's copy (empty in the others')."""
+    if isinstance(error, CheckpointException):
+        failures = [f"rank {rank}: {cause!r}" for rank, (cause, _) in error.failures.items()]
+        return "; ".join(failures) or None
+    return f"rank {dist.get_rank()}: {error!r}"
+
+
+def attempt(step, *args) -> Optional[Exception]:
+    """Runs a local storage step; its storage error, traceback printed."""
+    try:
+        step(*args)
+    except Exception as error:
+        if not is_storage_error(error):
+            raise
+        traceback.print_exc()
+        return error
+    return None
+
+
+def is_storage_error(error: Exception) -> bool:
+    """An OSError, or one that torch.save's zip writer turned into a
+    RuntimeError on its way out of C++ (its message names the writer)."""
+    text = str(error)
+    return isinstance(error, OSError) or (
+        isinstance(error, RuntimeError)
+        and ("PytorchStreamWriter" in text or "inline_container" in text)
+    )
+
+
+def on_rank_0(step, *args) -> None:
+    if dist.get_rank() == 0:
+        step(*args)
+
+
+def fsync_tree(directory: str) -> None:
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            fsync_path(path)
+    fsync_path(directory)
+
+
+def fresh_directory(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)  # a save cut off before
+    os.makedirs(path)
+
+
+def drop_stale_results() -> None:
+    """Results of a write whose save was abandoned (a recovery came first)
+    must not be read as the next save's."""
+    results = filesystem_async._results_queue
+    while results is not None and not results.empty():
+        results.get_nowait()
+
+
+# ----- the shard files -----
+def host_copies(buckets: list) -> list:
+    """Copies of every host tensor a write bucket holds (see the module's
+    docstring); device tensors were copied by megatron-core's staging."""
+    return [
+        (file_name, key, (data, [(item, t.clone() if t.is_cpu else t) for item, t in tensors]))
+        for file_name, key, (data, tensors) in buckets
+    ]
+
+
+def write_buckets(transforms: list, buckets: list, results: queue.Queue) -> None:
+    """What megatron-core's ``write_preloaded_data_multiproc`` does, with a
+    thread per file instead of a process: each file's write results, or the
+    first error, go to ``results`` for the finalize step."""
+    local: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+    threads = []
+    for index, bucket in enumerate(buckets):
+        done.put(index)
+        thread = threading.Thread(
+            target=FileSystemWriterAsync.write_preloaded_data,
+            args=(transforms, index, bucket, local, done, True),
+            daemon=True,
+        )
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    outcome: object = {}
+    while not local.empty():
+        index, written = local.get()
+        if isinstance(written, Exception):
+            outcome = written
+            break
+        outcome[index] = written
+    results.put(outcome)
+
+
+class Pending:
+    """A save whose shard files are being written (maybe in a thread)."""
+
+    def __init__(self, root, iteration, staging, request, backend, started, background):
+        self.root, self.iteration, self.staging = root, iteration, staging
+        self.request, self.backend, self.started = request, backend, started
+        self.error: Optional[BaseException] = None
+        self.thread = None
+        if request.async_fn is None:  # nothing for this rank to write
+            return
+        _, _, results = request.async_fn_args  # rank, buckets (staged below), results
+        transforms, _ = request.async_fn.args  # megatron-core's writer's own
+        buckets = request.preload_fn()
+        if background:
+            buckets = host_copies(buckets)
+            self.thread = threading.Thread(
+                target=self._write, args=(transforms, buckets, results), daemon=True
+            )
+            self.thread.start()
+        else:
+            self._write(transforms, buckets, results)
+
+    def _write(self, transforms, buckets, results) -> None:
+        try:
+            write_buckets(transforms, buckets, results)
+        except Exception as error:  # noqa: BLE001 — reported by finalize on every rank
+            traceback.print_exc()
+            self.error = error
+
+    @property
+    def written(self) -> bool:
+        return self.thread is None or not self.thread.is_alive()
+
+    def wait_written(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+
+
+# ----- one save, start to end -----
+def start(root: str, iteration: int, state_dict: dict, strategy, background: bool):
+    """Collective. Stages ``iter_N.partial``, writes common.pt and plans the
+    shard files, then writes them (in a thread when ``background``).
+    Returns a Pending save, or an Outcome when a write already failed."""
+    began = time.perf_counter()
+    drop_stale_results()
+    staging = iteration_dir(root, iteration) + STAGING_SUFFIX
+    sharded, common = save_preprocess(state_dict, validate_access_integrity=True)
+    common_strategy = get_default_save_common_strategy()
+
+    def stage_common():
+        fresh_directory(staging)
+        common_strategy.save_common(common, staging)
+
+    errors = agree(attempt(on_rank_0, stage_common))
+    if errors:
+        return failed(iteration, staging, errors, began)
+    request = strategy.async_save(sharded, staging)
+    backend = CheckpointingConfig(strategy.backend, strategy.version)
+    return Pending(root, iteration, staging, request, backend, began, background)
+
+
+def all_written(pending: Pending, blocking: bool) -> bool:
+    """Collective: whether every rank's files are written."""
+    if blocking:
+        pending.wait_written()
+        return True
+    flag = torch.tensor([int(pending.written)], dtype=torch.int32)
+    flag = flag.to(torch.cuda.current_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def finish(pending: Pending, publish) -> Outcome:
+    """Collective, once every rank's files are written: megatron-core's
+    finalize (rank 0 writes ``.metadata`` from all ranks' write results),
+    fsync, ``metadata.json``, then ``publish(staging, final)`` on rank 0."""
+    errors = finalize(pending)
+    if not errors:
+        errors = agree(attempt(fsync_tree, pending.staging))
+    if not errors:
+        errors = agree(
+            attempt(on_rank_0, finish_directory, pending.backend, pending.staging, publish)
+        )
+    if errors:
+        return failed(pending.iteration, pending.staging, errors, pending.started)
+    final = iteration_dir(pending.root, pending.iteration)
+    return Outcome(pending.iteration, final, [], time.perf_counter() - pending.started)
+
+
+def finish_directory(backend, staging, publish) -> None:
+    save_config(backend, staging)
+    fsync_path(os.path.join(staging, "metadata.json"))
+    publish(staging)
+
+
+def finalize(pending: Pending) -> List[str]:
+    """megatron-core's finalize: the coordinator (rank 0) gathers the write
+    results, writes ``.metadata`` when none failed and broadcasts whether
+    any did; every rank then raises the same CheckpointingException. A
+    storage error of rank 0's own ``.metadata`` write comes before that
+    broadcast, so rank 0 sends it in its place and the others are released."""
+    try:
+        for step in pending.request.finalize_fns:
+            step()
+    except CheckpointException as error:
+        return agree(error) or ["a shard file could not be written"]
+    except Exception as error:
+        if not is_storage_error(error):
+            raise
+        traceback.print_exc()
+        failure = torch.tensor([1], dtype=torch.int, device=torch.cuda.current_device())
+        dist.broadcast(failure, src=0)
+        return agree(error)
+    return agree(pending.error)
+
+
+def failed(iteration: int, staging: str, errors: List[str], began: float) -> Outcome:
+    on_rank_0(shutil.rmtree, staging, True)
+    return Outcome(iteration, staging, errors, time.perf_counter() - began)
+
+
+class Saves:
+    """The run's checkpoint saves, at most one in flight. With --async-save
+    the shard files are written in the background and the save ends (the
+    tracker names it) at the end of the first iteration after every rank's
+    files are written, as Megatron-LM finalizes its asynchronous saves.
+    Each method returns the outcome of a save that ended in it, if one did."""
+
+    def __init__(self, config, logger):
+        self.config, self.logger = config, logger
+        self.pending: Optional[Pending] = None
+
+    @property
+    def root(self) -> str:
+        return self.config.checkpoint.save
+
+    def save(self, progress, state) -> Optional[Outcome]:
+        """Collective. Starts a save of ``progress.iteration`` (none may be
+        in flight); without --async-save it also ends it."""
+        assert self.pending is None, "end the save in flight first (wait)"
+        background = bool(self.config.checkpoint.async_save)
+        state_dict = checkpointing.state_to_save(self.config, progress, state)
+        strategy = checkpointing.save_strategy(self.config)
+        begun = start(self.root, progress.iteration, state_dict, strategy, background)
+        if isinstance(begun, Outcome):
+            return self.report(begun)
+        self.pending = begun
+        if not background:
+            return self.wait()
+        self.logger.info(
+            "checkpoint of iteration %d is being written in the background "
+            "(training was held %.2f s)",
+            begun.iteration,
+            time.perf_counter() - begun.started,
+        )
+        return None
+
+    def poll(self) -> Optional[Outcome]:
+        """Collective. Ends the save in flight if every rank's files are written."""
+        if self.pending is not None and all_written(self.pending, blocking=False):
+            return self._end()
+        return None
+
+    def wait(self) -> Optional[Outcome]:
+        """Collective. Ends the save in flight, waiting for its files."""
+        if self.pending is None:
+            return None
+        all_written(self.pending, blocking=True)
+        return self._end()
+
+    def abandon(self) -> None:
+        """Local. A recovery replaced the groups the save would end on: its
+        files are left unnamed in the staging directory (the tracker still
+        names the previous checkpoint; a later save of that iteration
+        replaces them)."""
+        if self.pending is not None:
+            self.pending.wait_written()
+            self.pending = None
+
+    def _end(self) -> Outcome:
+        pending, self.pending = self.pending, None
+        final = iteration_dir(self.root, pending.iteration)
+        entry = str(pending.iteration)
+        return self.report(
+            finish(pending, lambda staging: checkpointing.publish(self.root, staging, final, entry))
+        )
+
+    def report(self, outcome: Outcome) -> Outcome:
+        if outcome.ok:
+            self.logger.info("saved checkpoint %s in %.2f s", outcome.directory, outcome.seconds)
+            return outcome
+        latest = checkpointing.read_tracker(self.root)
+        self.logger.warning(
+            "checkpoint of iteration %d NOT saved (%s); the latest checkpoint in %s stays %s; "
+            "training goes on",
+            outcome.iteration,
+            "; ".join(outcome.errors),
+            self.root,
+            f"iteration {latest}" if latest else "none",
+        )
+        return outcome
