@@ -12,8 +12,7 @@ failed write together, the staged directory is dropped, the previous
 checkpoint stays the one the tracker names, and training goes on.
 
 Only storage errors (``OSError``: disk full, quota, permissions, a file
-too large; torch.save reports them as a RuntimeError of its zip writer)
-make a save fail this way. An error of a collective is a
+too large) make a save fail this way. An error of a collective is a
 peer's failure and goes up as it is; anything else is a bug.
 
 The shard files are written by threads of this process, not by the
@@ -38,9 +37,9 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-from megatron.core.dist_checkpointing.serialization import get_default_save_common_strategy
 from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAME
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from torch.distributed.checkpoint import CheckpointException
 
@@ -83,26 +82,14 @@ def describe(error: BaseException) -> Optional[str]:
     return f"rank {dist.get_rank()}: {error!r}"
 
 
-def attempt(step, *args) -> Optional[Exception]:
+def attempt(step, *args) -> Optional[OSError]:
     """Runs a local storage step; its storage error, traceback printed."""
     try:
         step(*args)
-    except Exception as error:
-        if not is_storage_error(error):
-            raise
+    except OSError as error:
         traceback.print_exc()
         return error
     return None
-
-
-def is_storage_error(error: Exception) -> bool:
-    """An OSError, or one that torch.save's zip writer turned into a
-    RuntimeError on its way out of C++ (its message names the writer)."""
-    text = str(error)
-    return isinstance(error, OSError) or (
-        isinstance(error, RuntimeError)
-        and ("PytorchStreamWriter" in text or "inline_container" in text)
-    )
 
 
 def on_rank_0(step, *args) -> None:
@@ -121,6 +108,15 @@ def fsync_tree(directory: str) -> None:
 def fresh_directory(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)  # a save cut off before
     os.makedirs(path)
+
+
+def write_common(common: dict, directory: str) -> None:
+    """What megatron-core's common strategy writes (``torch.save`` of the
+    common state to common.pt), through a Python file: torch.save given a
+    path reports a storage error as a RuntimeError of its C++ writer, given
+    a file the OSError itself."""
+    with open(os.path.join(directory, COMMON_STATE_FNAME), "wb") as f:
+        torch.save(common, f)
 
 
 def drop_stale_results() -> None:
@@ -216,11 +212,10 @@ def start(root: str, iteration: int, state_dict: dict, strategy, background: boo
     drop_stale_results()
     staging = iteration_dir(root, iteration) + STAGING_SUFFIX
     sharded, common = save_preprocess(state_dict, validate_access_integrity=True)
-    common_strategy = get_default_save_common_strategy()
 
     def stage_common():
         fresh_directory(staging)
-        common_strategy.save_common(common, staging)
+        write_common(common, staging)
 
     errors = agree(attempt(on_rank_0, stage_common))
     if errors:
@@ -275,9 +270,7 @@ def finalize(pending: Pending) -> List[str]:
             step()
     except CheckpointException as error:
         return agree(error) or ["a shard file could not be written"]
-    except Exception as error:
-        if not is_storage_error(error):
-            raise
+    except OSError as error:
         traceback.print_exc()
         failure = torch.tensor([1], dtype=torch.int, device=torch.cuda.current_device())
         dist.broadcast(failure, src=0)
