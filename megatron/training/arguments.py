@@ -10,7 +10,7 @@ import os
 import typing
 from typing import Callable, Dict, List, Optional, Sequence
 
-from megatron.training.config import SECTIONS, Config
+from megatron.training.config import SECTIONS, TRACKER, Config
 
 
 class ConfigError(ValueError):
@@ -93,6 +93,7 @@ def parse_args(
     extra_sections = extra_sections or {}
     sections = {**SECTIONS, **extra_sections}
     namespace = build_parser(sections).parse_args(argv)
+    take_checkpoint_args(namespace)
     _check_required(sections, namespace)
     parsed = {name: _section_from_namespace(cls, namespace) for name, cls in sections.items()}
     if world_size is None:
@@ -107,6 +108,63 @@ def parse_args(
     for check in extra_validators:
         check(config)
     return config
+
+
+# --use-checkpoint-args, as Megatron-LM: (flag's dest, forced). A forced
+# value replaces the command line's; the others fill only flags left unset.
+# Megatron-LM's names this build has no flag for are not taken.
+CHECKPOINT_ARGS = (
+    ("num_layers", False),
+    ("hidden_size", False),
+    ("ffn_hidden_size", False),
+    ("seq_length", False),
+    ("num_attention_heads", False),
+    ("num_query_groups", True),
+    ("group_query_attention", True),
+    ("kv_channels", False),
+    ("max_position_embeddings", False),
+    ("position_embedding_type", True),
+    ("rotary_base", True),
+    ("disable_bias_linear", True),
+    ("swiglu", True),
+    ("untie_embeddings_and_output_weights", True),
+    ("normalization", True),
+    ("attention_dropout", True),
+    ("hidden_dropout", True),
+)
+TOKENIZER_ARGS = (("tokenizer_model", True), ("tokenizer_type", True))
+LAYOUT_ARGS = (("tensor_model_parallel_size", True), ("pipeline_model_parallel_size", True))
+
+
+def take_checkpoint_args(namespace: argparse.Namespace) -> None:
+    """--use-checkpoint-args: the model's flags from the checkpoint in --load
+    (the command line's where it holds none, as Megatron-LM)."""
+    if not namespace.use_checkpoint_args:
+        return
+    # Reading a checkpoint needs torch and megatron-core; parsing alone does not.
+    from megatron.training.checkpointing import saved_args
+
+    saved = saved_args(namespace.load) if namespace.load else None
+    if saved is None:
+        _say(f"--use-checkpoint-args: no checkpoint in --load {namespace.load}; using the flags")
+        return
+    if hasattr(saved, "add_bias_linear"):  # Megatron-LM's dest for --disable-bias-linear
+        saved.disable_bias_linear = not saved.add_bias_linear
+    table = CHECKPOINT_ARGS
+    table += TOKENIZER_ARGS if namespace.use_tokenizer_model_from_checkpoint_args else ()
+    table += LAYOUT_ARGS if namespace.use_mp_args_from_checkpoint_args else ()
+    taken = []
+    for name, forced in table:
+        value = getattr(saved, name, None)
+        if value is not None and (forced or getattr(namespace, name) is None):
+            setattr(namespace, name, value)
+            taken.append(f"{name}={value}")
+    _say(f"--use-checkpoint-args: from {namespace.load}: " + ", ".join(taken))
+
+
+def _say(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(line, flush=True)
 
 
 def fill_defaults(config: Config) -> None:
@@ -352,6 +410,13 @@ def _check_checkpoint(config: Config) -> None:
         not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
     )
     _require(not c.async_save or c.save, "--async-save needs --save DIR")
+    _require(not c.use_checkpoint_args or c.load, "--use-checkpoint-args needs --load DIR")
+    _require(
+        c.pretrained_checkpoint is None
+        or os.path.exists(os.path.join(c.pretrained_checkpoint, TRACKER)),
+        f"--pretrained-checkpoint {c.pretrained_checkpoint} holds no checkpoint (no {TRACKER} "
+        "in it): name the directory given to --save when it was written",
+    )
     _require(
         c.save is None or _can_create(c.save),
         f"--save {c.save} cannot be written (a file stands in its path, or a directory "

@@ -59,11 +59,10 @@ from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serializa
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from megatron.training.config import SECTIONS, Config
+from megatron.training.config import SECTIONS, TRACKER, Config
 from megatron.training.optimizer_layout import init_adam_state, restore_adam_steps
 from megatron.training.rank_state import load_scheduler
 
-TRACKER = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 3.0
 # Megatron-LM's top-level keys that are no model, optimizer or RNG state.
 COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
@@ -425,6 +424,12 @@ def read_whole(root: str, iteration: Optional[int] = None) -> Dict[str, object]:
     common.pop("args")
     state = {k: v.getvalue() if isinstance(v, io.BytesIO) else v for k, v in state.items()}
     return {"common": common, **state}
+
+
+def saved_args(root: str) -> Optional[argparse.Namespace]:
+    """The ``args`` of the checkpoint the tracker in ``root`` names; None
+    when there is none."""
+    return None if read_tracker(root) is None else read_args(root)
 
 
 def read_args(root: str, iteration: Optional[int] = None) -> argparse.Namespace:

@@ -11,6 +11,9 @@ A field marked ``required`` must be given; ``choices`` limit the values;
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
+# The file in a checkpoint directory that names its latest save (Megatron-LM's).
+TRACKER = "latest_checkpointed_iteration.txt"
+
 
 def arg(default=None, help="", **meta):
     """A config field with its flag's help text and options in metadata."""
@@ -190,10 +193,28 @@ class CheckpointConfig:
         help="Checkpoint format: torch_dist (megatron-core dist_checkpointing).",
         choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
     )
-    async_save: Optional[bool] = arg(
+    async_save: bool = arg(
+        False,
         help="Write the checkpoint's files in the background while training goes on; "
         "the save ends (the tracker names it) at the first iteration's end after "
-        "every rank's files are written. torch_dist only."
+        "every rank's files are written. torch_dist only.",
+    )
+    pretrained_checkpoint: Optional[str] = arg(
+        help="Directory to fine-tune from when --load holds no checkpoint (as --finetune)."
+    )
+    use_checkpoint_args: bool = arg(
+        False,
+        help="Take the model's shape (and the flags Megatron-LM takes) from the "
+        "checkpoint in --load.",
+    )
+    use_mp_args_from_checkpoint_args: bool = arg(
+        False, help="With --use-checkpoint-args, take TP and PP sizes from the checkpoint too."
+    )
+    use_tokenizer_model_from_checkpoint_args: bool = arg(
+        True,
+        flag="--no-use-tokenizer-model-from-checkpoint-args",
+        help="With --use-checkpoint-args, do not take the tokenizer type and model "
+        "from the checkpoint.",
     )
     # Megatron-LM's default for these store_true flags is None, not False.
     no_save_optim: Optional[bool] = arg(help="Do not save the optimizer and scheduler state.")

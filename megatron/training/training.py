@@ -208,23 +208,33 @@ class Trainer:
     # ----- checkpoints -----
     def load(self) -> None:
         c = self.config.checkpoint
-        if not c.load:
-            return
         start = time.perf_counter()
-        loaded = checkpointing.load_checkpoint(c.load, self.config, self.state)
+        source = c.load
+        loaded = checkpointing.load_checkpoint(c.load, self.config, self.state) if c.load else None
+        if loaded is None and c.pretrained_checkpoint:
+            # As Megatron-LM: fine-tune from it when --load holds nothing yet.
+            self.logger.info(
+                "no checkpoint in --load %s: fine-tuning from --pretrained-checkpoint %s",
+                c.load,
+                c.pretrained_checkpoint,
+            )
+            c.finetune = True
+            source = c.pretrained_checkpoint
+            loaded = checkpointing.load_checkpoint(source, self.config, self.state)
         if loaded is None:
             if c.exit_on_missing_checkpoint:
                 raise SystemExit(
                     f"no checkpoint in --load {c.load} and --exit-on-missing-checkpoint is set"
                 )
-            self.logger.info("no checkpoint in %s: starting from scratch", c.load)
+            if c.load:
+                self.logger.info("no checkpoint in %s: starting from scratch", c.load)
             return
         self.progress.iteration = loaded.iteration
         self.progress.consumed_samples = loaded.consumed_samples
         self.progress.floating_point_operations = loaded.floating_point_operations
         self.logger.info(
             "resumed from %s at iteration %d (loaded in %.2f s)",
-            c.load,
+            source,
             self.progress.iteration,
             time.perf_counter() - start,
         )

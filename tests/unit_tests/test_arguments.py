@@ -232,6 +232,7 @@ SPECIAL = {
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
     "async_save": ([], True, ["--save", "ckpt"], (), 1),
     "exit_on_missing_checkpoint": ([], True, ["--load", "ckpt"], (), 1),
+    "use_checkpoint_args": ([], True, ["--load", "no-checkpoint-here"], (), 1),
 }
 # Accepted by the parser, then refused with a message naming the flag.
 UNSUPPORTED = {
@@ -261,7 +262,7 @@ def _generic_case(f):
 
 
 @pytest.mark.parametrize("section, f", ALL_FIELDS, ids=[f.name for _, f in ALL_FIELDS])
-def test_every_flag_is_accepted(section, f, tiny_prefix):
+def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
     flag = flag_name(f)
     name = f.name.replace("_", "-")
     # Megatron's names; Megatron turns a default of True off with --no-NAME.
@@ -282,6 +283,9 @@ def test_every_flag_is_accepted(section, f, tiny_prefix):
             ("--mock-data",),
             1,
         )
+    elif f.name == "pretrained_checkpoint":
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+        values, expected, companion, drop, world = [str(tmp_path)], str(tmp_path), [], (), 1
     elif f.name in SPECIAL:
         values, expected, companion, drop, world = SPECIAL[f.name]
     else:

@@ -153,3 +153,49 @@ def test_a_background_write_keeps_the_state_its_save_began_with():
     shard.add_(1)  # the next optimizer step
     assert copied[0][2][1][0][1].sum() == 0
     assert staged[0][2][1][0][1].sum() == 4  # the staging alone would write this
+
+
+def megatron_lm_checkpoint(root, **args):
+    """A directory with only what --use-checkpoint-args reads: the tracker
+    and common.pt's ``args``, with Megatron-LM's names."""
+    import torch
+
+    folder = root / "iter_0000004"
+    folder.mkdir(parents=True)
+    torch.save({"args": argparse.Namespace(**args), "iteration": 4}, folder / "common.pt")
+    (root / ckpt.TRACKER).write_text("4")
+    return str(root)
+
+
+def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(tmp_path):
+    load = megatron_lm_checkpoint(
+        tmp_path,
+        num_layers=3,
+        hidden_size=48,
+        num_attention_heads=4,
+        seq_length=32,
+        add_bias_linear=False,  # Megatron-LM's dest of --disable-bias-linear
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=2,
+    )
+    base = ["--micro-batch-size", "1", "--train-iters", "4", "--lr", "1e-3", "--mock-data"]
+    # Forced flags replace the command line's, the others only fill what it left unset.
+    cfg = parse_args(
+        base + ["--use-checkpoint-args", "--load", load, "--seq-length", "64"], world_size=1
+    )
+    m = cfg.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (3, 48, 4)
+    assert m.seq_length == 64 and m.hidden_dropout == 0.0 and m.disable_bias_linear
+    assert cfg.parallel.tensor_model_parallel_size == 1  # only with the mp flag
+    with pytest.raises(Exception, match="missing required flags: --num-layers"):
+        parse_args(base + ["--load", load], world_size=1)  # the control: not asked
+    cfg = parse_args(
+        base + ["--use-checkpoint-args", "--use-mp-args-from-checkpoint-args", "--load", load],
+        world_size=2,
+    )
+    assert cfg.parallel.tensor_model_parallel_size == 2
+
+
+def test_a_pretrained_checkpoint_must_exist(tmp_path):
+    with pytest.raises(Exception, match="--pretrained-checkpoint .* holds no checkpoint"):
+        config("--pretrained-checkpoint", str(tmp_path))

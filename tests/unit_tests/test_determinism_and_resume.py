@@ -201,3 +201,18 @@ def wait_for_a_save_in_progress(ckpt, job, after: int) -> bool:
             return True
         time.sleep(0.002)
     return False
+
+
+def test_a_pretrained_checkpoint_starts_a_fine_tuning(reference, tmp_path, corpus_prefix):
+    """--pretrained-checkpoint while --load holds nothing: the reference's
+    last weights, from iteration 0 with a fresh optimizer (as --finetune)."""
+    ckpt = str(tmp_path / "ckpt")
+    extra = ["--pretrained-checkpoint", str(reference / "ckpt"), "--load", ckpt]
+    train(tmp_path, corpus_prefix, extra + ["--train-iters", "3"])
+    tuned = read_metrics(tmp_path / "metrics.jsonl")
+    scratch = read_metrics(reference / "metrics.jsonl")
+    assert [m["iteration"] for m in tuned] == [1, 2, 3]
+    # The first batch is the reference's first: a trained model does better on it.
+    assert tuned[0]["lm_loss"] < scratch[ITERS - 1]["lm_loss"] < scratch[0]["lm_loss"]
+    args = saved_args(ckpt)
+    assert args.finetune and args.iteration == 3
