@@ -1,11 +1,14 @@
 """What a torch_dist checkpoint costs: bytes per save against one copy of
-the model and optimizer state, and save and load times, at several layouts
-of the same 8 ranks.
+the model and optimizer state, save and load times, and how long an
+--async-save holds training, at several layouts of the same 8 ranks and on
+the large mirror configuration.
 
     python -m tools.bench_checkpoint [--output FILE]
 
-Workload: the `make demo` model and flags (distributed optimizer), 2
-iterations with a save after each, then a run that loads the last one.
+Workloads: the `make demo` model and flags (distributed optimizer) at three
+layouts of 8 ranks, and bench_mirror's large configuration (2 ranks, DP2,
+19M parameters); 2 iterations with a save after each, the same with
+--async-save, then a run that loads the last save.
 Per layout it reports the bytes of the saved iteration's directory, the
 bytes of one copy of its state (every tensor once: the model's weights and
 the optimizer's fp32 parameters and Adam moments, read back whole), their
@@ -13,7 +16,9 @@ ratio, and what the per-rank format this replaced wrote (every data-parallel
 rank saved its stage's whole model: DP copies of the weights, computed from
 the same tensors). Save and load times are each rank's own (log lines), the
 slowest rank's reported; the second save is the steady one (the first one
-starts dist_checkpointing's writer machinery).
+starts dist_checkpointing's writer machinery). An async save's blocking
+time is what its rank logs as "training was held" (planning the save,
+common.pt, and the copy of the shards it writes from).
 """
 
 import argparse
@@ -27,14 +32,26 @@ from typing import Dict, List
 
 from megatron.training.checkpointing import read_args, read_whole
 from tools.bench_common import ENV, REPO, demo_args, strip_outputs, torchrun_command
+from tools.bench_mirror import LARGE
 
-LAYOUTS = {
-    "TP2 PP2 DP2": ("2", "2"),
-    "TP1 PP2 DP4": ("1", "2"),
-    "TP1 PP1 DP8": ("1", "1"),
+
+def demo_at(tp: str, pp: str) -> List[str]:
+    return with_layout(strip_outputs(demo_args()), tp, pp)
+
+
+# name: (ranks, flags)
+CASES = {
+    "demo TP2 PP2 DP2": (8, lambda: demo_at("2", "2")),
+    "demo TP1 PP2 DP4": (8, lambda: demo_at("1", "2")),
+    "demo TP1 PP1 DP8": (8, lambda: demo_at("1", "1")),
+    "large DP2": (2, lambda: list(LARGE)),
 }
 SAVED = re.compile(r"saved checkpoint \S+iter_(\d+) in ([\d.]+) s")
 LOADED = re.compile(r"resumed from \S+ at iteration \d+ \(loaded in ([\d.]+) s\)")
+HELD = re.compile(
+    r"checkpoint of iteration (\d+) is being written in the background "
+    r"\(training was held ([\d.]+) s\)"
+)
 
 
 def with_layout(args: List[str], tp: str, pp: str) -> List[str]:
@@ -44,14 +61,22 @@ def with_layout(args: List[str], tp: str, pp: str) -> List[str]:
     return out
 
 
-def pretrain(args: List[str], workdir: str) -> str:
-    """One 8-rank torchrun of pretrain_gpt.py; its whole output."""
+def pretrain(ranks: int, args: List[str], workdir: str) -> str:
+    """One torchrun of pretrain_gpt.py; its whole output."""
     metrics = ["--eval-iters", "0", "--metrics-file", os.path.join(workdir, "metrics.jsonl")]
-    command = torchrun_command(8, args + metrics)
+    command = torchrun_command(ranks, args + metrics)
     proc = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout + proc.stderr
+
+
+def per_iteration(pattern: re.Pattern, output: str) -> Dict[int, float]:
+    """The slowest rank's seconds per iteration."""
+    seconds: Dict[int, float] = {}
+    for iteration, value in pattern.findall(output):
+        seconds[int(iteration)] = max(seconds.get(int(iteration), 0.0), float(value))
+    return seconds
 
 
 def directory_bytes(path: str) -> int:
@@ -71,27 +96,29 @@ def state_bytes(state: Dict[str, object]) -> Dict[str, int]:
     return {"model": model, "optimizer": optimizer}
 
 
-def one_layout(name: str, tp: str, pp: str, workdir: str) -> dict:
-    ckpt = os.path.join(workdir, "ckpt")
-    # Two iterations of the demo's 60-iteration schedule.
-    base = with_layout(strip_outputs(demo_args()), tp, pp)
-    base += ["--train-iters", "2", "--lr-decay-iters", "60"]
-    saved = pretrain(base + ["--save", ckpt, "--save-interval", "1"], workdir)
-    loaded = pretrain(base + ["--load", ckpt], workdir)
-    saves = {}
-    for iteration, seconds in SAVED.findall(saved):
-        saves.setdefault(int(iteration), []).append(float(seconds))
+def one_case(name: str, ranks: int, flags: List[str], workdir: str) -> dict:
+    ckpt, async_ckpt = os.path.join(workdir, "ckpt"), os.path.join(workdir, "async")
+    # Two iterations of a 60-iteration schedule.
+    base = flags + ["--train-iters", "2", "--lr-decay-iters", "60"]
+    every = ["--save-interval", "1", "--save"]
+    saves = per_iteration(SAVED, pretrain(ranks, base + every + [ckpt], workdir))
+    background = pretrain(ranks, base + every + [async_ckpt, "--async-save"], workdir)
+    held, async_saves = per_iteration(HELD, background), per_iteration(SAVED, background)
+    loaded = pretrain(ranks, base + ["--load", ckpt], workdir)
     copy = state_bytes(read_whole(ckpt))
     dp = read_args(ckpt).data_parallel_size
     on_disk = directory_bytes(os.path.join(ckpt, "iter_0000002"))
     return {
-        "layout": name,
+        "case": name,
         "bytes_on_disk": on_disk,
+        "async_bytes_on_disk": directory_bytes(os.path.join(async_ckpt, "iter_0000002")),
         "one_copy_bytes": copy["model"] + copy["optimizer"],
         "ratio_to_one_copy": on_disk / (copy["model"] + copy["optimizer"]),
         "per_rank_format_bytes": dp * copy["model"] + copy["optimizer"],
-        "first_save_s": max(saves[1]),
-        "save_s": max(saves[2]),
+        "first_save_s": saves[1],
+        "save_s": saves[2],
+        "async_held_s": held[2],
+        "async_save_s": async_saves[2],
         "load_s": max(float(s) for s in LOADED.findall(loaded)),
     }
 
@@ -102,17 +129,18 @@ def main(argv=None) -> int:
     opts = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (tp, pp) in LAYOUTS.items():
+        for name, (ranks, flags) in CASES.items():
             workdir = os.path.join(tmp, name.replace(" ", "_"))
             os.makedirs(workdir)
-            results.append(one_layout(name, tp, pp, workdir))
+            results.append(one_case(name, ranks, flags(), workdir))
             r = results[-1]
             print(
                 f"{name}: {r['bytes_on_disk'] / 2**20:.2f} MiB on disk, one copy "
                 f"{r['one_copy_bytes'] / 2**20:.2f} MiB (x{r['ratio_to_one_copy']:.3f}); "
                 f"the per-rank format: {r['per_rank_format_bytes'] / 2**20:.2f} MiB; "
                 f"save {r['save_s']:.2f} s (first {r['first_save_s']:.2f} s), "
-                f"load {r['load_s']:.2f} s",
+                f"async save holds training {r['async_held_s']:.2f} s "
+                f"(written in {r['async_save_s']:.2f} s), load {r['load_s']:.2f} s",
                 flush=True,
             )
     if opts.output:
