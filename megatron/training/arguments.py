@@ -142,7 +142,7 @@ def take_checkpoint_args(namespace: argparse.Namespace) -> None:
     if not namespace.use_checkpoint_args:
         return
     # Reading a checkpoint needs torch and megatron-core; parsing alone does not.
-    from megatron.training.checkpointing import saved_args
+    from megatron.training.legacy_checkpoint import saved_args
 
     saved = saved_args(namespace.load) if namespace.load else None
     if saved is None:
@@ -422,11 +422,19 @@ def _check_checkpoint(config: Config) -> None:
         f"--save {c.save} cannot be written (a file stands in its path, or a directory "
         "on it is not writable): choose another directory",
     )
+    # --load tells a checkpoint's format from its files (torch_dist, or Megatron-LM's
+    # legacy torch); --ckpt-format says what --save writes.
     _require(
-        c.ckpt_format == "torch_dist",
-        f"--ckpt-format {c.ckpt_format} cannot be written or read here yet (torch is "
-        "Megatron-LM's legacy per-rank files; torch_dcp and fsdp_dtensor belong to "
-        "FSDP): use --ckpt-format torch_dist (the default)",
+        c.ckpt_format != "torch" or (c.load and not c.save),
+        "--ckpt-format torch (Megatron-LM's legacy per-rank files) is read here, not "
+        "written: it goes with --load DIR and without --save. To save, drop --ckpt-format "
+        "torch: torch_dist (the default) is written, and --load reads a legacy checkpoint "
+        "whatever --ckpt-format says",
+    )
+    _require(
+        c.ckpt_format in ("torch", "torch_dist"),
+        f"--ckpt-format {c.ckpt_format} cannot be written or read here (torch_dcp and "
+        "fsdp_dtensor belong to FSDP): use --ckpt-format torch_dist (the default)",
     )
 
 

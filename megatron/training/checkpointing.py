@@ -319,6 +319,8 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
                 flush=True,
             )
     apply(loaded, state, load_optim, load_rng)
+    if not load_optim and (config.training.bf16 or config.training.fp16):
+        state.optimizer.reload_model_params()  # fp32 main parameters from the loaded weights
     if c.finetune or release:
         return Loaded(0, 0, 0.0)
     args = common["args"]

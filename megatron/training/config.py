@@ -190,7 +190,9 @@ class CheckpointConfig:
     )
     ckpt_format: str = arg(
         "torch_dist",
-        help="Checkpoint format: torch_dist (megatron-core dist_checkpointing).",
+        help="Checkpoint format --save writes: torch_dist (megatron-core "
+        "dist_checkpointing). --load reads torch_dist and Megatron-LM's legacy torch "
+        "format, told from the directory; torch goes with --load only.",
         choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
     )
     async_save: bool = arg(

@@ -22,7 +22,7 @@ from megatron.core.num_microbatches_calculator import (
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron.training import checkpointing, data, saving
+from megatron.training import data, legacy_checkpoint, saving
 from megatron.training.config import Config
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -210,7 +210,10 @@ class Trainer:
         c = self.config.checkpoint
         start = time.perf_counter()
         source = c.load
-        loaded = checkpointing.load_checkpoint(c.load, self.config, self.state) if c.load else None
+        # torch_dist, or Megatron-LM's legacy torch format (told from the directory)
+        loaded = (
+            legacy_checkpoint.load_checkpoint(c.load, self.config, self.state) if c.load else None
+        )
         if loaded is None and c.pretrained_checkpoint:
             # As Megatron-LM: fine-tune from it when --load holds nothing yet.
             self.logger.info(
@@ -220,7 +223,7 @@ class Trainer:
             )
             c.finetune = True
             source = c.pretrained_checkpoint
-            loaded = checkpointing.load_checkpoint(source, self.config, self.state)
+            loaded = legacy_checkpoint.load_checkpoint(source, self.config, self.state)
         if loaded is None:
             if c.exit_on_missing_checkpoint:
                 raise SystemExit(

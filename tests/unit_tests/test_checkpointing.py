@@ -155,21 +155,25 @@ def test_a_background_write_keeps_the_state_its_save_began_with():
     assert staged[0][2][1][0][1].sum() == 4  # the staging alone would write this
 
 
-def megatron_lm_checkpoint(root, **args):
+def megatron_lm_checkpoint(root, legacy, **args):
     """A directory with only what --use-checkpoint-args reads: the tracker
-    and common.pt's ``args``, with Megatron-LM's names."""
+    and the ``args`` (Megatron-LM's names) in common.pt, or in the first
+    rank's file of a legacy (--ckpt-format torch) checkpoint."""
     import torch
 
     folder = root / "iter_0000004"
-    folder.mkdir(parents=True)
-    torch.save({"args": argparse.Namespace(**args), "iteration": 4}, folder / "common.pt")
+    name = "mp_rank_00/model_optim_rng.pt" if legacy else "common.pt"
+    (folder / name).parent.mkdir(parents=True)
+    torch.save({"args": argparse.Namespace(**args), "iteration": 4}, folder / name)
     (root / ckpt.TRACKER).write_text("4")
     return str(root)
 
 
-def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["torch_dist", "torch"])
+def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(tmp_path, legacy):
     load = megatron_lm_checkpoint(
         tmp_path,
+        legacy,
         num_layers=3,
         hidden_size=48,
         num_attention_heads=4,

@@ -1,0 +1,120 @@
+"""The parts of loading Megatron-LM's legacy ``--ckpt-format torch``
+checkpoints that need no process group: telling the format from the
+directory, the checks made before any tensor is read, and the flag. Loading
+itself runs in real processes (test_megatron_lm_checkpoints.py)."""
+
+import argparse
+import os
+
+import pytest
+import torch
+
+from megatron.training import checkpointing, legacy_checkpoint
+from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.checkpointing import CheckpointError
+
+
+def config(*extra):
+    argv = [
+        *("--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"),
+        *("--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "4"),
+        *("--lr", "1e-3", "--mock-data", "--pipeline-model-parallel-size", "2"),
+        *extra,
+    ]
+    return parse_args(argv, world_size=4)
+
+
+def saved_args(**changes):
+    layout = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+    return argparse.Namespace(**{**layout, "use_distributed_optimizer": False, **changes})
+
+
+def legacy(root, *names):
+    folder = root / "iter_0000004"
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        torch.save({"args": saved_args()}, folder / name / legacy_checkpoint.MODEL_FILE)
+    (root / checkpointing.TRACKER).write_text("4")
+    return folder
+
+
+def test_the_format_is_told_from_the_directory(tmp_path):
+    folder = legacy(tmp_path / "legacy", "mp_rank_00_000", "mp_rank_00_001")
+    assert legacy_checkpoint.is_legacy(str(folder))
+    dist_ckpt = tmp_path / "dist" / "iter_0000004"
+    dist_ckpt.mkdir(parents=True)
+    (dist_ckpt / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    assert not legacy_checkpoint.is_legacy(str(dist_ckpt))
+    assert not legacy_checkpoint.is_legacy(str(tmp_path / "nothing"))
+    assert not legacy_checkpoint.is_legacy(str(tmp_path / "dist"))
+
+
+def test_load_checkpoint_loads_a_legacy_directory_and_hands_others_over(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(legacy_checkpoint, "load", lambda *a: seen.append(("legacy", a)))
+    monkeypatch.setattr(checkpointing, "load_checkpoint", lambda *a: seen.append(("dist", a)))
+    cfg = config()
+    folder = legacy(tmp_path, "mp_rank_00")
+    legacy_checkpoint.load_checkpoint(str(tmp_path), cfg, "state")
+    (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')  # torch_dist
+    legacy_checkpoint.load_checkpoint(str(tmp_path), cfg, "state")
+    legacy_checkpoint.load_checkpoint(str(tmp_path / "nothing"), cfg, "state")
+    assert seen == [
+        ("legacy", (str(folder), False, cfg, "state")),
+        ("dist", (str(tmp_path), cfg, "state")),
+        ("dist", (str(tmp_path / "nothing"), cfg, "state")),
+    ]
+
+
+def test_the_saved_layout_is_read_from_the_first_position(tmp_path):
+    folder = legacy(tmp_path, "mp_rank_00_000")
+    saved = legacy_checkpoint.saved_state_of_rank_0(str(folder))
+    assert saved["args"].pipeline_model_parallel_size == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError) as error:
+        legacy_checkpoint.saved_state_of_rank_0(str(empty))
+    for name in ("mp_rank_00", "mp_rank_00_000"):
+        assert os.path.join(str(empty), name, "model_optim_rng.pt") in str(error.value)
+
+
+def test_another_tp_or_pp_is_refused_with_what_to_do():
+    legacy_checkpoint.check_layout(saved_args(), config(), "d")
+    with pytest.raises(CheckpointError) as error:
+        legacy_checkpoint.check_layout(
+            saved_args(), config("--tensor-model-parallel-size", "2"), "d"
+        )
+    message = str(error.value)
+    assert "saved at TP 1 and PP 2; this run is at TP 2 and PP 2" in message
+    assert "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2" in message
+    assert "tools/checkpoint" in message and "save it as torch_dist" in message
+    with pytest.raises(CheckpointError, match="virtual_pipeline_model_parallel_size 2"):
+        legacy_checkpoint.check_layout(
+            saved_args(virtual_pipeline_model_parallel_size=2), config(), "d"
+        )
+
+
+def test_an_optimizer_of_the_other_kind_is_refused():
+    legacy_checkpoint.check_optimizer(saved_args(), config(), "d")
+    with pytest.raises(CheckpointError, match="saved without --use-distributed-optimizer"):
+        legacy_checkpoint.check_optimizer(saved_args(), config("--use-distributed-optimizer"), "d")
+
+
+def test_an_unreadable_file_is_named(tmp_path):
+    bad = tmp_path / "model_optim_rng.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"{bad} cannot be read"):
+        legacy_checkpoint.read(str(bad))
+
+
+def test_ckpt_format_torch_is_for_loading_only(tmp_path):
+    load = ["--load", str(tmp_path / "ckpt")]
+    assert config("--ckpt-format", "torch", *load).checkpoint.ckpt_format == "torch"
+    for extra in (["--save", str(tmp_path / "out")], []):
+        with pytest.raises(ConfigError) as error:
+            config("--ckpt-format", "torch", *(load if extra else []), *extra)
+        message = str(error.value)
+        assert "goes with --load DIR and without --save" in message
+        assert "drop --ckpt-format torch" in message
+    with pytest.raises(ConfigError, match="--ckpt-format torch_dcp cannot be written or read"):
+        config("--ckpt-format", "torch_dcp")
