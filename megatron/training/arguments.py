@@ -410,6 +410,24 @@ def _check_checkpoint(config: Config) -> None:
         not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
     )
     _require(not c.async_save or c.save, "--async-save needs --save DIR")
+    _require(
+        c.non_persistent_save_interval is None or c.non_persistent_save_interval > 0,
+        "--non-persistent-save-interval must be positive",
+    )
+    _require(
+        c.non_persistent_save_interval is None or c.save,
+        "--non-persistent-save-interval needs --save DIR",
+    )
+    _require(
+        c.non_persistent_save_interval is None or c.non_persistent_ckpt_type == "global",
+        "--non-persistent-save-interval needs --non-persistent-ckpt-type global",
+    )
+    _require(
+        c.non_persistent_ckpt_type in (None, "global"),
+        f"--non-persistent-ckpt-type {c.non_persistent_ckpt_type} is not available here "
+        "(local and in_memory need nvidia-resiliency-ext's local checkpoint manager, which "
+        "DeadPool's in-memory buddy mirror replaces): use global",
+    )
     _require(not c.use_checkpoint_args or c.load, "--use-checkpoint-args needs --load DIR")
     _require(
         c.pretrained_checkpoint is None

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import io
 import os
+import pickle
 import queue
 import tempfile
 import random
@@ -57,6 +58,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 from megatron.core.dist_checkpointing.serialization import _CONTENT_METADATA_KEY as CONTENT_METADATA
 from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
 from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from megatron.training.config import SECTIONS, TRACKER, Config
@@ -64,6 +66,7 @@ from megatron.training.optimizer_layout import init_adam_state, restore_adam_ste
 from megatron.training.rank_state import load_scheduler
 
 CHECKPOINT_VERSION = 3.0
+NON_PERSISTENT = "non_persistent"  # Megatron-LM's subdirectory of --save for them
 # Megatron-LM's top-level keys that are no model, optimizer or RNG state.
 COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
 # What must agree between a checkpoint and the run that loads it.
@@ -98,6 +101,31 @@ def read_tracker(root: str) -> Optional[str]:
     if entry != "release" and not entry.isdigit():
         raise CheckpointError(f"{path} holds {entry!r}, neither an iteration number nor 'release'")
     return entry
+
+
+def tracked_iteration(root: Optional[str]) -> Optional[int]:
+    """The iteration the tracker in ``root`` names (a release counts as 0)."""
+    entry = None if root is None else read_tracker(root)
+    return None if entry is None else 0 if entry == "release" else int(entry)
+
+
+def non_persistent_dir(c, root: Optional[str]) -> Optional[str]:
+    """Where global non-persistent checkpoints of ``root`` (--save or --load) go."""
+    if c.non_persistent_global_ckpt_dir or root is None:
+        return c.non_persistent_global_ckpt_dir
+    return os.path.join(root, NON_PERSISTENT)
+
+
+def root_to_load(c) -> Optional[str]:
+    """--load, or its non-persistent checkpoints when they are as new or newer
+    (as Megatron-LM, with --non-persistent-ckpt-type global)."""
+    if c.non_persistent_ckpt_type != "global":
+        return c.load
+    candidate = non_persistent_dir(c, c.load)
+    newest = tracked_iteration(candidate)
+    if newest is not None and newest >= (tracked_iteration(c.load) or -1):
+        return candidate
+    return c.load
 
 
 def checkpoint_dir(root: str, entry: str) -> str:
@@ -293,6 +321,7 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
             f"{directory} (named by {os.path.join(root, TRACKER)}) is no complete torch_dist "
             "checkpoint: its metadata.json is missing"
         )
+    check_whole(directory)
     common = dist_checkpointing.load_common_state_dict(directory)
     c, release = config.checkpoint, entry == "release"
     load_optim = loads_optimizer(config, release)
@@ -329,6 +358,37 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
         consumed_samples=int(getattr(args, "consumed_train_samples", 0)),
         floating_point_operations=float(common.get("num_floating_point_operations_so_far", 0)),
     )
+
+
+def check_whole(directory: str) -> None:
+    """Every shard file the index ``.metadata`` names is there and ends
+    where its last item ends: a file cut short, missing, or put in from
+    another save is named before anything is read."""
+    try:
+        index = FileSystemReader(directory).read_metadata()
+    except (OSError, EOFError, pickle.UnpicklingError) as error:
+        raise CheckpointError(f"{directory}/.metadata cannot be read: {error!r}") from error
+    ends: Dict[str, int] = {}
+    for item in index.storage_data.values():
+        end = item.offset + item.length
+        ends[item.relative_path] = max(ends.get(item.relative_path, 0), end)
+    wrong = []
+    for name, end in sorted(ends.items()):
+        path = os.path.join(directory, name)
+        size = os.path.getsize(path) if os.path.exists(path) else None
+        if size != end:
+            wrong.append(
+                f"{name} ({'missing' if size is None else f'{size} bytes'}, the index says {end})"
+            )
+    if not os.path.exists(os.path.join(directory, "common.pt")):
+        wrong.append("common.pt (missing)")
+    if wrong:
+        raise CheckpointError(
+            f"{directory} is not one whole save: "
+            + "; ".join(wrong)
+            + ". Load an older iteration (write its number into "
+            f"{TRACKER}) or save again"
+        )
 
 
 def load_strategy(config: Config, directory: str):

@@ -182,8 +182,9 @@ class CheckpointConfig:
     save: Optional[str] = arg(help="Directory to save checkpoints in.")
     load: Optional[str] = arg(help="Directory to resume from.")
     save_interval: Optional[int] = arg(help="Iterations between checkpoints.")
-    no_load_optim: bool = arg(False, help="Do not load optimizer state.")
-    no_load_rng: bool = arg(False, help="Do not load RNG states.")
+    # Megatron-LM's default for these store_true flags is None, not False.
+    no_load_optim: Optional[bool] = arg(help="Do not load optimizer state.")
+    no_load_rng: Optional[bool] = arg(help="Do not load RNG states.")
     finetune: bool = arg(False, help="Load weights only; start at iteration 0.")
     exit_on_missing_checkpoint: bool = arg(
         False, help="Exit if --load has no checkpoint instead of starting fresh."
@@ -194,6 +195,19 @@ class CheckpointConfig:
         "dist_checkpointing). --load reads torch_dist and Megatron-LM's legacy torch "
         "format, told from the directory; torch goes with --load only.",
         choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
+    )
+    non_persistent_save_interval: Optional[int] = arg(
+        help="Iterations between non-persistent checkpoints: only the latest is kept "
+        "(--non-persistent-ckpt-type global), and --load takes it when it is newer "
+        "than the latest --save checkpoint."
+    )
+    non_persistent_ckpt_type: Optional[str] = arg(
+        help="Where non-persistent checkpoints go: global (a torch_dist checkpoint in "
+        "--non-persistent-global-ckpt-dir).",
+        choices=["global", "local", "in_memory"],
+    )
+    non_persistent_global_ckpt_dir: Optional[str] = arg(
+        help="Directory of global non-persistent checkpoints (default: SAVE/non_persistent)."
     )
     async_save: bool = arg(
         False,

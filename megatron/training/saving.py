@@ -119,6 +119,18 @@ def write_common(common: dict, directory: str) -> None:
         torch.save(common, f)
 
 
+def remove_all_but_the_latest(root: str) -> None:
+    """Every save in ``root`` but the one its tracker names (a stale staged
+    save included)."""
+    if not os.path.isdir(root):
+        return
+    entry = checkpointing.read_tracker(root)
+    latest = None if entry is None else os.path.basename(checkpointing.checkpoint_dir(root, entry))
+    for name in os.listdir(root):
+        if name.startswith("iter_") and name != latest:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
 def drop_stale_results() -> None:
     """Results of a write whose save was abandoned (a recovery came first)
     must not be read as the next save's."""
@@ -294,18 +306,18 @@ class Saves:
         self.config, self.logger = config, logger
         self.pending: Optional[Pending] = None
 
-    @property
-    def root(self) -> str:
-        return self.config.checkpoint.save
-
-    def save(self, progress, state) -> Optional[Outcome]:
-        """Collective. Starts a save of ``progress.iteration`` (none may be
-        in flight); without --async-save it also ends it."""
+    def save(self, progress, state, root: str, keep_only_latest: bool = False):
+        """Collective. Starts a save of ``progress.iteration`` into ``root``
+        (none may be in flight); without --async-save it also ends it.
+        ``keep_only_latest`` first removes all but the latest save in
+        ``root`` (non-persistent checkpoints, as Megatron-LM)."""
         assert self.pending is None, "end the save in flight first (wait)"
+        if keep_only_latest:
+            on_rank_0(remove_all_but_the_latest, root)
         background = bool(self.config.checkpoint.async_save)
         state_dict = checkpointing.state_to_save(self.config, progress, state)
         strategy = checkpointing.save_strategy(self.config)
-        begun = start(self.root, progress.iteration, state_dict, strategy, background)
+        begun = start(root, progress.iteration, state_dict, strategy, background)
         if isinstance(begun, Outcome):
             return self.report(begun)
         self.pending = begun
@@ -343,23 +355,24 @@ class Saves:
 
     def _end(self) -> Outcome:
         pending, self.pending = self.pending, None
-        final = iteration_dir(self.root, pending.iteration)
+        root, final = pending.root, iteration_dir(pending.root, pending.iteration)
         entry = str(pending.iteration)
         return self.report(
-            finish(pending, lambda staging: checkpointing.publish(self.root, staging, final, entry))
+            finish(pending, lambda staging: checkpointing.publish(root, staging, final, entry))
         )
 
     def report(self, outcome: Outcome) -> Outcome:
         if outcome.ok:
             self.logger.info("saved checkpoint %s in %.2f s", outcome.directory, outcome.seconds)
             return outcome
-        latest = checkpointing.read_tracker(self.root)
+        root = os.path.dirname(outcome.directory)
+        latest = checkpointing.read_tracker(root)
         self.logger.warning(
             "checkpoint of iteration %d NOT saved (%s); the latest checkpoint in %s stays %s; "
             "training goes on",
             outcome.iteration,
             "; ".join(outcome.errors),
-            self.root,
+            root,
             f"iteration {latest}" if latest else "none",
         )
         return outcome

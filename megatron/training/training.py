@@ -22,7 +22,7 @@ from megatron.core.num_microbatches_calculator import (
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron.training import data, legacy_checkpoint, saving
+from megatron.training import checkpointing, data, legacy_checkpoint, saving
 from megatron.training.config import Config
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -209,10 +209,10 @@ class Trainer:
     def load(self) -> None:
         c = self.config.checkpoint
         start = time.perf_counter()
-        source = c.load
+        source = checkpointing.root_to_load(c)
         # torch_dist, or Megatron-LM's legacy torch format (told from the directory)
         loaded = (
-            legacy_checkpoint.load_checkpoint(c.load, self.config, self.state) if c.load else None
+            legacy_checkpoint.load_checkpoint(source, self.config, self.state) if source else None
         )
         if loaded is None and c.pretrained_checkpoint:
             # As Megatron-LM: fine-tune from it when --load holds nothing yet.
@@ -242,15 +242,18 @@ class Trainer:
             time.perf_counter() - start,
         )
 
-    def save(self, wait: bool = False) -> Optional[saving.Outcome]:
+    def save(self, wait: bool = False, non_persistent: bool = False) -> Optional[saving.Outcome]:
         """Collective. A save that fails to write is reported and training
         goes on (saving.py). With ``wait``, an asynchronous save is ended
-        too; its outcome is returned."""
-        if not self.config.checkpoint.save:
+        too; its outcome is returned. A non-persistent save replaces the
+        one before it (--non-persistent-save-interval)."""
+        c = self.config.checkpoint
+        if not c.save:
             return None
         self._saved(self.saves.wait())  # the one before, if still in flight
         self._call("before_save")
-        ended = self.saves.save(self.progress, self.state)
+        root = checkpointing.non_persistent_dir(c, c.save) if non_persistent else c.save
+        ended = self.saves.save(self.progress, self.state, root, keep_only_latest=non_persistent)
         return self._saved(ended or (self.saves.wait() if wait else None))
 
     def _saved(self, outcome: Optional[saving.Outcome]) -> Optional[saving.Outcome]:
@@ -364,7 +367,7 @@ class Trainer:
     def wrap_up(self) -> None:
         """After the last iteration: final validation and checkpoint."""
         self.maybe_validate(final=True)
-        if self.config.checkpoint.save and not self.just_saved:
+        if self.config.checkpoint.save and self.just_saved != "persistent":
             self.save()
 
     def loop(self, until: Optional[int] = None) -> bool:
@@ -445,19 +448,22 @@ class Trainer:
             flush=True,
         )
 
-    just_saved = False
+    just_saved = None  # after an iteration: None, "persistent" or "non-persistent"
 
     def maybe_save_and_exit(self) -> bool:
         """Interval saves; exits on SIGTERM, --exit-interval, --exit-duration."""
         c, it = self.config.checkpoint, self.progress.iteration
-        self.just_saved = False
+        self.just_saved = None
         if c.save and c.save_interval and it % c.save_interval == 0:
             self.save()
-            self.just_saved = True
+            self.just_saved = "persistent"
+        elif c.save and c.non_persistent_save_interval and it % c.non_persistent_save_interval == 0:
+            self.save(non_persistent=True)
+            self.just_saved = "non-persistent"
         exit_now = self.should_exit()
         if exit_now and not self.just_saved:
             self.save()
-            self.just_saved = True
+            self.just_saved = "persistent"
         return exit_now
 
     def should_exit(self) -> bool:

@@ -231,6 +231,13 @@ SPECIAL = {
     "split": (["90,8,2"], "90,8,2", [], (), 1),
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
     "async_save": ([], True, ["--save", "ckpt"], (), 1),
+    "non_persistent_save_interval": (
+        ["3"],
+        3,
+        ["--save", "ckpt", "--non-persistent-ckpt-type", "global"],
+        (),
+        1,
+    ),
     "exit_on_missing_checkpoint": ([], True, ["--load", "ckpt"], (), 1),
     "use_checkpoint_args": ([], True, ["--load", "no-checkpoint-here"], (), 1),
 }

@@ -203,3 +203,60 @@ def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(tmp_path, legac
 def test_a_pretrained_checkpoint_must_exist(tmp_path):
     with pytest.raises(Exception, match="--pretrained-checkpoint .* holds no checkpoint"):
         config("--pretrained-checkpoint", str(tmp_path))
+
+
+def test_non_persistent_checkpoints_need_their_type_and_global_is_the_one():
+    with pytest.raises(Exception, match="needs --non-persistent-ckpt-type global"):
+        config("--save", "s", "--non-persistent-save-interval", "2")
+    with pytest.raises(Exception, match="local and in_memory need nvidia-resiliency-ext"):
+        config("--save", "s", "--non-persistent-ckpt-type", "local")
+
+
+def tracked(root, iteration):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"iter_{iteration:07d}").mkdir()
+    (root / ckpt.TRACKER).write_text(str(iteration))
+
+
+def test_load_takes_the_non_persistent_checkpoint_when_it_is_as_new_or_newer(tmp_path):
+    load = tmp_path / "ckpt"
+    c = config("--load", str(load), "--non-persistent-ckpt-type", "global").checkpoint
+    tracked(load, 4)
+    assert ckpt.root_to_load(c) == str(load)  # none yet
+    tracked(load / ckpt.NON_PERSISTENT, 6)
+    assert ckpt.root_to_load(c) == str(load / ckpt.NON_PERSISTENT)
+    tracked(load, 8)
+    assert ckpt.root_to_load(c) == str(load)
+    c.non_persistent_ckpt_type = None  # not asked for: never
+    tracked(load / ckpt.NON_PERSISTENT, 9)
+    assert ckpt.root_to_load(c) == str(load)
+
+
+def test_a_non_persistent_save_keeps_only_the_latest_before_it(tmp_path):
+    for iteration in (2, 3):
+        tracked(tmp_path, iteration)
+    (tmp_path / "iter_0000004.partial").mkdir()  # a save cut off
+    saving.remove_all_but_the_latest(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000003", ckpt.TRACKER]
+
+
+def test_a_save_with_a_shard_file_cut_short_missing_or_from_elsewhere_is_named(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    def saved(name, values):
+        folder = tmp_path / name
+        dcp.save({"a": values, "b": torch.ones(3, 3)}, checkpoint_id=str(folder), no_dist=True)
+        (folder / "common.pt").write_bytes(b"")
+        return folder
+
+    whole = saved("whole", torch.arange(10.0))
+    ckpt.check_whole(str(whole))  # the control
+    other = saved("other", torch.arange(20.0))  # another save: other sizes
+    (whole / "__0_0.distcp").write_bytes((other / "__0_0.distcp").read_bytes())
+    with pytest.raises(ckpt.CheckpointError, match=r"__0_0.distcp \(\d+ bytes, the index says"):
+        ckpt.check_whole(str(whole))
+    (whole / "__0_0.distcp").unlink()
+    (whole / "common.pt").unlink()
+    with pytest.raises(ckpt.CheckpointError, match=r"__0_0.distcp \(missing.*common.pt"):
+        ckpt.check_whole(str(whole))

@@ -15,7 +15,7 @@ import pytest
 from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics, state_difference
 from dist_utils import REPO, run_pretrain, torchrun_command, worker_env
-from megatron.training.checkpointing import read_tracker
+from megatron.training.checkpointing import NON_PERSISTENT, tracked_iteration
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration
@@ -165,42 +165,67 @@ def test_a_save_killed_midway_leaves_the_last_one_loadable(reference, tmp_path, 
     from it continues the reference's curve to the last bit."""
     ckpt = tmp_path / "ckpt"
     args = ["--save-interval", "1"]
+
+    def saving_after_2() -> bool:
+        partial = [n for n in os.listdir(ckpt) if n.endswith(".partial")] if ckpt.exists() else []
+        return bool(partial) and int(partial[0][5:12]) > 2
+
+    assert kill_when(tmp_path, corpus_prefix, args, saving_after_2, random.Random(STOP))
+    entry = tracked_iteration(str(ckpt))
+    assert entry is not None and entry >= 2
+    resume_and_compare(reference, tmp_path, corpus_prefix, args, ckpt, entry)
+
+
+def test_a_killed_run_resumes_from_its_newer_non_persistent_save(
+    reference, tmp_path, corpus_prefix
+):
+    """--non-persistent-save-interval 1 beside --save-interval 4: killed
+    after the non-persistent save of iteration 6, the job resumes from it
+    (newer than the persistent 4), bit for bit; only the latest
+    non-persistent saves are kept."""
+    ckpt = tmp_path / "ckpt"
+    quick = ckpt / NON_PERSISTENT
+    args = ["--save-interval", "4", "--non-persistent-save-interval", "1"]
+    args += ["--non-persistent-ckpt-type", "global"]
+    saved_6 = lambda: (tracked_iteration(str(quick)) or 0) >= 6  # noqa: E731
+    assert kill_when(tmp_path, corpus_prefix, args, saved_6)
+    entry = tracked_iteration(str(quick))
+    assert tracked_iteration(str(ckpt)) == 4 and entry >= 6
+    assert len([n for n in os.listdir(quick) if n.startswith("iter_")]) <= 2
+    resume_and_compare(reference, tmp_path, corpus_prefix, args, ckpt, entry)
+
+
+def kill_when(tmp_path, corpus, args, ready, delay: random.Random = None) -> bool:
+    """Starts the 8-rank run and SIGKILLs all of it once ``ready()`` (after
+    a random delay of up to 50 ms); whether it was ready before it ended."""
     job = subprocess.Popen(
-        torchrun_command(8, train_args(tmp_path, corpus_prefix, args)),
+        torchrun_command(8, train_args(tmp_path, corpus, args)),
         env=worker_env(),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    seen, deadline = False, time.monotonic() + 240
     try:
-        staged = wait_for_a_save_in_progress(ckpt, job, after=2)
-        time.sleep(random.Random(STOP).uniform(0, 0.05))
+        while job.poll() is None and time.monotonic() < deadline and not seen:
+            seen = ready()
+            time.sleep(0.002)
+        if seen and delay is not None:
+            time.sleep(delay.uniform(0, 0.05))
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    assert staged, "no save was seen in progress"
-    entry = read_tracker(str(ckpt))
-    assert entry is not None and int(entry) >= 2
-    train(tmp_path, corpus_prefix, ["--load", str(ckpt)])
+    return seen
+
+
+def resume_and_compare(reference, tmp_path, corpus, args, ckpt, entry: int) -> None:
+    """Resumed from ``ckpt`` at ``entry``, the run ends on the reference's curve and state."""
+    train(tmp_path, corpus, args + ["--load", str(ckpt)])
     got = read_metrics(tmp_path / "metrics.jsonl")
-    assert (
-        curve(got[-(ITERS - int(entry)) :])
-        == curve(read_metrics(reference / "metrics.jsonl"))[int(entry) :]
-    )
+    want = read_metrics(reference / "metrics.jsonl")
+    assert curve(got[-(ITERS - entry) :]) == curve(want)[entry:]
     assert_same_state(checkpoint_state(str(reference / "ckpt")), checkpoint_state(str(ckpt)))
-
-
-def wait_for_a_save_in_progress(ckpt, job, after: int) -> bool:
-    """Whether a save after iteration ``after`` was seen staged."""
-    deadline = time.monotonic() + 240
-    while job.poll() is None and time.monotonic() < deadline:
-        names = os.listdir(ckpt) if ckpt.exists() else []
-        partial = [n for n in names if n.endswith(".partial")]
-        if partial and int(partial[0][5:12]) > after:
-            return True
-        time.sleep(0.002)
-    return False
 
 
 def test_a_pretrained_checkpoint_starts_a_fine_tuning(reference, tmp_path, corpus_prefix):
