@@ -23,6 +23,12 @@ setup(
         "psutil",
         "numpy",
         "matplotlib",  # the demo's loss curve and recovery timeline
+        # Megatron-LM's tokenizer kinds, offline (megatron.training.tokenizer):
+        # GPT-2 BPE, SentencePiece, TikToken and Hugging Face directories.
+        "tokenizers",
+        "sentencepiece",
+        "tiktoken",
+        "transformers",
     ],
     entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={

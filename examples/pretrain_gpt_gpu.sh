@@ -10,5 +10,6 @@ exec torchrun --standalone --nproc-per-node "$NGPUS" pretrain_gpt.py \
     --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
     --micro-batch-size 4 --global-batch-size $((16 * NGPUS)) --train-iters 100 --bf16 \
     --use-distributed-optimizer --lr 2e-4 --min-lr 2e-5 --lr-decay-style cosine \
-    --lr-warmup-iters 10 --mock-data --num-workers 2 --log-interval 10 --log-throughput \
+    --lr-warmup-iters 10 --mock-data --tokenizer-type NullTokenizer --vocab-size 50256 \
+    --num-workers 2 --log-interval 10 --log-throughput \
     --eval-iters 0 "$@"

@@ -28,6 +28,8 @@ def _config(argv: Sequence[str], world_size: int):
     argv = list(argv)
     if "--data-path" not in argv and "--mock-data" not in argv:
         argv.append("--mock-data")
+    if "--tokenizer-type" not in argv:  # the probe's --vocab-size default is its 512 ids
+        argv += ["--tokenizer-type", "ByteLevelTokenizer"]
     if "--use-distributed-optimizer" not in argv:
         argv.append("--use-distributed-optimizer")
     return parse_args(argv + ["--cpu"], world_size=world_size)

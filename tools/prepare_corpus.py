@@ -2,8 +2,11 @@
 
 Every machine with CPython already has this real English text, so tests and
 small training runs need no download. One JSON document per stdlib module holds
-its module, class and function docstrings in source order; the documents are
-then tokenized byte-level (with eod) into {output_dir}/corpus_text_document.bin/.idx.
+its module, class and function docstrings in source order. Small vocabularies
+of every tokenizer kind are learned from them ({output_dir}/tokenizers, see
+tools/train_tokenizers.py), and the documents are tokenized (with eod)
+byte-level into {output_dir}/corpus_text_document.bin/.idx and with the GPT-2
+BPE vocabulary into {output_dir}/corpus_gpt2_text_document.bin/.idx.
 
 Usage (from the repository root):
 
@@ -25,7 +28,7 @@ import warnings
 from typing import Dict, Iterator, List, Optional, Sequence
 
 # Bump when the document format changes, so old outputs count as stale.
-CORPUS_FORMAT_VERSION = 1
+CORPUS_FORMAT_VERSION = 2
 # Modules with fewer docstring characters are mostly boilerplate.
 MIN_DOC_CHARS = 200
 # Directory names never walked: third-party code and test suites.
@@ -142,6 +145,11 @@ class CorpusPaths:
         self.meta = os.path.join(output_dir, "corpus_meta.json")
         self.tokenize_prefix = os.path.join(output_dir, "corpus")
         self.data_prefix = os.path.join(output_dir, "corpus_text_document")
+        self.gpt2_tokenize_prefix = os.path.join(output_dir, "corpus_gpt2")
+        self.gpt2_data_prefix = os.path.join(output_dir, "corpus_gpt2_text_document")
+        self.tokenizers = os.path.join(output_dir, "tokenizers")
+        self.vocab_file = os.path.join(self.tokenizers, "gpt2", "vocab.json")
+        self.merge_file = os.path.join(self.tokenizers, "gpt2", "merges.txt")
 
 
 def _wanted_meta(args: argparse.Namespace) -> dict:
@@ -155,7 +163,12 @@ def _wanted_meta(args: argparse.Namespace) -> dict:
 
 def is_up_to_date(paths: CorpusPaths, args: argparse.Namespace) -> Optional[dict]:
     """The stored meta if every output exists and matches this run, else None."""
-    needed = [paths.meta, paths.jsonl, paths.data_prefix + ".bin", paths.data_prefix + ".idx"]
+    needed = [paths.meta, paths.jsonl, paths.vocab_file, paths.merge_file]
+    needed += [
+        prefix + ext
+        for prefix in (paths.data_prefix, paths.gpt2_data_prefix)
+        for ext in (".bin", ".idx")
+    ]
     if not all(os.path.isfile(p) for p in needed):
         return None
     with open(paths.meta, "r", encoding="utf-8") as f:
@@ -190,20 +203,18 @@ def build_corpus(paths: CorpusPaths, args: argparse.Namespace) -> dict:
         raise RuntimeError("no stdlib docstrings found; is the standard library installed?")
     jsonl_sha = write_jsonl(documents, paths.jsonl)
     # Imported here: torch + megatron-core take seconds, and the up-to-date path needs neither.
-    from tools import preprocess_data
+    from tools import preprocess_data, train_tokenizers
 
+    train_tokenizers.main(["--input", paths.jsonl, "--output-dir", paths.tokenizers])
+    common = ["--input", paths.jsonl, "--json-keys", "text", "--append-eod"]
     preprocess_data.main(
-        [
-            "--input",
-            paths.jsonl,
-            "--output-prefix",
-            paths.tokenize_prefix,
-            "--json-keys",
-            "text",
-            "--tokenizer-type",
-            "ByteLevelTokenizer",
-            "--append-eod",
-        ]
+        common
+        + ["--output-prefix", paths.tokenize_prefix, "--tokenizer-type", "ByteLevelTokenizer"]
+    )
+    preprocess_data.main(
+        common
+        + ["--output-prefix", paths.gpt2_tokenize_prefix, "--tokenizer-type", "GPT2BPETokenizer"]
+        + ["--vocab-file", paths.vocab_file, "--merge-file", paths.merge_file]
     )
     meta = dict(_wanted_meta(args))
     meta.update(

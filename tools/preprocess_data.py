@@ -20,11 +20,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-from megatron.training.tokenizer import (
-    TOKENIZER_TYPES,
-    build_tokenizer,
-    check_tokenizer_args,
-)
+from megatron.training.arguments import add_section_flags
+from megatron.training.config import TokenizerConfig
+from megatron.training.tokenizer import build_tokenizer, check_tokenizer
 
 # One encoded line: (1-based line number, {key: token ids}).
 Encoded = Tuple[int, Dict[str, List[int]]]
@@ -38,15 +36,16 @@ def get_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--output-prefix", required=True, help="Prefix of the output files.")
     parser.add_argument("--workers", type=int, default=1, help="Tokenizer processes.")
     parser.add_argument("--append-eod", action="store_true", help="End documents with eod.")
-    parser.add_argument("--tokenizer-type", default="ByteLevelTokenizer", choices=TOKENIZER_TYPES)
-    parser.add_argument("--tokenizer-model", default=None, help="Local tokenizer file or dir.")
-    parser.add_argument("--vocab-size", type=int, default=None, help="For NullTokenizer.")
     parser.add_argument("--log-interval", type=int, default=10000, help="Lines between logs.")
+    # The tokenizer's flags and defaults are pretrain_gpt.py's.
+    add_section_flags(parser, "tokenizer", TokenizerConfig)
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.tokenizer_type is None:
+        parser.error("give --tokenizer-type (as pretrain_gpt.py will read the data)")
     try:
-        check_tokenizer_args(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+        check_tokenizer(args)
     except ValueError as err:
         parser.error(str(err))
     return args
@@ -58,7 +57,7 @@ class Encoder:
     def __init__(self, args: argparse.Namespace) -> None:
         self.keys = list(args.json_keys)
         self.append_eod = args.append_eod
-        self.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+        self.tokenizer = build_tokenizer(args)
 
     def encode(self, numbered_line: Tuple[int, str]) -> Encoded:
         """Tokenize every key of one line; an empty text gives an empty id list."""

@@ -81,7 +81,7 @@ def rank_table(config: Config, ranks_per_node: int, buddies: BuddyMap) -> List[R
 # ----- the model, for the planner -----
 def vocabulary(config: Config) -> Optional[int]:
     """The tokenizer's vocabulary where it is known without loading files."""
-    d = config.data
+    d = config.tokenizer
     if d.tokenizer_type == "NullTokenizer":
         return d.vocab_size + 1  # ids 0..V-1 and the end-of-document id V
     if d.tokenizer_type == "ByteLevelTokenizer":

@@ -242,9 +242,7 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
     to a lost rank (hot swap) or to a new replica (grow)."""
     logger = get_logger(0)
     setup_device(config)
-    tokenizer = build_tokenizer(
-        config.data.tokenizer_type, config.data.tokenizer_model, config.data.vocab_size
-    )
+    tokenizer = build_tokenizer(config.tokenizer)
     # The active ranks write the dataset index caches first; read them after.
     ctx.wait(lambda: ctx.current()["state"] != P.JobState.STARTING, 24 * 3600, "the job to start")
     datasets = data.build_datasets(config, tokenizer)

@@ -131,6 +131,7 @@ CHECKPOINT_ARGS = (
     ("normalization", True),
     ("attention_dropout", True),
     ("hidden_dropout", True),
+    ("tiktoken_pattern", True),
 )
 TOKENIZER_ARGS = (("tokenizer_model", True), ("tokenizer_type", True))
 LAYOUT_ARGS = (("tensor_model_parallel_size", True), ("pipeline_model_parallel_size", True))
@@ -169,7 +170,7 @@ def _say(line: str) -> None:
 
 def fill_defaults(config: Config) -> None:
     """Megatron's derived defaults, computed from the other flags."""
-    m, b, t, d = config.model, config.batch, config.training, config.data
+    m, b, t = config.model, config.batch, config.training
     if m.ffn_hidden_size is None and m.hidden_size:
         m.ffn_hidden_size = int(8 * m.hidden_size / 3 / 64) * 64 if m.swiglu else 4 * m.hidden_size
     if m.max_position_embeddings is None:
@@ -180,9 +181,10 @@ def fill_defaults(config: Config) -> None:
         b.global_batch_size = b.micro_batch_size * config.data_parallel_size
     if t.train_iters is not None and t.lr_decay_iters is None:
         t.lr_decay_iters = t.train_iters
-    if d.tokenizer_type is None:
-        # Needs no files and no network: the default every machine can run.
-        d.tokenizer_type = "ByteLevelTokenizer"
+    if config.tokenizer.tokenizer_type is None:
+        from megatron.training.tokenizer import DEFAULT_TOKENIZER_TYPE
+
+        config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
     if not _cuda_available() or config.parallel.cpu:
         config.parallel.distributed_backend = "gloo"
 
@@ -348,7 +350,7 @@ def _check_precision(config: Config) -> None:
 
 
 def _check_data(config: Config) -> None:
-    from megatron.training.tokenizer import check_tokenizer_args
+    from megatron.training.tokenizer import check_tokenizer
 
     d = config.data
     _require(
@@ -372,7 +374,7 @@ def _check_data(config: Config) -> None:
                 f"tools/preprocess_data.py (or `make data` for the embedded corpus)",
             )
     try:
-        check_tokenizer_args(d.tokenizer_type, d.tokenizer_model, d.vocab_size)
+        check_tokenizer(config.tokenizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if d.data_path:

@@ -162,17 +162,71 @@ class DataConfig:
     )
     mock_data: bool = arg(False, help="Synthetic tokens instead of --data-path.")
     split: str = arg("969,30,1", help="Train,valid,test proportions of --data-path.")
-    tokenizer_type: Optional[str] = arg(
-        help="Tokenizer (ByteLevelTokenizer, NullTokenizer, "
-        "HuggingFaceTokenizer, SentencePieceTokenizer)."
-    )
-    tokenizer_model: Optional[str] = arg(help="Local tokenizer file or directory.")
-    vocab_size: Optional[int] = arg(help="Vocabulary size for NullTokenizer.")
     data_cache_path: Optional[str] = arg(help="Where dataset index caches go.")
     num_workers: int = arg(2, help="Data-loader worker processes.")
     reset_position_ids: bool = arg(False, help="Restart position ids after each EOD.")
     reset_attention_mask: bool = arg(False, help="Mask attention across EOD.")
     eod_mask_loss: bool = arg(False, help="No loss on EOD tokens.")
+
+
+# Megatron-LM's --tokenizer-type names (and ours, ByteLevelTokenizer); what
+# each needs and which are refused is in tokenizer.py.
+TOKENIZER_TYPE_NAMES = [
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "GPT2BPETokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "HuggingFaceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+    "MultimodalTokenizer",
+    "NullTokenizer",
+    "NullMultimodalTokenizer",
+    "SFTTokenizer",
+    "ByteLevelTokenizer",
+]
+
+
+@dataclass(kw_only=True)
+class TokenizerConfig:
+    """How text becomes token ids (offline: every file is local)."""
+
+    tokenizer_type: Optional[str] = arg(
+        help="Tokenizer (default GPT2BPETokenizer, as Megatron-LM's pretrain_gpt.py).",
+        choices=TOKENIZER_TYPE_NAMES,
+    )
+    tokenizer_model: Optional[str] = arg(
+        help="Local tokenizer model: a directory (HuggingFaceTokenizer), a SentencePiece "
+        ".model file or a TikTokenizer .json vocabulary."
+    )
+    vocab_file: Optional[str] = arg(help="GPT-2 BPE vocab.json (GPT2BPETokenizer).")
+    merge_file: Optional[str] = arg(help="GPT-2 BPE merges.txt (GPT2BPETokenizer).")
+    vocab_size: Optional[int] = arg(
+        help="Vocabulary size: NullTokenizer's, or the most TikTokenizer ids."
+    )
+    tokenizer_special_tokens: Optional[List[str]] = arg(
+        help="Special tokens to add (HuggingFace, SentencePiece and TikToken tokenizers)."
+    )
+    tiktoken_pattern: Optional[str] = arg(
+        help="TikTokenizer's split pattern: v1 or v2 (default v2)."
+    )
+    tiktoken_num_special_tokens: int = arg(
+        1000, help="Ids TikTokenizer keeps below its vocabulary for special tokens."
+    )
+    tokenizer_sentencepiece_legacy: bool = arg(
+        False, help="SentencePiece's legacy handling of special tokens."
+    )
+    tokenizer_hf_use_fast: bool = arg(False, help="Use the fast HuggingFace tokenizer class.")
+    tokenizer_hf_include_special_tokens: bool = arg(
+        False, help="HuggingFace tokenizer: add its special tokens (BOS/EOS) when tokenizing."
+    )
+    trust_remote_code: bool = arg(
+        False, help="Let a local HuggingFace tokenizer directory run its own code."
+    )
+    legacy_tokenizer: bool = arg(
+        False, help="Megatron-LM's own tokenizer classes (refused here: megatron-core's are used)."
+    )
 
 
 @dataclass(kw_only=True)
@@ -292,6 +346,7 @@ SECTIONS = {
     "batch": BatchConfig,
     "training": TrainingConfig,
     "data": DataConfig,
+    "tokenizer": TokenizerConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
 }
@@ -306,6 +361,7 @@ class Config:
     batch: BatchConfig
     training: TrainingConfig
     data: DataConfig
+    tokenizer: TokenizerConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
     world_size: int = 1

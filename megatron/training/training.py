@@ -521,11 +521,15 @@ def build_trainer(
     already: a warm spare builds them before it knows its place), ready to train."""
     runtime = initialize(config)
     config.extra["on_cpu"] = runtime.on_cpu
-    tokenizer = build_tokenizer(
-        config.data.tokenizer_type, config.data.tokenizer_model, config.data.vocab_size
-    )
+    tokenizer = build_tokenizer(config.tokenizer)
     config.extra["tokenizer"] = tokenizer
-    config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
+    padded = config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
+    if runtime.rank == 0:  # Megatron-LM's line
+        print(
+            f" > padded vocab (size: {tokenizer.vocab_size}) with "
+            f"{padded - tokenizer.vocab_size} dummy tokens (new size: {padded})",
+            flush=True,
+        )
     b = config.batch
     unset_num_microbatches_calculator()  # a shrunk job builds again in the same process
     if b.global_batch_size % (b.micro_batch_size * config.data_parallel_size) == 0:

@@ -29,6 +29,7 @@ BASE = {
     "--train-iters": "10",
     "--lr": "1e-3",
     "--mock-data": None,
+    "--tokenizer-type": "ByteLevelTokenizer",
 }
 
 
@@ -57,6 +58,7 @@ def _write_dataset(directory, texts):
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     prefixes = preprocess_data.main(
         ["--input", str(src), "--output-prefix", str(directory / "tiny"), "--append-eod"]
+        + ["--tokenizer-type", "ByteLevelTokenizer"]
     )
     return prefixes["text"]
 
@@ -161,8 +163,20 @@ def test_lr_decay_iters_defaults_to_train_iters():
     assert config.training.lr_decay_iters == 20
 
 
-def test_tokenizer_defaults_to_byte_level():
-    assert parse_args(argv(), world_size=1).data.tokenizer_type == "ByteLevelTokenizer"
+def test_tokenizer_defaults_to_gpt2_bpe_as_megatron_lm(tmp_path):
+    """Megatron-LM's pretrain_gpt.py default; it reads GPT-2's vocab.json and
+    merges.txt, and says so before anything starts when they are not given."""
+    _names_all(_config_error(argv(drop=("--tokenizer-type",))), "GPT2BPETokenizer", "--vocab-file")
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / name).write_text("{}")
+    files = [
+        "--vocab-file",
+        str(tmp_path / "vocab.json"),
+        "--merge-file",
+        str(tmp_path / "merges.txt"),
+    ]
+    config = parse_args(argv(*files, drop=("--tokenizer-type",)), world_size=1)
+    assert config.tokenizer.tokenizer_type == "GPT2BPETokenizer"
 
 
 def test_num_query_groups_follow_heads_without_gqa():
@@ -243,10 +257,56 @@ SPECIAL = {
 }
 # Accepted by the parser, then refused with a message naming the flag.
 UNSUPPORTED = {
+    "legacy_tokenizer": ([], ()),
     "train_samples": (["100"], ("--train-iters",)),
     "rampup_batch_size": (["2", "2", "10"], ()),
     "ckpt_format": (["torch"], ()),
 }
+
+
+# Flags that go with a tokenizer type reading files: (type, the files it needs).
+TOKENIZER_FILE_FLAGS = {
+    "tokenizer_model": "Llama2Tokenizer",
+    "vocab_file": "GPT2BPETokenizer",
+    "merge_file": "GPT2BPETokenizer",
+    "tokenizer_special_tokens": "Llama2Tokenizer",
+    "tokenizer_sentencepiece_legacy": "Llama2Tokenizer",
+    "tiktoken_pattern": "TikTokenizer",
+    "tiktoken_num_special_tokens": "TikTokenizer",
+    "tokenizer_hf_use_fast": "HuggingFaceTokenizer",
+    "tokenizer_hf_include_special_tokens": "HuggingFaceTokenizer",
+    "trust_remote_code": "HuggingFaceTokenizer",
+}
+
+
+def tokenizer_case(name, tmp_path):
+    """(values, expected, companion argv) for a flag of TOKENIZER_FILE_FLAGS;
+    the files exist (parsing checks that, not their contents), and the
+    TikToken vocabulary is the 256 bytes."""
+    kind = TOKENIZER_FILE_FLAGS[name]
+    model = tmp_path / "some.model"
+    model.write_text("")
+    tiktoken = tmp_path / "tiktoken.json"
+    tiktoken.write_text(
+        json.dumps([{"rank": i, "token_bytes": "", "token_str": ""} for i in range(256)])
+    )
+    companion = {
+        "Llama2Tokenizer": ["--tokenizer-model", str(model)],
+        "GPT2BPETokenizer": ["--vocab-file", str(model), "--merge-file", str(model)],
+        "TikTokenizer": ["--tokenizer-model", str(tiktoken), "--vocab-size", "1250"],
+        "HuggingFaceTokenizer": ["--tokenizer-model", str(tmp_path)],
+    }[kind]
+    companion = ["--tokenizer-type", kind] + companion
+    given = {
+        "tokenizer_model": ([str(model)], str(model)),
+        "vocab_file": ([str(model)], str(model)),
+        "merge_file": ([str(model)], str(model)),
+        "tokenizer_special_tokens": (["<a>", "<b>"], ["<a>", "<b>"]),
+        "tiktoken_pattern": (["v1"], "v1"),
+        "tiktoken_num_special_tokens": (["999"], 999),
+    }
+    values, expected = given.get(name, ([], True))
+    return values, expected, companion
 
 
 def _generic_case(f):
@@ -290,6 +350,9 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
             ("--mock-data",),
             1,
         )
+    elif f.name in TOKENIZER_FILE_FLAGS:
+        values, expected, companion = tokenizer_case(f.name, tmp_path)
+        drop, world = (), 1
     elif f.name == "pretrained_checkpoint":
         (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
         values, expected, companion, drop, world = [str(tmp_path)], str(tmp_path), [], (), 1
@@ -406,9 +469,9 @@ def test_blended_data_path_checks_every_prefix(tmp_path, tiny_prefix):
     _names_all(message, "--data-path", missing)
 
 
-def test_unknown_tokenizer_type():
-    message = _config_error(argv("--tokenizer-type", "GPT2BPETokenizer"))
-    _names_all(message, "--tokenizer-type", "GPT2BPETokenizer")
+def test_a_megatron_lm_tokenizer_type_refused_here_says_why():
+    message = _config_error(argv("--tokenizer-type", "BertWordPieceCase"))
+    _names_all(message, "--tokenizer-type", "BertWordPieceCase", "pretrain_gpt.py trains GPT")
 
 
 def test_null_tokenizer_without_vocab_size():

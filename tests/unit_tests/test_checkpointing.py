@@ -30,6 +30,10 @@ def config(*extra):
         "--lr",
         "1e-3",
         "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "100",
         *extra,
     ]
     cfg = parse_args(argv, world_size=1)
@@ -183,6 +187,7 @@ def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(tmp_path, legac
         tensor_model_parallel_size=2,
     )
     base = ["--micro-batch-size", "1", "--train-iters", "4", "--lr", "1e-3", "--mock-data"]
+    base += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"]
     # Forced flags replace the command line's, the others only fill what it left unset.
     cfg = parse_args(
         base + ["--use-checkpoint-args", "--load", load, "--seq-length", "64"], world_size=1

@@ -2,12 +2,14 @@
 
 import importlib.util
 import json
+import re
 
 import pytest
 
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.training import tokenizer as tokenizer_module
-from megatron.training.tokenizer import TOKENIZER_TYPES, build_tokenizer, check_tokenizer_args
+from megatron.training.config import TokenizerConfig
+from megatron.training.tokenizer import TOKENIZER_TYPES, build_tokenizer, check_tokenizer
 from tools import prepare_corpus, preprocess_data
 
 TEXTS = ["Hello world.", "", "Ünïcødé text: naïve café ☕", "a\nmulti-line\ndocument"]
@@ -32,8 +34,12 @@ def _file_bytes(prefix):
 # --- tokenizer -----------------------------------------------------------------------
 
 
+def tokenizer(**fields):
+    return build_tokenizer(TokenizerConfig(**fields))
+
+
 def test_byte_level_round_trip():
-    tok = build_tokenizer("ByteLevelTokenizer")
+    tok = tokenizer(tokenizer_type="ByteLevelTokenizer")
     assert (tok.vocab_size, tok.eod) == (512, 0)
     ids = tok.tokenize(TEXTS[2])
     assert ids == list(TEXTS[2].encode("utf-8"))
@@ -41,44 +47,83 @@ def test_byte_level_round_trip():
 
 
 def test_null_round_trip():
-    tok = build_tokenizer("NullTokenizer", vocab_size=100)
+    tok = tokenizer(tokenizer_type="NullTokenizer", vocab_size=100)
     # Megatron convention: eod is appended after the --vocab-size ids.
     assert (tok.vocab_size, tok.eod) == (101, 100)
     assert tok.tokenize("5 17 99") == [5, 17, 99]
     assert tok.detokenize([5, 17, 99]) == "5 17 99"
 
 
-def test_check_tokenizer_args_accepts_valid():
-    assert check_tokenizer_args("ByteLevelTokenizer", None, None) is None
-    assert check_tokenizer_args("NullTokenizer", None, 32) is None
+def check(**fields):
+    return check_tokenizer(TokenizerConfig(**fields))
+
+
+def test_check_tokenizer_accepts_valid():
+    assert check(tokenizer_type="ByteLevelTokenizer") is None
+    assert check(tokenizer_type="NullTokenizer", vocab_size=32) is None
 
 
 @pytest.mark.parametrize(
-    "tokenizer_type, model, vocab, expected",
+    "fields, expected",
     [
-        ("GPT2BPETokenizer", None, None, "supported types are: " + ", ".join(TOKENIZER_TYPES)),
-        ("NullTokenizer", None, None, "requires --vocab-size"),
-        ("NullTokenizer", None, 0, "--vocab-size must be a positive"),
-        ("ByteLevelTokenizer", None, 100, "--vocab-size 100 is too small"),
-        ("HuggingFaceTokenizer", None, None, "requires --tokenizer-model"),
-        ("SentencePieceTokenizer", None, None, "requires --tokenizer-model"),
-        ("HuggingFaceTokenizer", "/no/such/dir", None, "not an existing local directory"),
-        ("SentencePieceTokenizer", "/no/such/file.model", None, "not an existing local file"),
+        (dict(tokenizer_type="GPT2BPETokenizer"), "GPT2BPETokenizer needs --vocab-file"),
+        (
+            dict(tokenizer_type="GPT2BPETokenizer", vocab_file=__file__),
+            "GPT2BPETokenizer needs --merge-file",
+        ),
+        (
+            dict(tokenizer_type="GPT2BPETokenizer", vocab_file="/no/vocab.json"),
+            "--vocab-file '/no/vocab.json' is no file",
+        ),
+        (dict(tokenizer_type="NullTokenizer"), "NullTokenizer needs --vocab-size"),
+        (dict(tokenizer_type="NullTokenizer", vocab_size=0), "--vocab-size must be positive"),
+        (dict(tokenizer_type="ByteLevelTokenizer", vocab_size=100), "--vocab-size 100 is too"),
+        (dict(tokenizer_type="HuggingFaceTokenizer"), "needs --tokenizer-model"),
+        (dict(tokenizer_type="Llama2Tokenizer"), "needs --tokenizer-model"),
+        (dict(tokenizer_type="TikTokenizer"), "needs --tokenizer-model"),
+        (
+            dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/no/such/dir"),
+            "is no directory",
+        ),
+        (
+            dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model="/no/such.model"),
+            "is no file",
+        ),
+        (dict(tokenizer_type="BertWordPieceCase"), "not available here: BERT"),
+        (dict(tokenizer_type="SFTTokenizer"), "not available here: it belongs"),
+        (dict(tokenizer_type="SomethingElse"), "supported: " + ", ".join(TOKENIZER_TYPES)),
+        (
+            dict(tokenizer_type="NullTokenizer", vocab_size=9, merge_file="m.txt"),
+            "--merge-file is not read by --tokenizer-type NullTokenizer, only by "
+            "GPT2BPETokenizer, HuggingFaceTokenizer",
+        ),
+        (
+            dict(tokenizer_type="ByteLevelTokenizer", tiktoken_num_special_tokens=10),
+            "--tiktoken-num-special-tokens is not read",
+        ),
     ],
 )
-def test_check_tokenizer_args_rejects(tokenizer_type, model, vocab, expected):
-    with pytest.raises(ValueError, match=expected.replace("(", r"\(")):
-        check_tokenizer_args(tokenizer_type, model, vocab)
+def test_check_tokenizer_refuses(fields, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        check(**fields)
 
 
 @pytest.mark.parametrize(
     "tokenizer_type, module",
-    [("HuggingFaceTokenizer", "transformers"), ("SentencePieceTokenizer", "sentencepiece")],
+    [
+        ("HuggingFaceTokenizer", "transformers"),
+        ("SentencePieceTokenizer", "sentencepiece"),
+        ("GPT2BPETokenizer", "tokenizers"),
+    ],
 )
-def test_check_tokenizer_args_missing_package(tmp_path, monkeypatch, tokenizer_type, module):
+def test_check_tokenizer_missing_package(tmp_path, monkeypatch, tokenizer_type, module):
     model = tmp_path / "tok.model"
     model.write_bytes(b"")
-    path = str(tmp_path if tokenizer_type == "HuggingFaceTokenizer" else model)
+    paths = {
+        "HuggingFaceTokenizer": dict(tokenizer_model=str(tmp_path)),
+        "SentencePieceTokenizer": dict(tokenizer_model=str(model)),
+        "GPT2BPETokenizer": dict(vocab_file=str(model), merge_file=str(model)),
+    }
     real_find_spec = importlib.util.find_spec
     # Pretend the package is absent even where it happens to be installed.
     monkeypatch.setattr(
@@ -87,7 +132,7 @@ def test_check_tokenizer_args_missing_package(tmp_path, monkeypatch, tokenizer_t
         lambda name, *a: None if name == module else real_find_spec(name, *a),
     )
     with pytest.raises(ValueError, match=f"pip install {module}"):
-        check_tokenizer_args(tokenizer_type, path, None)
+        check(tokenizer_type=tokenizer_type, **paths[tokenizer_type])
 
 
 # --- preprocess_data -----------------------------------------------------------------
@@ -97,13 +142,14 @@ def _preprocess(tmp_path, name, *extra):
     src = _write_jsonl(tmp_path / "in.jsonl", [{"text": t, "title": t[:5]} for t in TEXTS])
     prefix = str(tmp_path / name)
     argv = ["--input", src, "--output-prefix", prefix, "--append-eod", "--log-interval", "1"]
+    argv += ["--tokenizer-type", "ByteLevelTokenizer"]
     return preprocess_data.main(argv + list(extra))
 
 
 def test_preprocess_matches_tokenizer(tmp_path):
     prefixes = _preprocess(tmp_path, "out", "--json-keys", "text", "title")
     assert prefixes == {key: str(tmp_path / f"out_{key}_document") for key in ("text", "title")}
-    tok = build_tokenizer("ByteLevelTokenizer")
+    tok = tokenizer(tokenizer_type="ByteLevelTokenizer")
     for key, prefix in prefixes.items():
         texts = [t if key == "text" else t[:5] for t in TEXTS]
         # Empty documents are skipped; the others end with eod.

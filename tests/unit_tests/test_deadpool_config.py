@@ -28,6 +28,10 @@ BASE = [
     "--lr",
     "1e-3",
     "--mock-data",
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "100",
 ]
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 DEADPOOL = ["--deadpool", "--use-distributed-optimizer"]

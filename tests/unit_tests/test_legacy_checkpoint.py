@@ -19,6 +19,7 @@ def config(*extra):
         *("--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"),
         *("--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "4"),
         *("--lr", "1e-3", "--mock-data", "--pipeline-model-parallel-size", "2"),
+        *("--tokenizer-type", "NullTokenizer", "--vocab-size", "100"),
         *extra,
     ]
     return parse_args(argv, world_size=4)

@@ -308,8 +308,7 @@ class Control:  # what a spare's objects read from the control client while they
         pass
 
 config = parse_args(sys.argv[1:])
-tokenizer = build_tokenizer(config.data.tokenizer_type, config.data.tokenizer_model,
-                            config.data.vocab_size)
+tokenizer = build_tokenizer(config.tokenizer)
 datasets = data.build_datasets(config, tokenizer)
 no_faults = Injector([], rank=None, node=0, original=False)
 builders = (pretrain_gpt.model_provider, pretrain_gpt.forward_step,
