@@ -13,6 +13,8 @@ megatron; so that this module does not, the caller passes the parser in
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
@@ -86,6 +88,9 @@ def vocabulary(config: Config) -> Optional[int]:
         return d.vocab_size + 1  # ids 0..V-1 and the end-of-document id V
     if d.tokenizer_type == "ByteLevelTokenizer":
         return d.vocab_size or 512
+    if d.tokenizer_type == "GPT2BPETokenizer" and os.path.isfile(d.vocab_file or ""):
+        with open(d.vocab_file, encoding="utf-8") as f:
+            return len(json.load(f))  # GPT-2's vocab.json: token -> id
     return None
 
 

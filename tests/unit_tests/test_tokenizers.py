@@ -211,3 +211,22 @@ def test_pretrain_gpt_trains_on_data_of_each_kind(corpus, kind, tmp_path):
     )
     first = read_metrics(metrics)[0]["lm_loss"]
     assert abs(first - math.log(padded)) < 0.1, (first, math.log(padded))
+
+
+def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus):
+    from deadpool_ext.planning.slurm import vocabulary
+    from megatron.training.arguments import parse_args
+
+    _, vocabularies, _ = corpus
+    files = fields("GPT2BPETokenizer", vocabularies)
+    argv = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"]
+    argv += ["--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1"]
+    argv += [
+        "--mock-data",
+        "--vocab-file",
+        files["vocab_file"],
+        "--merge-file",
+        files["merge_file"],
+    ]
+    config = parse_args(argv, world_size=1)
+    assert vocabulary(config) == build("GPT2BPETokenizer", vocabularies).vocab_size
