@@ -29,10 +29,12 @@ setup(
         "sentencepiece",
         "tiktoken",
         "transformers",
+        "tensorboard",  # --tensorboard-dir (torch's SummaryWriter)
     ],
     entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={
         "gpu": ["transformer-engine[pytorch]", "apex"],
-        "test": ["pytest", "pytest-timeout", "ruff~=0.17.6"],  # ruff: a minor release may reformat
+        "wandb": ["wandb"],  # --wandb-project
+        "test": ["pytest", "pytest-timeout", "ruff~=0.17.6", "wandb"],  # ruff: a minor release may reformat
     },
 )

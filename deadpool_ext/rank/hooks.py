@@ -180,6 +180,7 @@ class RecoveryHook(Hook):
     def __init__(self, ctx, mirror_hook: MirrorHook, config: Config):
         self.ctx, self.mirror_hook, self.config = ctx, mirror_hook, config
         self.recovered_at: Optional[float] = None
+        self.report = None  # () -> (scalars, line) of the recovery, for the dashboards
 
     def on_setup(self, trainer: Trainer) -> None:
         """Rank 0 tells the coordinator the layout: at start, and after a
@@ -233,20 +234,26 @@ class RecoveryHook(Hook):
         if self.ctx.failure_announced() and not self.ctx.grow_announced():
             raise FailureAnnounced(f"the coordinator announced generation {self.ctx.latest['gen']}")
 
-    def resumed(self) -> None:
-        """A recovery ended here: the next step's time is reported."""
-        self.recovered_at = time.monotonic()
+    def resumed(self, report) -> None:
+        """A recovery ended here: the next step's time is reported, with
+        ``report()``'s scalars and line on the job's dashboards."""
+        self.recovered_at, self.report = time.monotonic(), report
 
     def after_step(self, trainer: Trainer, metrics: dict) -> None:
         self.ctx.iteration = trainer.progress.iteration
         if self.recovered_at is not None:
+            seconds = time.monotonic() - self.recovered_at
             self.mirror_hook.events.emit(
                 "first_iteration_after_recovery",
                 gen=self.ctx.gen,
                 iteration=trainer.progress.iteration,
-                seconds=round(time.monotonic() - self.recovered_at, 3),
+                seconds=round(seconds, 3),
             )
             self.recovered_at = None
+            values, line = self.report()
+            values["deadpool/first-iteration-seconds"] = seconds
+            trainer.dashboards.scalars(values, trainer.progress.iteration, None)
+            trainer.dashboards.text("deadpool/recovery", line, trainer.progress.iteration)
 
 
 class FaultHook(Hook):

@@ -64,9 +64,8 @@ def resize(rec, decision: Decision) -> None:
     mine = contributions(rec, decision, ring)
     old_buckets = optimizer_layout.buckets(old.state.model, old.state.optimizer)
     config = world_config(old.config, decision.world())
-    # The new last rank appends to the metrics file: close ours first.
-    if old.metrics is not None:
-        old.metrics.close()
+    # The new last rank appends to the metrics file and dashboards: close ours first.
+    old.close_logs()
     rec.events.close()
     trainer, hooks = rebuild_for(
         rec.ctx,

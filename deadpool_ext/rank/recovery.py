@@ -23,7 +23,7 @@ position against a fake world (no collectives), re-pointed the same way.
 """
 
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -82,6 +82,8 @@ class Recovery:
         self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
         self.completed = False  # the loop reached --train-iters
+        self.failure_seen_at = None  # when this rank saw the failure it recovers from
+        self.stage_ms = {}  # the recovery's stages, by event, as this rank timed them
         self.adopt(trainer, hooks)
 
     def adopt(self, trainer: Trainer, hooks: tuple) -> None:
@@ -128,6 +130,8 @@ class Recovery:
         self.events.emit(
             event, gen=self.ctx.gen, iteration=self.trainer.progress.iteration, **fields
         )
+        if "ms" in fields:
+            self.stage_ms[event] = fields["ms"]
 
     # ----- the loop -----
     def train(self) -> None:
@@ -188,6 +192,7 @@ class Recovery:
         """Until a generation after ``after_gen`` (default: this one) resumes;
         returns its decision."""
         self.ctx.state = WorkerState.RECOVERING
+        self.failure_seen_at, self.stage_ms = time.monotonic(), {}
         self.emit("failure_seen", error=error)
         self.logger.warning(
             "stopped after iteration %d: %s", self.trainer.progress.iteration, error
@@ -357,7 +362,38 @@ class Recovery:
         self.trainer.forget_after(decision.rollback_to)
         self.ctx.iteration = decision.rollback_to
         self.ctx.post(P.Resumed(gen=decision.gen, rank=self.trainer.runtime.rank))
-        self.recovery_hook.resumed()
+        self.recovery_hook.resumed(lambda: self.dashboard_report(decision))
+
+    def dashboard_report(self, decision: Decision) -> Tuple[Dict[str, float], str]:
+        """The recovery as the job's TensorBoard / W&B show it (written by the
+        last rank after the first iteration it completes): scalars and a line."""
+        values = {
+            "deadpool/generation": decision.gen,
+            "deadpool/data-parallel-size": self.config.data_parallel_size,
+            "deadpool/world-size": self.config.world_size,
+            "deadpool/rollback-iteration": decision.rollback_to,
+        }
+        if self.failure_seen_at is not None:  # a spare saw no failure
+            values["deadpool/recovery-seconds"] = time.monotonic() - self.failure_seen_at
+        for event, stage in DASHBOARD_STAGES.items():
+            if event in self.stage_ms:
+                values[f"deadpool/{stage}-ms"] = self.stage_ms[event]
+        line = f"generation {decision.gen}: {decision.action.value}"
+        line += f" ({decision.reason})" if decision.reason else ""
+        line += f", training goes on after iteration {decision.rollback_to}"
+        if decision.action.resizes:
+            line += f", data-parallel size {decision.old_dp} -> {decision.new_dp}"
+        return values, line
+
+
+# Recovery stages on the dashboards: event -> name.
+DASHBOARD_STAGES = {
+    "groups_torn_down": "teardown",
+    "groups_rebuilt": "rebuild",
+    "state_restored": "restore",
+    "shrunk": "resize",
+    "grown": "resize",
+}
 
 
 def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:

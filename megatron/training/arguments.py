@@ -210,6 +210,7 @@ def validate(config: Config) -> None:
         _check_precision,
         _check_data,
         _check_checkpoint,
+        _check_logging,
     ):
         check(config)
 
@@ -455,6 +456,65 @@ def _check_checkpoint(config: Config) -> None:
         c.ckpt_format in ("torch", "torch_dist"),
         f"--ckpt-format {c.ckpt_format} cannot be written or read here (torch_dcp and "
         "fsdp_dtensor belong to FSDP): use --ckpt-format torch_dist (the default)",
+    )
+
+
+def _check_logging(config: Config) -> None:
+    log = config.logging
+    _require(log.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive")
+    _require(log.tensorboard_queue_size > 0, "--tensorboard-queue-size must be positive")
+    dashboard = log.tensorboard_dir or log.wandb_project
+    for name in (
+        "log_timers_to_tensorboard",
+        "log_validation_ppl_to_tensorboard",
+        "log_memory_to_tensorboard",
+        "log_world_size_to_tensorboard",
+    ):
+        _require(
+            dashboard or not getattr(log, name),
+            f"--{name.replace('_', '-')} writes to TensorBoard or W&B: give --tensorboard-dir "
+            "DIR or --wandb-project NAME, or drop it",
+        )
+    _require(
+        dashboard or log.log_loss_scale_to_tensorboard,
+        "--no-log-loss-scale-to-tensorboard goes with --tensorboard-dir or --wandb-project",
+    )
+    _require(
+        not log.log_memory_to_tensorboard or config.parallel.distributed_backend == "nccl",
+        "--log-memory-to-tensorboard reads the CUDA allocator's statistics: there is none "
+        "on CPU; drop it",
+    )
+    if log.tensorboard_dir:
+        _require_package("tensorboard", "--tensorboard-dir")
+        _require(
+            _can_create(log.tensorboard_dir),
+            f"--tensorboard-dir {log.tensorboard_dir} cannot be written: choose another directory",
+        )
+    for name in ("wandb_exp_name", "wandb_save_dir", "wandb_entity"):
+        _require(
+            log.wandb_project or getattr(log, name) is None,
+            f"--{name.replace('_', '-')} goes with --wandb-project NAME",
+        )
+    if log.wandb_project:
+        from megatron.training.dashboards import wandb_directory
+
+        _require_package("wandb", "--wandb-project")
+        directory = wandb_directory(config)
+        _require(
+            directory is not None,
+            "--wandb-project needs --wandb-save-dir DIR or --save DIR (runs go to SAVE/wandb)",
+        )
+        _require(
+            _can_create(directory), f"W&B's directory {directory} cannot be written: choose another"
+        )
+
+
+def _require_package(module: str, flag: str) -> None:
+    import importlib.util
+
+    _require(
+        importlib.util.find_spec(module) is not None,
+        f"{flag} needs the python package '{module}': `pip install {module}`, or drop {flag}",
     )
 
 

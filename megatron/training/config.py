@@ -338,6 +338,34 @@ class LoggingConfig:
     metrics_file: Optional[str] = arg(
         help="Write each iteration's exact loss and grad norm as JSONL (last rank)."
     )
+    tensorboard_dir: Optional[str] = arg(
+        help="Write TensorBoard scalars here (from the last rank, Megatron-LM's names)."
+    )
+    tensorboard_log_interval: int = arg(1, help="Iterations between TensorBoard scalars.")
+    tensorboard_queue_size: int = arg(
+        1000, help="TensorBoard events held in memory before they are written."
+    )
+    log_timers_to_tensorboard: bool = arg(
+        False, help="Iteration time (and throughput with --log-throughput) to TensorBoard."
+    )
+    log_loss_scale_to_tensorboard: bool = arg(
+        True,
+        flag="--no-log-loss-scale-to-tensorboard",
+        help="Do not write the loss scale to TensorBoard.",
+    )
+    log_validation_ppl_to_tensorboard: bool = arg(
+        False, help="Validation perplexity to TensorBoard too."
+    )
+    log_memory_to_tensorboard: bool = arg(
+        False, help="CUDA allocator memory to TensorBoard (GPU only)."
+    )
+    log_world_size_to_tensorboard: bool = arg(False, help="World size to TensorBoard.")
+    wandb_project: Optional[str] = arg(
+        help="Weights & Biases project (offline unless W&B credentials or WANDB_MODE are set)."
+    )
+    wandb_exp_name: Optional[str] = arg(help="Weights & Biases run name.")
+    wandb_save_dir: Optional[str] = arg(help="Weights & Biases run directory (default SAVE/wandb).")
+    wandb_entity: Optional[str] = arg(help="Weights & Biases entity (team).")
 
 
 SECTIONS = {

@@ -8,6 +8,7 @@ before the parameter all-gather and around every step, and ``restart_at``
 puts it back at any progress.
 """
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -24,6 +25,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron.training import checkpointing, data, legacy_checkpoint, saving
 from megatron.training.config import Config
+from megatron.training.dashboards import Dashboards
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
     MetricsFile,
@@ -124,6 +126,7 @@ class Trainer:
             ExitSignalHandler().install() if config.logging.exit_signal_handler else None
         )
         self.metrics = None
+        self.dashboards = None  # TensorBoard and W&B, once set up
         self.window = _LogWindow()
         self.train_iterator = None
         self.saves = saving.Saves(config, self.logger)
@@ -154,12 +157,16 @@ class Trainer:
         self.progress = progress
         self.saves.abandon()
         self.reset_train_iterator()
+        if self.dashboards is not None:
+            self.dashboards.rewind(progress.iteration, progress.consumed_samples)
 
     def forget_after(self, iteration: int) -> None:
         """Iterations after ``iteration`` will be redone: drop their metrics
         lines and the log window's sums."""
         if self.metrics is not None:
             self.metrics.rewind(iteration)
+        if self.dashboards is not None:  # the state is back at ``iteration`` already
+            self.dashboards.rewind(iteration, self.progress.consumed_samples)
         self.window = _LogWindow()
 
     # ----- data -----
@@ -345,6 +352,9 @@ class Trainer:
             where = f"iteration {it}" if not final else "the end of training for val data"
             line = validation_log_line(where, losses)
             print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
+            self.dashboards.scalars(
+                validation_scalars(losses, cfg), it, self.progress.consumed_samples
+            )
 
     # ----- the loop -----
     def setup(self) -> None:
@@ -354,6 +364,10 @@ class Trainer:
         self.metrics = MetricsFile(
             self.config.logging.metrics_file if self.runtime.is_last_rank else None,
             append=self.progress.iteration > 0 or self.joining,
+        )
+        p = self.progress
+        self.dashboards = Dashboards(
+            self.config, self.runtime.is_last_rank, (p.iteration, p.consumed_samples)
         )
         self._call("on_setup")
 
@@ -414,10 +428,29 @@ class Trainer:
                     "seconds": metrics["seconds"],
                 }
             )
+        if p.iteration % cfg.logging.tensorboard_log_interval == 0:
+            self.dashboards.scalars(
+                self.iteration_scalars(metrics, lr), p.iteration, p.consumed_samples
+            )
         if p.iteration % cfg.logging.log_interval == 0 or p.iteration == 1:
             self.print_log_line(metrics, window, lr)
             window.__init__()
         self.maybe_validate()
+
+    def iteration_scalars(self, metrics: dict, lr: float) -> Dict[str, float]:
+        """This iteration's TensorBoard / W&B scalars, Megatron-LM's names."""
+        log = self.config.logging
+        values = {"learning-rate": lr, "batch-size": self.config.batch.global_batch_size}
+        values.update(metrics["losses"])
+        if log.log_loss_scale_to_tensorboard:
+            values["loss-scale"] = self.state.optimizer.get_loss_scale().item()
+        if log.log_world_size_to_tensorboard:
+            values["world-size"] = self.runtime.world_size
+        if metrics["grad_norm"] is not None:
+            values["grad-norm"] = metrics["grad_norm"]
+        if log.log_memory_to_tensorboard:
+            values.update(cuda_memory_scalars())
+        return values
 
     def print_log_line(self, metrics: dict, window: _LogWindow, lr: float) -> None:
         extra = [f for hook in self.hooks for f in hook.log_fields(self)]
@@ -429,6 +462,10 @@ class Trainer:
         if cfg.logging.log_throughput:
             tflops = flops_per_iteration(cfg) / elapsed / self.runtime.world_size / 1e12
         losses = {n: v / window.iterations for n, v in window.losses.items()}
+        if cfg.logging.log_timers_to_tensorboard and p.iteration > 1:  # as Megatron-LM
+            timed = {"iteration-time": elapsed}
+            timed.update({} if tflops is None else {"throughput": tflops})
+            self.dashboards.scalars(timed, p.iteration, None)
         print(
             training_log_line(
                 p.iteration,
@@ -488,10 +525,37 @@ class Trainer:
     def finish(self) -> None:
         self._saved(self.saves.wait())
         self._call("on_train_end")
-        if self.metrics is not None:
-            self.metrics.close()
+        self.close_logs()
         if self.signal_handler is not None:
             self.signal_handler.restore()
+
+    def close_logs(self) -> None:
+        """The metrics file and dashboards (another process may take them over)."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.dashboards is not None:
+            self.dashboards.close()
+
+
+def validation_scalars(losses: Dict[str, float], log) -> Dict[str, float]:
+    """'lm loss validation' (and its perplexity), Megatron-LM's names."""
+    values = {f"{name} validation": value for name, value in losses.items()}
+    if log.log_validation_ppl_to_tensorboard:
+        values.update(
+            {f"{name} validation ppl": math.exp(min(20, v)) for name, v in losses.items()}
+        )
+    return values
+
+
+def cuda_memory_scalars() -> Dict[str, float]:
+    """The CUDA allocator's figures Megatron-LM writes (GPU only: checked at start)."""
+    stats = torch.cuda.memory_stats()
+    return {
+        "mem-reserved-bytes": stats["reserved_bytes.all.current"],
+        "mem-allocated-bytes": stats["allocated_bytes.all.current"],
+        "mem-max-allocated-bytes": stats["allocated_bytes.all.peak"],
+        "mem-allocated-count": stats["allocation.all.current"],
+    }
 
 
 def padded_vocab_size(vocab_size: int, config: Config) -> int:

@@ -114,6 +114,8 @@ def deadpool_args(
             str(tmp / "events.jsonl"),
             "--deadpool-heartbeat-timeout",
             str(heartbeat_timeout),
+            "--tensorboard-dir",
+            str(tmp / "tb"),
         ]
         + [f"--deadpool-inject={f}" for f in faults]
     )
@@ -170,3 +172,23 @@ def must_succeed(result) -> None:
     proc, left = result
     assert proc.returncode == 0, f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert not left, f"processes left behind: {left}"
+
+
+def tensorboard_scalars(directory):
+    """{tag: [(step, value)]} as TensorBoard shows them (purges applied), of
+    the directory and its 'vs-samples' run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = {}
+    for run in (directory, os.path.join(directory, "vs-samples")):
+        events = EventAccumulator(run, size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars[tag] = [(e.step, e.value) for e in events.Scalars(tag)]
+    return scalars
+
+
+def float32(value):
+    import numpy
+
+    return float(numpy.float32(value))

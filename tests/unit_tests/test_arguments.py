@@ -253,10 +253,21 @@ SPECIAL = {
         1,
     ),
     "exit_on_missing_checkpoint": ([], True, ["--load", "ckpt"], (), 1),
+    # Dashboard flags: checked, not created, by parsing.
+    "log_timers_to_tensorboard": ([], True, ["--tensorboard-dir", "tb"], (), 1),
+    "log_loss_scale_to_tensorboard": ([], False, ["--tensorboard-dir", "tb"], (), 1),
+    "log_validation_ppl_to_tensorboard": ([], True, ["--tensorboard-dir", "tb"], (), 1),
+    "log_world_size_to_tensorboard": ([], True, ["--tensorboard-dir", "tb"], (), 1),
+    "wandb_project": (["p"], "p", ["--wandb-save-dir", "wb"], (), 1),
+    "wandb_exp_name": (["e"], "e", ["--wandb-project", "p", "--save", "ckpt"], (), 1),
+    "wandb_save_dir": (["wb"], "wb", ["--wandb-project", "p"], (), 1),
+    "wandb_entity": (["t"], "t", ["--wandb-project", "p", "--save", "ckpt"], (), 1),
     "use_checkpoint_args": ([], True, ["--load", "no-checkpoint-here"], (), 1),
 }
 # Accepted by the parser, then refused with a message naming the flag.
 UNSUPPORTED = {
+    # The CUDA allocator's figures: refused on CPU, where the tests run.
+    "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
     "train_samples": (["100"], ("--train-iters",)),
     "rampup_batch_size": (["2", "2", "10"], ()),

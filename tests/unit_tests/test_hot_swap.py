@@ -13,6 +13,8 @@ import re
 import pytest
 
 from dist_utils import (
+    float32,
+    tensorboard_scalars,
     assert_same_state,
     saved_args,
     checkpoint_state,
@@ -190,6 +192,22 @@ def test_events_tell_the_recovery(recovered):
         assert detected[0]["ranks"] == [2] and detected[1]["ranks"] == [1]
         assert "stuck" in detected[1]["reason"]
         assert stuck[0]["time"] < detected[1]["time"]
+
+
+def test_tensorboard_shows_the_recovered_curve_and_each_recovery(recovered):
+    """One 'lm loss' point per iteration, the recovered run's (the redone
+    iterations purged), and each recovery at the first iteration after it."""
+    name, tmp, _ = recovered
+    scalars = tensorboard_scalars(str(tmp / "tb"))
+    got = read_metrics(tmp / "metrics.jsonl")
+    assert scalars["lm loss"] == [(m["iteration"], float32(m["lm_loss"])) for m in got]
+    events = read_events(str(tmp / "events.jsonl"))
+    generations = [e["gen"] for e in events if e["event"] == "recovered"]
+    assert [v for _, v in scalars["deadpool/generation"]] == generations
+    steps = [s for s, _ in scalars["deadpool/generation"]]
+    assert [s for s, _ in scalars["deadpool/data-parallel-size"]] == steps
+    assert all(v > 0 for _, v in scalars["deadpool/first-iteration-seconds"])
+    assert all(v > 0 for _, v in scalars["deadpool/restore-ms"])
 
 
 def test_saves_that_fail_or_die_stop_nothing(recovered):

@@ -45,6 +45,8 @@ from dist_utils import (
     curve,
     model_tensors,
     deadpool_args,
+    float32,
+    tensorboard_scalars,
     launch_command,
     launch_deadpool,
     leftovers,
@@ -590,6 +592,13 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     grown = [e for e in found if e["event"] == "grown"]
     assert len(grown) == 8 and len({e["rollback_to"] for e in grown}) == 1
     assert ITERS > grown[0]["rollback_to"] >= 6
+    # TensorBoard: the curve once per iteration across three last ranks, and
+    # each resize with its data-parallel size.
+    scalars = tensorboard_scalars(str(tmp_path / "tb"))
+    got = read_metrics(tmp_path / "metrics.jsonl")
+    assert scalars["lm loss"] == [(m["iteration"], float32(m["lm_loss"])) for m in got]
+    assert [v for _, v in scalars["deadpool/data-parallel-size"]] == [3, 2, 4]
+    assert all(v > 0 for _, v in scalars["deadpool/resize-ms"])
 
 
 @pytest.mark.integration
