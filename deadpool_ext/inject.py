@@ -139,16 +139,17 @@ class Injector:
         self.fired = set()
 
     def due(self, phase: str, iteration: Optional[int] = None) -> List[Fault]:
-        """The faults that fire now (marked fired)."""
-        due = [
+        """The faults whose point this is and that have not fired yet. The
+        caller marks each one fired when it fires it: a rank that fails on a
+        peer's death before it gets there (the wait for its snapshot) meets
+        the fault again when it redoes the iteration."""
+        return [
             fault
             for fault in self.faults
             if fault not in self.fired
             and fault.point == phase
             and (phase == "recovery" or fault.iteration == iteration)
         ]
-        self.fired.update(due)
-        return due
 
 
 def fire(fault: Fault) -> None:

@@ -304,6 +304,7 @@ class FaultHook(Hook):
                 self.mirror_hook.mirror.wait_idle()
             if phase == "start":
                 self.wait_for_the_node(fault)
+            self.injector.fired.add(fault)
             self.mirror_hook.events.emit(
                 "fault_injected",
                 gen=self.ctx.gen,

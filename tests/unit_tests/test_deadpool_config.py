@@ -252,3 +252,18 @@ def test_checkpoint_policy_needs_a_save_directory():
     assert "add --save DIR" in error(args, 2, LAUNCHED)
     config = parse(args + ["--save", "/tmp/unused-ckpt"], 2, LAUNCHED)
     assert config.extra["deadpool"].deadpool_on_spares_exhausted == "checkpoint"
+
+
+def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
+    """A rank that fails on a peer's death while it waits to reach its
+    fault's point (its snapshot exchange) meets the fault in the redone
+    iteration: only firing consumes it (CI once lost a stall this way)."""
+    from deadpool_ext.inject import Injector, parse_fault
+
+    stall = parse_fault("stall:rank=1:iter=4:phase=forward")
+    injector = Injector([stall], rank=1, node=0, original=True)
+    assert injector.due("forward", 4) == [stall]
+    assert injector.due("forward", 4) == [stall]  # not reached: still due
+    injector.fired.add(stall)  # what the fault hook does as it fires it
+    assert injector.due("forward", 4) == []
+    assert Injector([stall], rank=1, node=0, original=False).due("forward", 4) == []  # a spare
