@@ -81,7 +81,8 @@ def flops_per_iteration(config: Config) -> float:
     kv_channels = m.kv_channels or h // m.num_attention_heads
     q_size = kv_channels * m.num_attention_heads
     kv_size = kv_channels * m.num_query_groups
-    attention = 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * 2 * s * q_size
+    # QK^T and (QK^T)V over half the positions (the causal mask), as Megatron-LM.
+    attention = 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * s * q_size
     mlp = 2 * h * m.ffn_hidden_size * (3 if m.swiglu else 2)
     vocab = config.extra.get("padded_vocab_size", 0)
     forward_per_token = layers * (attention + mlp) + 2 * h * vocab

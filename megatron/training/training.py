@@ -83,12 +83,20 @@ class _LogWindow:
     iterations: int = 0
     seconds: float = 0.0
     losses: Dict[str, float] = field(default_factory=dict)
+    skipped: int = 0  # Megatron-LM counts these per log interval
+    nans: int = 0
 
-    def add(self, seconds: float, losses: Dict[str, float]) -> None:
+    def add(self, seconds: float, losses: Dict[str, float], skipped: bool) -> None:
         self.iterations += 1
         self.seconds += seconds
+        self.skipped += int(skipped)
+        self.nans += int(is_nan(losses.get("lm loss")))
         for name, value in losses.items():
             self.losses[name] = self.losses.get(name, 0.0) + value
+
+
+def is_nan(loss: Optional[float]) -> bool:
+    return loss is not None and loss != loss
 
 
 ForwardStep = Callable  # (data_iterator, model) -> (output, loss_func)
@@ -349,7 +357,7 @@ class Trainer:
         )
         losses = self.evaluate(index)
         if self.runtime.is_last_rank:
-            where = f"iteration {it}" if not final else "the end of training for val data"
+            where = f"iteration {it}" + (" on validation set" if final else "")
             line = validation_log_line(where, losses)
             print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
             self.dashboards.scalars(
@@ -389,13 +397,16 @@ class Trainer:
         a signal or exit flag stopped it first."""
         until = self.config.training.train_iters if until is None else until
         while self.progress.iteration < until:
+            # The log line's time is the whole iteration, hooks included (as
+            # Megatron-LM's interval timer); the metrics file's is the step's.
+            began = time.perf_counter()
             self._call("before_step")
             start = time.perf_counter()
             metrics = self.train_step()
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
-            self.window.add(metrics["seconds"], metrics["losses"])
             self._call("after_step", metrics)
+            self.window.add(time.perf_counter() - began, metrics["losses"], metrics["skipped"])
             self.record(metrics, self.window)
             self._saved(self.saves.poll())
             if self.maybe_save_and_exit():
@@ -408,8 +419,7 @@ class Trainer:
         p.consumed_samples += self.config.batch.global_batch_size
         p.floating_point_operations += flops_per_iteration(self.config)
         p.skipped_iterations += int(metrics["skipped"])
-        loss = metrics["losses"].get("lm loss")
-        p.nan_iterations += int(loss is not None and loss != loss)
+        p.nan_iterations += int(is_nan(metrics["losses"].get("lm loss")))
 
     def record(self, metrics: dict, window: _LogWindow) -> None:
         """Metrics file every iteration; the log line every --log-interval."""
@@ -477,8 +487,8 @@ class Trainer:
                 losses,
                 self.state.optimizer.get_loss_scale().item(),
                 metrics["grad_norm"],
-                p.skipped_iterations,
-                p.nan_iterations,
+                window.skipped,
+                window.nans,
                 tflops,
                 extra,
             ),

@@ -530,7 +530,7 @@ def flops_per_iteration(args: argparse.Namespace) -> float:
     """A dense GPT's, counted as Megatron-LM counts them: 3 GEMM passes, 2
     FLOPs per multiply-add, causal attention halved, the logits included."""
     h, s, layers = args.hidden_size, args.seq_length, args.num_layers
-    attention = 4 * h * h + 2 * h * s
+    attention = 4 * h * h + h * s  # QKV and output projections; QK^T and (QK^T)V over s/2
     mlp = 2 * h * args.ffn_hidden_size
     logits = h * args.padded_vocab_size
     return 3 * 2 * args.global_batch_size * s * (layers * (attention + mlp) + logits)

@@ -412,3 +412,47 @@ def test_megatron_is_a_namespace_of_the_wheel_and_the_repo():
     assert getattr(megatron, "__file__", None) is None  # a namespace package
     paths = {os.path.realpath(p) for p in megatron.__path__}
     assert os.path.realpath(os.path.join(REPO, "megatron")) in paths
+
+
+def test_flops_are_megatron_lms_count_with_causal_attention():
+    """Megatron-LM's transformer_flops for a dense GPT with GQA and SwiGLU,
+    written out term by term: 3 passes x 2 FLOPs per multiply-add x tokens x
+    (per layer: QKV and output projections, QK^T and (QK^T)V over half the
+    positions, the MLP; then the logits)."""
+    from megatron.training.log import flops_per_iteration
+
+    h, s, layers, heads, groups, ffn, vocab, gbs = 256, 1024, 4, 8, 2, 704, 1024, 16
+    from megatron.training.arguments import parse_args
+
+    flags = {
+        "num-layers": layers,
+        "hidden-size": h,
+        "num-attention-heads": heads,
+        "num-query-groups": groups,
+        "ffn-hidden-size": ffn,
+        "seq-length": s,
+        "micro-batch-size": 1,
+        "global-batch-size": gbs,
+        "train-iters": 1,
+        "lr": 1,
+        "tokenizer-type": "ByteLevelTokenizer",
+    }
+    argv = [item for name, value in flags.items() for item in (f"--{name}", str(value))]
+    argv += ["--group-query-attention", "--swiglu", "--mock-data"]
+    config = parse_args(argv, world_size=1)
+    config.extra["padded_vocab_size"] = vocab
+    kv = h // heads * groups
+    per_layer = h * (h + 2 * kv) + h * s / 2 * 2 + h * h + 3 * h * ffn
+    assert flops_per_iteration(config) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
+
+
+def test_skipped_and_nan_iterations_are_counted_per_log_interval():
+    from megatron.training.training import _LogWindow
+
+    window = _LogWindow()
+    window.add(1.0, {"lm loss": float("nan")}, skipped=True)
+    window.add(1.0, {"lm loss": 2.0}, skipped=True)
+    assert (window.iterations, window.skipped, window.nans) == (2, 2, 1)
+    window.__init__()  # what the log line does after printing
+    window.add(1.0, {"lm loss": 2.0}, skipped=False)
+    assert (window.skipped, window.nans) == (0, 0)
