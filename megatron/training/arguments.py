@@ -185,6 +185,11 @@ def fill_defaults(config: Config) -> None:
         from megatron.training.tokenizer import DEFAULT_TOKENIZER_TYPE
 
         config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
+    p = config.parallel
+    if p.sequence_parallel and p.tensor_model_parallel_size == 1:
+        # As Megatron-LM: a warning, and sequence parallelism off.
+        _say("WARNING: disabling --sequence-parallel: --tensor-model-parallel-size is 1")
+        p.sequence_parallel = False
     if not _cuda_available() or config.parallel.cpu:
         config.parallel.distributed_backend = "gloo"
 
@@ -228,11 +233,6 @@ def _check_parallel_layout(config: Config) -> None:
         f"pipeline-parallel size {pp} = {tp * pp}: launch a multiple of {tp * pp} "
         f"processes or change --tensor-model-parallel-size / "
         f"--pipeline-model-parallel-size",
-    )
-    _require(
-        not p.sequence_parallel or tp > 1,
-        "--sequence-parallel needs --tensor-model-parallel-size > 1: drop the flag "
-        "or raise the tensor-parallel size",
     )
     _require(
         not p.overlap_param_gather or p.use_distributed_optimizer,

@@ -521,9 +521,14 @@ def test_bf16_with_fp16():
     _names_all(_config_error(argv("--bf16", "--fp16")), "--bf16", "--fp16")
 
 
-def test_sequence_parallel_without_tp():
-    message = _config_error(argv("--sequence-parallel"), world_size=2)
-    _names_all(message, "--sequence-parallel", "--tensor-model-parallel-size")
+def test_sequence_parallel_without_tp_is_turned_off_with_a_warning(capsys):
+    """As Megatron-LM (its LLaMA-3 example passes it at TP 1)."""
+    assert parse_args(argv("--sequence-parallel"), world_size=2).parallel.sequence_parallel is False
+    assert "disabling --sequence-parallel" in capsys.readouterr().out
+    config = parse_args(
+        argv("--sequence-parallel", "--tensor-model-parallel-size", "2"), world_size=2
+    )
+    assert config.parallel.sequence_parallel is True
 
 
 def test_overlap_param_gather_without_distributed_optimizer():
