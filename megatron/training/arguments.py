@@ -11,6 +11,7 @@ import typing
 from typing import Callable, Dict, List, Optional, Sequence
 
 from megatron.training.config import SECTIONS, TRACKER, Config
+from megatron.training.schedule import schedule_in_samples
 
 
 class ConfigError(ValueError):
@@ -179,7 +180,14 @@ def fill_defaults(config: Config) -> None:
         m.num_query_groups = m.num_attention_heads
     if b.global_batch_size is None and b.micro_batch_size and config.data_parallel_size > 0:
         b.global_batch_size = b.micro_batch_size * config.data_parallel_size
-    if t.train_iters is not None and t.lr_decay_iters is None:
+    _require(
+        (t.train_iters is None) != (t.train_samples is None),
+        "give exactly one of --train-iters and --train-samples",
+    )
+    if t.train_samples is not None and b.global_batch_size:
+        # As Megatron-LM: whole global batches (a partial last one is dropped).
+        t.train_iters = t.train_samples // b.global_batch_size
+    elif t.lr_decay_iters is None:
         t.lr_decay_iters = t.train_iters
     if config.tokenizer.tokenizer_type is None:
         from megatron.training.tokenizer import DEFAULT_TOKENIZER_TYPE
@@ -312,34 +320,41 @@ def _check_batch(config: Config) -> None:
 
 def _check_training(config: Config) -> None:
     t, log = config.training, config.logging
-    _require(
-        (t.train_iters is None) != (t.train_samples is None),
-        "give exactly one of --train-iters and --train-samples",
-    )
-    _require(t.train_samples is None, "--train-samples is not supported yet: use --train-iters")
-    _require(t.train_iters > 0, "--train-iters must be positive")
     _require(t.lr >= 0 and t.min_lr >= 0, "--lr and --min-lr must be non-negative")
+    samples = t.train_samples is not None
     _require(
-        t.lr_warmup_fraction is None or t.lr_warmup_iters == 0,
-        "give only one of --lr-warmup-fraction and --lr-warmup-iters",
+        t.train_iters > 0,
+        f"--train-samples {t.train_samples} is less than one global batch "
+        f"({config.batch.global_batch_size})"
+        if samples
+        else "--train-iters must be positive",
+    )
+    # As Megatron-LM: the schedule is given in iterations or in samples, not both.
+    unit, other = ("samples", "iters") if samples else ("iters", "samples")
+    for name, unset in (("lr_decay", None), ("lr_warmup", 0), ("lr_wsd_decay", None)):
+        _require(
+            getattr(t, f"{name}_{other}") == unset,
+            f"--{name.replace('_', '-')}-{other} goes with --train-{other}; with "
+            f"--train-{unit} give --{name.replace('_', '-')}-{unit}",
+        )
+    warmup_flag = f"--lr-warmup-{unit}"
+    _require(
+        t.lr_warmup_fraction is None or getattr(t, f"lr_warmup_{unit}") == 0,
+        f"give only one of --lr-warmup-fraction and {warmup_flag}",
     )
     _require(
         t.lr_warmup_fraction is None or 0 <= t.lr_warmup_fraction < 1,
         f"--lr-warmup-fraction {t.lr_warmup_fraction} must be in [0, 1)",
     )
-    warmup = (
-        t.lr_warmup_fraction * t.lr_decay_iters
-        if t.lr_warmup_fraction is not None
-        else t.lr_warmup_iters
+    steps = schedule_in_samples(config)
+    _require(
+        steps["warmup"] < steps["decay"],
+        f"warm-up ({steps['warmup']:g} samples) must be shorter than the decay "
+        f"({steps['decay']:g} samples): lower {warmup_flag} or raise --lr-decay-{unit}",
     )
     _require(
-        warmup < t.lr_decay_iters,
-        f"warm-up ({warmup:g} iterations) must be shorter than --lr-decay-iters "
-        f"{t.lr_decay_iters}: lower --lr-warmup-iters or raise --lr-decay-iters",
-    )
-    _require(
-        t.lr_decay_style != "WSD" or t.lr_wsd_decay_iters is not None,
-        "--lr-decay-style WSD needs --lr-wsd-decay-iters",
+        t.lr_decay_style != "WSD" or steps["wsd"] is not None,
+        f"--lr-decay-style WSD needs --lr-wsd-decay-{unit}",
     )
     _require(log.log_interval > 0, "--log-interval must be positive")
     _require(log.eval_interval > 0, "--eval-interval must be positive")

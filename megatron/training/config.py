@@ -132,6 +132,9 @@ class TrainingConfig:
         choices=["exponential", "linear", "cosine", "minus_sqrt"],
     )
     lr_wsd_decay_iters: Optional[int] = arg(help="Iterations of the WSD decay phase.")
+    lr_wsd_decay_samples: Optional[int] = arg(
+        help="Samples of the WSD decay phase (with --train-samples)."
+    )
     lr_warmup_iters: int = arg(0, help="Warm-up iterations.")
     lr_warmup_fraction: Optional[float] = arg(help="Warm-up as a fraction of decay.")
     lr_warmup_samples: int = arg(0, help="Warm-up samples (with --train-samples).")

@@ -16,7 +16,7 @@ def dataset_sizes(config: Config) -> List[int]:
     test split is never evaluated, so nothing is drawn from it."""
     t, log, gbs = config.training, config.logging, config.batch.global_batch_size
     evals = (t.train_iters // log.eval_interval + 1) * log.eval_iters
-    return [t.train_iters * gbs, evals * gbs, 0]
+    return [t.train_samples or t.train_iters * gbs, evals * gbs, 0]  # as Megatron-LM
 
 
 def split_weights(split: str) -> List[float]:

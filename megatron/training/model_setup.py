@@ -16,6 +16,7 @@ from megatron.core.transformer.module import Float16Module
 
 from megatron.training import layout_invariant_init
 from megatron.training.config import Config
+from megatron.training.schedule import schedule_in_samples
 
 
 def params_dtype(config: Config) -> torch.dtype:
@@ -131,28 +132,20 @@ def build_optimizer(model: List[DistributedDataParallel], config: Config):
 
 
 def build_scheduler(optimizer, config: Config) -> OptimizerParamScheduler:
-    """Megatron counts schedule steps in samples: iterations x global batch."""
-    t, gbs = config.training, config.batch.global_batch_size
-    decay_steps = t.lr_decay_iters * gbs
-    warmup_steps = (
-        int(t.lr_warmup_fraction * decay_steps)
-        if t.lr_warmup_fraction is not None
-        else t.lr_warmup_iters * gbs
-    )
-    wsd_steps = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters else None
+    t, steps = config.training, schedule_in_samples(config)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=t.lr_warmup_init,
         max_lr=t.lr,
         min_lr=t.min_lr,
-        lr_warmup_steps=warmup_steps,
-        lr_decay_steps=decay_steps,
+        lr_warmup_steps=steps["warmup"],
+        lr_decay_steps=steps["decay"],
         lr_decay_style=t.lr_decay_style,
         start_wd=t.weight_decay,
         end_wd=t.weight_decay,
-        wd_incr_steps=t.train_iters * gbs,
+        wd_incr_steps=steps["total"],
         wd_incr_style="constant",
-        wsd_decay_steps=wsd_steps,
+        wsd_decay_steps=steps["wsd"],
         lr_wsd_decay_style=t.lr_wsd_decay_style,
     )
 

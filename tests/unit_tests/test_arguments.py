@@ -245,6 +245,10 @@ SPECIAL = {
     "split": (["90,8,2"], "90,8,2", [], (), 1),
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
     "async_save": ([], True, ["--save", "ckpt"], (), 1),
+    "train_samples": (["100"], 100, [], ("--train-iters",), 1),
+    "lr_decay_samples": (["60"], 60, ["--train-samples", "100"], ("--train-iters",), 1),
+    "lr_warmup_samples": (["6"], 6, ["--train-samples", "100"], ("--train-iters",), 1),
+    "lr_wsd_decay_samples": (["6"], 6, ["--train-samples", "100"], ("--train-iters",), 1),
     "non_persistent_save_interval": (
         ["3"],
         3,
@@ -269,7 +273,6 @@ UNSUPPORTED = {
     # The CUDA allocator's figures: refused on CPU, where the tests run.
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
-    "train_samples": (["100"], ("--train-iters",)),
     "rampup_batch_size": (["2", "2", "10"], ()),
     "ckpt_format": (["torch"], ()),
 }
