@@ -46,6 +46,7 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
         share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
         position_embedding_type=m.position_embedding_type,
         rotary_base=m.rotary_base,
+        rotary_percent=m.rotary_percent,
     )
 
 

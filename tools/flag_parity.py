@@ -29,6 +29,11 @@ DIFFERENCES = {
     "megatron-core's local layers otherwise (Megatron-LM: transformer_engine)",
     "--eval-interval": "default 1000 (Megatron-LM's parser: None)",
     "--split": "default 969,30,1, the value Megatron-LM fills in when --data-path is given",
+    "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend enum)",
+    "--no-position-embedding": "stored as position_embedding (Megatron-LM: "
+    "add_position_embedding); deprecated in both, accepted with rope only",
+    "--use-mcore-models": "stored as use_mcore_models (Megatron-LM: deprecated_use_mcore_models); "
+    "ignored in both: megatron-core's models are the only ones",
 }
 
 

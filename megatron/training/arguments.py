@@ -218,6 +218,7 @@ def validate(config: Config) -> None:
     for check in (
         _check_parallel_layout,
         _check_model_shape,
+        _check_model_features,
         _check_batch,
         _check_training,
         _check_precision,
@@ -296,6 +297,27 @@ def _check_model_shape(config: Config) -> None:
     )
 
 
+def _check_model_features(config: Config) -> None:
+    m = config.model
+    _require(
+        m.position_embedding or m.position_embedding_type == "rope",
+        "--no-position-embedding is deprecated (as in Megatron-LM): use "
+        "--position-embedding-type rope",
+    )
+    _require(0 < m.rotary_percent <= 1, f"--rotary-percent {m.rotary_percent} must be in (0, 1]")
+    uses_te = m.transformer_impl == "transformer_engine" or (
+        m.transformer_impl == "auto"
+        and config.parallel.distributed_backend == "nccl"
+        and _te_importable()
+    )
+    _require(
+        m.attention_backend in ("auto", "local") or uses_te,
+        f"--attention-backend {m.attention_backend} is Transformer Engine's attention, "
+        "which needs a GPU with the transformer_engine package: use --attention-backend "
+        "auto or local here",
+    )
+
+
 def _te_importable() -> bool:
     import importlib.util
 
@@ -355,6 +377,11 @@ def _check_training(config: Config) -> None:
     _require(
         t.lr_decay_style != "WSD" or steps["wsd"] is not None,
         f"--lr-decay-style WSD needs --lr-wsd-decay-{unit}",
+    )
+    _require(t.manual_gc_interval >= 0, "--manual-gc-interval must be >= 0")
+    _require(
+        t.manual_gc or (t.manual_gc_interval == 0 and t.manual_gc_eval),
+        "--manual-gc-interval and --no-manual-gc-eval go with --manual-gc",
     )
     _require(log.log_interval > 0, "--log-interval must be positive")
     _require(log.eval_interval > 0, "--eval-interval must be positive")

@@ -42,6 +42,26 @@ class ModelConfig:
         "learned_absolute", help="Position embedding.", choices=["learned_absolute", "rope"]
     )
     rotary_base: int = arg(10000, help="Base of the rotary embedding.")
+    rotary_percent: float = arg(1.0, help="Share of each head's dimensions that rotate (rope).")
+    position_embedding: bool = arg(
+        True,
+        flag="--no-position-embedding",
+        help="Deprecated in Megatron-LM: accepted with --position-embedding-type rope only.",
+    )
+    use_mcore_models: bool = arg(
+        False, help="Deprecated in Megatron-LM: megatron-core's models are the only ones here."
+    )
+    attention_backend: str = arg(
+        "auto",
+        help="Attention implementation: auto, local (megatron-core's), or Transformer "
+        "Engine's flash, fused or unfused.",
+        choices=["flash", "fused", "unfused", "local", "auto"],
+    )
+    masked_softmax_fusion: bool = arg(
+        True,
+        flag="--no-masked-softmax-fusion",
+        help="Do not fuse scaling, masking and softmax (the fused kernel needs a GPU).",
+    )
     make_vocab_size_divisible_by: int = arg(
         128, help="Pad the vocabulary to a multiple of this (times TP)."
     )
@@ -154,6 +174,21 @@ class TrainingConfig:
     min_loss_scale: float = arg(1.0, help="Minimum dynamic loss scale.")
     loss_scale_window: float = arg(1000, help="Iterations between loss-scale increases.")
     hysteresis: int = arg(2, help="Overflows tolerated before the scale drops.")
+    manual_gc: bool = arg(
+        False, help="Python's garbage collector only at set points, the same on every rank."
+    )
+    manual_gc_interval: int = arg(
+        0, help="With --manual-gc, collect every this many iterations (0: never)."
+    )
+    manual_gc_eval: bool = arg(
+        True, flag="--no-manual-gc-eval", help="With --manual-gc, do not collect around validation."
+    )
+    empty_unused_memory_level: int = arg(
+        0,
+        help="Free the CUDA allocator's cache: 1 after forward-backward, 2 after the "
+        "optimizer step too.",
+        choices=[0, 1, 2],
+    )
 
 
 @dataclass(kw_only=True)
@@ -170,6 +205,15 @@ class DataConfig:
     reset_position_ids: bool = arg(False, help="Restart position ids after each EOD.")
     reset_attention_mask: bool = arg(False, help="Mask attention across EOD.")
     eod_mask_loss: bool = arg(False, help="No loss on EOD tokens.")
+    create_attention_mask_in_dataloader: bool = arg(
+        True,
+        flag="--no-create-attention-mask-in-dataloader",
+        help="Build no attention mask in the data loader (one is built only for "
+        "--reset-attention-mask: the causal mask is implied otherwise).",
+    )
+    mmap_bin_files: bool = arg(
+        True, flag="--no-mmap-bin-files", help="Read the .bin files without memory-mapping them."
+    )
 
 
 # Megatron-LM's --tokenizer-type names (and ours, ByteLevelTokenizer); what

@@ -96,7 +96,8 @@ def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
         eod_mask_loss=d.eod_mask_loss,
         # The causal mask is implied by the attention layers; a dense mask is
         # only needed when documents must not attend to each other.
-        create_attention_mask=d.reset_attention_mask,
+        create_attention_mask=d.reset_attention_mask and d.create_attention_mask_in_dataloader,
+        mmap_bin_files=d.mmap_bin_files,
         mid_level_dataset_surplus=0.005,
     )
 

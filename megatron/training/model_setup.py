@@ -12,6 +12,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from megatron.training import layout_invariant_init
@@ -60,7 +61,8 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp16=t.fp16,
         bias_activation_fusion=fused and not m.swiglu,
         bias_dropout_fusion=fused,
-        masked_softmax_fusion=fused,
+        masked_softmax_fusion=fused and m.masked_softmax_fusion,
+        attention_backend=AttnBackend[m.attention_backend],
         apply_rope_fusion=False,
         persist_layer_norm=fused,
         gradient_accumulation_fusion=False,

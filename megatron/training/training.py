@@ -8,6 +8,7 @@ before the parameter all-gather and around every step, and ``restart_at``
 puts it back at any progress.
 """
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -292,15 +293,27 @@ class Trainer:
             micro_batch_size=cfg.batch.micro_batch_size,
             forward_only=False,
         )
+        self.empty_unused_memory(level=1)
         self._call("before_optimizer_step")
         update_successful, grad_norm, _ = state.optimizer.step()
         if update_successful:
             state.scheduler.step(increment=cfg.batch.global_batch_size)
+        self.empty_unused_memory(level=2)
         return {
             "losses": self.reduce_losses(losses),
             "grad_norm": grad_norm,
             "skipped": not update_successful,
         }
+
+    def empty_unused_memory(self, level: int) -> None:
+        """--empty-unused-memory-level: the CUDA allocator's cache (none on CPU)."""
+        if self.config.training.empty_unused_memory_level >= level and not self.runtime.on_cpu:
+            torch.cuda.empty_cache()
+
+    def collect_garbage(self, generation: int = 2) -> None:
+        """--manual-gc: Python's collector runs here, at the same point on every rank."""
+        if self.config.training.manual_gc:
+            gc.collect(generation)
 
     def reduce_losses(self, microbatch_losses: List[dict]) -> Dict[str, float]:
         """Mean over microbatches and DP ranks; only the last stage has them."""
@@ -355,7 +368,11 @@ class Trainer:
             if final
             else it // cfg.eval_interval - 1
         )
+        if self.config.training.manual_gc_eval:
+            self.collect_garbage()
         losses = self.evaluate(index)
+        if self.config.training.manual_gc_eval:
+            self.collect_garbage(generation=0)  # what validation made
         if self.runtime.is_last_rank:
             where = f"iteration {it}" + (" on validation set" if final else "")
             line = validation_log_line(where, losses)
@@ -366,6 +383,9 @@ class Trainer:
 
     # ----- the loop -----
     def setup(self) -> None:
+        if self.config.training.manual_gc:
+            gc.disable()  # as Megatron-LM: collections only where collect_garbage runs
+            gc.collect()
         if not self.joining:
             self.load()
         self.reset_train_iterator()
@@ -408,6 +428,9 @@ class Trainer:
             self._call("after_step", metrics)
             self.window.add(time.perf_counter() - began, metrics["losses"], metrics["skipped"])
             self.record(metrics, self.window)
+            interval = self.config.training.manual_gc_interval
+            if interval and self.progress.iteration % interval == 0:
+                self.collect_garbage()
             self._saved(self.saves.poll())
             if self.maybe_save_and_exit():
                 return False

@@ -245,6 +245,12 @@ SPECIAL = {
     "split": (["90,8,2"], "90,8,2", [], (), 1),
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
     "async_save": ([], True, ["--save", "ckpt"], (), 1),
+    "rotary_percent": (["0.5"], 0.5, [], (), 1),
+    "position_embedding": ([], False, ["--position-embedding-type", "rope"], (), 1),
+    "attention_backend": (["local"], "local", [], (), 1),  # TE's are refused on CPU (below)
+    "manual_gc_interval": (["5"], 5, ["--manual-gc"], (), 1),
+    "manual_gc_eval": ([], False, ["--manual-gc"], (), 1),
+    "empty_unused_memory_level": (["2"], 2, [], (), 1),
     "train_samples": (["100"], 100, [], ("--train-iters",), 1),
     "lr_decay_samples": (["60"], 60, ["--train-samples", "100"], ("--train-iters",), 1),
     "lr_warmup_samples": (["6"], 6, ["--train-samples", "100"], ("--train-iters",), 1),
@@ -671,3 +677,13 @@ def test_help_lists_every_flag():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--exit-interval" in proc.stdout and "--deadpool-spare-wait" in proc.stdout
+
+
+def test_transformer_engines_attention_is_refused_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: False)
+    message = _config_error(argv("--attention-backend", "flash"))
+    _names_all(message, "--attention-backend flash", "transformer_engine", "auto or local")
+
+
+def test_no_position_embedding_goes_with_rope_only():
+    _names_all(_config_error(argv("--no-position-embedding")), "--position-embedding-type rope")
