@@ -67,9 +67,9 @@ def torchrun_command(nproc: int, args: List[str]) -> List[str]:
     ]
 
 
-def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
-    """Run to completion; fail the test with the output if it fails."""
-    proc = subprocess.run(
+def torchrun(nproc: int, args: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """pretrain_gpt.py on ``nproc`` ranks, run to its end; output captured."""
+    return subprocess.run(
         torchrun_command(nproc, args),
         env=worker_env(),
         cwd=REPO,
@@ -77,6 +77,11 @@ def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
         text=True,
         timeout=timeout,
     )
+
+
+def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
+    """Run to completion; fail the test with the output if it fails."""
+    proc = torchrun(nproc, args, timeout)
     if proc.returncode != 0:
         raise AssertionError(
             f"run failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"

@@ -33,6 +33,7 @@ from dist_utils import (
     model_tensors,
     read_metrics,
     run_pretrain,
+    torchrun,
     torchrun_command,
     worker_env,
 )
@@ -149,14 +150,7 @@ def test_finetune_takes_the_weights_only_even_into_bf16(written, tmp_path, fmt):
 
 def failed_run(nproc: int, args) -> str:
     """A run that must fail; its output."""
-    proc = subprocess.run(
-        torchrun_command(nproc, args),
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = torchrun(nproc, args)
     assert proc.returncode != 0, "the run should have failed"
     return proc.stdout + proc.stderr
 
