@@ -461,7 +461,7 @@ class Trainer:
                     "seconds": metrics["seconds"],
                 }
             )
-        if p.iteration % cfg.logging.tensorboard_log_interval == 0:
+        if self.dashboards.active and p.iteration % cfg.logging.tensorboard_log_interval == 0:
             self.dashboards.scalars(
                 self.iteration_scalars(metrics, lr), p.iteration, p.consumed_samples
             )
