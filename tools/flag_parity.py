@@ -32,6 +32,8 @@ DIFFERENCES = {
     "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend enum)",
     "--no-position-embedding": "stored as position_embedding (Megatron-LM: "
     "add_position_embedding); deprecated in both, accepted with rope only",
+    "--apply-layernorm-1p": "stored as apply_layernorm_1p (Megatron-LM: "
+    "layernorm_zero_centered_gamma); same meaning",
     "--use-mcore-models": "stored as use_mcore_models (Megatron-LM: deprecated_use_mcore_models); "
     "ignored in both: megatron-core's models are the only ones",
 }

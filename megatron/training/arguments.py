@@ -291,7 +291,7 @@ def _check_model_shape(config: Config) -> None:
         f"{m.max_position_embeddings}: raise --max-position-embeddings",
     )
     _require(
-        m.transformer_impl != "transformer_engine" or _te_importable(),
+        m.transformer_impl != "transformer_engine" or _importable("transformer_engine"),
         "--transformer-impl transformer_engine needs the transformer_engine package: "
         "install it or use --transformer-impl local",
     )
@@ -308,7 +308,13 @@ def _check_model_features(config: Config) -> None:
     uses_te = m.transformer_impl == "transformer_engine" or (
         m.transformer_impl == "auto"
         and config.parallel.distributed_backend == "nccl"
-        and _te_importable()
+        and _importable("transformer_engine")
+    )
+    on_gpu = config.parallel.distributed_backend == "nccl"
+    _require(
+        not m.apply_layernorm_1p or uses_te or (on_gpu and _importable("apex")),
+        "--apply-layernorm-1p needs Transformer Engine's or Apex's LayerNorm (torch's has "
+        "no zero-centred weights), on a GPU: drop it here",
     )
     _require(
         m.attention_backend in ("auto", "local") or uses_te,
@@ -318,10 +324,10 @@ def _check_model_features(config: Config) -> None:
     )
 
 
-def _te_importable() -> bool:
+def _importable(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("transformer_engine") is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def _check_batch(config: Config) -> None:

@@ -57,6 +57,11 @@ class ModelConfig:
         "Engine's flash, fused or unfused.",
         choices=["flash", "fused", "unfused", "local", "auto"],
     )
+    apply_layernorm_1p: bool = arg(
+        False,
+        help="LayerNorm weights centred on zero (stored as gamma - 1); needs Transformer "
+        "Engine's or Apex's LayerNorm (a GPU).",
+    )
     masked_softmax_fusion: bool = arg(
         True,
         flag="--no-masked-softmax-fusion",

@@ -49,6 +49,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         init_method_std=m.init_method_std,
         layernorm_epsilon=m.norm_epsilon,
         normalization=m.normalization,
+        layernorm_zero_centered_gamma=m.apply_layernorm_1p,
         gated_linear_unit=m.swiglu,
         activation_func=F.silu if m.swiglu else F.gelu,
         add_bias_linear=not m.disable_bias_linear,

@@ -48,7 +48,6 @@ MIXTRAL_8X7B = """--attention-dropout --bf16 --clip-grad --data-path --disable-b
 MISSING = {
     "gpt3_175b": set(),
     "llama3_8b_fp8": {
-        "--apply-layernorm-1p",
         "--calculate-per-token-loss",
         "--context-parallel-size",
         "--cross-entropy-loss-fusion",
