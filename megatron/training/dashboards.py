@@ -100,22 +100,26 @@ class Dashboards:
             self.open_wandb().log({tag: text}, step=iteration)
 
     def write_tensorboard(self, write) -> None:
+        """``write()`` with the writers open; once more with new writers when
+        it fails (the error may be an earlier one of the writer's thread)."""
         if not self.log_dir:
             return
-        try:
-            if self.tensorboard is None:
-                self.open_tensorboard()
-            write()
-            self.failed = False
-        except OSError as error:  # its writer thread's error comes back here too
-            if not self.failed:
-                print(
-                    f"WARNING: TensorBoard cannot write to {self.log_dir} ({error!r}): "
-                    "these values are lost, training goes on",
-                    flush=True,
-                )
-            self.failed = True
-            self.close_tensorboard()
+        for _ in range(2):
+            try:
+                if self.tensorboard is None:
+                    self.open_tensorboard()
+                write()
+                self.failed = False
+                return
+            except OSError as error:  # its writer thread's error comes back here too
+                if not self.failed:
+                    print(
+                        f"WARNING: TensorBoard cannot write to {self.log_dir} ({error!r}): "
+                        "what it could not write is lost; training goes on",
+                        flush=True,
+                    )
+                self.failed = True
+                self.close_tensorboard()
 
     def open_wandb(self):
         if self.wandb is None:

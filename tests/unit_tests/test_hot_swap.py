@@ -200,7 +200,14 @@ def test_tensorboard_shows_the_recovered_curve_and_each_recovery(recovered):
     name, tmp, _ = recovered
     scalars = tensorboard_scalars(str(tmp / "tb"))
     got = read_metrics(tmp / "metrics.jsonl")
-    assert scalars["lm loss"] == [(m["iteration"], float32(m["lm_loss"])) for m in got]
+    # disk-full: rank 3, the last rank, may write iteration 2's events while
+    # its disk is full; those are lost, and nothing else.
+    lost = {2} if name == "disk-full" else set()
+    written = [(m["iteration"], float32(m["lm_loss"])) for m in got]
+    assert set(written) - set(scalars["lm loss"]) <= {w for w in written if w[0] in lost}
+    assert set(scalars["lm loss"]) <= set(written)
+    steps = [s for s, _ in scalars["lm loss"]]
+    assert steps == sorted(set(steps))  # each iteration once
     events = read_events(str(tmp / "events.jsonl"))
     generations = [e["gen"] for e in events if e["event"] == "recovered"]
     assert [v for _, v in scalars["deadpool/generation"]] == generations
