@@ -558,10 +558,8 @@ def _check_logging(config: Config) -> None:
 
 
 def _require_package(module: str, flag: str) -> None:
-    import importlib.util
-
     _require(
-        importlib.util.find_spec(module) is not None,
+        _importable(module),
         f"{flag} needs the python package '{module}': `pip install {module}`, or drop {flag}",
     )
 
