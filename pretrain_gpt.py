@@ -66,13 +66,17 @@ def get_batch(data_iterator):
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Mean token loss of the microbatch, and its value for logging."""
-    losses = output_tensor.float()
+    """Megatron-LM's: the microbatch's loss summed over its tokens, their
+    count, and both for the log. megatron-core's schedule divides the sum by
+    the count unless --calculate-per-token-loss (then the gradients are
+    divided by the whole batch's tokens)."""
+    losses = output_tensor.view(-1).float()
     loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum().clamp(min=1)
-    # clone: the schedule divides the returned loss in place by the number
-    # of microbatches, and a detached view would share that storage.
-    return loss, {"lm loss": loss.detach().clone()}
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    # clone: the schedule divides the returned loss in place.
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
+    return loss, num_tokens, {"lm loss": report}
 
 
 def forward_step(data_iterator, model):

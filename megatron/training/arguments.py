@@ -11,7 +11,7 @@ import typing
 from typing import Callable, Dict, List, Optional, Sequence
 
 from megatron.training.config import SECTIONS, TRACKER, Config
-from megatron.training.schedule import schedule_in_samples
+from megatron.training.schedule import GlobalBatch, schedule_in_samples
 
 
 class ConfigError(ValueError):
@@ -184,9 +184,9 @@ def fill_defaults(config: Config) -> None:
         (t.train_iters is None) != (t.train_samples is None),
         "give exactly one of --train-iters and --train-samples",
     )
-    if t.train_samples is not None and b.global_batch_size:
+    if t.train_samples is not None and b.global_batch_size and _ramp_is_sound(config):
         # As Megatron-LM: whole global batches (a partial last one is dropped).
-        t.train_iters = t.train_samples // b.global_batch_size
+        t.train_iters = GlobalBatch(config).iterations(t.train_samples)
     elif t.lr_decay_iters is None:
         t.lr_decay_iters = t.train_iters
     if config.tokenizer.tokenizer_type is None:
@@ -340,9 +340,49 @@ def _check_batch(config: Config) -> None:
         f"--micro-batch-size {b.micro_batch_size} x data-parallel size {dp} = {step}: "
         f"use a multiple of {step}",
     )
+    if b.rampup_batch_size is not None:
+        _check_ramp(config)
+
+
+def _ramp_problem(config: Config) -> Optional[str]:
+    """What is wrong with --rampup-batch-size START INCREMENT SAMPLES, if anything."""
+    b = config.batch
+    start, increment, samples = b.rampup_batch_size
+    if config.training.train_samples is None:
+        return (
+            "--rampup-batch-size goes with --train-samples (as Megatron-LM): give the "
+            "run's length in samples"
+        )
+    if not 0 < start < b.global_batch_size:
+        return (
+            f"--rampup-batch-size starts at {start}: give a start between 0 and "
+            f"--global-batch-size {b.global_batch_size}, both excluded"
+        )
+    if increment <= 0 or (b.global_batch_size - start) % increment:
+        return (
+            f"--rampup-batch-size's increment {increment} must be positive and divide "
+            f"--global-batch-size {b.global_batch_size} - start {start}"
+        )
+    if samples <= 0:
+        return f"--rampup-batch-size's ramp of {samples} samples must be positive"
+    return None
+
+
+def _ramp_is_sound(config: Config) -> bool:
+    return config.batch.rampup_batch_size is None or _ramp_problem(config) is None
+
+
+def _check_ramp(config: Config) -> None:
+    b, dp = config.batch, config.data_parallel_size
+    problem = _ramp_problem(config)
+    _require(problem is None, problem or "")
+    step = b.micro_batch_size * dp
+    uneven = [size for size in GlobalBatch(config).steps() if size % step]
     _require(
-        b.rampup_batch_size is None,
-        "--rampup-batch-size is not supported yet: drop it and set --global-batch-size",
+        not uneven,
+        f"--rampup-batch-size reaches batch sizes {uneven[:4]} that --micro-batch-size "
+        f"{b.micro_batch_size} x data-parallel size {dp} = {step} does not divide: use a "
+        f"start and an increment that are multiples of {step}",
     )
 
 
@@ -384,6 +424,11 @@ def _check_training(config: Config) -> None:
         t.lr_decay_style != "WSD" or steps["wsd"] is not None,
         f"--lr-decay-style WSD needs --lr-wsd-decay-{unit}",
     )
+    _require(
+        t.decoupled_min_lr is None or t.decoupled_lr is not None,
+        "--decoupled-min-lr goes with --decoupled-lr: give that too (the embedding and "
+        "output layer's peak learning rate)",
+    )
     _require(t.manual_gc_interval >= 0, "--manual-gc-interval must be >= 0")
     _require(
         t.manual_gc or (t.manual_gc_interval == 0 and t.manual_gc_eval),
@@ -396,6 +441,10 @@ def _check_training(config: Config) -> None:
 def _check_precision(config: Config) -> None:
     t = config.training
     _require(not (t.bf16 and t.fp16), "give only one of --bf16 and --fp16")
+    _require(
+        t.bf16 or not t.grad_reduce_in_bf16,
+        "--grad-reduce-in-bf16 goes with --bf16 (other gradients are never bf16)",
+    )
 
 
 def _check_data(config: Config) -> None:

@@ -132,7 +132,9 @@ class BatchConfig:
         help="Samples per iteration over all ranks (default micro-batch-size * DP)."
     )
     rampup_batch_size: Optional[List[int]] = arg(
-        help="Batch-size ramp-up: start increment samples.", nargs=3
+        help="Batch-size ramp-up: START INCREMENT SAMPLES, from START to --global-batch-size "
+        "in steps of INCREMENT over SAMPLES samples (with --train-samples).",
+        nargs=3,
     )
 
 
@@ -144,6 +146,12 @@ class TrainingConfig:
     train_samples: Optional[int] = arg(help="Samples to train (or use --train-iters).")
     lr: Optional[float] = arg(help="Peak learning rate.", required=True)
     min_lr: float = arg(0.0, help="Learning rate floor.")
+    decoupled_lr: Optional[float] = arg(
+        help="Peak learning rate of the input embedding and output layer (default --lr)."
+    )
+    decoupled_min_lr: Optional[float] = arg(
+        help="Learning-rate floor of the input embedding and output layer (default --min-lr)."
+    )
     lr_decay_style: str = arg(
         "linear",
         help="Learning-rate decay.",
@@ -179,6 +187,17 @@ class TrainingConfig:
     min_loss_scale: float = arg(1.0, help="Minimum dynamic loss scale.")
     loss_scale_window: float = arg(1000, help="Iterations between loss-scale increases.")
     hysteresis: int = arg(2, help="Overflows tolerated before the scale drops.")
+    accumulate_allreduce_grads_in_fp32: bool = arg(
+        False, help="Accumulate and reduce gradients in fp32 (always so with --bf16)."
+    )
+    grad_reduce_in_bf16: bool = arg(
+        False, help="With --bf16, accumulate and reduce gradients in bf16 instead of fp32."
+    )
+    calculate_per_token_loss: bool = arg(
+        False,
+        help="Average the loss over all the global batch's tokens instead of over each "
+        "microbatch's, then over microbatches and replicas.",
+    )
     manual_gc: bool = arg(
         False, help="Python's garbage collector only at set points, the same on every rank."
     )

@@ -2,13 +2,14 @@
 function of the number of samples consumed (so a run can resume, or redo an
 iteration, from nothing but that count)."""
 
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 from megatron.training.config import Config
+from megatron.training.schedule import GlobalBatch
 
 
 def dataset_sizes(config: Config) -> List[int]:
@@ -142,7 +143,8 @@ def microbatches_per_iteration(
 class MicrobatchSampler:
     """Yields this DP rank's microbatches from ``consumed_samples`` on.
 
-    With ``global_batch_size`` it walks whole iterations and takes this
+    With ``global_batch_size`` (a size, or the size at a count of consumed
+    samples: --rampup-batch-size) it walks whole iterations and takes this
     rank's quota of each (``microbatches_per_iteration``); the order is the
     same as without it whenever DP divides the iteration's microbatches."""
 
@@ -153,7 +155,7 @@ class MicrobatchSampler:
         micro_batch_size: int,
         dp_rank: int,
         dp_size: int,
-        global_batch_size: Optional[int] = None,
+        global_batch_size: Union[None, int, Callable[[int], int]] = None,
     ):
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
@@ -172,30 +174,52 @@ class MicrobatchSampler:
                 chunk_start, 0, self.micro_batch_size, self.dp_rank, self.dp_size
             )
 
+    def _iterations(self) -> Iterator[Tuple[int, int]]:
+        """(first sample, global batch) of each whole iteration left."""
+        batch_at = self.global_batch_size
+        if not callable(batch_at):
+            batch_at = lambda _, size=batch_at: size  # noqa: E731
+        base = self.consumed_samples
+        while base + batch_at(base) <= self.total_samples:
+            yield base, batch_at(base)
+            base += batch_at(base)
+
     def _by_iteration(self) -> Iterator[List[int]]:
-        gbs, mbs = self.global_batch_size, self.micro_batch_size
-        quota = microbatches_per_iteration(gbs, mbs, self.dp_rank, self.dp_size)
-        for base in range(self.consumed_samples, self.total_samples - gbs + 1, gbs):
-            for j in range(quota):
+        mbs = self.micro_batch_size
+        for base, gbs in self._iterations():
+            for j in range(microbatches_per_iteration(gbs, mbs, self.dp_rank, self.dp_size)):
                 start = base + (j * self.dp_size + self.dp_rank) * mbs
                 yield list(range(start, start + mbs))
 
     def __len__(self) -> int:
-        if self.global_batch_size is not None:
+        if self.global_batch_size is not None and not callable(self.global_batch_size):
             iterations = max(
                 0, (self.total_samples - self.consumed_samples) // self.global_batch_size
             )
             return iterations * microbatches_per_iteration(
                 self.global_batch_size, self.micro_batch_size, self.dp_rank, self.dp_size
             )
+        if self.global_batch_size is not None:
+            return sum(
+                microbatches_per_iteration(gbs, self.micro_batch_size, self.dp_rank, self.dp_size)
+                for _, gbs in self._iterations()
+            )
         step = self.micro_batch_size * self.dp_size
         return max(0, (self.total_samples - self.consumed_samples) // step)
 
 
 def build_iterator(
-    dataset, consumed_samples: int, config: Config, dp_rank: int, dp_size: int, on_cpu: bool
+    dataset,
+    consumed_samples: int,
+    config: Config,
+    dp_rank: int,
+    dp_size: int,
+    on_cpu: bool,
+    ramp: bool = True,
 ) -> Optional[Iterator]:
-    """An iterator of collated microbatches, or None when there is no data."""
+    """An iterator of collated microbatches, or None when there is no data.
+    ramp: training's batches follow --rampup-batch-size; validation's are
+    the full global batch (as Megatron-LM)."""
     if dataset is None:
         return None
     sampler = MicrobatchSampler(
@@ -204,7 +228,7 @@ def build_iterator(
         config.batch.micro_batch_size,
         dp_rank,
         dp_size,
-        config.batch.global_batch_size,
+        GlobalBatch(config).at if ramp else config.batch.global_batch_size,
     )
     workers = config.data.num_workers
     # A private generator: building a loader draws a base seed, and drawing it

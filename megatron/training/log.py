@@ -74,9 +74,9 @@ def validation_log_line(where: str, losses: Dict[str, float]) -> str:
     return "".join(parts)
 
 
-def flops_per_iteration(config: Config) -> float:
+def flops_per_iteration(config: Config, global_batch_size: int) -> float:
     """Model FLOPs of one iteration (forward and backward, 3x forward)."""
-    m, gbs = config.model, config.batch.global_batch_size
+    m, gbs = config.model, global_batch_size
     h, s, layers = m.hidden_size, m.seq_length, m.num_layers
     kv_channels = m.kv_channels or h // m.num_attention_heads
     q_size = kv_channels * m.num_attention_heads

@@ -67,6 +67,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         apply_rope_fusion=False,
         persist_layer_norm=fused,
         gradient_accumulation_fusion=False,
+        calculate_per_token_loss=t.calculate_per_token_loss,
     )
 
 
@@ -88,6 +89,16 @@ class HookedDistributedDataParallel(DistributedDataParallel):
         return super().start_param_sync(*args, **kwargs)
 
 
+def reduce_grads_in_fp32(config: Config) -> bool:
+    """As Megatron-LM: fp32 gradients with --bf16 unless --grad-reduce-in-bf16;
+    otherwise only with --accumulate-allreduce-grads-in-fp32 (fp32 training
+    has fp32 gradients anyway)."""
+    t = config.training
+    if t.bf16:
+        return not t.grad_reduce_in_bf16
+    return t.accumulate_allreduce_grads_in_fp32
+
+
 def wrap_model(
     module: torch.nn.Module, tf_config: TransformerConfig, config: Config
 ) -> DistributedDataParallel:
@@ -96,7 +107,7 @@ def wrap_model(
         module = Float16Module(tf_config, module)
     p = config.parallel
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=config.training.bf16 or config.training.fp16,
+        grad_reduce_in_fp32=reduce_grads_in_fp32(config),
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,
@@ -130,6 +141,8 @@ def build_optimizer(model: List[DistributedDataParallel], config: Config):
         hysteresis=t.hysteresis,
         use_distributed_optimizer=p.use_distributed_optimizer,
         overlap_param_gather=p.overlap_param_gather,
+        decoupled_lr=t.decoupled_lr,
+        decoupled_min_lr=t.decoupled_min_lr,
     )
     return get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
 

@@ -1,4 +1,7 @@
-"""The learning-rate schedule's lengths, as Megatron-LM counts them (pure)."""
+"""The learning-rate schedule's lengths and the global batch size's
+ramp-up, as Megatron-LM counts them (pure)."""
+
+from typing import List
 
 from megatron.training.config import Config
 
@@ -17,3 +20,59 @@ def schedule_in_samples(config: Config) -> dict:
     if t.lr_warmup_fraction is not None:
         warmup = t.lr_warmup_fraction * decay
     return {"warmup": warmup, "decay": decay, "wsd": wsd, "total": total}
+
+
+class GlobalBatch:
+    """The global batch size at each point of training: Megatron-LM's
+    --rampup-batch-size, counted by megatron-core's calculator.
+
+    A pure function of the samples consumed, so a resumed or recovered run
+    and a shrunk one (fewer replicas, uneven quotas) take the failure-free
+    run's batches: the microbatch count of every iteration is the same."""
+
+    def __init__(self, config: Config):
+        b = config.batch
+        self.final = b.global_batch_size
+        self._ramp = None
+        if b.rampup_batch_size:
+            from megatron.core.num_microbatches_calculator import (
+                RampupBatchsizeNumMicroBatchesCalculator,
+            )
+
+            start, increment, samples = b.rampup_batch_size
+            self.ramp_samples = samples
+            # data-parallel size 1, checks off: every step of the ramp is
+            # checked against the launched DP size before training
+            # (arguments.py); rank 1 keeps the calculator from logging.
+            self._ramp = RampupBatchsizeNumMicroBatchesCalculator(
+                b.global_batch_size, b.micro_batch_size, 1, False, 1, start, increment, samples
+            )
+
+    @property
+    def ramps(self) -> bool:
+        return self._ramp is not None
+
+    def at(self, consumed_samples: int) -> int:
+        if self._ramp is None:
+            return self.final
+        self._ramp.update(consumed_samples, consistency_check=False)
+        return self._ramp.get_current_global_batch_size()
+
+    def steps(self) -> List[int]:
+        """Every batch size of the ramp, the final one last."""
+        if self._ramp is None:
+            return [self.final]
+        r = self._ramp
+        return list(range(r.start_global_batch_size, self.final + 1, r.batch_size_increment))
+
+    def iterations(self, train_samples: int) -> int:
+        """Megatron-LM's count of iterations for --train-samples: the ramp's
+        iterations (the last may pass the ramp's end), then whole final
+        batches; a partial last batch is dropped."""
+        if self._ramp is None:
+            return train_samples // self.final
+        iterations = consumed = 0
+        while consumed <= self.ramp_samples and consumed <= train_samples:
+            consumed += self.at(consumed)
+            iterations += 1
+        return iterations + max(0, train_samples - consumed) // self.final

@@ -20,6 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import (
     init_num_microbatches_calculator,
     unset_num_microbatches_calculator,
+    update_num_microbatches,
 )
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -36,6 +37,7 @@ from megatron.training.log import (
     validation_log_line,
 )
 from megatron.training.model_setup import TrainState, setup_model_and_optimizer
+from megatron.training.schedule import GlobalBatch
 from megatron.training.signals import ExitSignalHandler
 from megatron.training.tokenizer import build_tokenizer
 
@@ -100,6 +102,14 @@ def is_nan(loss: Optional[float]) -> bool:
     return loss is not None and loss != loss
 
 
+def _pair_sum(values: List[torch.Tensor]) -> torch.Tensor:
+    """[sum, count] of microbatch losses: [sum, tokens] pairs, or single values."""
+    stacked = torch.stack([v.detach().float().view(-1) for v in values])
+    if stacked.shape[1] == 1:
+        stacked = torch.cat([stacked, torch.ones_like(stacked)], dim=1)
+    return stacked.sum(dim=0)
+
+
 ForwardStep = Callable  # (data_iterator, model) -> (output, loss_func)
 
 
@@ -140,6 +150,22 @@ class Trainer:
         self.train_iterator = None
         self.saves = saving.Saves(config, self.logger)
         self.start_time = time.time()
+        self.global_batch = GlobalBatch(config)
+        self._last_batch_size = None  # of the iteration before: a ramp step saves
+        self.megatron_calculator = self._init_megatron_calculator()
+
+    def _init_megatron_calculator(self) -> bool:
+        """megatron-core's global microbatch count, which only its CUDA
+        graphs read; a shrunk job's uneven quotas live in num_microbatches
+        instead (not set then)."""
+        b, dp = self.config.batch, self.config.data_parallel_size
+        unset_num_microbatches_calculator()  # a shrunk job builds again in the same process
+        if any(size % (b.micro_batch_size * dp) for size in self.global_batch.steps()):
+            return False
+        init_num_microbatches_calculator(
+            self.runtime.rank, b.rampup_batch_size, b.global_batch_size, b.micro_batch_size, dp
+        )
+        return True
 
     # ----- hook points inside megatron-core's schedule and optimizer -----
     def _call(self, name: str, *args) -> None:
@@ -164,6 +190,7 @@ class Trainer:
     def restart_at(self, progress: Progress) -> None:
         """Go on from ``progress`` (a restored state's): read data from there."""
         self.progress = progress
+        self._last_batch_size = None
         self.saves.abandon()
         self.reset_train_iterator()
         if self.dashboards is not None:
@@ -180,12 +207,20 @@ class Trainer:
 
     # ----- data -----
     @property
+    def batch_size(self) -> int:
+        """The global batch of the next iteration (--rampup-batch-size)."""
+        return self.global_batch.at(self.progress.consumed_samples)
+
+    @property
     def num_microbatches(self) -> int:
-        """This replica's share of the global batch (uneven after a shrink)."""
-        b = self.config.batch
+        """This replica's share of the next iteration's global batch."""
+        return self.microbatches(self.batch_size)
+
+    def microbatches(self, global_batch_size: int) -> int:
+        """This replica's share of a global batch (uneven after a shrink)."""
         return data.microbatches_per_iteration(
-            b.global_batch_size,
-            b.micro_batch_size,
+            global_batch_size,
+            self.config.batch.micro_batch_size,
             self.runtime.dp_rank,
             self.config.data_parallel_size,
         )
@@ -193,10 +228,15 @@ class Trainer:
     def scale_gradients_by_quota(self) -> None:
         """DDP averages gradients over DP (x 1/DP), each replica having
         averaged its own microbatches (x 1/quota). With uneven quotas the
-        global mean needs x quota/slots instead: set it on every bucket."""
+        global mean needs x quota/slots instead: set it on every bucket
+        (quota/slots is 1/DP exactly when the quotas are even). Per-token
+        loss needs nothing: gradients are summed, then divided by the
+        tokens of all replicas."""
         b, dp = self.config.batch, self.config.data_parallel_size
-        slots = b.global_batch_size // b.micro_batch_size
-        if slots % dp == 0:
+        slots = self.batch_size // b.micro_batch_size
+        if self.config.training.calculate_per_token_loss:
+            return
+        if slots % dp == 0 and not self.global_batch.ramps:
             return  # Megatron's own 1/DP is already exact
         factor = self.num_microbatches / slots
         for chunk in self.state.model:
@@ -204,7 +244,7 @@ class Trainer:
                 for bucket in buffer.buckets:
                     bucket.gradient_scaling_factor = factor
 
-    def data_iterator(self, dataset, consumed_samples: int):
+    def data_iterator(self, dataset, consumed_samples: int, training: bool = True):
         """Only the first and last pipeline stages read data."""
         needs_data = (
             parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
@@ -216,6 +256,7 @@ class Trainer:
             self.runtime.dp_rank,
             self.config.data_parallel_size,
             self.runtime.on_cpu,
+            ramp=training,
         )
 
     def reset_train_iterator(self) -> None:
@@ -280,7 +321,11 @@ class Trainer:
     # ----- one iteration -----
     def train_step(self) -> dict:
         """Forward, backward, optimizer step; returns this iteration's metrics."""
-        state, cfg = self.state, self.config
+        state, cfg, batch_size = self.state, self.config, self.batch_size
+        if self.global_batch.ramps:
+            self.scale_gradients_by_quota()
+            if self.megatron_calculator:
+                update_num_microbatches(self.progress.consumed_samples, consistency_check=True)
         for chunk in state.model:
             chunk.zero_grad_buffer()
         state.optimizer.zero_grad()
@@ -297,12 +342,13 @@ class Trainer:
         self._call("before_optimizer_step")
         update_successful, grad_norm, _ = state.optimizer.step()
         if update_successful:
-            state.scheduler.step(increment=cfg.batch.global_batch_size)
+            state.scheduler.step(increment=batch_size)
         self.empty_unused_memory(level=2)
         return {
             "losses": self.reduce_losses(losses),
             "grad_norm": grad_norm,
             "skipped": not update_successful,
+            "batch_size": batch_size,
         }
 
     def empty_unused_memory(self, level: int) -> None:
@@ -316,46 +362,45 @@ class Trainer:
             gc.collect(generation)
 
     def reduce_losses(self, microbatch_losses: List[dict]) -> Dict[str, float]:
-        """Mean over microbatches and DP ranks; only the last stage has them."""
+        """Each reported loss over the global batch (Megatron-LM's)."""
+        return {n: (s[0] / s[1]).item() for n, s in self.loss_sums(microbatch_losses).items()}
+
+    def loss_sums(self, microbatch_losses: List[dict]) -> Dict[str, torch.Tensor]:
+        """Each reported loss as [sum, count] over all replicas: Megatron-LM's
+        [loss sum, tokens] pairs as they are, a single value per microbatch
+        as [value, 1] (so uneven quotas weigh right). Only the last pipeline
+        stage has them."""
         if not parallel_state.is_pipeline_last_stage() or not microbatch_losses:
             return {}
-        names = list(microbatch_losses[0].keys())
-        values = torch.stack(
-            [torch.stack([mb[n].float() for mb in microbatch_losses]).mean() for n in names]
-        )
-        dp = parallel_state.get_data_parallel_world_size()
-        b = self.config.batch
-        slots = b.global_batch_size // b.micro_batch_size
-        if slots % dp:  # uneven quotas: weight each replica's mean by its share
-            values *= len(microbatch_losses) * dp / slots
-        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
-        values /= dp
-        return {n: v.item() for n, v in zip(names, values)}
+        names = list(microbatch_losses[0])
+        sums = torch.stack([_pair_sum([mb[n] for mb in microbatch_losses]) for n in names])
+        dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+        return dict(zip(names, sums))
 
     # ----- validation -----
     def evaluate(self, eval_index: int) -> Dict[str, float]:
         cfg = self.config
         consumed = eval_index * cfg.logging.eval_iters * cfg.batch.global_batch_size
-        iterator = self.data_iterator(self.valid_ds, consumed)
+        iterator = self.data_iterator(self.valid_ds, consumed, training=False)
         for chunk in self.state.model:
             chunk.eval()
-        totals: Dict[str, float] = {}
+        totals: Dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for _ in range(cfg.logging.eval_iters):
                 losses = self.forward_backward(
                     forward_step_func=self._forward_step,
                     data_iterator=iterator,
                     model=self.state.model,
-                    num_microbatches=self.num_microbatches,
+                    num_microbatches=self.microbatches(cfg.batch.global_batch_size),
                     seq_length=cfg.model.seq_length,
                     micro_batch_size=cfg.batch.micro_batch_size,
                     forward_only=True,
                 )
-                for name, value in self.reduce_losses(losses).items():
-                    totals[name] = totals.get(name, 0.0) + value / cfg.logging.eval_iters
+                for name, pair in self.loss_sums(losses).items():
+                    totals[name] = totals.get(name, 0.0) + pair
         for chunk in self.state.model:
             chunk.train()
-        return totals
+        return {name: (pair[0] / pair[1]).item() for name, pair in totals.items()}
 
     def maybe_validate(self, final: bool = False) -> None:
         cfg, it = self.config.logging, self.progress.iteration
@@ -420,6 +465,7 @@ class Trainer:
             # The log line's time is the whole iteration, hooks included (as
             # Megatron-LM's interval timer); the metrics file's is the step's.
             began = time.perf_counter()
+            self.save_at_a_ramp_step()
             self._call("before_step")
             start = time.perf_counter()
             metrics = self.train_step()
@@ -439,8 +485,8 @@ class Trainer:
     def advance(self, metrics: dict) -> None:
         p = self.progress
         p.iteration += 1
-        p.consumed_samples += self.config.batch.global_batch_size
-        p.floating_point_operations += flops_per_iteration(self.config)
+        p.consumed_samples += metrics["batch_size"]
+        p.floating_point_operations += flops_per_iteration(self.config, metrics["batch_size"])
         p.skipped_iterations += int(metrics["skipped"])
         p.nan_iterations += int(is_nan(metrics["losses"].get("lm loss")))
 
@@ -473,7 +519,7 @@ class Trainer:
     def iteration_scalars(self, metrics: dict, lr: float) -> Dict[str, float]:
         """This iteration's TensorBoard / W&B scalars, Megatron-LM's names."""
         log = self.config.logging
-        values = {"learning-rate": lr, "batch-size": self.config.batch.global_batch_size}
+        values = {"learning-rate": lr, "batch-size": metrics["batch_size"]}
         values.update(metrics["losses"])
         if log.log_loss_scale_to_tensorboard:
             values["loss-scale"] = self.state.optimizer.get_loss_scale().item()
@@ -493,7 +539,12 @@ class Trainer:
         elapsed = window.seconds / max(1, window.iterations)
         tflops = None
         if cfg.logging.log_throughput:
-            tflops = flops_per_iteration(cfg) / elapsed / self.runtime.world_size / 1e12
+            tflops = (
+                flops_per_iteration(cfg, metrics["batch_size"])
+                / elapsed
+                / self.runtime.world_size
+                / 1e12
+            )
         losses = {n: v / window.iterations for n, v in window.losses.items()}
         if cfg.logging.log_timers_to_tensorboard and p.iteration > 1:  # as Megatron-LM
             timed = {"iteration-time": elapsed}
@@ -506,7 +557,7 @@ class Trainer:
                 p.consumed_samples,
                 elapsed * 1000.0,
                 lr,
-                cfg.batch.global_batch_size,
+                metrics["batch_size"],
                 losses,
                 self.state.optimizer.get_loss_scale().item(),
                 metrics["grad_norm"],
@@ -519,6 +570,15 @@ class Trainer:
         )
 
     just_saved = None  # after an iteration: None, "persistent" or "non-persistent"
+
+    def save_at_a_ramp_step(self) -> None:
+        """As Megatron-LM: with --save, a checkpoint before the first
+        iteration of each larger batch of --rampup-batch-size."""
+        size, last = self.batch_size, self._last_batch_size
+        self._last_batch_size = size
+        if last is not None and size != last and self.config.checkpoint.save:
+            self.logger.info("batch size %d -> %d: saving", last, size)
+            self.save()
 
     def maybe_save_and_exit(self) -> bool:
         """Interval saves; exits on SIGTERM, --exit-interval, --exit-duration."""
@@ -626,14 +686,6 @@ def build_trainer(
             f" > padded vocab (size: {tokenizer.vocab_size}) with "
             f"{padded - tokenizer.vocab_size} dummy tokens (new size: {padded})",
             flush=True,
-        )
-    b = config.batch
-    unset_num_microbatches_calculator()  # a shrunk job builds again in the same process
-    if b.global_batch_size % (b.micro_batch_size * config.data_parallel_size) == 0:
-        # Only megatron-core's CUDA graphs read it; a shrunk job's uneven
-        # quotas live in Trainer.num_microbatches instead.
-        init_num_microbatches_calculator(
-            runtime.rank, None, b.global_batch_size, b.micro_batch_size, config.data_parallel_size
         )
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
     if datasets is None:

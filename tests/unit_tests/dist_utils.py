@@ -3,7 +3,7 @@
 import os
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 # Re-exported for the tests: how runs are compared lives in the package.
 from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F401
@@ -96,18 +96,22 @@ def assert_same_state(a, b, path: str = "") -> None:
 
 
 def deadpool_args(
-    tmp, layout: List[str], faults: List[str], iters: int, heartbeat_timeout: float = 3
+    tmp,
+    layout: List[str],
+    faults: List[str],
+    iters: int,
+    heartbeat_timeout: float = 3,
+    schedule: Optional[List[str]] = None,
 ) -> List[str]:
-    """pretrain_gpt.py's arguments: TINY_GPT with --deadpool, writing to tmp."""
+    """pretrain_gpt.py's arguments: TINY_GPT with --deadpool, writing to tmp;
+    ``schedule`` replaces the global batch of 8 for ``iters`` iterations."""
+    schedule = schedule or ["--global-batch-size", "8", "--train-iters", str(iters)]
     return (
         TINY_GPT
         + layout
+        + schedule
         + [
             "--use-distributed-optimizer",
-            "--global-batch-size",
-            "8",
-            "--train-iters",
-            str(iters),
             "--data-path",
             os.environ["HOT_SWAP_CORPUS"],
             "--save",
@@ -151,6 +155,7 @@ def launch_deadpool(
     faults: List[str],
     iters: int,
     timeout: float = 420,
+    schedule: Optional[List[str]] = None,
 ):
     """TINY_GPT through deadpool-launch on emulated nodes; returns the
     finished process and any process left behind that mentions ``tmp``."""
@@ -165,7 +170,7 @@ def launch_deadpool(
             "--nproc-per-node",
             str(per_node),
         ],
-        deadpool_args(tmp, layout, faults, iters),
+        deadpool_args(tmp, layout, faults, iters, schedule=schedule),
     )
     proc = subprocess.run(
         command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout

@@ -273,6 +273,15 @@ SPECIAL = {
     "wandb_save_dir": (["wb"], "wb", ["--wandb-project", "p"], (), 1),
     "wandb_entity": (["t"], "t", ["--wandb-project", "p", "--save", "ckpt"], (), 1),
     "use_checkpoint_args": ([], True, ["--load", "no-checkpoint-here"], (), 1),
+    "rampup_batch_size": (
+        ["2", "2", "10"],
+        [2, 2, 10],
+        ["--train-samples", "100", "--global-batch-size", "8"],
+        ("--train-iters",),
+        1,
+    ),
+    "decoupled_min_lr": (["1e-5"], 1e-5, ["--decoupled-lr", "1e-4"], (), 1),
+    "grad_reduce_in_bf16": ([], True, ["--bf16"], (), 1),
 }
 # Accepted by the parser, then refused with a message naming the flag.
 UNSUPPORTED = {
@@ -281,7 +290,6 @@ UNSUPPORTED = {
     # The CUDA allocator's figures: refused on CPU, where the tests run.
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
-    "rampup_batch_size": (["2", "2", "10"], ()),
     "ckpt_format": (["torch"], ()),
 }
 

@@ -48,16 +48,12 @@ MIXTRAL_8X7B = """--attention-dropout --bf16 --clip-grad --data-path --disable-b
 MISSING = {
     "gpt3_175b": set(),
     "llama3_8b_fp8": {
-        "--calculate-per-token-loss",
         "--context-parallel-size",
         "--cross-entropy-loss-fusion",
-        "--decoupled-lr",
-        "--decoupled-min-lr",
         "--fp8-amax-compute-algo",
         "--fp8-amax-history-len",
         "--fp8-format",
         "--fp8-param-gather",
-        "--grad-reduce-in-bf16",
         "--profile",
         "--profile-step-end",
         "--profile-step-start",

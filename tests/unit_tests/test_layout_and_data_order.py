@@ -443,7 +443,7 @@ def test_flops_are_megatron_lms_count_with_causal_attention():
     config.extra["padded_vocab_size"] = vocab
     kv = h // heads * groups
     per_layer = h * (h + 2 * kv) + h * s / 2 * 2 + h * h + 3 * h * ffn
-    assert flops_per_iteration(config) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
+    assert flops_per_iteration(config, gbs) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
 
 
 def test_skipped_and_nan_iterations_are_counted_per_log_interval():

@@ -3,9 +3,14 @@ do what they say: --rotary-percent changes the model, the flags that only
 change how (garbage collection, memory-mapping, the CUDA cache, the
 deprecated ones) leave the curve bit for bit as it was."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from dist_utils import TINY_GPT, curve, read_metrics, run_pretrain
+from dist_utils import REPO, TINY_GPT, curve, read_metrics, run_pretrain, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +36,88 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
     assert len(curves["plain"]) == 4
     assert curves["same"] == curves["plain"]
     assert curves["half-rotary"] != curves["plain"]
+
+
+def test_optimizer_and_gradient_flags_change_what_they_say(corpus_prefix, tmp_path):
+    """--decoupled-lr at --lr's values is the plain run (the embedding and
+    output layer in their own parameter group, the same schedule: only the
+    grad norm's sum runs over the groups in another order, measured 1e-7
+    relative), at another value it is far from it; the gradient dtype flags
+    change the curve of the precision they go with."""
+    base = TINY_GPT + ["--train-iters", "4", "--global-batch-size", "4"]
+    base += ["--data-path", corpus_prefix, "--split", "98,2,0"]
+    runs = {
+        "plain": [],
+        "decoupled-same": ["--decoupled-lr", "1e-3", "--decoupled-min-lr", "1e-4"],
+        "decoupled": ["--decoupled-lr", "5e-3"],
+        "bf16": ["--bf16"],
+        "bf16-grads": ["--bf16", "--grad-reduce-in-bf16"],
+        "fp16": ["--fp16"],
+        "fp16-fp32-grads": ["--fp16", "--accumulate-allreduce-grads-in-fp32"],
+    }
+    curves = {}
+    for name, flags in runs.items():
+        metrics = tmp_path / f"{name}.jsonl"
+        run_pretrain(1, base + flags + ["--metrics-file", str(metrics)])
+        curves[name] = read_metrics(metrics)
+    assert len(curves["plain"]) == 4
+    assert drift(curves["decoupled-same"], curves["plain"]) <= 1e-6
+    assert drift(curves["decoupled"], curves["plain"]) > 1e-3
+    assert curves["bf16-grads"] != curves["bf16"]
+    assert curves["fp16-fp32-grads"] != curves["fp16"]
+
+
+PER_TOKEN_TOLERANCE = 1e-5
+
+
+def short_documents(corpus_prefix, tmp_path) -> str:
+    """Each line of the corpus a document: an end of document every few
+    dozen tokens, so --eod-mask-loss leaves microbatches different counts."""
+    lines = []
+    with open(os.path.join(os.path.dirname(corpus_prefix), "corpus.jsonl")) as f:
+        for record in map(json.loads, f):
+            lines += [line for line in record["text"].splitlines() if line.strip()]
+    source = tmp_path / "short.jsonl"
+    source.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines[:4000]))
+    prefix = str(tmp_path / "short")
+    subprocess.run(
+        [sys.executable, "tools/preprocess_data.py", "--input", str(source)]
+        + ["--output-prefix", prefix, "--tokenizer-type", "ByteLevelTokenizer", "--append-eod"],
+        cwd=REPO,
+        env=worker_env(),
+        check=True,
+        capture_output=True,
+    )
+    return prefix + "_text_document"
+
+
+def drift(a, b) -> float:
+    """Largest relative difference of loss and grad norm between two runs' records."""
+    return max(abs(x[k] - y[k]) / abs(y[k]) for x, y in zip(a, b) for k in ("lm_loss", "grad_norm"))
+
+
+def test_per_token_loss_divides_by_the_tokens_of_the_whole_global_batch(corpus_prefix, tmp_path):
+    """With --eod-mask-loss microbatches hold different numbers of loss
+    tokens. --calculate-per-token-loss divides the summed gradients by the
+    tokens of all replicas: two replicas of two microbatches train as one
+    rank of four, up to the order of fp32 sums (measured 1e-7 relative; we
+    allow 1e-5). The default, a mean over each microbatch's tokens, moves the
+    curve past that (measured 3.6e-4): the negative control."""
+    data = short_documents(corpus_prefix, tmp_path)
+    base = TINY_GPT + ["--train-iters", "6", "--global-batch-size", "8", "--eod-mask-loss"]
+    base += ["--data-path", data, "--split", "98,2,0", "--seq-length", "64"]
+    base += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    runs = {
+        "dp1": (1, ["--calculate-per-token-loss"]),
+        "dp2": (2, ["--calculate-per-token-loss"]),
+        "dp2-mean": (2, []),
+    }
+    metrics = {}
+    for name, (ranks, flags) in runs.items():
+        path = tmp_path / f"{name}.jsonl"
+        run_pretrain(ranks, base + flags + ["--metrics-file", str(path)])
+        metrics[name] = read_metrics(path)
+
+    assert len(metrics["dp1"]) == 6
+    assert drift(metrics["dp2"], metrics["dp1"]) <= PER_TOKEN_TOLERANCE
+    assert drift(metrics["dp2-mean"], metrics["dp1"]) > 10 * PER_TOKEN_TOLERANCE
