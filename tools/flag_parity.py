@@ -74,7 +74,7 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
         "`tests/unit_tests/test_flag_parity.py` fails when this file is out of date. A flag",
         'here parses with Megatron-LM\'s name; "same" means the same destination and',
         "default. Some shared flags are refused with the reason when given (for example",
-        "`--log-memory-to-tensorboard` on CPU, `--legacy-tokenizer`, `--apply-layernorm-1p` on CPU):",
+        "`--log-memory-to-tensorboard` and `--apply-layernorm-1p` on CPU, `--legacy-tokenizer`):",
         "`python pretrain_gpt.py --help` and the README say which.",
         "",
         f"Megatron-LM: {len(upstream)} options; here: {len(shared)} of them "

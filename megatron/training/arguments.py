@@ -222,6 +222,7 @@ def validate(config: Config) -> None:
         _check_batch,
         _check_training,
         _check_precision,
+        _check_fp8,
         _check_data,
         _check_checkpoint,
         _check_logging,
@@ -231,6 +232,12 @@ def validate(config: Config) -> None:
 
 def _check_parallel_layout(config: Config) -> None:
     p, world = config.parallel, config.world_size
+    _require(
+        p.context_parallel_size == 1,
+        f"--context-parallel-size {p.context_parallel_size}: context parallelism is not "
+        "built here (it needs Transformer Engine's attention on GPUs, and recovery rebuilds "
+        "tensor, pipeline and data-parallel groups, no context-parallel one): use 1",
+    )
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     _require(
         tp >= 1 and pp >= 1,
@@ -317,10 +324,51 @@ def _check_model_features(config: Config) -> None:
         "no zero-centred weights), on a GPU: drop it here",
     )
     _require(
+        m.cross_entropy_fusion_impl == "native" or m.cross_entropy_loss_fusion,
+        "--cross-entropy-fusion-impl goes with --cross-entropy-loss-fusion: add it, or drop it",
+    )
+    _require(
+        m.cross_entropy_fusion_impl == "native" or uses_te,
+        "--cross-entropy-fusion-impl te is Transformer Engine's kernel, which needs a GPU "
+        "with the transformer_engine package: use native here",
+    )
+    _require(
         m.attention_backend in ("auto", "local") or uses_te,
         f"--attention-backend {m.attention_backend} is Transformer Engine's attention, "
         "which needs a GPU with the transformer_engine package: use --attention-backend "
         "auto or local here",
+    )
+
+
+def _check_fp8(config: Config) -> None:
+    t, m = config.training, config.model
+    set_without = [
+        flag
+        for flag, changed in (
+            ("--fp8-recipe", t.fp8_recipe != "delayed"),
+            ("--fp8-amax-history-len", t.fp8_amax_history_len != 1),
+            ("--fp8-amax-compute-algo", t.fp8_amax_compute_algo != "most_recent"),
+            ("--fp8-param-gather", t.fp8_param_gather),
+        )
+        if changed
+    ]
+    _require(
+        t.fp8 is not None or not set_without,
+        f"{', '.join(set_without)} go with --fp8-format: give it, or drop them",
+    )
+    if t.fp8 is None:
+        return
+    on_gpu = config.parallel.distributed_backend == "nccl"
+    _require(
+        on_gpu and _importable("transformer_engine") and m.transformer_impl != "local",
+        f"--fp8-format {t.fp8} runs Transformer Engine's FP8 layers, which need a GPU with "
+        "FP8 (Hopper or newer) and the transformer_engine package: drop "
+        + ", ".join(["--fp8-format"] + set_without)
+        + " here",
+    )
+    _require(
+        not t.fp8_param_gather or config.parallel.use_distributed_optimizer,
+        "--fp8-param-gather goes with --use-distributed-optimizer (as Megatron-LM)",
     )
 
 
@@ -556,8 +604,37 @@ def _check_checkpoint(config: Config) -> None:
     )
 
 
+def _check_profile(config: Config) -> None:
+    log = config.logging
+    if not log.profile:
+        given = (log.profile_step_start, log.profile_step_end, log.use_pytorch_profiler)
+        _require(
+            given == (10, 12, False) and log.profile_ranks == [0],
+            "--profile-step-start, --profile-step-end, --use-pytorch-profiler and "
+            "--profile-ranks go with --profile: add it, or drop them",
+        )
+        return
+    _require(
+        0 <= log.profile_step_start < log.profile_step_end,
+        f"--profile-step-start {log.profile_step_start} must be below --profile-step-end "
+        f"{log.profile_step_end} (and not negative)",
+    )
+    if log.use_pytorch_profiler:
+        _require(
+            log.tensorboard_dir is not None,
+            "--use-pytorch-profiler writes its traces to --tensorboard-dir: give one",
+        )
+    else:
+        _require(
+            config.parallel.distributed_backend == "nccl",
+            "--profile without --use-pytorch-profiler opens a CUDA profiler range for nsys, "
+            "which needs a GPU: add --use-pytorch-profiler here (traces to --tensorboard-dir)",
+        )
+
+
 def _check_logging(config: Config) -> None:
     log = config.logging
+    _check_profile(config)
     _require(log.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive")
     _require(log.tensorboard_queue_size > 0, "--tensorboard-queue-size must be positive")
     dashboard = log.tensorboard_dir or log.wandb_project

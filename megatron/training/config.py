@@ -57,6 +57,15 @@ class ModelConfig:
         "Engine's flash, fused or unfused.",
         choices=["flash", "fused", "unfused", "local", "auto"],
     )
+    cross_entropy_loss_fusion: bool = arg(
+        False, help="Fused cross entropy of the output layer (megatron-core's kernel)."
+    )
+    cross_entropy_fusion_impl: str = arg(
+        "native",
+        help="The fused cross entropy's implementation: megatron-core's (native) or "
+        "Transformer Engine's (te, on a GPU).",
+        choices=["native", "te"],
+    )
     apply_layernorm_1p: bool = arg(
         False,
         help="LayerNorm weights centred on zero (stored as gamma - 1); needs Transformer "
@@ -102,6 +111,9 @@ class ParallelConfig:
     tensor_model_parallel_size: int = arg(1, help="Tensor-parallel size.")
     pipeline_model_parallel_size: int = arg(1, help="Pipeline-parallel size.")
     sequence_parallel: bool = arg(False, help="Sequence parallelism (needs TP > 1).")
+    context_parallel_size: int = arg(
+        1, help="Context-parallel size; only 1 here (arguments.py says why)."
+    )
     use_distributed_optimizer: bool = arg(
         False, help="Shard optimizer state over data-parallel ranks."
     )
@@ -187,6 +199,25 @@ class TrainingConfig:
     min_loss_scale: float = arg(1.0, help="Minimum dynamic loss scale.")
     loss_scale_window: float = arg(1000, help="Iterations between loss-scale increases.")
     hysteresis: int = arg(2, help="Overflows tolerated before the scale drops.")
+    fp8: Optional[str] = arg(
+        flag="--fp8-format",
+        help="FP8 compute through Transformer Engine (a GPU with FP8: Hopper or newer).",
+        choices=["e4m3", "hybrid"],
+    )
+    fp8_recipe: str = arg(
+        "delayed",
+        help="Transformer Engine's FP8 scaling recipe (with --fp8-format).",
+        choices=["tensorwise", "delayed", "mxfp8", "blockwise"],
+    )
+    fp8_amax_history_len: int = arg(1, help="FP8 amax history length (with --fp8-format).")
+    fp8_amax_compute_algo: str = arg(
+        "most_recent",
+        help="FP8 amax from the history (with --fp8-format).",
+        choices=["most_recent", "max"],
+    )
+    fp8_param_gather: bool = arg(
+        False, help="Keep parameters in FP8 and all-gather them in FP8 (with --fp8-format)."
+    )
     accumulate_allreduce_grads_in_fp32: bool = arg(
         False, help="Accumulate and reduce gradients in fp32 (always so with --bf16)."
     )
@@ -431,6 +462,17 @@ class LoggingConfig:
         False, help="CUDA allocator memory to TensorBoard (GPU only)."
     )
     log_world_size_to_tensorboard: bool = arg(False, help="World size to TensorBoard.")
+    profile: bool = arg(
+        False, help="Profile iterations --profile-step-start to --profile-step-end."
+    )
+    profile_step_start: int = arg(10, help="First profiled iteration (with --profile).")
+    profile_step_end: int = arg(12, help="Iteration after the last profiled one (with --profile).")
+    use_pytorch_profiler: bool = arg(
+        False,
+        help="Profile with torch.profiler, traces to --tensorboard-dir (default: a CUDA "
+        "profiler range for nsys, on a GPU).",
+    )
+    profile_ranks: List[int] = arg([0], help="Global ranks that profile.", nargs="+")
     wandb_project: Optional[str] = arg(
         help="Weights & Biases project (offline unless W&B credentials or WANDB_MODE are set)."
     )

@@ -68,6 +68,14 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         persist_layer_norm=fused,
         gradient_accumulation_fusion=False,
         calculate_per_token_loss=t.calculate_per_token_loss,
+        cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=m.cross_entropy_fusion_impl,
+        # FP8 (Transformer Engine on a GPU only: arguments.py refuses it elsewhere)
+        fp8=t.fp8,
+        fp8_recipe=t.fp8_recipe,
+        fp8_amax_history_len=t.fp8_amax_history_len,
+        fp8_amax_compute_algo=t.fp8_amax_compute_algo,
+        fp8_param=t.fp8_param_gather,
     )
 
 

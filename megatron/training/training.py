@@ -37,6 +37,7 @@ from megatron.training.log import (
     validation_log_line,
 )
 from megatron.training.model_setup import TrainState, setup_model_and_optimizer
+from megatron.training.profiling import Profiler
 from megatron.training.schedule import GlobalBatch
 from megatron.training.signals import ExitSignalHandler
 from megatron.training.tokenizer import build_tokenizer
@@ -153,6 +154,7 @@ class Trainer:
         self.global_batch = GlobalBatch(config)
         self._last_batch_size = None  # of the iteration before: a ramp step saves
         self.megatron_calculator = self._init_megatron_calculator()
+        self.profiler = Profiler(config, runtime.rank)
 
     def _init_megatron_calculator(self) -> bool:
         """megatron-core's global microbatch count, which only its CUDA
@@ -443,6 +445,7 @@ class Trainer:
             self.config, self.runtime.is_last_rank, (p.iteration, p.consumed_samples)
         )
         self._call("on_setup")
+        self.profiler.begin()
 
     def train(self) -> Progress:
         self.setup()
@@ -466,11 +469,13 @@ class Trainer:
             # Megatron-LM's interval timer); the metrics file's is the step's.
             began = time.perf_counter()
             self.save_at_a_ramp_step()
+            self.profiler.before_iteration(self.progress.iteration)
             self._call("before_step")
             start = time.perf_counter()
             metrics = self.train_step()
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
+            self.profiler.after_iteration(self.progress.iteration)
             self._call("after_step", metrics)
             self.window.add(time.perf_counter() - began, metrics["losses"], metrics["skipped"])
             self.record(metrics, self.window)
@@ -616,6 +621,7 @@ class Trainer:
         return bool(flag.item())
 
     def finish(self) -> None:
+        self.profiler.stop()
         self._saved(self.saves.wait())
         self._call("on_train_end")
         self.close_logs()

@@ -17,6 +17,7 @@ import pytest
 from megatron.training import arguments
 from megatron.training.arguments import ConfigError, build_parser, flag_name, parse_args
 from megatron.training.config import SECTIONS
+from tools import flag_parity
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -282,6 +283,22 @@ SPECIAL = {
     ),
     "decoupled_min_lr": (["1e-5"], 1e-5, ["--decoupled-lr", "1e-4"], (), 1),
     "grad_reduce_in_bf16": ([], True, ["--bf16"], (), 1),
+    "profile": ([], True, ["--use-pytorch-profiler", "--tensorboard-dir", "tb"], (), 1),
+    **{
+        name: (
+            values,
+            expected,
+            ["--profile", "--use-pytorch-profiler", "--tensorboard-dir", "tb"],
+            (),
+            1,
+        )
+        for name, values, expected in (
+            ("profile_step_start", ["3"], 3),
+            ("profile_step_end", ["30"], 30),
+            ("use_pytorch_profiler", [], True),
+            ("profile_ranks", ["0", "1"], [0, 1]),
+        )
+    },
 }
 # Accepted by the parser, then refused with a message naming the flag.
 UNSUPPORTED = {
@@ -291,6 +308,15 @@ UNSUPPORTED = {
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
     "ckpt_format": (["torch"], ()),
+    # Context parallelism is not built here; FP8 needs Transformer Engine on a GPU.
+    "context_parallel_size": (["2"], ()),
+    "fp8": (["hybrid"], ()),
+    "fp8_recipe": (["tensorwise", "--fp8-format", "hybrid"], ()),
+    "fp8_amax_history_len": (["16", "--fp8-format", "hybrid"], ()),
+    "fp8_amax_compute_algo": (["max", "--fp8-format", "hybrid"], ()),
+    "fp8_param_gather": (["--fp8-format", "hybrid"], ()),
+    # Transformer Engine's kernel: refused on CPU.
+    "cross_entropy_fusion_impl": (["te", "--cross-entropy-loss-fusion"], ()),
 }
 
 
@@ -363,7 +389,9 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
     flag = flag_name(f)
     name = f.name.replace("_", "-")
     # Megatron's names; Megatron turns a default of True off with --no-NAME.
-    assert flag == ("--no-" if f.default is True else "--") + name
+    # A flag named apart from its field is Megatron-LM's (--fp8-format -> fp8).
+    if flag != ("--no-" if f.default is True else "--") + name:
+        assert flag in flag_parity.load_upstream() and f.default is not True, flag
     assert f.metadata.get("help"), f"{flag} has no help text"
     if f.name in UNSUPPORTED:
         values, drop = UNSUPPORTED[f.name]
@@ -423,6 +451,27 @@ def test_extra_section_lands_in_config_extra():
 
 
 # --- bad input: ConfigError naming the flag ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--profile"], ["--profile", "--use-pytorch-profiler"]),  # nsys: a GPU
+        (["--profile-step-start", "3"], ["--profile-step-start", "--profile"]),
+        (["--profile", "--use-pytorch-profiler"], ["--tensorboard-dir"]),
+        (
+            ["--profile", "--use-pytorch-profiler", "--tensorboard-dir", "tb"]
+            + ["--profile-step-start", "5", "--profile-step-end", "5"],
+            ["--profile-step-start", "--profile-step-end"],
+        ),
+        (["--decoupled-min-lr", "1e-5"], ["--decoupled-min-lr", "--decoupled-lr"]),
+        (["--grad-reduce-in-bf16"], ["--grad-reduce-in-bf16", "--bf16"]),
+        (["--fp8-amax-history-len", "8"], ["--fp8-amax-history-len", "--fp8-format"]),
+        (["--cross-entropy-fusion-impl", "te"], ["--cross-entropy-loss-fusion"]),
+    ],
+)
+def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named):
+    _names_all(_config_error(argv(*flags)), *named)
 
 
 def test_world_not_divisible_by_tp_times_pp():

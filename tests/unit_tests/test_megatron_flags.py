@@ -25,7 +25,10 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
             *("--no-create-attention-mask-in-dataloader", "--empty-unused-memory-level", "2"),
             *("--use-mcore-models", "--no-position-embedding", "--no-masked-softmax-fusion"),
             *("--attention-backend", "local", "--rotary-percent", "1.0"),
+            *("--profile", "--use-pytorch-profiler", "--profile-step-start", "1"),
+            *("--profile-step-end", "3", "--tensorboard-dir", str(tmp_path / "tb")),
         ],
+        "fused-cross-entropy": ["--cross-entropy-loss-fusion"],
         "half-rotary": ["--rotary-percent", "0.5"],
     }
     curves = {}
@@ -35,6 +38,12 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
         curves[name] = curve(read_metrics(metrics))
     assert len(curves["plain"]) == 4
     assert curves["same"] == curves["plain"]
+    traces = [name for name in os.listdir(tmp_path / "tb") if name.endswith(".pt.trace.json")]
+    assert len(traces) == 1  # torch.profiler's, of iterations 2 and 3
+    # The fused kernel's forward is the same loss; its backward rounds the
+    # logits' gradients to bf16 (megatron-core's, made for bf16 training),
+    # so only the first loss is equal.
+    assert curves["fused-cross-entropy"][0][1] == curves["plain"][0][1]
     assert curves["half-rotary"] != curves["plain"]
 
 
