@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Active nodes (training ranks).",
     )
     p.add_argument("--spare-nodes", type=int, default=0, help="Warm spare nodes.")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="Ranks per node.")
+    p.add_argument(
+        "--nproc-per-node", "--nproc_per_node", type=int, default=1, help="Ranks per node."
+    )
     p.add_argument(
         "--standalone",
         action="store_true",
@@ -62,17 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-rank",
+        "--node_rank",  # torchrun's spelling too
         type=int,
         default=int(env.get("SLURM_NODEID", "0")),
         help="This node's index (default SLURM_NODEID).",
     )
     p.add_argument(
         "--master-addr",
+        "--master_addr",  # torchrun's spelling too
         default=env.get("MASTER_ADDR", "127.0.0.1"),
         help="Host of node 0 (store and coordinator).",
     )
     p.add_argument(
         "--master-port",
+        "--master_port",  # torchrun's spelling too
         type=int,
         default=int(env.get("MASTER_PORT", "0")),
         help="Port of the store (0: a free one; standalone only).",

@@ -505,10 +505,12 @@ def _check_data(config: Config) -> None:
         "`make data` prepares the embedded corpus) or --mock-data",
     )
     _require(not (d.mock_data and d.data_path), "give only one of --data-path and --mock-data")
-    parts = d.split.replace("/", ",").split(",")
+    from megatron.training.data import split_numbers
+
+    parts = split_numbers(d.split)
     _require(
-        all(p.strip().replace(".", "", 1).isdigit() for p in parts)
-        and len(parts) <= 3
+        all(p.replace(".", "", 1).isdigit() for p in parts)
+        and 0 < len(parts) <= 3
         and sum(float(p) for p in parts) > 0,
         f"--split {d.split!r} must be up to three non-negative numbers like 969,30,1",
     )

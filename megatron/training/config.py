@@ -305,7 +305,8 @@ class TokenizerConfig:
     vocab_file: Optional[str] = arg(help="GPT-2 BPE vocab.json (GPT2BPETokenizer).")
     merge_file: Optional[str] = arg(help="GPT-2 BPE merges.txt (GPT2BPETokenizer).")
     vocab_size: Optional[int] = arg(
-        help="Vocabulary size: NullTokenizer's, or the most TikTokenizer ids."
+        help="Vocabulary size: NullTokenizer's, the most TikTokenizer ids, or (checked) "
+        "HuggingFaceTokenizer's own."
     )
     tokenizer_special_tokens: Optional[List[str]] = arg(
         help="Special tokens to add (HuggingFace, SentencePiece and TikToken tokenizers)."

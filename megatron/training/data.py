@@ -2,6 +2,7 @@
 function of the number of samples consumed (so a run can resume, or redo an
 iteration, from nothing but that count)."""
 
+import re
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,8 +21,15 @@ def dataset_sizes(config: Config) -> List[int]:
     return [t.train_samples or t.train_iters * gbs, evals * gbs, 0]  # as Megatron-LM
 
 
+def split_numbers(split: str) -> List[str]:
+    """The numbers of --split as megatron-core reads them: whatever stands
+    between them (commas, slashes, the quotes of Megatron-LM's Llama-3
+    script's '99,1,0') is a separator."""
+    return re.findall(r"[.0-9]+", split)
+
+
 def split_weights(split: str) -> List[float]:
-    weights = [float(w) for w in split.replace("/", ",").split(",")]
+    weights = [float(w) for w in split_numbers(split)]
     return (weights + [0.0, 0.0, 0.0])[:3]
 
 

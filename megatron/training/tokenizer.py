@@ -15,6 +15,7 @@ token ids, vocabulary size and end-of-document id:
 while parsing arguments, before any process group exists.
 """
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -57,7 +58,7 @@ USED_BY = {
     "vocab_file": (DEFAULT_TOKENIZER_TYPE, *_HF),
     "merge_file": (DEFAULT_TOKENIZER_TYPE, *_HF),
     "tokenizer_model": (*_HF, *SENTENCEPIECE_TYPES, "TikTokenizer"),
-    "vocab_size": ("NullTokenizer", "TikTokenizer", "ByteLevelTokenizer"),
+    "vocab_size": ("NullTokenizer", "TikTokenizer", "ByteLevelTokenizer", *_HF),
     "tokenizer_special_tokens": (*_HF, *SENTENCEPIECE_TYPES, "TikTokenizer"),
     "tiktoken_pattern": ("TikTokenizer",),
     "tiktoken_num_special_tokens": ("TikTokenizer",),
@@ -109,6 +110,21 @@ def check_tokenizer(t) -> None:
             f"use at least {_MIN_BYTE_LEVEL_VOCAB} or omit it (default 512)"
         )
     _need_module(kind)
+    if kind == "HuggingFaceTokenizer" and t.vocab_size is not None:
+        _check_vocab_matches(t)
+
+
+def _check_vocab_matches(t) -> None:
+    """Megatron-LM's Llama-3 script gives --vocab-size with
+    HuggingFaceTokenizer, whose vocabulary is its own: the two must agree."""
+    own = copy.copy(t)
+    own.vocab_size = None
+    size = build_tokenizer(own).vocab_size
+    if size != t.vocab_size:
+        raise ValueError(
+            f"--vocab-size {t.vocab_size}, but the tokenizer in {t.tokenizer_model} has "
+            f"{size} ids: give --vocab-size {size} or drop it"
+        )
 
 
 def _refuse_unused(t) -> None:

@@ -143,6 +143,18 @@ def test_hugging_face_directory_loads_offline_with_the_same_ids(corpus):
     assert all(hf.tokenize(text) == gpt2.tokenize(text) for text in texts[:50])
 
 
+def test_vocab_size_with_hugging_face_is_checked_against_its_own(corpus):
+    """Megatron-LM's Llama-3 script gives --vocab-size with HuggingFaceTokenizer."""
+    _, vocabularies, _ = corpus
+    own = build("HuggingFaceTokenizer", vocabularies).vocab_size
+    given = dict(
+        fields("HuggingFaceTokenizer", vocabularies), tokenizer_type="HuggingFaceTokenizer"
+    )
+    assert build_tokenizer(TokenizerConfig(vocab_size=own, **given)).vocab_size == own
+    with pytest.raises(ValueError, match=f"--vocab-size {own + 1}, but .* has {own} ids"):
+        build_tokenizer(TokenizerConfig(vocab_size=own + 1, **given))
+
+
 @pytest.mark.parametrize("kind", ["SentencePieceTokenizer", "Llama2Tokenizer"])
 def test_sentencepiece_kinds_give_back_the_text(corpus, kind):
     """SentencePiece folds runs of whitespace (its normalizer), so the text
