@@ -6,8 +6,10 @@
 # two flags of the schedule in samples: Megatron-LM refuses --rampup-batch-size
 # with --train-iters too ("expected no batch-size rampup for iteration-based
 # training"), so this copy gives --train-samples and --lr-decay-samples.
-# Run it from the repository root as upstream's. For hot swap, change the
-# launcher: LAUNCHER=deadpool-launch DEADPOOL_ARGS=--deadpool (README).
+# Run it from the repository root as upstream's. For hot swap the launcher
+# becomes deadpool-launch with spare nodes, and --deadpool is added:
+# LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes
+# or more, and --use-distributed-optimizer: README, "Hot swap").
 # Data: `make data` writes the GPT-2 vocabulary and the corpus tokenized with it:
 #   bash examples/gpt3/train_gpt3_175b_distributed.sh runs/gpt3/ckpt runs/gpt3/tb \
 #     data/tokenizers/gpt2/vocab.json data/tokenizers/gpt2/merges.txt \

@@ -7,8 +7,10 @@
 # its reason (--fp8-*, --attention-backend fused, --apply-layernorm-1p, --profile
 # without --use-pytorch-profiler): DTYPE=bf16 drops the FP8 ones, as upstream, and
 # tests/unit_tests/test_example_scripts.py runs it with the others taken out too.
-# Run it from the repository root as upstream's. For hot swap, change the
-# launcher: LAUNCHER=deadpool-launch DEADPOOL_ARGS=--deadpool (README).
+# Run it from the repository root as upstream's. For hot swap the launcher
+# becomes deadpool-launch with spare nodes, and --deadpool is added:
+# LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes
+# or more, and --use-distributed-optimizer: README, "Hot swap").
 # Data: `make data` writes the Hugging Face tokenizer directory; tokenize the
 # corpus with it (tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer).
 
