@@ -449,7 +449,20 @@ class LoggingConfig:
         1000, help="TensorBoard events held in memory before they are written."
     )
     log_timers_to_tensorboard: bool = arg(
-        False, help="Iteration time (and throughput with --log-throughput) to TensorBoard."
+        False,
+        help="Iteration time (and throughput with --log-throughput), and the timers of "
+        "--timing-log-level, to TensorBoard.",
+    )
+    timing_log_level: int = arg(
+        0,
+        help="Timers in the log: 0 none, 1 the step's parts (forward-backward, gradient "
+        "reduce, optimizer), 2 also each microbatch's compute and pipeline sends.",
+        choices=[0, 1, 2],
+    )
+    timing_log_option: str = arg(
+        "minmax",
+        help="Timers over ranks: the max, the (min, max), or all ranks.",
+        choices=["max", "minmax", "all"],
     )
     log_loss_scale_to_tensorboard: bool = arg(
         True,

@@ -38,6 +38,7 @@ from megatron.training.log import (
 )
 from megatron.training.model_setup import TrainState, setup_model_and_optimizer
 from megatron.training.profiling import Profiler
+from megatron.training.timing import build_timers, timer_names, timer_scalars
 from megatron.training.schedule import GlobalBatch
 from megatron.training.signals import ExitSignalHandler
 from megatron.training.tokenizer import build_tokenizer
@@ -155,6 +156,10 @@ class Trainer:
         self._last_batch_size = None  # of the iteration before: a ramp step saves
         self.megatron_calculator = self._init_megatron_calculator()
         self.profiler = Profiler(config, runtime.rank)
+        # megatron-core's schedules, gradient reduction and optimizer time
+        # their parts with these (--timing-log-level).
+        self.timers = state.tf_config.timers = build_timers(config)
+        state.optimizer.config.timers = self.timers
 
     def _init_megatron_calculator(self) -> bool:
         """megatron-core's global microbatch count, which only its CUDA
@@ -342,7 +347,9 @@ class Trainer:
         )
         self.empty_unused_memory(level=1)
         self._call("before_optimizer_step")
+        self.timers("optimizer", log_level=1).start(barrier=True)
         update_successful, grad_norm, _ = state.optimizer.step()
+        self.timers("optimizer").stop()
         if update_successful:
             state.scheduler.step(increment=batch_size)
         self.empty_unused_memory(level=2)
@@ -518,6 +525,7 @@ class Trainer:
             )
         if p.iteration % cfg.logging.log_interval == 0 or p.iteration == 1:
             self.print_log_line(metrics, window, lr)
+            self.log_timers(window.iterations)
             window.__init__()
         self.maybe_validate()
 
@@ -573,6 +581,21 @@ class Trainer:
             ),
             flush=True,
         )
+
+    def log_timers(self, iterations: int) -> None:
+        """After the log line, --timing-log-level's timers (the last rank
+        prints; every rank takes part), per iteration of the interval."""
+        log = self.config.logging
+        if log.timing_log_level == 0:
+            return
+        if log.log_timers_to_tensorboard:
+            values = timer_scalars(self.timers, log.timing_log_level, iterations)
+            self.dashboards.scalars(values, self.progress.iteration, None)
+        # Timers.log would say it through megatron-core's logger: printed
+        # here, as Megatron-LM's log shows it.
+        text = self.timers.get_all_timers_string(timer_names(log.timing_log_level), iterations)
+        if self.runtime.is_last_rank and text:
+            print(text, flush=True)
 
     just_saved = None  # after an iteration: None, "persistent" or "non-persistent"
 

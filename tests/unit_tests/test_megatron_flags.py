@@ -10,7 +10,15 @@ import sys
 
 import pytest
 
-from dist_utils import REPO, TINY_GPT, curve, read_metrics, run_pretrain, worker_env
+from dist_utils import (
+    REPO,
+    TINY_GPT,
+    curve,
+    read_metrics,
+    run_pretrain,
+    tensorboard_scalars,
+    worker_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +35,23 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
             *("--attention-backend", "local", "--rotary-percent", "1.0"),
             *("--profile", "--use-pytorch-profiler", "--profile-step-start", "1"),
             *("--profile-step-end", "3", "--tensorboard-dir", str(tmp_path / "tb")),
+            *("--timing-log-level", "2", "--log-timers-to-tensorboard", "--log-interval", "2"),
         ],
         "fused-cross-entropy": ["--cross-entropy-loss-fusion"],
         "half-rotary": ["--rotary-percent", "0.5"],
     }
-    curves = {}
+    curves, outputs = {}, {}
     for name, flags in runs.items():
         metrics = tmp_path / f"{name}.jsonl"
-        run_pretrain(1, base + flags + ["--metrics-file", str(metrics)])
+        outputs[name] = run_pretrain(1, base + flags + ["--metrics-file", str(metrics)])
         curves[name] = curve(read_metrics(metrics))
     assert len(curves["plain"]) == 4
     assert curves["same"] == curves["plain"]
+    # Megatron-LM's timers after each log line, and on the dashboard.
+    assert outputs["same"].count("(min, max) time across ranks (ms):") == 3  # iterations 1, 2, 4
+    assert "forward-compute ....." in outputs["same"] and "optimizer ....." in outputs["same"]
+    timed = tensorboard_scalars(str(tmp_path / "tb"))["forward-backward-time"]
+    assert [step for step, _ in timed] == [1, 2, 4] and all(ms > 0 for _, ms in timed)
     traces = [name for name in os.listdir(tmp_path / "tb") if name.endswith(".pt.trace.json")]
     assert len(traces) == 1  # torch.profiler's, of iterations 2 and 3
     # The fused kernel's forward is the same loss; its backward rounds the
