@@ -51,8 +51,9 @@ def timer_names(level: int) -> List[str]:
 
 def timer_scalars(timers: Timers, level: int, iterations: int) -> Dict[str, float]:
     """Megatron-LM's dashboard scalars: 'NAME-time', the max over ranks in
-    seconds per iteration (as Megatron-LM writes them). Collective (every rank gathers every rank's times);
-    the timers keep running for the log that follows."""
+    seconds per iteration (as Megatron-LM writes them). Collective (every
+    rank gathers every rank's times); the timers keep running for the log
+    that follows."""
     # megatron-core's Timers.write takes only its own writer types; the
     # (min, max) it writes from is this.
     spans = timers._get_global_min_max_time(timer_names(level), False, False, iterations)

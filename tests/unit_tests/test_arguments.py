@@ -372,7 +372,7 @@ def _generic_case(f):
         return [], not default
     if "choices" in f.metadata:
         value = next(c for c in f.metadata["choices"] if c != default)
-        return [value], value
+        return [str(value)], value
     if kind is int:
         value = 6 if default is None else default + 3
         return [str(value)], value
