@@ -33,14 +33,9 @@ def split_weights(split: str) -> List[float]:
     return (weights + [0.0, 0.0, 0.0])[:3]
 
 
-def effective_split(config: Config) -> str:
-    """--split with unused parts zeroed: megatron-core loops forever when
-    asked to build a split that owns no document, so build none we don't use."""
-    weights = [
-        w if size > 0 else 0.0
-        for w, size in zip(split_weights(config.data.split), dataset_sizes(config))
-    ]
-    return ",".join(f"{w:g}" for w in weights)
+def used_splits(config: Config) -> List[bool]:
+    """Train, valid, test: whether samples are drawn from each."""
+    return [size > 0 for size in dataset_sizes(config)]
 
 
 def documents_per_split(num_documents: int, weights: Sequence[float]) -> List[int]:
@@ -65,12 +60,12 @@ def check_splits(config: Config) -> None:
     """Each split we draw samples from must own at least one document."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    weights = split_weights(effective_split(config))
+    weights, used = split_weights(config.data.split), used_splits(config)
     names = ("train", "valid", "test")
     for prefix in _blend(config.data.data_path)[0]:
         counts = documents_per_split(len(IndexedDataset(prefix).document_indices) - 1, weights)
-        for name, weight, count in zip(names, weights, counts):
-            if weight > 0 and count == 0:
+        for name, weight, count, drawn in zip(names, weights, counts, used):
+            if drawn and weight > 0 and count == 0:
                 raise ValueError(
                     f"--split {config.data.split} gives the {name} split of {prefix} no "
                     f"document ({sum(counts)} in all): give it a larger share, or set "
@@ -92,12 +87,16 @@ def _blend(data_path: Optional[Sequence[str]]):
 
 
 def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
+    """megatron-core's config: --split's document boundaries as Megatron-LM's
+    (the whole split string), and no dataset built for a split we draw
+    nothing from (megatron-core loops forever on a split that owns no
+    document, and building an unused one costs time)."""
     d = config.data
-    return GPTDatasetConfig(
+    dataset_config = GPTDatasetConfig(
         random_seed=config.training.seed,
         sequence_length=config.model.seq_length,
         blend=_blend(d.data_path),
-        split=effective_split(config),
+        split=d.split,
         path_to_cache=d.data_cache_path,
         tokenizer=tokenizer,
         reset_position_ids=d.reset_position_ids,
@@ -109,6 +108,12 @@ def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
         mmap_bin_files=d.mmap_bin_files,
         mid_level_dataset_surplus=0.005,
     )
+    if dataset_config.split_matrix is not None:
+        dataset_config.split_matrix = [
+            bounds if drawn else None
+            for bounds, drawn in zip(dataset_config.split_matrix, used_splits(config))
+        ]
+    return dataset_config
 
 
 def build_datasets(config: Config, tokenizer):

@@ -746,3 +746,24 @@ def test_transformer_engines_attention_is_refused_where_it_cannot_run(monkeypatc
 
 def test_no_position_embedding_goes_with_rope_only():
     _names_all(_config_error(argv("--no-position-embedding")), "--position-embedding-type rope")
+
+
+@pytest.mark.parametrize(
+    "eval_iters, split, drawn",
+    [(0, "969,30,1", [(0, 0.969), None, None]), (2, "'99,1,0'", [(0, 0.99), (0.99, 1.0), None])],
+)
+def test_each_split_owns_megatron_lms_documents_and_unused_ones_are_not_built(
+    eval_iters, split, drawn, tmp_path
+):
+    """--split's boundaries are Megatron-LM's whether a split is drawn from
+    or not (zeroing an unused weight would move the train split's end: 969/999
+    of the documents instead of 969/1000), and a split nothing is drawn from
+    (test here; valid with --eval-iters 0) is not built."""
+    from megatron.training import data
+    from megatron.training.tokenizer import build_tokenizer
+
+    prefix = _write_dataset(tmp_path, [f"document {i}" for i in range(200)])
+    extra = ("--eval-iters", str(eval_iters), "--split", split, "--data-path", prefix)
+    config = parse_args(argv(*extra, drop=("--mock-data",)), world_size=1)
+    matrix = data.gpt_dataset_config(config, build_tokenizer(config.tokenizer)).split_matrix
+    assert [b if b is None else tuple(round(x, 9) for x in b) for b in matrix] == drawn

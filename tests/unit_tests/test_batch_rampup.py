@@ -94,16 +94,7 @@ def test_a_shrunk_replica_set_takes_every_sample_of_each_ramped_iteration_once()
     "flags, message",
     [
         (
-            [
-                "--train-iters",
-                "10",
-                "--global-batch-size",
-                "16",
-                "--rampup-batch-size",
-                "4",
-                "4",
-                "40",
-            ],
+            ["--train-iters", "10"] + RAMP[2:],
             "--rampup-batch-size goes with --train-samples",
         ),
         (RAMP[:-3] + ["16", "4", "40"], "give a start between 0 and --global-batch-size 16"),
