@@ -24,6 +24,7 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
     Engine's when it is there and wanted)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
@@ -31,7 +32,12 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
     from megatron.training.model_setup import use_transformer_engine
 
     m = config.model
-    if use_transformer_engine(config, on_cpu=config.extra.get("on_cpu", False)):
+    use_te = use_transformer_engine(config, on_cpu=config.extra.get("on_cpu", False))
+    if config.moe.num_experts:  # MoE layers in the block, as Megatron-LM's builder
+        spec = get_gpt_decoder_block_spec(
+            tf_config, use_transformer_engine=use_te, normalization=m.normalization
+        )
+    elif use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = get_gpt_layer_local_spec(normalization=m.normalization)

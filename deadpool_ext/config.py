@@ -131,6 +131,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
         )
+    if config.moe.num_experts is not None:
+        raise ConfigError(
+            "--deadpool with --num-experts: the buddy mirror does not cover MoE models yet "
+            "(their expert shards live in the expert-data-parallel group, which hot swap and "
+            "shrink do not rebuild); train MoE models without --deadpool for now"
+        )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)

@@ -45,6 +45,8 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
             kwargs.update(type=item, action="append")
         elif kind is list:
             kwargs.update(type=item, nargs=meta.get("nargs", "+"))
+        elif "nargs" in meta:  # one value or several, as Megatron-LM's MoE flags
+            kwargs.update(type=kind, nargs=meta["nargs"])
         else:
             kwargs["type"] = kind
         if "choices" in meta:
@@ -126,16 +128,30 @@ CHECKPOINT_ARGS = (
     ("max_position_embeddings", False),
     ("position_embedding_type", True),
     ("rotary_base", True),
+    ("rotary_percent", True),
     ("disable_bias_linear", True),
     ("swiglu", True),
     ("untie_embeddings_and_output_weights", True),
     ("normalization", True),
     ("attention_dropout", True),
     ("hidden_dropout", True),
+    ("num_experts", True),
+    ("moe_ffn_hidden_size", True),
+    ("moe_router_topk", True),
+    ("moe_token_dispatcher_type", False),
+    ("moe_router_pre_softmax", True),
+    ("moe_grouped_gemm", True),
+    ("moe_shared_expert_intermediate_size", True),
+    ("moe_router_score_function", True),
+    ("moe_router_topk_scaling_factor", True),
     ("tiktoken_pattern", True),
 )
 TOKENIZER_ARGS = (("tokenizer_model", True), ("tokenizer_type", True))
-LAYOUT_ARGS = (("tensor_model_parallel_size", True), ("pipeline_model_parallel_size", True))
+LAYOUT_ARGS = (
+    ("tensor_model_parallel_size", True),
+    ("pipeline_model_parallel_size", True),
+    ("expert_model_parallel_size", True),
+)
 
 
 def take_checkpoint_args(namespace: argparse.Namespace) -> None:
@@ -193,6 +209,7 @@ def fill_defaults(config: Config) -> None:
         from megatron.training.tokenizer import DEFAULT_TOKENIZER_TYPE
 
         config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
+    fill_moe_defaults(config)
     p = config.parallel
     if p.sequence_parallel and p.tensor_model_parallel_size == 1:
         # As Megatron-LM: a warning, and sequence parallelism off.
@@ -200,6 +217,23 @@ def fill_defaults(config: Config) -> None:
         p.sequence_parallel = False
     if not _cuda_available() or config.parallel.cpu:
         config.parallel.distributed_backend = "gloo"
+
+
+def fill_moe_defaults(config: Config) -> None:
+    """As Megatron-LM: --num-experts 0 is a dense model; experts as wide as
+    the dense MLP; expert TP as the model's TP; a single load-balancing type
+    or coefficient given as itself, not as a list of one."""
+    moe, p = config.moe, config.parallel
+    if moe.num_experts == 0:
+        moe.num_experts = None
+    if moe.num_experts is not None and moe.moe_ffn_hidden_size is None:
+        moe.moe_ffn_hidden_size = config.model.ffn_hidden_size
+    if p.expert_tensor_parallel_size is None:
+        p.expert_tensor_parallel_size = p.tensor_model_parallel_size
+    for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+        value = getattr(moe, name)
+        if isinstance(value, list) and len(value) == 1:
+            setattr(moe, name, value[0])
 
 
 def _cuda_available() -> bool:
@@ -219,6 +253,7 @@ def validate(config: Config) -> None:
         _check_parallel_layout,
         _check_model_shape,
         _check_model_features,
+        _check_moe,
         _check_batch,
         _check_training,
         _check_precision,
@@ -306,17 +341,14 @@ def _check_model_shape(config: Config) -> None:
 
 def _check_model_features(config: Config) -> None:
     m = config.model
+    _check_sequence_parallel(config)
     _require(
         m.position_embedding or m.position_embedding_type == "rope",
         "--no-position-embedding is deprecated (as in Megatron-LM): use "
         "--position-embedding-type rope",
     )
     _require(0 < m.rotary_percent <= 1, f"--rotary-percent {m.rotary_percent} must be in (0, 1]")
-    uses_te = m.transformer_impl == "transformer_engine" or (
-        m.transformer_impl == "auto"
-        and config.parallel.distributed_backend == "nccl"
-        and _importable("transformer_engine")
-    )
+    uses_te = _uses_transformer_engine(config)
     on_gpu = config.parallel.distributed_backend == "nccl"
     _require(
         not m.apply_layernorm_1p or uses_te or (on_gpu and _importable("apex")),
@@ -338,6 +370,136 @@ def _check_model_features(config: Config) -> None:
         "which needs a GPU with the transformer_engine package: use --attention-backend "
         "auto or local here",
     )
+
+
+def _uses_transformer_engine(config: Config) -> bool:
+    m = config.model
+    return m.transformer_impl == "transformer_engine" or (
+        m.transformer_impl == "auto"
+        and config.parallel.distributed_backend == "nccl"
+        and _importable("transformer_engine")
+    )
+
+
+def _check_sequence_parallel(config: Config) -> None:
+    on_gpu = config.parallel.distributed_backend == "nccl"
+    _require(
+        not config.parallel.sequence_parallel
+        or _uses_transformer_engine(config)
+        or (on_gpu and _importable("apex")),
+        "--sequence-parallel needs Transformer Engine's or Apex's norm layers (torch's "
+        "LayerNorm and RMSNorm cannot gather sequence-parallel gradients), on a GPU: drop it "
+        "here",
+    )
+
+
+def _moe_flags_given(config: Config) -> List[str]:
+    """The MoE flags set away from their defaults (--num-experts aside)."""
+    from megatron.training.config import MoEConfig
+
+    given = [
+        flag_name(f)
+        for f in dataclasses.fields(MoEConfig)
+        if f.name != "num_experts" and getattr(config.moe, f.name) != f.default
+    ]
+    p = config.parallel
+    if p.expert_model_parallel_size != 1:
+        given.append("--expert-model-parallel-size")
+    if p.expert_tensor_parallel_size != p.tensor_model_parallel_size:
+        given.append("--expert-tensor-parallel-size")
+    return given
+
+
+def _check_moe(config: Config) -> None:
+    moe, p, m = config.moe, config.parallel, config.model
+    if moe.num_experts is None:
+        given = _moe_flags_given(config)
+        _require(
+            not given,
+            f"{', '.join(given)} configure MoE layers: add --num-experts N, or drop them",
+        )
+        return
+    ep, etp, tp, pp = (
+        p.expert_model_parallel_size,
+        p.expert_tensor_parallel_size,
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+    )
+    _require(moe.num_experts > 0, f"--num-experts {moe.num_experts} must be positive")
+    _require(
+        ep >= 1 and moe.num_experts % ep == 0,
+        f"--num-experts {moe.num_experts} is not divisible by --expert-model-parallel-size "
+        f"{ep}: each expert-parallel rank holds the same number of experts",
+    )
+    _require(
+        1 <= moe.moe_router_topk <= moe.num_experts,
+        f"--moe-router-topk {moe.moe_router_topk} must be between 1 and --num-experts "
+        f"{moe.num_experts}",
+    )
+    _require(
+        etp >= 1 and config.world_size % (etp * ep * pp) == 0,
+        f"world size {config.world_size} is not divisible by expert tensor-parallel size "
+        f"{etp} x expert-parallel size {ep} x pipeline-parallel size {pp}: change "
+        "--expert-model-parallel-size or --expert-tensor-parallel-size",
+    )
+    _require(
+        tp == 1 or p.sequence_parallel,
+        "MoE layers with --tensor-model-parallel-size > 1 need --sequence-parallel "
+        "(megatron-core's rule)",
+    )
+    _require(
+        m.disable_bias_linear or (etp == 1 and moe.moe_shared_expert_intermediate_size is None),
+        "experts split by --expert-tensor-parallel-size > 1, and shared experts, have no "
+        "biases in megatron-core: add --disable-bias-linear",
+    )
+    _require(
+        m.disable_bias_linear or ep > 1 or etp > 1 or _uses_transformer_engine(config),
+        "megatron-core's local expert layers with biases fail at expert-parallel and "
+        "expert tensor-parallel size 1 (an in-place bias add on the output of an all-reduce "
+        "it skips): add --disable-bias-linear, or set --expert-model-parallel-size > 1",
+    )
+    _require(
+        moe.moe_token_dispatcher_type != "flex",
+        "--moe-token-dispatcher-type flex dispatches through DeepEP or HybridEP, GPU "
+        "kernels that are not built here: use alltoall or allgather",
+    )
+    on_gpu = p.distributed_backend == "nccl"
+    _require(
+        not moe.moe_grouped_gemm
+        or (on_gpu and (_uses_transformer_engine(config) or _importable("grouped_gemm"))),
+        "--moe-grouped-gemm runs Transformer Engine's or the grouped_gemm package's GPU "
+        "kernel: drop it here (each expert then runs its own GEMM)",
+    )
+    _require(
+        not moe.moe_pad_expert_input_to_capacity or moe.moe_expert_capacity_factor is not None,
+        "--moe-pad-expert-input-to-capacity goes with --moe-expert-capacity-factor",
+    )
+    types, coeffs = moe.moe_router_load_balancing_type, moe.moe_aux_loss_coeff
+    _require(
+        len(types if isinstance(types, list) else [types])
+        == len(coeffs if isinstance(coeffs, list) else [coeffs])
+        or not isinstance(types, list),
+        "--moe-router-load-balancing-type and --moe-aux-loss-coeff need as many values as "
+        "each other",
+    )
+    _require(
+        "sinkhorn" not in (types if isinstance(types, list) else [types])
+        or not any(coeffs if isinstance(coeffs, list) else [coeffs]),
+        "--moe-router-load-balancing-type sinkhorn balances without an auxiliary loss: "
+        "drop --moe-aux-loss-coeff",
+    )
+    _check_with_megatron_core(config)
+
+
+def _check_with_megatron_core(config: Config) -> None:
+    """megatron-core's own checks of a MoE layer's settings (its
+    TransformerConfig), run now rather than when the model is built."""
+    from megatron.training.model_setup import transformer_config
+
+    try:
+        transformer_config(config, on_cpu=config.parallel.distributed_backend == "gloo")
+    except (ValueError, AssertionError) as error:
+        raise ConfigError(f"megatron-core refuses these MoE settings: {error}") from None
 
 
 def _check_fp8(config: Config) -> None:

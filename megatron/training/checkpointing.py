@@ -70,7 +70,13 @@ NON_PERSISTENT = "non_persistent"  # Megatron-LM's subdirectory of --save for th
 # Megatron-LM's top-level keys that are no model, optimizer or RNG state.
 COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
 # What must agree between a checkpoint and the run that loads it.
-MODEL_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "padded_vocab_size")
+MODEL_SHAPE = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "padded_vocab_size",
+    "num_experts",
+)
 
 
 class CheckpointError(RuntimeError):
@@ -166,7 +172,6 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
         consumed_valid_samples=0,
         use_dist_ckpt=True,
         context_parallel_size=1,
-        expert_model_parallel_size=1,
         virtual_pipeline_model_parallel_size=None,
     )
     return argparse.Namespace(**values)
@@ -444,15 +449,38 @@ def check_compatible(common: dict, config: Config, directory: str, load_optim: b
         raise CheckpointError(
             f"{directory} holds another model: it was saved with " + ", ".join(wrong)
         )
-    if saved_layout(common) != run_layout(config) and load_optim:
+    saved, run = saved_model_parallel_layout(common), model_parallel_layout(config)
+    if saved != run and load_optim:
         metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common) or {}
         if metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
-            tp, pp = saved_layout(common)
             raise CheckpointError(
-                f"{directory} was saved at TP {tp} and PP {pp} with the optimizer "
-                "resharded only across data-parallel ranks: load it at the same TP and PP, "
-                "or with --no-load-optim, or save it with --dist-ckpt-optim-fully-reshardable"
+                f"{directory} was saved at {_layout_words(saved)} with the optimizer "
+                f"resharded only across data-parallel ranks; this run is at "
+                f"{_layout_words(run)}: load it at the same sizes, or with --no-load-optim, "
+                "or save it with --dist-ckpt-optim-fully-reshardable"
             )
+
+
+def saved_model_parallel_layout(common: dict) -> tuple:
+    """TP, PP, EP and expert TP of a save: a distributed optimizer saved
+    dp_reshardable loads only where all four are the same (a checkpoint
+    from before expert parallelism has EP 1, expert TP = TP)."""
+    args = common["args"]
+    tp = args.tensor_model_parallel_size
+    return saved_layout(common) + (
+        getattr(args, "expert_model_parallel_size", 1),
+        getattr(args, "expert_tensor_parallel_size", None) or tp,
+    )
+
+
+def model_parallel_layout(config: Config) -> tuple:
+    p = config.parallel
+    return run_layout(config) + (p.expert_model_parallel_size, p.expert_tensor_parallel_size)
+
+
+def _layout_words(layout: tuple) -> str:
+    tp, pp, ep, etp = layout
+    return f"TP {tp}, PP {pp}, EP {ep} and expert TP {etp}"
 
 
 def model_shape(config: Config) -> dict:
@@ -462,6 +490,7 @@ def model_shape(config: Config) -> dict:
         "hidden_size": m.hidden_size,
         "num_attention_heads": m.num_attention_heads,
         "padded_vocab_size": config.extra.get("padded_vocab_size"),
+        "num_experts": config.moe.num_experts,
     }
 
 

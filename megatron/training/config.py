@@ -131,8 +131,81 @@ class ParallelConfig:
         help="Backend; gloo is used instead of nccl when there is no GPU.",
         choices=["nccl", "gloo"],
     )
+    expert_model_parallel_size: int = arg(
+        1, help="Expert-parallel size: the MoE layers' experts are split over this many ranks."
+    )
+    expert_tensor_parallel_size: Optional[int] = arg(
+        help="Tensor-parallel size within each expert (default --tensor-model-parallel-size)."
+    )
     distributed_timeout_minutes: float = arg(10, help="Timeout of collectives, minutes.")
     cpu: bool = arg(False, help="Run on CPU with gloo even when a GPU is present.")
+
+
+# Megatron-LM's names for --moe-router-load-balancing-type.
+LOAD_BALANCING_TYPES = ["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
+
+
+@dataclass(kw_only=True)
+class MoEConfig:
+    """Mixture of experts: megatron-core's MoE layers in place of the MLP."""
+
+    num_experts: Optional[int] = arg(help="Experts per MoE layer (none: a dense model).")
+    moe_ffn_hidden_size: Optional[int] = arg(
+        help="Hidden size of each expert's MLP (default --ffn-hidden-size)."
+    )
+    moe_router_topk: int = arg(2, help="Experts each token is routed to.")
+    moe_router_load_balancing_type: str = arg(
+        "aux_loss",
+        help="Load balancing: aux_loss (GShard/Switch), seq_aux_loss (per sequence), "
+        "global_aux_loss, sinkhorn (S-BASE), none; several with their coefficients.",
+        choices=LOAD_BALANCING_TYPES,
+        nargs="+",
+    )
+    moe_aux_loss_coeff: float = arg(
+        0.0, help="Weight of the auxiliary load-balancing loss (one per type).", nargs="+"
+    )
+    moe_z_loss_coeff: Optional[float] = arg(help="Weight of the router's z-loss.")
+    moe_input_jitter_eps: Optional[float] = arg(
+        help="Multiply the router's input by uniform noise in [1 - eps, 1 + eps]."
+    )
+    moe_router_score_function: str = arg(
+        "softmax", help="Router scores: softmax or sigmoid.", choices=["softmax", "sigmoid"]
+    )
+    moe_router_pre_softmax: bool = arg(
+        False, help="Softmax over all experts before the top-k (default: after it)."
+    )
+    moe_router_topk_scaling_factor: Optional[float] = arg(
+        help="Scale the top-k routing probabilities by this."
+    )
+    moe_token_dispatcher_type: str = arg(
+        "allgather",
+        help="How tokens reach their experts: allgather or alltoall (flex needs DeepEP on GPUs).",
+        choices=["allgather", "alltoall", "flex"],
+    )
+    moe_grouped_gemm: bool = arg(
+        False,
+        help="Run a rank's experts as one grouped GEMM (Transformer Engine's or the "
+        "grouped_gemm package's kernel, on a GPU).",
+    )
+    moe_expert_capacity_factor: Optional[float] = arg(
+        help="Each expert takes at most this factor times its even share of tokens; the "
+        "rest are dropped (default: no limit)."
+    )
+    moe_pad_expert_input_to_capacity: bool = arg(
+        False, help="Pad each expert's input to its capacity (with --moe-expert-capacity-factor)."
+    )
+    moe_token_drop_policy: str = arg(
+        "probs",
+        help="Which tokens an expert over capacity drops: lowest probability or last position.",
+        choices=["probs", "position"],
+    )
+    moe_shared_expert_intermediate_size: Optional[int] = arg(
+        help="Hidden size of a shared expert every token also goes through (none: no "
+        "shared expert)."
+    )
+    moe_per_layer_logging: bool = arg(
+        False, help="Log each MoE layer's auxiliary losses to TensorBoard, not only their mean."
+    )
 
 
 @dataclass(kw_only=True)
@@ -498,6 +571,7 @@ class LoggingConfig:
 SECTIONS = {
     "model": ModelConfig,
     "parallel": ParallelConfig,
+    "moe": MoEConfig,
     "batch": BatchConfig,
     "training": TrainingConfig,
     "data": DataConfig,
@@ -513,6 +587,7 @@ class Config:
 
     model: ModelConfig
     parallel: ParallelConfig
+    moe: MoEConfig
     batch: BatchConfig
     training: TrainingConfig
     data: DataConfig

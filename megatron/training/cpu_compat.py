@@ -4,10 +4,11 @@ megatron-core assumes CUDA in a handful of places even on code paths that
 do no GPU work: it asks for ``torch.cuda.current_device()``, calls
 ``torch.cuda.synchronize()``, creates tensors with ``device="cuda"``,
 dispatches on ``Tensor.type()`` strings such as ``torch.cuda.FloatTensor``
-and keeps its dropout RNG streams in the CUDA generator. This module maps
-each of those to the CPU; and it fixes the one path where megatron-core
-mishandles torch's own Adam, which it runs on CPU (a fully reshardable
-optimizer load, ``_patch_adam_step_on_reshard``).
+and keeps its dropout RNG streams in the CUDA generator; its all-to-all
+MoE dispatcher copies token counts to the host on a side CUDA stream. This
+module maps each of those to the CPU; and it fixes the one path where
+megatron-core mishandles torch's own Adam, which it runs on CPU (a fully
+reshardable optimizer load, ``_patch_adam_step_on_reshard``).
 
 It is enabled explicitly (``enable()``) and only when CUDA is absent, or
 when a test asks for it with ``force=True``. A GPU run never touches it:
@@ -134,6 +135,56 @@ def _patch_torch_cuda():
     cuda.empty_cache = lambda: None
 
 
+class _HostStream:
+    """The one 'stream' of a CPU: work is done when its call returns, so
+    waiting and synchronising are no-ops. megatron-core's all-to-all MoE
+    dispatcher copies token counts to the host on a side stream."""
+
+    def wait_stream(self, stream) -> None: ...
+    def synchronize(self) -> None: ...
+    def record_event(self, event=None) -> "_HostStream":
+        return self  # an event that has happened
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> "_HostStream":
+        return self
+
+    def __exit__(self, *exc) -> None: ...
+
+
+_HOST_STREAM = _HostStream()
+
+
+def _patch_cuda_streams():
+    cuda = torch.cuda
+    # One stream for all: a "side" stream equals the current one, so
+    # megatron-core never asks a CPU tensor to record a stream.
+    cuda.Stream = lambda *args, **kwargs: _HOST_STREAM
+    cuda.current_stream = lambda device=None: _HOST_STREAM
+    cuda.stream = lambda stream=None: _HOST_STREAM
+
+
+def _patch_moe_host_copies():
+    """megatron-core's all-to-all MoE dispatcher copies its split sizes to
+    the host as numpy arrays, which torch's all_to_all_single takes; a
+    tensor already on the host is left a tensor, which it refuses. On a CPU
+    every tensor is on the host: give the numpy array a GPU run gets."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    @functools.wraps(original)
+    def to_host(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor):
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
 def _patch_megatron_rng():
     from megatron.core.tensor_parallel import random as mcore_random
 
@@ -183,6 +234,18 @@ def _patch_adam_step_on_reshard():
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
+def define_missing_te_names() -> None:
+    """megatron-core 0.16's MoE router asks ``te_general_gemm is not None``,
+    a name its module defines only when Transformer Engine imports: without
+    TE (on a CPU, or a GPU without it) every MoE forward raises NameError.
+    Defined as None, the router takes its own torch.mm path. Not CPU-only:
+    setup_device calls this on every run."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def enable(force: bool = False) -> bool:
     """Map megatron-core's CUDA calls to the CPU. Returns whether it is on.
 
@@ -196,8 +259,10 @@ def enable(force: bool = False) -> bool:
         if torch.cuda.is_available() and not force:
             return False
         _patch_torch_cuda()
+        _patch_cuda_streams()
         _patch_tensor()
         _patch_megatron_rng()
+        _patch_moe_host_copies()
         _patch_adam_step_on_reshard()
         _quiet_rng_warning()
         _ACTIVE = True

@@ -14,11 +14,12 @@ from megatron.training.schedule import GlobalBatch
 
 
 def dataset_sizes(config: Config) -> List[int]:
-    """Samples needed from train, valid and test over the whole run. The
-    test split is never evaluated, so nothing is drawn from it."""
+    """Samples needed from train, valid and test over the whole run, as
+    Megatron-LM: every validation's, and one more --eval-iters for the test
+    split at the end."""
     t, log, gbs = config.training, config.logging, config.batch.global_batch_size
     evals = (t.train_iters // log.eval_interval + 1) * log.eval_iters
-    return [t.train_samples or t.train_iters * gbs, evals * gbs, 0]  # as Megatron-LM
+    return [t.train_samples or t.train_iters * gbs, evals * gbs, log.eval_iters * gbs]
 
 
 def split_numbers(split: str) -> List[str]:
@@ -68,8 +69,9 @@ def check_splits(config: Config) -> None:
             if drawn and weight > 0 and count == 0:
                 raise ValueError(
                     f"--split {config.data.split} gives the {name} split of {prefix} no "
-                    f"document ({sum(counts)} in all): give it a larger share, or set "
-                    f"--eval-iters 0 if it is the valid split"
+                    f"document ({sum(counts)} in all): give it a larger share, or a "
+                    f"weight of 0 if it is the test split, or set --eval-iters 0 (no "
+                    f"validation and no test)"
                 )
 
 

@@ -34,6 +34,7 @@ class Runtime:
 def setup_device(config: Config) -> bool:
     """Pick the device before anything touches CUDA. Returns True on CPU."""
     on_cpu = config.parallel.cpu or not torch.cuda.is_available()
+    cpu_compat.define_missing_te_names()
     if on_cpu:
         cpu_compat.enable(force=True)
     else:
@@ -55,6 +56,8 @@ def init_process_groups(config: Config) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
         distributed_timeout_minutes=int(max(1, p.distributed_timeout_minutes)),
         order="tp-cp-ep-pp-dp" if p.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
         # Our checkpoints and mirrors never gather through gloo twins of the

@@ -18,17 +18,25 @@ import torch
 from megatron.core import parallel_state
 
 _LAYER = re.compile(r"(decoder\.layers\.)(\d+)(\.)")
+_LOCAL_EXPERT = re.compile(r"(\.local_experts\.)(\d+)(\.)")
 # Output projections get megatron's scaled init (std / sqrt(2 * layers)).
 _SCALED = ("linear_proj.weight", "linear_fc2.weight")
 
 
-def global_name(local_name: str, pp_rank: int, layers_per_stage: int, tied: bool) -> str:
-    """The name the parameter has in the single-process model."""
+def _shift(pattern: re.Pattern, name: str, offset: int) -> str:
+    return pattern.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}{m.group(3)}", name)
+
+
+def global_name(
+    local_name: str, pp_rank: int, layers_per_stage: int, tied: bool, expert_offset: int = 0
+) -> str:
+    """The name the parameter has in the single-process model (an
+    expert-parallel rank's local expert k is expert ``expert_offset + k``)."""
     if tied and local_name == "output_layer.weight":
         # The last stage's copy of the tied embedding.
         return "embedding.word_embeddings.weight"
-    offset = pp_rank * layers_per_stage
-    return _LAYER.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}{m.group(3)}", local_name)
+    name = _shift(_LAYER, local_name, pp_rank * layers_per_stage)
+    return _shift(_LOCAL_EXPERT, name, expert_offset)
 
 
 def tp_slice(full: torch.Tensor, dim: int, tp_rank: int, tp_size: int, gated: bool) -> torch.Tensor:
@@ -63,15 +71,14 @@ def apply(
     Constant parameters (zero biases, unit norm weights) are already
     layout-invariant and are left as they are.
     """
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     for local, param in module.named_parameters():
         flat = param.detach().view(-1)
         if flat.numel() == 0 or bool((flat == flat[0]).all()):
             continue
-        name = global_name(local, pp_rank, num_layers // pp_size, tied)
+        tp_rank, tp_size, expert_offset = _split_of(param, local, module)
+        name = global_name(local, pp_rank, num_layers // pp_size, tied, expert_offset)
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         full = torch.empty(_full_shape(param, tp_size), dtype=torch.float32, device="cpu")
         full.normal_(0.0, _std(name, init_std, num_layers), generator=generator)
@@ -79,3 +86,32 @@ def apply(
             is_gated_fc1 = gated and name.endswith("linear_fc1.weight")
             full = tp_slice(full, param.partition_dim, tp_rank, tp_size, is_gated_fc1)
         param.copy_(full.to(param.dtype))
+
+
+def _split_of(param: torch.nn.Parameter, local_name: str, module: torch.nn.Module):
+    """(tensor-parallel rank, size, first expert here) of a parameter: an
+    expert's (marked allreduce=False by megatron-core) is split over the
+    expert tensor-parallel group, and its experts over expert parallelism."""
+    if getattr(param, "allreduce", True):
+        return (
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+            0,
+        )
+    if ".local_experts." not in local_name:
+        raise ValueError(
+            f"--layout-invariant-init knows experts as local_experts.K, not {local_name} "
+            "(a grouped GEMM's): drop one of them"
+        )
+    experts = _experts_of(module, local_name)
+    return (
+        parallel_state.get_expert_tensor_parallel_rank(),
+        parallel_state.get_expert_tensor_parallel_world_size(),
+        parallel_state.get_expert_model_parallel_rank() * experts.num_local_experts,
+    )
+
+
+def _experts_of(module: torch.nn.Module, local_name: str) -> torch.nn.Module:
+    """The experts module (with num_local_experts) a parameter belongs to."""
+    path = local_name.split(".local_experts.")[0]
+    return module.get_submodule(path)

@@ -83,10 +83,22 @@ def flops_per_iteration(config: Config, global_batch_size: int) -> float:
     kv_size = kv_channels * m.num_query_groups
     # QK^T and (QK^T)V over half the positions (the causal mask), as Megatron-LM.
     attention = 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * s * q_size
-    mlp = 2 * h * m.ffn_hidden_size * (3 if m.swiglu else 2)
+    mlp = 2 * h * mlp_width(config) * (3 if m.swiglu else 2)
     vocab = config.extra.get("padded_vocab_size", 0)
     forward_per_token = layers * (attention + mlp) + 2 * h * vocab
     return 3.0 * forward_per_token * s * gbs
+
+
+def mlp_width(config: Config) -> int:
+    """The hidden width a token goes through in one layer's MLP: the dense
+    MLP's, or with --num-experts its top-k experts' and the shared expert's
+    (Megatron-LM counts every layer as a MoE layer then)."""
+    m, moe = config.model, config.moe
+    if moe.num_experts is None:
+        return m.ffn_hidden_size
+    return moe.moe_ffn_hidden_size * moe.moe_router_topk + (
+        moe.moe_shared_expert_intermediate_size or 0
+    )
 
 
 class MetricsFile:

@@ -38,6 +38,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
     m, p, t = config.model, config.parallel, config.training
     fused = not on_cpu  # fused kernels need CUDA (and often apex)
     return TransformerConfig(
+        **moe_settings(config),
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
@@ -76,6 +77,34 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
+    )
+
+
+def moe_settings(config: Config) -> dict:
+    """megatron-core's MoE fields (none for a dense model)."""
+    moe, p = config.moe, config.parallel
+    if moe.num_experts is None:
+        return {}
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_ffn_hidden_size=moe.moe_ffn_hidden_size,
+        moe_router_topk=moe.moe_router_topk,
+        moe_router_load_balancing_type=moe.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=moe.moe_aux_loss_coeff,
+        moe_z_loss_coeff=moe.moe_z_loss_coeff,
+        moe_input_jitter_eps=moe.moe_input_jitter_eps,
+        moe_router_score_function=moe.moe_router_score_function,
+        moe_router_pre_softmax=moe.moe_router_pre_softmax,
+        moe_router_topk_scaling_factor=moe.moe_router_topk_scaling_factor,
+        moe_token_dispatcher_type=moe.moe_token_dispatcher_type,
+        moe_grouped_gemm=moe.moe_grouped_gemm,
+        moe_expert_capacity_factor=moe.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=moe.moe_pad_expert_input_to_capacity,
+        moe_token_drop_policy=moe.moe_token_drop_policy,
+        moe_shared_expert_intermediate_size=moe.moe_shared_expert_intermediate_size,
+        moe_per_layer_logging=moe.moe_per_layer_logging,
+        expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
     )
 
 

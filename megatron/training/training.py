@@ -25,7 +25,7 @@ from megatron.core.num_microbatches_calculator import (
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron.training import checkpointing, data, legacy_checkpoint, saving
+from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
 from megatron.training.dashboards import Dashboards
 from megatron.training.initialize import Runtime, initialize
@@ -353,8 +353,13 @@ class Trainer:
         if update_successful:
             state.scheduler.step(increment=batch_size)
         self.empty_unused_memory(level=2)
+        aux_losses, aux_scalars = moe_metrics.aux_losses(
+            cfg, self.num_microbatches, self.progress.iteration + 1
+        )
         return {
             "losses": self.reduce_losses(losses),
+            "aux_losses": aux_losses,  # MoE: in the log line, after the losses
+            "aux_scalars": aux_scalars,  # MoE: to the dashboards every iteration
             "grad_norm": grad_norm,
             "skipped": not update_successful,
             "batch_size": batch_size,
@@ -387,10 +392,10 @@ class Trainer:
         return dict(zip(names, sums))
 
     # ----- validation -----
-    def evaluate(self, eval_index: int) -> Dict[str, float]:
+    def evaluate(self, dataset, consumed: int) -> Dict[str, float]:
+        """--eval-iters global batches of ``dataset`` from sample ``consumed``."""
         cfg = self.config
-        consumed = eval_index * cfg.logging.eval_iters * cfg.batch.global_batch_size
-        iterator = self.data_iterator(self.valid_ds, consumed, training=False)
+        iterator = self.data_iterator(dataset, consumed, training=False)
         for chunk in self.state.model:
             chunk.eval()
         totals: Dict[str, torch.Tensor] = {}
@@ -409,6 +414,8 @@ class Trainer:
                     totals[name] = totals.get(name, 0.0) + pair
         for chunk in self.state.model:
             chunk.train()
+        if cfg.moe.num_experts is not None:
+            moe_metrics.forget()  # validation's router losses are not training's
         return {name: (pair[0] / pair[1]).item() for name, pair in totals.items()}
 
     def maybe_validate(self, final: bool = False) -> None:
@@ -422,13 +429,26 @@ class Trainer:
             if final
             else it // cfg.eval_interval - 1
         )
+        consumed = index * cfg.eval_iters * self.config.batch.global_batch_size
+        self.report_evaluation(
+            self.valid_ds, consumed, f"iteration {it}" + (" on validation set" if final else "")
+        )
+
+    def test(self) -> None:
+        """As Megatron-LM after training: --eval-iters batches of the test
+        split from its start, reported as a validation (its tags too)."""
+        if self.config.logging.eval_iters and self.test_ds is not None:
+            where = f"iteration {self.progress.iteration} on test set"
+            self.report_evaluation(self.test_ds, 0, where)
+
+    def report_evaluation(self, dataset, consumed: int, where: str) -> None:
+        cfg, it = self.config.logging, self.progress.iteration
         if self.config.training.manual_gc_eval:
             self.collect_garbage()
-        losses = self.evaluate(index)
+        losses = self.evaluate(dataset, consumed)
         if self.config.training.manual_gc_eval:
             self.collect_garbage(generation=0)  # what validation made
         if self.runtime.is_last_rank:
-            where = f"iteration {it}" + (" on validation set" if final else "")
             line = validation_log_line(where, losses)
             print("-" * len(line) + "\n" + line + "\n" + "-" * len(line), flush=True)
             self.dashboards.scalars(
@@ -462,8 +482,10 @@ class Trainer:
         return self.progress
 
     def wrap_up(self) -> None:
-        """After the last iteration: final validation and checkpoint."""
+        """After the last iteration: final validation, the test split, and
+        the checkpoint."""
         self.maybe_validate(final=True)
+        self.test()
         if self.config.checkpoint.save and self.just_saved != "persistent":
             self.save()
 
@@ -484,7 +506,11 @@ class Trainer:
             self.advance(metrics)
             self.profiler.after_iteration(self.progress.iteration)
             self._call("after_step", metrics)
-            self.window.add(time.perf_counter() - began, metrics["losses"], metrics["skipped"])
+            self.window.add(
+                time.perf_counter() - began,
+                {**metrics["losses"], **metrics["aux_losses"]},
+                metrics["skipped"],
+            )
             self.record(metrics, self.window)
             interval = self.config.training.manual_gc_interval
             if interval and self.progress.iteration % interval == 0:
@@ -519,6 +545,8 @@ class Trainer:
                     "seconds": metrics["seconds"],
                 }
             )
+        if metrics["aux_scalars"]:  # every iteration, as Megatron-LM
+            self.dashboards.scalars(metrics["aux_scalars"], p.iteration, None)
         if self.dashboards.active and p.iteration % cfg.logging.tensorboard_log_interval == 0:
             self.dashboards.scalars(
                 self.iteration_scalars(metrics, lr), p.iteration, p.consumed_samples

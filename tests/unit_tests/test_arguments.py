@@ -225,6 +225,8 @@ def _kind(annotation):
     return annotation, None
 
 
+# A MoE model that runs on one CPU rank (no biases: see _check_moe).
+MOE = ["--num-experts", "4", "--disable-bias-linear"]
 # name -> (values after the flag, expected parsed value, companion argv, drop, world size)
 SPECIAL = {
     "hidden_size": (["128"], 128, [], (), 1),
@@ -233,7 +235,6 @@ SPECIAL = {
     "max_position_embeddings": (["64"], 64, [], (), 1),
     "tensor_model_parallel_size": (["2"], 2, [], (), 2),
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
-    "sequence_parallel": ([], True, ["--tensor-model-parallel-size", "2"], (), 2),
     "overlap_param_gather": (
         [],
         True,
@@ -282,6 +283,43 @@ SPECIAL = {
         1,
     ),
     "decoupled_min_lr": (["1e-5"], 1e-5, ["--decoupled-lr", "1e-4"], (), 1),
+    # At TP 1 turned off with a warning, as Megatron-LM; at TP 2 refused on CPU
+    # (test_sequence_parallel_needs_the_norm_layers_of_te_or_apex).
+    "sequence_parallel": ([], False, [], (), 1),
+    # MoE flags go with --num-experts.
+    "expert_model_parallel_size": (["2"], 2, ["--num-experts", "4"], (), 2),
+    "expert_tensor_parallel_size": (
+        ["2"],
+        2,
+        ["--num-experts", "4", "--disable-bias-linear"],
+        (),
+        2,
+    ),
+    "moe_router_topk": (["3"], 3, MOE, (), 1),
+    "moe_pad_expert_input_to_capacity": (
+        [],
+        True,
+        [*MOE, "--moe-expert-capacity-factor", "1.5"],
+        (),
+        1,
+    ),
+    "moe_shared_expert_intermediate_size": (
+        ["32"],
+        32,
+        ["--num-experts", "4", "--disable-bias-linear"],
+        (),
+        1,
+    ),
+    # Several balancing types with their coefficients; one is taken as itself.
+    "moe_router_load_balancing_type": (
+        ["aux_loss", "seq_aux_loss"],
+        ["aux_loss", "seq_aux_loss"],
+        [*MOE, "--moe-aux-loss-coeff", "1e-2", "1e-3"],
+        (),
+        1,
+    ),
+    "moe_aux_loss_coeff": (["1e-2"], 1e-2, MOE, (), 1),
+    "num_experts": (["4"], 4, ["--disable-bias-linear"], (), 1),
     "grad_reduce_in_bf16": ([], True, ["--bf16"], (), 1),
     "profile": ([], True, ["--use-pytorch-profiler", "--tensorboard-dir", "tb"], (), 1),
     **{
@@ -317,6 +355,9 @@ UNSUPPORTED = {
     "fp8_param_gather": (["--fp8-format", "hybrid"], ()),
     # Transformer Engine's kernel: refused on CPU.
     "cross_entropy_fusion_impl": (["te", "--cross-entropy-loss-fusion"], ()),
+    # GPU kernels (grouped GEMM; DeepEP or HybridEP): refused on CPU.
+    "moe_grouped_gemm": (MOE, ()),
+    "moe_token_dispatcher_type": (["flex", *MOE], ()),
 }
 
 
@@ -419,6 +460,8 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
     else:
         values, expected = _generic_case(f)
         companion, drop, world = [], (), 1
+        if section == "moe" and f.name != "num_experts":
+            companion = MOE
     drop = tuple(drop) + ((flag,) if flag in BASE and flag not in drop else ())
     config = parse_args(argv(*companion, flag, *values, drop=drop), world_size=world)
     assert getattr(getattr(config, section), f.name) == expected
@@ -593,10 +636,16 @@ def test_sequence_parallel_without_tp_is_turned_off_with_a_warning(capsys):
     """As Megatron-LM (its LLaMA-3 example passes it at TP 1)."""
     assert parse_args(argv("--sequence-parallel"), world_size=2).parallel.sequence_parallel is False
     assert "disabling --sequence-parallel" in capsys.readouterr().out
-    config = parse_args(
-        argv("--sequence-parallel", "--tensor-model-parallel-size", "2"), world_size=2
-    )
-    assert config.parallel.sequence_parallel is True
+
+
+def test_sequence_parallel_needs_the_norm_layers_of_te_or_apex(monkeypatch):
+    """torch's LayerNorm and RMSNorm (megatron-core's local layers on CPU)
+    refuse sequence parallelism when the model is built: said at start-up."""
+    args = argv("--sequence-parallel", "--tensor-model-parallel-size", "2")
+    _names_all(_config_error(args, world_size=2), "--sequence-parallel", "Apex")
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_importable", lambda name: name == "apex")
+    assert parse_args(args, world_size=2).parallel.sequence_parallel is True
 
 
 def test_overlap_param_gather_without_distributed_optimizer():
@@ -767,3 +816,13 @@ def test_each_split_owns_megatron_lms_documents_and_unused_ones_are_not_built(
     config = parse_args(argv(*extra, drop=("--mock-data",)), world_size=1)
     matrix = data.gpt_dataset_config(config, build_tokenizer(config.tokenizer)).split_matrix
     assert [b if b is None else tuple(round(x, 9) for x in b) for b in matrix] == drawn
+
+
+def test_samples_drawn_from_each_split_are_megatron_lms():
+    """Train: the run; valid: --eval-iters batches per validation, one more
+    at the end; test: --eval-iters batches once, after training."""
+    from megatron.training.data import dataset_sizes
+
+    args = ["--train-iters", "10", "--eval-interval", "4", "--eval-iters", "3"]
+    config = parse_args(argv(*args, "--global-batch-size", "2"), world_size=1)
+    assert dataset_sizes(config) == [20, (10 // 4 + 1) * 3 * 2, 3 * 2]

@@ -49,8 +49,13 @@ UNFORCED = HARNESS + textwrap.dedent("""
     def snapshot():
         s = {("torch", n): getattr(torch, n) for n in FACTORIES}
         for n in ("current_device", "synchronize", "get_rng_state", "set_rng_state",
-                  "manual_seed", "manual_seed_all", "empty_cache"):
+                  "manual_seed", "manual_seed_all", "empty_cache", "Stream",
+                  "current_stream", "stream"):
             s[("torch.cuda", n)] = getattr(torch.cuda, n)
+        from megatron.core.transformer.moe import moe_utils, token_dispatcher
+        s[("moe_utils", "maybe_move_tensor_to_cpu")] = moe_utils.maybe_move_tensor_to_cpu
+        s[("token_dispatcher", "maybe_move_tensor_to_cpu")] = (
+            token_dispatcher.maybe_move_tensor_to_cpu)
         for n in ("cuda", "type", "to"):
             s[("Tensor", n)] = getattr(torch.Tensor, n)
         for n in ("_get_cuda_rng_state", "_set_cuda_rng_state"):
@@ -151,6 +156,26 @@ FORCED = HARNESS + textwrap.dedent("""
         assert made["zeros"].dtype == torch.float32
         # Factories without a device still work, and keep their dtype arguments.
         assert torch.zeros(2, dtype=torch.bfloat16, device="cuda").dtype == torch.bfloat16
+
+    @check
+    def one_host_stream():
+        # megatron-core's all-to-all MoE dispatcher: a side stream that is the
+        # current one (so no CPU tensor is asked to record a stream).
+        side = torch.cuda.Stream()
+        assert side is torch.cuda.current_stream()
+        with torch.cuda.stream(side):
+            side.wait_stream(torch.cuda.current_stream())
+        side.record_event().synchronize()
+
+    @check
+    def moe_split_sizes_reach_the_host_as_numpy():
+        import numpy as np
+        from megatron.core.transformer.moe import moe_utils, token_dispatcher
+        sizes = torch.tensor([3, 1])
+        for module in (moe_utils, token_dispatcher):
+            copied = module.maybe_move_tensor_to_cpu(sizes, as_numpy=True)
+            assert isinstance(copied, np.ndarray) and copied.tolist() == [3, 1]
+            assert module.maybe_move_tensor_to_cpu(sizes) is sizes
 
     @check
     def tensor_cuda_is_identity():
@@ -343,6 +368,8 @@ def test_with_cuda_available(unforced, name):
         "type_names_are_cuda",
         "type_still_converts",
         "to_cuda_stays_on_cpu",
+        "one_host_stream",
+        "moe_split_sizes_reach_the_host_as_numpy",
         "cuda_manual_seed_seeds_the_cpu_stream",
         "tracker_switches_streams",
         "tracker_streams_differ_per_tp_rank",

@@ -48,15 +48,7 @@ MIXTRAL_8X7B = """--attention-dropout --bf16 --clip-grad --data-path --disable-b
 MISSING = {
     "gpt3_175b": set(),
     "llama3_8b_fp8": set(),
-    "mixtral_8x7b": {
-        "--expert-model-parallel-size",
-        "--moe-aux-loss-coeff",
-        "--moe-grouped-gemm",
-        "--moe-router-load-balancing-type",
-        "--moe-router-topk",
-        "--moe-token-dispatcher-type",
-        "--num-experts",
-    },
+    "mixtral_8x7b": set(),
 }
 SCRIPTS = {"gpt3_175b": GPT3_175B, "llama3_8b_fp8": LLAMA3_8B_FP8, "mixtral_8x7b": MIXTRAL_8X7B}
 

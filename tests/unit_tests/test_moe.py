@@ -1,0 +1,271 @@
+"""Mixture of experts through pretrain_gpt.py: megatron-core's MoE layers
+with Megatron-LM's flags, refused up front where they cannot run, the
+same model whatever the expert-parallel layout and dispatcher, Megatron-LM's
+auxiliary-loss log, and checkpoints that resume bit for bit (and at another
+expert-parallel size)."""
+
+import os
+
+import pytest
+
+from dist_utils import (
+    assert_same_state,
+    checkpoint_state,
+    curve,
+    read_metrics,
+    run_pretrain,
+    tensorboard_scalars,
+)
+from megatron.training import layout_invariant_init, log
+from megatron.training.arguments import ConfigError, parse_args
+
+BASE = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--train-iters",
+    "6",
+    "--mock-data",
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "128",
+]
+MOE = ["--num-experts", "4", "--disable-bias-linear"]
+
+
+def _error(extra, world_size=1, base=BASE + MOE) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_args(base + extra, world_size=world_size)
+    return str(info.value)
+
+
+# --- refused before any process group, with what to change ------------------------
+
+
+def test_moe_flags_without_experts_are_refused_by_name():
+    message = _error(["--moe-router-topk", "1", "--expert-model-parallel-size", "2"], 2, BASE)
+    assert "--moe-router-topk" in message and "--expert-model-parallel-size" in message
+    assert "--num-experts" in message
+
+
+@pytest.mark.parametrize(
+    "extra, world, words",
+    [
+        (["--expert-model-parallel-size", "3"], 3, "not divisible by --expert-model-parallel"),
+        (["--moe-router-topk", "5"], 1, "--moe-router-topk 5 must be between 1 and"),
+        (["--expert-model-parallel-size", "4"], 2, "world size 2 is not divisible by expert"),
+        (["--moe-token-dispatcher-type", "flex"], 1, "DeepEP"),
+        (["--moe-grouped-gemm"], 1, "--moe-grouped-gemm runs"),
+        (["--moe-pad-expert-input-to-capacity"], 1, "goes with --moe-expert-capacity-factor"),
+        (
+            ["--moe-router-load-balancing-type", "aux_loss", "z_loss"],
+            1,
+            "invalid choice",
+        ),
+        (
+            ["--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0.01"],
+            1,
+            "drop --moe-aux-loss-coeff",
+        ),
+        (
+            ["--moe-expert-capacity-factor", "1", "--moe-router-load-balancing-type", "sinkhorn"],
+            1,
+            "megatron-core refuses these MoE settings: moe_expert_capacity_factor",
+        ),
+    ],
+)
+def test_moe_settings_that_cannot_run_are_refused(extra, world, words, capsys):
+    if words == "invalid choice":  # argparse's own refusal of an unknown type
+        with pytest.raises(SystemExit):
+            parse_args(BASE + MOE + extra, world_size=world)
+        assert words in capsys.readouterr().err
+        return
+    assert words in _error(extra, world)
+
+
+def test_biases_are_refused_where_megatron_core_cannot_run_them():
+    with_bias = BASE + ["--num-experts", "4"]
+    assert "add --disable-bias-linear" in _error([], 1, with_bias)
+    assert "add --disable-bias-linear" in _error(
+        ["--moe-shared-expert-intermediate-size", "32", "--expert-model-parallel-size", "2"],
+        2,
+        with_bias,
+    )
+    # Expert parallelism runs biased experts (megatron-core's explicit expert comm).
+    parse_args(with_bias + ["--expert-model-parallel-size", "2"], world_size=2)
+
+
+def test_tensor_parallel_moe_needs_sequence_parallel():
+    message = _error(["--tensor-model-parallel-size", "2"], 2)
+    assert "need --sequence-parallel" in message
+
+
+def test_megatron_lms_defaults_and_single_values():
+    config = parse_args(
+        BASE + MOE + ["--moe-router-load-balancing-type", "seq_aux_loss"], world_size=1
+    )
+    moe = config.moe
+    assert moe.moe_ffn_hidden_size == config.model.ffn_hidden_size == 256
+    assert moe.moe_router_load_balancing_type == "seq_aux_loss"  # not a list of one
+    assert moe.moe_aux_loss_coeff == 0.0
+    assert config.parallel.expert_tensor_parallel_size == 1
+    assert parse_args(BASE + ["--num-experts", "0"], world_size=1).moe.num_experts is None
+
+
+def test_deadpool_refuses_moe_with_the_reason():
+    from deadpool_ext.config import parse_args as deadpool_parse
+
+    with pytest.raises(ConfigError, match="does not cover MoE models yet"):
+        deadpool_parse(BASE + MOE + ["--use-distributed-optimizer", "--deadpool"])
+
+
+# --- arithmetic -------------------------------------------------------------------
+
+
+def test_throughput_counts_the_routed_and_shared_experts_as_megatron_lm():
+    config = parse_args(
+        BASE
+        + MOE
+        + ["--moe-router-topk", "2", "--moe-ffn-hidden-size", "96"]
+        + ["--moe-shared-expert-intermediate-size", "32"],
+        world_size=1,
+    )
+    config.extra["padded_vocab_size"] = 128
+    h, s, layers, gbs = 64, 32, 2, 8
+    # Megatron-LM's transformer_flops, term by term: 3 (fwd+bwd) x 2 (FMA) x h x
+    # (routed experts: moe_ffn x topk x 2 GEMMs, shared: its width x 2) ...
+    mlp = 3 * 2 * h * (96 * 2 * 2 + 32 * 2)
+    attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)
+    logits = 3 * 2 * h * 128
+    expected = gbs * s * (layers * (mlp + attention) + logits)
+    assert log.flops_per_iteration(config, gbs) == expected
+
+
+def test_an_expert_parallel_ranks_local_experts_have_their_global_names():
+    local = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"
+    assert layout_invariant_init.global_name(local, 1, 2, False, expert_offset=2) == (
+        "decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight"
+    )
+
+
+# --- runs on 4 CPU ranks ------------------------------------------------------------
+
+RUN = BASE + MOE + ["--use-distributed-optimizer", "--log-interval", "1", "--eval-iters", "0"]
+RUN += ["--num-workers", "0", "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3"]
+
+
+def moe_run(tmp, *extra: str, invariant: bool = True) -> dict:
+    """A 4-rank MoE run in ``tmp``: its stdout, metrics and saves."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    args = RUN + ["--metrics-file", str(tmp / "metrics.jsonl"), *extra]
+    args += ["--layout-invariant-init"] if invariant else []
+    out = run_pretrain(4, args)
+    return {"out": out, "metrics": read_metrics(str(tmp / "metrics.jsonl")), "dir": tmp}
+
+
+@pytest.fixture(scope="module")
+def ep2(tmp_path_factory):
+    """The reference: EP 2, all-to-all, saved at 3 and 6, with TensorBoard."""
+    tmp = tmp_path_factory.mktemp("moe_ep2")
+    return moe_run(
+        tmp,
+        "--expert-model-parallel-size",
+        "2",
+        "--moe-token-dispatcher-type",
+        "alltoall",
+        "--save",
+        str(tmp / "ckpt"),
+        "--save-interval",
+        "3",
+        "--dist-ckpt-optim-fully-reshardable",
+        "--tensorboard-dir",
+        str(tmp / "tb"),
+    )
+
+
+def losses(run) -> list:
+    return [m["lm_loss"] for m in run["metrics"]]
+
+
+def relative_gap(a: list, b: list) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.mark.integration
+def test_the_dispatchers_give_the_same_model_bit_for_bit(ep2, tmp_path):
+    allgather = moe_run(tmp_path, "--expert-model-parallel-size", "2")
+    assert curve(allgather["metrics"]) == curve(ep2["metrics"])
+    assert losses(ep2)[-1] < losses(ep2)[0]  # and it learns
+
+
+@pytest.mark.integration
+def test_the_expert_parallel_layout_does_not_change_the_model(ep2, tmp_path):
+    """EP 4 (one expert per rank) trains the EP 2 model: the same losses to
+    rounding (gradients are reduced over other groups). Control: without
+    the layout-invariant initialisation the experts start elsewhere."""
+    ep4 = moe_run(tmp_path / "ep4", "--expert-model-parallel-size", "4")
+    assert len(ep4["metrics"]) == 6 and relative_gap(losses(ep4), losses(ep2)) < 1e-5
+    control = moe_run(tmp_path / "control", "--expert-model-parallel-size", "4", invariant=False)
+    assert relative_gap(losses(control), losses(ep2)) > 1e-3
+
+
+@pytest.mark.integration
+def test_the_auxiliary_losses_are_logged_as_megatron_lm(ep2):
+    lines = [line for line in ep2["out"].splitlines() if " iteration " in line]
+    assert len(lines) == 6
+    for line in lines:  # Megatron-LM's order: the lm loss, then the router's losses
+        assert line.index("lm loss:") < line.index("z_loss:")
+        assert line.index("lm loss:") < line.index("load_balancing_loss:")
+    scalars = tensorboard_scalars(str(ep2["dir"] / "tb"))
+    balance = scalars["load_balancing_loss"]
+    assert [step for step, _ in balance] == list(range(1, 7))
+    printed = float(lines[-1].split("load_balancing_loss:")[1].split("|")[0])
+    assert balance[-1][1] == pytest.approx(printed, rel=1e-6)
+    # A balanced router gives about 1 (Switch's loss is topk-normalised).
+    assert all(0.5 < value < 2 for _, value in balance)
+
+
+def resume_from_iteration_3(ep2, tmp, *extra: str) -> dict:
+    """The reference's iteration-3 save, resumed in ``tmp`` up to 6."""
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir(parents=True)
+    os.symlink(ep2["dir"] / "ckpt" / "iter_0000003", ckpt / "iter_0000003")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    saving = ["--save", str(ckpt), "--save-interval", "3", "--dist-ckpt-optim-fully-reshardable"]
+    return moe_run(tmp, "--load", str(ckpt), *saving, *extra)
+
+
+@pytest.mark.integration
+def test_a_moe_checkpoint_resumes_bit_for_bit(ep2, tmp_path):
+    layout = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+    same = resume_from_iteration_3(ep2, tmp_path, *layout)
+    assert curve(same["metrics"]) == curve(ep2["metrics"])[3:]
+    assert_same_state(
+        checkpoint_state(str(ep2["dir"] / "ckpt"), 6), checkpoint_state(str(tmp_path / "ckpt"), 6)
+    )
+
+
+@pytest.mark.integration
+def test_a_moe_checkpoint_resumes_at_another_expert_parallel_size(ep2, tmp_path):
+    """Saved fully reshardable at EP 2, dist_checkpointing cuts the experts
+    and their optimizer state again for EP 4: training goes on as the
+    uninterrupted run, to rounding. Control: without the optimizer state."""
+    ep4 = resume_from_iteration_3(ep2, tmp_path / "ep4", "--expert-model-parallel-size", "4")
+    assert [m["iteration"] for m in ep4["metrics"]] == [4, 5, 6]
+    assert relative_gap(losses(ep4), losses(ep2)[3:]) < 1e-5
+    fresh_optimizer = resume_from_iteration_3(
+        ep2, tmp_path / "control", "--expert-model-parallel-size", "4", "--no-load-optim"
+    )
+    assert relative_gap(losses(fresh_optimizer)[1:], losses(ep2)[4:]) > 1e-3
