@@ -14,7 +14,7 @@ from megatron.training.config import Config, arg
 
 from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map, nodes_by_block
 from deadpool_ext.inject import InjectError, parse_faults
-from deadpool_ext.protocol import HEARTBEAT_TIMEOUT_S
+from deadpool_ext.protocol import ERROR_FILE_ENV, HEARTBEAT_TIMEOUT_S
 
 
 @dataclass(kw_only=True)
@@ -180,17 +180,50 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "python -m deadpool_ext.launch (deadpool-launch)"
         )
     for fault in faults:
-        if fault.rank is not None and fault.rank >= config.world_size:
-            raise ConfigError(
-                f"--deadpool-inject: rank {fault.rank} does not exist "
-                f"(world size {config.world_size})"
-            )
+        check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
     plan_buddies(config, environ)
 
 
-def parse_args(argv=None) -> Config:
-    """Megatron's flags plus the --deadpool ones, all checked before any
-    process group starts."""
-    return arguments.parse_args(
-        argv, extra_sections={"deadpool": DeadpoolConfig}, extra_validators=[validate_deadpool]
+def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> None:
+    """A fault that could never fire is a test that cannot fail: refused."""
+    where = f"--deadpool-inject {fault.action}"
+    if fault.rank is not None and fault.rank >= config.world_size:
+        raise ConfigError(
+            f"{where}: rank {fault.rank} does not exist (world size {config.world_size})"
+        )
+    if fault.node is not None and fault.node >= world_size_in_nodes:
+        raise ConfigError(
+            f"{where}: node {fault.node} does not train (nodes 0 to {world_size_in_nodes - 1} "
+            "do; spare nodes hold no rank until one dies)"
+        )
+    last = config.training.train_iters
+    if fault.phase != "recovery" and fault.iteration > last:
+        raise ConfigError(f"{where}: iter={fault.iteration} comes after the last one ({last})")
+    c = config.checkpoint
+    saves = c.save and (
+        fault.iteration == last
+        or (c.save_interval and fault.iteration % c.save_interval == 0)
+        or (
+            c.non_persistent_save_interval and fault.iteration % c.non_persistent_save_interval == 0
+        )
     )
+    if fault.phase == "save" and not saves:
+        raise ConfigError(
+            f"{where}: phase=save at iter={fault.iteration}, but no checkpoint is saved after "
+            "that iteration: give --save and a --save-interval that divides it"
+        )
+
+
+def parse_args(argv=None, environ=os.environ) -> Config:
+    """Megatron's flags plus the --deadpool ones, all checked before any
+    process group starts. Under deadpool-launch a refusal is also written
+    where the agent reads it, so the launcher says why the job stopped."""
+    try:
+        return arguments.parse_args(
+            argv, extra_sections={"deadpool": DeadpoolConfig}, extra_validators=[validate_deadpool]
+        )
+    except ConfigError as error:
+        if environ.get(ERROR_FILE_ENV):
+            with open(environ[ERROR_FILE_ENV], "w") as f:
+                f.write(str(error))
+        raise

@@ -108,14 +108,13 @@ def parse_fault(spec: str) -> Fault:
             f"--deadpool-inject {spec}: stall stops the main thread: phase "
             f"must be one of {', '.join(STALL_PHASES)}, without delay"
         )
-    try:
-        number = {k: int(v) for k, v in fields.items() if k != "phase"}
-    except ValueError:
+    if not all(v.isdigit() for k, v in fields.items() if k != "phase"):
         raise InjectError(
-            f"--deadpool-inject {spec}: rank, node, iter and delay are integers"
-        ) from None
-    if any(v < 0 for v in number.values()):
-        raise InjectError(f"--deadpool-inject {spec}: rank, node, iter and delay must be >= 0")
+            f"--deadpool-inject {spec}: rank, node, iter and delay are integers >= 0 (digits only)"
+        )
+    number = {k: int(v) for k, v in fields.items() if k != "phase"}
+    if number.get("iter") == 0:
+        raise InjectError(f"--deadpool-inject {spec}: iterations count from 1: iter=0 never comes")
     return Fault(
         action,
         number.get("rank"),

@@ -177,6 +177,7 @@ class WorkerExited(Message):
     KIND: ClassVar[Kind] = Kind.EXIT
     slot: str
     code: int
+    reason: Optional[str] = None  # what a worker refused for (ExitCode.USAGE) said
 
 
 @dataclass
@@ -321,6 +322,8 @@ class Decision:
 # ----- the worker's environment, written by the agent, read by the worker -----
 SECRET_ENV = "DEADPOOL_SECRET"
 AGENT_ENV = "DEADPOOL_AGENT"  # the agent's settings (JSON), from the launcher
+ERROR_FILE_ENV = "DEADPOOL_ERROR_FILE"  # a worker's refusal of its flags, for its agent
+ERROR_TEXT_LIMIT = 4000  # characters of it the agent forwards
 
 
 @dataclass(frozen=True)
@@ -332,6 +335,9 @@ class WorkerEnv:
     ranks_per_node: int
     world_size: int
     rank: Optional[int]  # None for a spare: it learns its rank from a decision
+    # Where the worker writes why it refused its flags (read by its agent,
+    # as torchelastic's error file).
+    error_file: Optional[str] = None
 
     def variables(self) -> Dict[str, str]:
         """What the agent adds to the worker's environment (torchrun's names too)."""
@@ -347,6 +353,8 @@ class WorkerEnv:
         }
         if self.rank is not None:
             env["RANK"] = str(self.rank)
+        if self.error_file is not None:
+            env[ERROR_FILE_ENV] = self.error_file
         return env
 
     @classmethod
@@ -360,6 +368,7 @@ class WorkerEnv:
             ranks_per_node=int(environ["DEADPOOL_RANKS_PER_NODE"]),
             world_size=int(environ["WORLD_SIZE"]),
             rank=None if rank is None else int(rank),
+            error_file=environ.get(ERROR_FILE_ENV),
         )
 
     @property

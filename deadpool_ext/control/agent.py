@@ -11,11 +11,13 @@ import json
 import os
 import secrets
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Dict, List, NoReturn
+from typing import Dict, List, NoReturn, Optional
 
 import torch.distributed as dist
 
@@ -50,6 +52,18 @@ class Agent:
             self.commands.skip_history()
         self.stopping = False
         self.seq = 0
+        self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
+
+    def error_file(self, slot: str) -> str:
+        return os.path.join(self.error_dir, f"{slot}.error")
+
+    def refusal(self, slot: str) -> Optional[str]:
+        """What a worker that refused its flags wrote, if it did."""
+        try:
+            with open(self.error_file(slot)) as f:
+                return f.read()[: P.ERROR_TEXT_LIMIT]
+        except OSError:
+            return None
 
     def worker_env(self, local: int, active: bool) -> dict:
         worker = WorkerEnv(
@@ -60,6 +74,7 @@ class Agent:
             ranks_per_node=self.nproc,
             world_size=self.world_size,
             rank=self.node * self.nproc + local if active else None,
+            error_file=self.error_file(slot_name(self.node, local)),
         )
         return {**os.environ, **worker.variables()}
 
@@ -90,7 +105,9 @@ class Agent:
             if code is not None:
                 del self.workers[slot]
                 if not self.stopping:
-                    self.channel.post(P.COORDINATOR_TOPIC, P.WorkerExited(slot=slot, code=code))
+                    reason = self.refusal(slot) if code == ExitCode.USAGE else None
+                    exited = P.WorkerExited(slot=slot, code=code, reason=reason)
+                    self.channel.post(P.COORDINATOR_TOPIC, exited)
                 if code == ExitCode.RELEASED and not self.stopping:
                     # A shrink dropped its replica: the slot serves as a warm spare.
                     local = parse_slot(slot)[1]
@@ -139,6 +156,8 @@ class Agent:
             stopped = self.stopping
             self.obey({"kind": Command.KILL_ALL})
             return ExitCode.OK if stopped else ExitCode.FAILED
+        finally:
+            shutil.rmtree(self.error_dir, ignore_errors=True)
         return ExitCode.USAGE if self.refused else ExitCode.OK
 
 

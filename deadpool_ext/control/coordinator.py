@@ -242,6 +242,17 @@ class Coordinator:
             return  # finished normally
         if rank is None and m.slot in self.view.spares:
             self.view.spares.remove(m.slot)
+        if m.code == ExitCode.USAGE and not self.finished:
+            # Every process runs the same flags: a spare would refuse them too.
+            self.end(
+                abort(
+                    self.gen,
+                    f"slot {m.slot} (rank {rank}) refused its flags: "
+                    + (m.reason or "see its 'error:' line above").strip(),
+                    self.view.members,
+                )
+            )
+            return
         if m.code == ExitCode.BUG and not self.finished:
             # A spare runs the same code and would meet it again.
             self.end(

@@ -54,8 +54,16 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
         group.add_argument(flag_name(f), **kwargs)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusals (an unknown flag, a bad value) as ConfigError,
+    the same path as every other check: the caller says it and exits 2."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
 def build_parser(sections: Dict[str, type]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         description="GPT pretraining on megatron-core (Megatron-LM flags).", allow_abbrev=False
     )
     for title, cls in sections.items():

@@ -182,6 +182,31 @@ def test_fault_injection_is_checked_and_needs_the_launcher():
     assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3", "hang:rank=0:iter=5"]
 
 
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("kill:rank=1:iter=0", "iterations count from 1"),
+        ("kill:rank=1:iter= 3", "digits only"),
+        ("kill:node=2:iter=3", "node 2 does not train"),
+        ("kill:rank=1:iter=999", "comes after the last one"),
+        ("kill:rank=1:iter=3:phase=save", "no checkpoint is saved after that iteration"),
+        ("disk-full:rank=1:iter=3", "no checkpoint is saved after that iteration"),
+    ],
+)
+def test_a_fault_that_can_never_fire_is_refused(spec, says):
+    """On 2 nodes of 1 rank: a test whose fault cannot fire cannot fail."""
+    assert says in error(DEADPOOL + ["--deadpool-inject", spec], 2, LAUNCHED)
+
+
+def test_a_save_fault_fires_at_an_interval_save_or_the_last_one(tmp_path):
+    saving = ["--save", str(tmp_path), "--save-interval", "3"]
+    for spec in ("kill:rank=1:iter=3:phase=save", "disk-full:rank=1:iter=6"):
+        parse(DEADPOOL + saving + ["--deadpool-inject", spec], 2, LAUNCHED)
+    assert "no checkpoint" in error(
+        DEADPOOL + saving + ["--deadpool-inject", "disk-full:rank=1:iter=4"], 2, LAUNCHED
+    )
+
+
 def test_heartbeat_timeout_must_be_positive():
     assert "heartbeat" in error(DEADPOOL + ["--deadpool-heartbeat-timeout", "0"], 2, LAUNCHED)
 
@@ -267,3 +292,31 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
     injector.fired.add(stall)  # what the fault hook does as it fires it
     assert injector.due("forward", 4) == []
     assert Injector([stall], rank=1, node=0, original=False).due("forward", 4) == []  # a spare
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], "--num-layers 3 is not"),
+    ],
+)
+def test_the_launcher_says_why_the_workers_refused_their_flags(bad, says):
+    """Every worker refuses the same flags: the job stops at once, saying
+    what the workers said (not a missing buddy plan after a timeout)."""
+    from dist_utils import TINY_GPT, launch_command, worker_env
+
+    args = TINY_GPT + DEADPOOL + ["--mock-data", "--train-iters", "2"] + bad
+    launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        launch_command(launcher, args),
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    stopped = [line for line in proc.stderr.splitlines() if "job stopped" in line]
+    assert len(stopped) == 1 and "refused its flags" in stopped[0] and says in stopped[0]
