@@ -15,6 +15,8 @@
     kill:rank=1:iter=4:phase=save:delay=20
                                         SIGKILL rank 1 20 ms into the checkpoint save
                                         that ends iteration 4
+    kill-agent:node=1:iter=4            SIGKILL node 1's agent alone at the start of
+                                        iteration 4 (its workers must die with it)
     disk-full:rank=0:iter=4             every file write of rank 0 fails (EFBIG, as on
                                         a full disk) while it saves the checkpoint that
                                         ends iteration 4 (--save-interval must make one)
@@ -36,6 +38,7 @@ snapshot of the iteration before, and one more iteration is redone.
 fault lands anywhere in or after the phase (the fault campaign draws it).
 """
 
+import contextlib
 import os
 import resource
 import signal
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
-ACTIONS = ("kill", "hang", "stall", "disk-full")
+ACTIONS = ("kill", "kill-agent", "hang", "stall", "disk-full")
 # Where a stall stops the main thread (mirror runs in its own thread).
 STALL_PHASES = ("forward", "backward", "grad-reduce", "optimizer")
 
@@ -96,6 +99,11 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
     if action in ("hang", "stall") and "node" in fields:
         raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
+    if action == "kill-agent" and ("rank" in fields or phase != "forward"):
+        raise InjectError(
+            f"--deadpool-inject {spec}: kill-agent takes node=N and iter=N (at the start "
+            "of that iteration)"
+        )
     if action == "disk-full":
         phase = fields.setdefault("phase", "save")
         if "node" in fields or phase != "save" or "delay" in fields:
@@ -158,6 +166,11 @@ def fire(fault: Fault) -> None:
         threading.Event().wait()  # forever; only a kill ends it
     elif fault.action == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.action == "kill-agent":
+        # Every worker of the node fires this; the first kill is the one.
+        # The workers die of the parent-death signal their agent's death sends.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(os.getppid(), signal.SIGKILL)
     elif fault.node is not None:
         # The agent started this node's workers in its own process group.
         os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -170,6 +170,8 @@ class NodeUp(Message):
     join: bool = False
     nonce: Optional[str] = None
     pids: Dict[str, int] = field(default_factory=dict)
+    # The launcher's --nnodes x --nproc-per-node, which every launcher must share.
+    world_size: Optional[int] = None
 
 
 @dataclass
@@ -338,6 +340,8 @@ class WorkerEnv:
     # Where the worker writes why it refused its flags (read by its agent,
     # as torchelastic's error file).
     error_file: Optional[str] = None
+    # The agent that started it: the worker dies with it (parent-death signal).
+    agent_pid: Optional[int] = None
 
     def variables(self) -> Dict[str, str]:
         """What the agent adds to the worker's environment (torchrun's names too)."""
@@ -355,6 +359,8 @@ class WorkerEnv:
             env["RANK"] = str(self.rank)
         if self.error_file is not None:
             env[ERROR_FILE_ENV] = self.error_file
+        if self.agent_pid is not None:
+            env["DEADPOOL_AGENT_PID"] = str(self.agent_pid)
         return env
 
     @classmethod
@@ -369,6 +375,9 @@ class WorkerEnv:
             world_size=int(environ["WORLD_SIZE"]),
             rank=None if rank is None else int(rank),
             error_file=environ.get(ERROR_FILE_ENV),
+            agent_pid=int(environ["DEADPOOL_AGENT_PID"])
+            if "DEADPOOL_AGENT_PID" in environ
+            else None,
         )
 
     @property

@@ -75,6 +75,7 @@ class Agent:
             world_size=self.world_size,
             rank=self.node * self.nproc + local if active else None,
             error_file=self.error_file(slot_name(self.node, local)),
+            agent_pid=os.getpid(),
         )
         return {**os.environ, **worker.variables()}
 
@@ -92,6 +93,7 @@ class Agent:
                 join=self.join,
                 nonce=self.nonce,
                 pids={s: p.pid for s, p in self.workers.items()},
+                world_size=self.world_size,
             ),
         )
 

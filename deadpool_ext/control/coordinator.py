@@ -270,6 +270,18 @@ class Coordinator:
     def on_node(self, m: P.NodeUp) -> None:
         if m.join:
             self.register_node(m.node, m.nproc, str(m.nonce))
+        elif not self.finished and (m.nproc, m.world_size) != (self.nproc, self.planned_size):
+            # Its workers would wait for a world that never forms.
+            self.end(
+                abort(
+                    self.gen,
+                    f"node {m.node}'s launcher was started with --nproc-per-node {m.nproc} "
+                    f"and --nnodes {(m.world_size or 0) // max(1, m.nproc)}, node 0's with "
+                    f"{self.nproc} and {self.nnodes}: start every node's launcher with the "
+                    "same --nnodes, --nproc-per-node and --spare-nodes",
+                    self.view.members,
+                )
+            )
 
     def on_spare_ready(self, m: P.SpareReady) -> None:
         slot = m.slot

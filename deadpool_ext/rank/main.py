@@ -7,6 +7,7 @@ WORLD_SIZE.
 """
 
 import contextlib
+import ctypes
 import faulthandler
 import functools
 import os
@@ -292,7 +293,22 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
         return recovery.join(prepared[2], decision)
 
 
+def die_with_agent(agent_pid: Optional[int]) -> bool:
+    """Ask Linux to SIGKILL this worker when its agent dies, so a lost agent
+    leaves no orphan holding its rank. False if the agent is gone already
+    (it died before the request)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    return agent_pid is None or os.getppid() == agent_pid
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def run(config: Config, model_provider, forward_step) -> NoReturn:
+    if not die_with_agent(WorkerEnv.read().agent_pid):
+        leave(ExitCode.FAILED)
     # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
     # a report of a hang (the fault campaign sends it before it gives up).
     faulthandler.register(signal.SIGUSR1, all_threads=True)

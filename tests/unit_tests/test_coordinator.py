@@ -99,6 +99,28 @@ def test_a_rank_stopped_by_a_bug_stops_the_job_and_a_local_failure_is_replaced(j
     assert "programming error" in coordinator.result.reason and "0.1" in coordinator.result.reason
 
 
+def test_refused_flags_stop_the_job_with_the_workers_words(job):
+    """Every process runs the same flags: no spare is tried."""
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="exit", slot="1.1", code=int(ExitCode.USAGE), reason="no -x")
+    coordinator.step()
+    assert coordinator.finished and coordinator.result.action == "abort"
+    assert coordinator.result.reason == "slot 1.1 (rank 3) refused its flags: no -x"
+
+
+@pytest.mark.parametrize("nproc, world_size", [(2, 6), (4, 8), (2, None)])
+def test_a_launcher_started_with_other_sizes_stops_the_job_at_once(job, nproc, world_size):
+    """Its workers would wait for a world that never forms (10 minutes)."""
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="node", node=1, active=True, nproc=2, world_size=4)
+    coordinator.step()
+    assert not coordinator.finished  # the same sizes
+    up = dict(kind="node", node=1, active=True, nproc=nproc, world_size=world_size)
+    worker.post("coordinator", **up)
+    coordinator.step()
+    assert coordinator.finished and "same --nnodes, --nproc-per-node" in coordinator.result.reason
+
+
 def test_a_message_of_an_unknown_kind_is_dropped_and_recorded(job, tmp_path):
     coordinator, worker, _ = job
     worker.post("coordinator", kind="node_lost", node=1)  # no such message

@@ -90,6 +90,9 @@ SCENARIOS = {
         2,
         ["disk-full:rank=3:iter=2", "kill:rank=1:iter=5:phase=backward", "disk-full:rank=0:iter=6"],
     ),
+    # Node 1's agent alone is killed: its workers die with it (no orphan
+    # keeps a rank), and the spare node takes the node's place.
+    "agent-killed": (SMALL, 2, 1, 2, ["kill-agent:node=1:iter=4"]),
     # A rank dies 30 ms into an asynchronous save: the survivors abandon it.
     "save-kill": (SMALL, 2, 1, 2, ["kill:rank=2:iter=4:phase=save:delay=30"]),
 }
