@@ -30,6 +30,7 @@ setup(
         "tiktoken",
         "transformers",
         "tensorboard",  # --tensorboard-dir (torch's SummaryWriter)
+        "xxhash",  # the mirror's snapshot checksum (XXH3)
     ],
     entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={

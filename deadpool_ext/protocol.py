@@ -225,6 +225,7 @@ class Joining(Message):
     KIND: ClassVar[Kind] = Kind.JOINING
     gen: int
     rank: int
+    slot: str  # the sender: only the slot that holds the rank counts
 
 
 @dataclass
@@ -232,12 +233,14 @@ class Resumed(Message):
     KIND: ClassVar[Kind] = Kind.RESUMED
     gen: int
     rank: int
+    slot: str
 
 
 @dataclass
 class Done(Message):
     KIND: ClassVar[Kind] = Kind.DONE
     rank: int
+    slot: str
 
 
 MESSAGES = {

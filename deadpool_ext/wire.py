@@ -23,6 +23,7 @@ import hmac
 import json
 import os
 import secrets
+import socket
 import sys
 from typing import List, NoReturn, Optional
 
@@ -52,14 +53,42 @@ def job_secret(environ=os.environ) -> bytes:
 
 
 def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = False):
-    return dist.TCPStore(
+    """A client of the store at host:port; with ``is_master``, its server,
+    listening on ``host`` alone (torch's TCPStore would listen on every
+    interface: loopback for --standalone keeps the job's store off the
+    network)."""
+    listener = listen(host, port) if is_master else None
+    store = dist.TCPStore(
         host,
         port,
         is_master=is_master,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
         use_libuv=True,
+        master_listen_fd=None if listener is None else listener.fileno(),
     )
+    if listener is not None:
+        _LISTENERS.append(listener)  # the server's socket lives as long as the process
+    return store
+
+
+_LISTENERS: List[socket.socket] = []
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise ControlError(
+            f"the store cannot listen on {host}:{port} ({error}): on a multi-node run "
+            "--master-addr must be an address of node 0, where the store runs"
+        ) from None
+    listener.listen(socket.SOMAXCONN)
+    return listener
 
 
 class Channel:

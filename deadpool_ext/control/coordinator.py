@@ -80,6 +80,8 @@ NEXT = {
     S.ABORTED: set(),
 }
 COLLECTING = (S.RECOVERING, S.GROWING)  # members report for a decision
+# Messages a member sends about its own rank.
+SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done)
 BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
 # A loss now cannot be combined with the decision being carried out.
 UNRECOVERABLE = (S.RESIZING, S.STOPPING)
@@ -219,8 +221,21 @@ class Coordinator:
             # Signed, so from a process of this job: another version, or a bug.
             self.events.emit("message_dropped", gen=self.gen, error=str(error))
             return
+        if isinstance(message, SPEAKS_FOR_A_RANK) and not self.holds(message.rank, message.slot):
+            # A process of a lost slot (an orphan, a node back from a partition)
+            # must not speak for a rank that is, or will be, someone else's.
+            self.events.emit(
+                "message_dropped",
+                gen=self.gen,
+                error=f"{message.KIND.value} for rank {message.rank} from slot {message.slot}, "
+                f"which does not hold it",
+            )
+            return
         handler = getattr(self, f"on_{message.KIND.value}")
         handler(message)
+
+    def holds(self, rank: int, slot: str) -> bool:
+        return self.view.members.get(rank) == slot and slot not in self.view.lost_slots
 
     def on_plan(self, m: P.Plan) -> None:
         if self.plan is not None:

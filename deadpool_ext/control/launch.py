@@ -164,7 +164,7 @@ def on_sigterm(opts, coordinator: Coordinator, agents: dict) -> None:
 
 def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     """Node 0 (or standalone): host the store, start local agents, decide."""
-    store = connect(store_host if not opts.standalone else "127.0.0.1", port, is_master=True)
+    store = connect(store_host, port, is_master=True)
     address = f"{opts.master_addr}:{port}"
     events = EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK)
     timeout = float(
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     if not opts.master_port:
         raise SystemExit("deadpool-launch: give --master-port (or MASTER_PORT) on a multi-node run")
     if opts.node_rank == 0:
-        return coordinate(opts, "0.0.0.0", opts.master_port, [0])
+        return coordinate(opts, opts.master_addr, opts.master_port, [0])
     settings = agent_settings(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     os.environ[AGENT_ENV] = json.dumps(settings)
     from deadpool_ext.control import agent

@@ -212,7 +212,7 @@ class FailureAnnounced(RuntimeError):
 def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int) -> None:
     """Everyone arrives (a store barrier, so a failure now is seen by
     polling), then generation N's default group under its own prefix."""
-    ctx.post(Joining(gen=decision.gen, rank=rank))
+    ctx.post(Joining(gen=decision.gen, rank=rank, slot=ctx.slot))
     while ctx.get(join_key(decision.gen)) is None:
         if ctx.current()["gen"] != decision.gen:
             raise FailureAnnounced("another failure before the rebuild")

@@ -359,4 +359,4 @@ def train(ctx: ControlClient, config: Config, model_provider, forward_step) -> N
         rec = start_spare(ctx, config, builders)
     rec.train()
     ctx.state = WorkerState.DONE
-    ctx.post(P.Done(rank=rec.trainer.runtime.rank))
+    ctx.post(P.Done(rank=rec.trainer.runtime.rank, slot=ctx.slot))

@@ -361,7 +361,9 @@ class Recovery:
         the coordinator."""
         self.trainer.forget_after(decision.rollback_to)
         self.ctx.iteration = decision.rollback_to
-        self.ctx.post(P.Resumed(gen=decision.gen, rank=self.trainer.runtime.rank))
+        self.ctx.post(
+            P.Resumed(gen=decision.gen, rank=self.trainer.runtime.rank, slot=self.ctx.slot)
+        )
         self.recovery_hook.resumed(lambda: self.dashboard_report(decision))
 
     def dashboard_report(self, decision: Decision) -> Tuple[Dict[str, float], str]:

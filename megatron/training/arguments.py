@@ -695,13 +695,15 @@ def _check_data(config: Config) -> None:
         check_tokenizer(config.tokenizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if d.data_path:
-        from megatron.training.data import check_splits
+    from megatron.training.data import check_index_cache, check_splits, index_cache_dirs
 
-        try:
+    try:
+        if d.data_path:
             check_splits(config)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        for directory in index_cache_dirs(config):
+            check_index_cache(directory)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     _require(d.num_workers >= 0, "--num-workers must be >= 0")
 
 

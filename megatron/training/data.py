@@ -2,9 +2,11 @@
 function of the number of samples consumed (so a run can resume, or redo an
 iteration, from nothing but that count)."""
 
+import os
 import re
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -73,6 +75,50 @@ def check_splits(config: Config) -> None:
                     f"weight of 0 if it is the test split, or set --eval-iters 0 (no "
                     f"validation and no test)"
                 )
+
+
+def index_cache_dirs(config: Config) -> List[str]:
+    """Where megatron-core keeps (and looks for) the datasets' index arrays:
+    --data-cache-path, else a cache directory beside each data prefix."""
+    d = config.data
+    if d.mock_data:
+        return [d.data_cache_path] if d.data_cache_path else []
+    if d.data_cache_path:
+        return [d.data_cache_path]
+    return [os.path.join(p, "cache", "GPTDataset_indices") for p in _blend(d.data_path)[0]]
+
+
+def check_index_cache(directory: str) -> None:
+    """megatron-core loads its cached index arrays with numpy's
+    allow_pickle=True, which unpickles (runs) any file that is not a plain
+    .npy array: whoever can write the cache directory could run code in
+    every rank. So each .npy file there must be a plain array before any is
+    loaded."""
+    if not os.path.isdir(directory):
+        return
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".npy") and not _is_plain_array(os.path.join(directory, name)):
+            raise ValueError(
+                f"{os.path.join(directory, name)} in the dataset index cache is not a plain "
+                "numpy array (megatron-core would unpickle it, running whatever code it holds): "
+                "delete it, or give --data-cache-path a directory only this job writes"
+            )
+
+
+def _is_plain_array(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            version = numpy.lib.format.read_magic(f)
+            read = {
+                (1, 0): numpy.lib.format.read_array_header_1_0,
+                (2, 0): numpy.lib.format.read_array_header_2_0,
+            }.get(version)
+            if read is None:
+                return False
+            dtype = read(f)[2]
+    except (OSError, ValueError, SyntaxError):
+        return False
+    return not dtype.hasobject
 
 
 def _blend(data_path: Optional[Sequence[str]]):

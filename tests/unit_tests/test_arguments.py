@@ -826,3 +826,34 @@ def test_samples_drawn_from_each_split_are_megatron_lms():
     args = ["--train-iters", "10", "--eval-interval", "4", "--eval-iters", "3"]
     config = parse_args(argv(*args, "--global-batch-size", "2"), world_size=1)
     assert dataset_sizes(config) == [20, (10 // 4 + 1) * 3 * 2, 3 * 2]
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+@pytest.mark.parametrize("where", ["default", "--data-cache-path"])
+def test_a_planted_file_in_the_dataset_index_cache_is_refused_before_loading(where, tmp_path):
+    """megatron-core loads its index cache with allow_pickle=True: a pickle
+    (or an object array) under an index file's name would run code in every
+    rank (../shared/reliability-probes/npy_pickle.py)."""
+    import pickle
+
+    import numpy
+
+    prefix = _write_dataset(tmp_path, [f"document {i}" for i in range(30)])
+    args = argv("--data-path", prefix, "--split", "1,1,1", drop=("--mock-data",))
+    cache = os.path.join(prefix, "cache", "GPTDataset_indices")
+    if where != "default":
+        cache = str(tmp_path / "cache")
+        args += ["--data-cache-path", cache]
+    os.makedirs(cache)
+    numpy.save(os.path.join(cache, "abc-document_index.npy"), numpy.arange(5))
+    parse_args(args, world_size=1)  # a plain array is what megatron-core writes
+    planted = os.path.join(cache, "abc-shuffle_index.npy")
+    with open(planted, "wb") as f:
+        pickle.dump(_RunsCode(), f)
+    _names_all(_config_error(args), planted, "not a plain numpy array")
+    numpy.save(planted, numpy.array([_RunsCode()], dtype=object), allow_pickle=True)
+    _names_all(_config_error(args), planted)

@@ -16,6 +16,42 @@ def store():
     return connect("127.0.0.1", port, timeout_s=10, is_master=True)
 
 
+def listening_addresses(port: int) -> set:
+    """The local addresses (hex, as /proc/net shows them) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(address)
+    return found
+
+
+def test_the_store_listens_only_where_it_was_asked():
+    """--standalone's store on loopback alone (torch's TCPStore would listen
+    on every interface: ../shared/reliability-probes/bind_check.py)."""
+    port = free_port()
+    server = connect("127.0.0.1", port, timeout_s=10, is_master=True)
+    assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1
+    assert server.num_keys() >= 0
+    import datetime
+
+    import torch.distributed as dist
+
+    control = free_port()  # torch's own: every interface
+    torch_server = dist.TCPStore(
+        "127.0.0.1",
+        control,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=True,
+        timeout=datetime.timedelta(seconds=10),
+    )
+    assert listening_addresses(control) - {"0100007F"} and torch_server.num_keys() >= 0
+
+
 def test_messages_round_trip_in_order(store):
     a, b = Channel(store, b"job-secret"), Channel(store, b"job-secret")
     reader = b.reader("t1")

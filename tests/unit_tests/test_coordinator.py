@@ -80,7 +80,8 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
     assert decision.action == "recover" and decision.replaced == {3: "2.0"}
     assert decision.rollback_to == 5 and coordinator.view.spares == ["2.1"]
     for rank in range(4):
-        worker.post("coordinator", kind="resumed", gen=1, rank=rank)
+        slot = coordinator.view.members[rank]
+        worker.post("coordinator", kind="resumed", gen=1, rank=rank, slot=slot)
     coordinator.step()
     assert coordinator.state == "training"
 
@@ -304,7 +305,8 @@ def shrinking_job():
 
 def resume(coordinator, worker, ranks):
     for rank in ranks:
-        worker.post("coordinator", kind="resumed", gen=coordinator.gen, rank=rank)
+        slot = coordinator.view.members[rank]
+        worker.post("coordinator", kind="resumed", gen=coordinator.gen, rank=rank, slot=slot)
     coordinator.step()
 
 
@@ -408,7 +410,7 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
     assert coordinator.gen == 1 and not worker.get("gen")["grow"]
     assert coordinator.state == "stopping"
     for rank in (0, 1):
-        worker.post("coordinator", kind="done", rank=rank)
+        worker.post("coordinator", kind="done", rank=rank, slot=coordinator.view.members[rank])
     assert coordinator.run(poll_s=0) == ExitCode.STOPPED_WITH_CHECKPOINT
 
 
@@ -590,3 +592,29 @@ def test_every_move_of_a_job_follows_the_state_table(job):
         coordinator.enter(JobState.STOPPING)
     assert set(NEXT) == set(JobState) and all(s <= set(JobState) for s in NEXT.values())
     assert NEXT[JobState.ABORTED] == set()
+
+
+def test_a_lost_slots_leftover_process_cannot_speak_for_its_old_rank(job):
+    """Node 1 (ranks 2, 3) is lost and its ranks go to the spares 2.0, 2.1;
+    its processes live on (an orphan, a partition): their report, joining
+    and resumed messages count for nothing, so the join barrier waits for
+    the spares (../shared/reliability-probes/zombie_accept.py)."""
+    coordinator, worker, _ = job
+    coordinator.lose_node(1, "no heartbeat")
+    coordinator.step()
+    report_all(worker, 1, [0, 1, 2, 3])  # 2 and 3 from the lost slots 1.0, 1.1
+    coordinator.step()
+    assert sorted(coordinator.reports) == [0, 1]
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.replaced == {2: "2.0", 3: "2.1"}
+    for rank in range(4):  # every rank's old slot arrives at the rendezvous
+        worker.post("coordinator", kind="joining", gen=1, rank=rank, slot=f"{rank // 2}.{rank % 2}")
+    coordinator.step()
+    assert coordinator.joining == {0, 1} and worker.get("join/1") is None
+    for rank, slot in ((2, "2.0"), (3, "2.1")):
+        worker.post("coordinator", kind="joining", gen=1, rank=rank, slot=slot)
+    coordinator.step()
+    assert worker.get("join/1") == {"gen": 1}
+    worker.post("coordinator", kind="done", rank=2, slot="1.0")
+    coordinator.step()
+    assert coordinator.done == set()

@@ -48,6 +48,43 @@ def test_swapped_chunks_are_detected():
         snap.verify(buffer, layout)
 
 
+def _swap_words(words, i, j):
+    words[[i, j]] = words[[j, i]].clone()
+
+
+def _plus_minus(words, i, j):
+    words[i] += 12345
+    words[j] -= 12345
+
+
+def _two_sign_bits(words, i, j):
+    words[i] ^= -(1 << 63)  # bit 63 of an int64
+    words[j] ^= -(1 << 63)
+
+
+@pytest.mark.parametrize("corrupt", [_swap_words, _plus_minus, _two_sign_bits])
+def test_structured_corruptions_within_one_chunk_are_detected(corrupt):
+    """What the weighted word sum this checksum replaced did not see
+    (../shared/reliability-probes/checksum_blind.py)."""
+    layout, buffer = sealed(numel=40_000)
+    words = buffer.view(torch.int64)
+    first = snap.HEADER_BYTES // 8 + 100  # two words of one 32 KiB chunk
+    corrupt(words, first, first + 7)
+    with pytest.raises(snap.SnapshotError, match="checksum"):
+        snap.verify(buffer, layout)
+
+
+def test_the_old_weighted_sum_was_blind_to_them():
+    """Control: the same corruptions leave the weighted word sum (still used
+    for buffers in GPU memory) unchanged, so the test above can fail."""
+    for corrupt in (_swap_words, _plus_minus, _two_sign_bits):
+        _, buffer = sealed(numel=40_000)
+        before = snap._weighted_sum(buffer)
+        first = snap.HEADER_BYTES // 8 + 100
+        corrupt(buffer.view(torch.int64), first, first + 7)
+        assert snap._weighted_sum(buffer) == before
+
+
 def test_torn_wrong_iteration_wrong_owner_and_wrong_layout():
     layout, buffer = sealed()
     with pytest.raises(snap.SnapshotError, match="iteration 7"):
