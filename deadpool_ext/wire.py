@@ -25,7 +25,8 @@ import os
 import secrets
 import socket
 import sys
-from typing import List, NoReturn, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, NoReturn, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -91,10 +92,27 @@ def listen(host: str, port: int) -> socket.socket:
     return listener
 
 
+@dataclass
+class _Mark:
+    """The newest authentic value a reader has seen of a key."""
+
+    sender: str
+    seq: int
+    body: dict
+    retired: Set[str] = field(default_factory=set)  # the key's earlier senders
+
+
 class Channel:
     def __init__(self, store, secret: bytes):
         self.store, self.secret = store, secret
         self.rejected = 0
+        self.replayed = 0
+        # Every value this channel puts carries (sender, seq): the sender is
+        # this process's channel, the seq grows per key. A reader takes a
+        # key's value only when it is newer than the newest it has seen.
+        self.sender = secrets.token_hex(8)
+        self._put_seq: Dict[str, int] = {}
+        self._marks: Dict[str, _Mark] = {}
 
     # ----- signing -----
     def _mac(self, where: str, body: str) -> str:
@@ -119,14 +137,44 @@ class Channel:
 
     # ----- keys -----
     def put(self, key: str, **body) -> None:
-        self.store.set(f"key/{key}", self._seal(f"key/{key}", body))
+        seq = self._put_seq[key] = self._put_seq.get(key, 0) + 1
+        sealed = {"value": body, "sender": self.sender, "seq": seq}
+        self.store.set(f"key/{key}", self._seal(f"key/{key}", sealed))
 
     def get(self, key: str) -> Optional[dict]:
-        """The key's verified value, or None if absent or not authentic."""
-        name = f"key/{key}"
-        if not self.store.check([name]):
-            return None
-        return self._open(name, self.store.get(name))
+        """The key's newest authentic value: None before one was put; a
+        value older than one seen already (a replay) or not authentic is
+        not taken, and the newest seen stays the answer."""
+        mark = self._read(key)
+        return None if mark is None else mark.body
+
+    def version(self, key: str) -> Optional[Tuple[str, int]]:
+        """(sender, seq) of the value ``get`` gives: it changes only when an
+        authentic newer value is put (a heartbeat's beat)."""
+        mark = self._read(key)
+        return None if mark is None else (mark.sender, mark.seq)
+
+    def _read(self, key: str) -> Optional[_Mark]:
+        name, mark = f"key/{key}", self._marks.get(key)
+        sealed = self._open(name, self.store.get(name)) if self.store.check([name]) else None
+        try:
+            sender, seq, body = sealed["sender"], int(sealed["seq"]), sealed["value"]
+        except (TypeError, KeyError, ValueError):
+            return mark  # absent, or rejected (counted by _open)
+        if mark is None or (sender == mark.sender and seq >= mark.seq):
+            new = _Mark(sender, seq, body, mark.retired if mark else set())
+        elif sender != mark.sender and sender not in mark.retired:
+            new = _Mark(sender, seq, body, mark.retired | {mark.sender})  # a new writer
+        else:
+            self.replayed += 1
+            return mark
+        self._marks[key] = new
+        return new
+
+    def forget(self, key: str) -> None:
+        """Take the key's next value whoever wrote it (a repaired node's
+        processes write their old keys again)."""
+        self._marks.pop(key, None)
 
     # ----- topics -----
     def post(self, topic: str, message: Optional[Message] = None, **body) -> None:

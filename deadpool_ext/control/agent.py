@@ -51,7 +51,6 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
-        self.seq = 0
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
 
     def error_file(self, slot: str) -> str:
@@ -98,8 +97,8 @@ class Agent:
         )
 
     def beat(self) -> None:
-        self.seq += 1
-        self.channel.put(P.node_heartbeat_key(self.node), seq=self.seq, time=time.time())
+        # The channel numbers every put: each is a new beat.
+        self.channel.put(P.node_heartbeat_key(self.node), time=time.time())
 
     def watch_once(self) -> None:
         for slot, proc in list(self.workers.items()):

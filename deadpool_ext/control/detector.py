@@ -78,13 +78,16 @@ class Detector:
 
     def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
         """A key's last beat (None before the first), and whether it has
-        stopped beating for the timeout."""
-        body = self.channel.get(key)
+        stopped beating for the timeout. Only an authentic value newer than
+        the last is a beat (the channel keeps replayed and forged values
+        out), so a node whose beats are replayed or overwritten is as
+        silent as a dead one."""
+        body, version = self.channel.get(key), self.channel.version(key)
         if body is None:
             return None, False
-        seq, last = body.get("seq"), self.seen.get(key)
-        if last is None or last[0] != seq:
-            self.seen[key] = (seq, now)
+        last = self.seen.get(key)
+        if last is None or last[0] != version:
+            self.seen[key] = (version, now)
             return body, False
         if body.get("state") == P.WorkerState.DONE:
             return body, False
@@ -95,3 +98,4 @@ class Detector:
         processes' sequence starts again."""
         for key in [P.node_heartbeat_key(node)] + [P.worker_heartbeat_key(s) for s in slots]:
             self.seen.pop(key, None)
+            self.channel.forget(key)

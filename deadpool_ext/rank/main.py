@@ -68,7 +68,6 @@ class ControlClient:
         self.iteration = None  # last started iteration, for the coordinator
         self.state = WorkerState.STARTING
         self.latest = {"gen": 0, "state": P.JobState.STARTING}
-        self._seq = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
@@ -79,10 +78,8 @@ class ControlClient:
         while not self._stop.wait(watch_s):
             try:
                 if time.monotonic() - last_beat >= self.heartbeat_s:
-                    self._seq += 1
                     self._beat_channel.put(
                         P.worker_heartbeat_key(self.slot),
-                        seq=self._seq,
                         iteration=self.iteration,
                         state=self.state,
                     )

@@ -92,6 +92,27 @@ def test_replayed_or_tampered_messages_are_rejected(store):
     assert ours.rejected == 3
 
 
+def test_a_key_gives_its_newest_authentic_value_whatever_is_replayed_over_it(store):
+    """A value older than one a reader has seen (the same writer's earlier
+    put, or a writer the key has had since) is not taken: the newest stays
+    the answer and its version does not move; garbage neither."""
+    writer, reader = Channel(store, b"job-secret"), Channel(store, b"job-secret")
+    writer.put("k", n=1)
+    first = store.get("key/k")
+    writer.put("k", n=2)
+    assert reader.get("k") == {"n": 2} and reader.version("k") == (writer.sender, 2)
+    store.set("key/k", first)  # a replay
+    assert reader.get("k") == {"n": 2} and reader.version("k") == (writer.sender, 2)
+    assert reader.replayed == 2  # each of the two reads met the replay
+    store.set("key/k", b"garbage")
+    assert reader.get("k") == {"n": 2} and (reader.replayed, reader.rejected) == (2, 1)
+    successor = Channel(store, b"job-secret")  # a new process writes the key now
+    successor.put("k", n=1)
+    assert reader.get("k") == {"n": 1} and reader.version("k") == (successor.sender, 1)
+    store.set("key/k", first)  # the old writer's value: retired
+    assert reader.get("k") == {"n": 1} and reader.replayed == 3
+
+
 def test_fault_specs_parse_and_bad_ones_say_what_to_change():
     f = parse_fault("kill:rank=5:iter=7:phase=backward")
     assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")

@@ -618,3 +618,40 @@ def test_a_lost_slots_leftover_process_cannot_speak_for_its_old_rank(job):
     worker.post("coordinator", kind="done", rank=2, slot="1.0")
     coordinator.step()
     assert coordinator.done == set()
+
+
+@pytest.mark.parametrize("attack", ["replay", "garbage", "none"])
+def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack):
+    """Node 1's agent dies; a process without the secret replays its two
+    captured beats in turn, or overwrites the key with garbage: neither is
+    a beat, so node 1 is lost after the timeout as if nobody wrote at all
+    (../shared/reliability-probes/hb_replay.py)."""
+    port = free_port()
+    store = connect("127.0.0.1", port, timeout_s=10, is_master=True)
+    clock = Clock()
+    coordinator = Coordinator(
+        Channel(store, SECRET),
+        nnodes=2,
+        spare_nodes=0,
+        nproc=1,
+        heartbeat_timeout=10.0,
+        clock=clock,
+    )
+    agents = [Channel(connect("127.0.0.1", port, timeout_s=10), SECRET) for _ in range(2)]
+    attacker = connect("127.0.0.1", port, timeout_s=10)
+    captured = []
+    for _ in range(2):
+        agents[1].put("hb/node/1", time=0)
+        captured.append(attacker.get("key/hb/node/1"))
+        coordinator.check_heartbeats()
+    for second in range(1, 31):  # node 1 is dead; node 0 beats on
+        clock.now += 1.0
+        agents[0].put("hb/node/0", time=0)
+        if attack == "replay":
+            attacker.set("key/hb/node/1", captured[second % 2])
+        elif attack == "garbage":
+            attacker.set("key/hb/node/1", b"x")
+        coordinator.check_heartbeats()
+    assert coordinator.view.lost_slots == {"1.0"}
+    assert coordinator.channel.replayed > 0 if attack == "replay" else True
+    assert coordinator.channel.rejected > 0 if attack == "garbage" else True

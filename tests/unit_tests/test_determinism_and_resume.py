@@ -237,7 +237,10 @@ def test_a_pretrained_checkpoint_starts_a_fine_tuning(reference, tmp_path, corpu
     tuned = read_metrics(tmp_path / "metrics.jsonl")
     scratch = read_metrics(reference / "metrics.jsonl")
     assert [m["iteration"] for m in tuned] == [1, 2, 3]
-    # The first batch is the reference's first: a trained model does better on it.
-    assert tuned[0]["lm_loss"] < scratch[ITERS - 1]["lm_loss"] < scratch[0]["lm_loss"]
+    # The first batch is the reference's first: the loaded (trained) model does
+    # better on it than the reference's fresh one did. (Without the load the two
+    # are the same run: equal losses, same seed and data. The loss on the
+    # reference's last batch is another batch's, no bound on this one.)
+    assert tuned[0]["lm_loss"] < scratch[0]["lm_loss"]
     args = saved_args(ckpt)
     assert args.finetune and args.iteration == 3
