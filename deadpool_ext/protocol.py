@@ -16,6 +16,9 @@ from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
 HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
 RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
+# A topic slot claimed and not written this long is passed over (its poster
+# died between claiming and writing, or was an outsider).
+CLAIMED_SLOT_DEADLINE_S = 2.0
 # A rank still training this many heartbeat timeouts after a failure was
 # announced is blocked where no release reaches: it writes every thread's
 # stack (event 'stuck'); one timeout later the coordinator has it killed,

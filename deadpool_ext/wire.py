@@ -25,12 +25,13 @@ import os
 import secrets
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, NoReturn, Optional, Set, Tuple
 
 import torch.distributed as dist
 
-from deadpool_ext.protocol import SECRET_ENV, Message
+from deadpool_ext.protocol import CLAIMED_SLOT_DEADLINE_S, SECRET_ENV, Message
 
 
 class ControlError(RuntimeError):
@@ -103,10 +104,14 @@ class _Mark:
 
 
 class Channel:
-    def __init__(self, store, secret: bytes):
-        self.store, self.secret = store, secret
+    def __init__(self, store, secret: bytes, address: Optional[Tuple[str, int]] = None):
+        """``address``: the store's, to connect again when its server drops
+        this client (it does when an outsider overwrote a counter this
+        client adds to)."""
+        self.store, self.secret, self.address = store, secret, address
         self.rejected = 0
         self.replayed = 0
+        self.mended = 0  # topic counters an outsider broke, repaired
         # Every value this channel puts carries (sender, seq): the sender is
         # this process's channel, the seq grows per key. A reader takes a
         # key's value only when it is newer than the newest it has seen.
@@ -181,37 +186,77 @@ class Channel:
         """Append a message (a protocol ``Message``, or a body's fields) to a topic."""
         if message is not None:
             body = message.body()
-        seq = self.store.add(f"topic/{topic}/n", 1)
+        seq = self.count(topic, 1)
         name = f"topic/{topic}/{seq}"
         self.store.set(name, self._seal(name, body))
+
+    def count(self, topic: str, claim: int) -> int:
+        """Claim ``claim`` slots of a topic (0: read its count). Whoever can
+        reach the store can overwrite a counter with a non-number; the
+        server then drops each client that adds to it: connect again, set
+        the counter to the topic's highest written slot, and count again."""
+        key = f"topic/{topic}/n"
+        try:
+            return self.store.add(key, claim)
+        except dist.DistError:
+            if self.address is None:
+                raise
+        self.store = connect(*self.address)
+        self.store.set(key, str(self.highest_written(topic)))
+        self.mended += 1
+        return self.store.add(key, claim)
+
+    def highest_written(self, topic: str, gap: int = 64) -> int:
+        """The last slot of a topic holding a value (slots claimed and never
+        written, fewer than ``gap`` in a row, are passed over)."""
+        last, probe = 0, 1
+        while probe - last <= gap:
+            if self.store.check([f"topic/{topic}/{probe}"]):
+                last = probe
+            probe += 1
+        return last
 
     def reader(self, topic: str) -> "Reader":
         return Reader(self, topic)
 
 
 class Reader:
-    """Reads a topic in order; a message whose slot was claimed but not yet
-    written is waited for on the next poll, not skipped."""
+    """Reads a topic in order. A slot claimed but not yet written is waited
+    for on the next polls, up to CLAIMED_SLOT_DEADLINE_S: a poster writes
+    right after it claims, so one that never does died in between, or was
+    no poster (an outsider's claim), and the slot is passed over."""
 
-    def __init__(self, channel: Channel, topic: str):
+    def __init__(self, channel: Channel, topic: str, clock=time.monotonic):
         self.channel, self.topic, self.cursor = channel, topic, 0
+        self.clock = clock
+        self.waiting_since: Optional[float] = None  # for the slot after the cursor
+        self.skipped = 0
 
     def poll(self) -> List[dict]:
-        store, out = self.channel.store, []
-        count = store.add(f"topic/{self.topic}/n", 0)
+        out = []
+        count = self.channel.count(self.topic, 0)
         while self.cursor < count:
-            name = f"topic/{self.topic}/{self.cursor + 1}"
-            if not store.check([name]):
+            store, name = self.channel.store, f"topic/{self.topic}/{self.cursor + 1}"
+            if not store.check([name]) and not self.give_up_on(name):
                 break
-            self.cursor += 1
-            body = self.channel._open(name, store.get(name))
+            self.cursor, self.waiting_since = self.cursor + 1, None
+            body = self.channel._open(name, store.get(name)) if store.check([name]) else None
             if body is not None:
                 out.append(body)
         return out
 
+    def give_up_on(self, name: str) -> bool:
+        now = self.clock()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        if now - self.waiting_since < CLAIMED_SLOT_DEADLINE_S:
+            return False
+        self.skipped += 1
+        return True
+
     def skip_history(self) -> None:
         """Read only what is posted from now on."""
-        self.cursor = self.channel.store.add(f"topic/{self.topic}/n", 0)
+        self.cursor = self.channel.count(self.topic, 0)
 
 
 def leave(code: int) -> NoReturn:

@@ -167,7 +167,7 @@ def main() -> NoReturn:
     host, port = settings["store"].rsplit(":", 1)
     store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
     agent = Agent(
-        Channel(store, job_secret()),
+        Channel(store, job_secret(), address=(host, int(port))),
         settings["node"],
         settings["nproc"],
         settings["active"],

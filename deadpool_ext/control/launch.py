@@ -171,7 +171,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         flag_value(opts.script_args, "--deadpool-heartbeat-timeout") or HEARTBEAT_TIMEOUT_S
     )
     coordinator = Coordinator(
-        Channel(store, os.environ[SECRET_ENV].encode()),
+        Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port)),
         opts.nnodes,
         opts.spare_nodes,
         opts.nproc_per_node,

@@ -47,8 +47,7 @@ class ControlClient:
         self.slot, self.role, self.node = self.env.slot, self.env.role, self.env.node
         host, port = self.store_address = self.env.store_address
         secret = job_secret(environ)
-        self.store = connect(host, port)
-        self.channel = Channel(self.store, secret)
+        self.channel = Channel(connect(host, port), secret, address=(host, port))
         # Set by the heartbeat thread when the store (and with it the
         # coordinator) is gone; the main thread then leaves.
         self.coordinator_lost: Optional[str] = None
@@ -62,7 +61,7 @@ class ControlClient:
         self._announced: Optional[tuple] = None  # (generation, when seen)
         self._superseded: Optional[tuple] = None  # (newer generation, when seen)
         # The heartbeat thread has its own connection.
-        self._beat_channel = Channel(connect(host, port), secret)
+        self._beat_channel = Channel(connect(host, port), secret, address=(host, port))
         self.heartbeat_s = heartbeat_s
         self.gen = 0  # the generation this process trains in
         self.iteration = None  # last started iteration, for the coordinator
@@ -71,6 +70,11 @@ class ControlClient:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
+
+    @property
+    def store(self):
+        """The store client (a new one after the channel had to connect again)."""
+        return self.channel.store
 
     def _beat(self, watch_s: float = 0.05) -> None:
         """Beat every heartbeat_s; read the generation every watch_s."""

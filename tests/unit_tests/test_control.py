@@ -113,6 +113,55 @@ def test_a_key_gives_its_newest_authentic_value_whatever_is_replayed_over_it(sto
     assert reader.get("k") == {"n": 1} and reader.replayed == 3
 
 
+def test_a_claimed_slot_never_written_is_passed_over_after_the_deadline(store):
+    """An outsider's claim (or a poster killed between claiming and writing)
+    held every later message back for good
+    (../shared/reliability-probes/inbox_wedge.py)."""
+    from deadpool_ext.protocol import CLAIMED_SLOT_DEADLINE_S
+
+    now = [0.0]
+    ours = Channel(store, b"job-secret")
+    reader = ours.reader("t5")
+    reader.clock = lambda: now[0]
+    ours.post("t5", kind="exit", slot="1.0", code=-9)
+    assert [m["slot"] for m in reader.poll()] == ["1.0"]
+    store.add("topic/t5/n", 1)  # claimed, never written
+    ours.post("t5", kind="exit", slot="1.1", code=-9)
+    assert reader.poll() == []  # the poster may still be writing it
+    now[0] += CLAIMED_SLOT_DEADLINE_S / 2
+    assert reader.poll() == []
+    now[0] += CLAIMED_SLOT_DEADLINE_S
+    assert [m["slot"] for m in reader.poll()] == ["1.1"] and reader.skipped == 1
+
+
+def test_a_poisoned_topic_counter_is_mended_and_every_message_still_arrives():
+    """An outsider overwrites a topic's counter with a non-number: the store's
+    server drops every client that adds to it. The reader and the posters
+    connect again, set the counter to the highest written slot, and go on
+    (../shared/reliability-probes/counter_poison.py)."""
+    port = free_port()
+    server = connect("127.0.0.1", port, timeout_s=10, is_master=True)
+    address = ("127.0.0.1", port)
+    coordinator = Channel(server, b"job-secret", address=address)
+    inbox = coordinator.reader("t6")
+    agent = Channel(connect(*address, timeout_s=10), b"job-secret", address=address)
+    attacker = connect(*address, timeout_s=10)
+    agent.post("t6", kind="exit", slot="1.0", code=-9)
+    assert [m["slot"] for m in inbox.poll()] == ["1.0"]
+    attacker.set("topic/t6/n", b"not-a-number")
+    agent.post("t6", kind="exit", slot="1.1", code=-9)
+    attacker.set("topic/t6/n", b"not-a-number")
+    assert [m["slot"] for m in inbox.poll()] == ["1.1"]
+    agent.post("t6", kind="exit", slot="0.1", code=-9)
+    assert [m["slot"] for m in inbox.poll()] == ["0.1"]
+    assert agent.mended == 1 and coordinator.mended == 1
+    # Control: a channel that cannot connect again fails on the poisoned counter.
+    control = Channel(connect(*address, timeout_s=10), b"job-secret")
+    connect(*address, timeout_s=10).set("topic/t6/n", b"not-a-number")
+    with pytest.raises(Exception):
+        control.post("t6", kind="exit", slot="0.0", code=-9)
+
+
 def test_fault_specs_parse_and_bad_ones_say_what_to_change():
     f = parse_fault("kill:rank=5:iter=7:phase=backward")
     assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")
