@@ -14,7 +14,7 @@ from megatron.training.config import Config, arg
 
 from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map, nodes_by_block
 from deadpool_ext.inject import InjectError, parse_faults
-from deadpool_ext.protocol import ERROR_FILE_ENV, HEARTBEAT_TIMEOUT_S
+from deadpool_ext.protocol import ERROR_FILE_ENV, HEARTBEAT_TIMEOUT_S, RECOVERY_TIMEOUT_S
 
 
 @dataclass(kw_only=True)
@@ -51,6 +51,12 @@ class DeadpoolConfig:
         HEARTBEAT_TIMEOUT_S,
         help="Seconds without a heartbeat after which the coordinator declares a "
         "node lost or a worker hung (hung workers are killed and replaced).",
+    )
+    deadpool_recovery_timeout: float = arg(
+        RECOVERY_TIMEOUT_S,
+        help="Seconds a recovery may take, from a failure to every rank trained on in the "
+        "new generation, before the job stops (a stuck rank that holds a shard's only copy "
+        "is waited for longer: its group timeout).",
     )
     deadpool_on_spares_exhausted: str = arg(
         "shrink",
@@ -154,6 +160,11 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if dp.deadpool_recovery_timeout <= dp.deadpool_heartbeat_timeout:
+        raise ConfigError(
+            "--deadpool-recovery-timeout must exceed --deadpool-heartbeat-timeout (a "
+            "recovery starts with a failure's detection)"
+        )
     if dp.deadpool_spare_wait < 0:
         raise ConfigError(
             "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "

@@ -36,6 +36,7 @@ from deadpool_ext.protocol import (
     AGENT_ENV,
     COORDINATOR_RANK,
     HEARTBEAT_TIMEOUT_S,
+    RECOVERY_TIMEOUT_S,
     SECRET_ENV,
     Command,
 )
@@ -170,6 +171,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     timeout = float(
         flag_value(opts.script_args, "--deadpool-heartbeat-timeout") or HEARTBEAT_TIMEOUT_S
     )
+    recovery = flag_value(opts.script_args, "--deadpool-recovery-timeout")
     coordinator = Coordinator(
         Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port)),
         opts.nnodes,
@@ -177,6 +179,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         opts.nproc_per_node,
         events,
         heartbeat_timeout=timeout,
+        recovery_timeout=float(recovery or RECOVERY_TIMEOUT_S),
     )
     agents = {node: start_agent(opts, node, address) for node in local_nodes}
 

@@ -260,7 +260,8 @@ class Recovery:
 
     def report_and_wait(self, after_gen: int) -> Decision:
         """Report for the newest generation until its decision comes."""
-        timeout = max(P.RECOVERY_TIMEOUT_S, 10 * section(self.config).deadpool_heartbeat_timeout)
+        dp = section(self.config)
+        timeout = max(dp.deadpool_recovery_timeout, 10 * dp.deadpool_heartbeat_timeout)
         ctx = self.ctx
         ctx.wait(
             lambda: ctx.current()["gen"] > after_gen,

@@ -320,3 +320,14 @@ def test_the_launcher_says_why_the_workers_refused_their_flags(bad, says):
     assert proc.returncode != 0
     stopped = [line for line in proc.stderr.splitlines() if "job stopped" in line]
     assert len(stopped) == 1 and "refused its flags" in stopped[0] and says in stopped[0]
+
+
+def test_the_recovery_timeout_is_a_flag_above_the_heartbeat_timeout():
+    config = parse(DEADPOOL + ["--deadpool-recovery-timeout", "300"], 2, LAUNCHED)
+    assert config.extra["deadpool"].deadpool_recovery_timeout == 300
+    message = error(
+        DEADPOOL + ["--deadpool-recovery-timeout", "5", "--deadpool-heartbeat-timeout", "10"],
+        2,
+        LAUNCHED,
+    )
+    assert "--deadpool-recovery-timeout must exceed --deadpool-heartbeat-timeout" in message
