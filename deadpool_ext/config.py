@@ -14,7 +14,12 @@ from megatron.training.config import Config, arg
 
 from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map, nodes_by_block
 from deadpool_ext.inject import InjectError, parse_faults
-from deadpool_ext.protocol import ERROR_FILE_ENV, HEARTBEAT_TIMEOUT_S, RECOVERY_TIMEOUT_S
+from deadpool_ext.protocol import (
+    ERROR_FILE_ENV,
+    HEARTBEAT_TIMEOUT_S,
+    PROGRESS_TIMEOUT_S,
+    RECOVERY_TIMEOUT_S,
+)
 
 
 @dataclass(kw_only=True)
@@ -57,6 +62,13 @@ class DeadpoolConfig:
         help="Seconds a recovery may take, from a failure to every rank trained on in the "
         "new generation, before the job stops (a stuck rank that holds a shard's only copy "
         "is waited for longer: its group timeout).",
+    )
+    deadpool_progress_timeout: float = arg(
+        PROGRESS_TIMEOUT_S,
+        help="Seconds a training rank may go without finishing an iteration while its main "
+        "thread computes (in no collective, send or receive, and no checkpoint) and a peer "
+        "waits in one, before it counts as hung (a blocked driver call, a stuck kernel: its "
+        "heartbeat thread beats on) and is killed and replaced; 0: never.",
     )
     deadpool_on_spares_exhausted: str = arg(
         "shrink",
@@ -160,6 +172,8 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if dp.deadpool_progress_timeout < 0:
+        raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= dp.deadpool_heartbeat_timeout:
         raise ConfigError(
             "--deadpool-recovery-timeout must exceed --deadpool-heartbeat-timeout (a "

@@ -17,6 +17,9 @@
                                         that ends iteration 4
     kill-agent:node=1:iter=4            SIGKILL node 1's agent alone at the start of
                                         iteration 4 (its workers must die with it)
+    oom:rank=2:iter=4:phase=backward    rank 2's step raises torch.OutOfMemoryError in iteration
+                                        4's backward: a local failure, the process lives until it
+                                        reports itself (exit code LOCAL_FAILURE) and is replaced
     disk-full:rank=0:iter=4             every file write of rank 0 fails (EFBIG, as on
                                         a full disk) while it saves the checkpoint that
                                         ends iteration 4 (--save-interval must make one)
@@ -46,8 +49,10 @@ import threading
 from dataclasses import dataclass
 from typing import List, Optional
 
+import torch
+
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
-ACTIONS = ("kill", "kill-agent", "hang", "stall", "disk-full")
+ACTIONS = ("kill", "kill-agent", "hang", "stall", "oom", "disk-full")
 # Where a stall stops the main thread (mirror runs in its own thread).
 STALL_PHASES = ("forward", "backward", "grad-reduce", "optimizer")
 
@@ -97,7 +102,7 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(f"--deadpool-inject {spec}: phase must be one of {', '.join(PHASES)}")
     if phase != "recovery" and "iter" not in fields:
         raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
-    if action in ("hang", "stall") and "node" in fields:
+    if action in ("hang", "stall", "oom") and "node" in fields:
         raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
     if action == "kill-agent" and ("rank" in fields or phase != "forward"):
         raise InjectError(
@@ -111,9 +116,9 @@ def parse_fault(spec: str) -> Fault:
                 f"--deadpool-inject {spec}: disk-full takes rank=N and iter=N only "
                 "(it lasts the checkpoint save that ends iteration N)"
             )
-    if action == "stall" and (phase not in STALL_PHASES or "delay" in fields):
+    if action in ("stall", "oom") and (phase not in STALL_PHASES or "delay" in fields):
         raise InjectError(
-            f"--deadpool-inject {spec}: stall stops the main thread: phase "
+            f"--deadpool-inject {spec}: {action} acts in the main thread: phase "
             f"must be one of {', '.join(STALL_PHASES)}, without delay"
         )
     if not all(v.isdigit() for k, v in fields.items() if k != "phase"):
@@ -162,6 +167,10 @@ class Injector:
 def fire(fault: Fault) -> None:
     if fault.action == "disk-full":
         fill_disk()
+    elif fault.action == "oom":
+        raise torch.OutOfMemoryError(
+            "injected: CUDA out of memory (--deadpool-inject oom): this rank's own failure"
+        )
     elif fault.action == "stall":
         threading.Event().wait()  # forever; only a kill ends it
     elif fault.action == "hang":

@@ -16,6 +16,10 @@ from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
 HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
 RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
+# --deadpool-progress-timeout: a training rank whose iteration does not advance
+# this long, its main thread computing all the while and a peer waiting on it,
+# is hung even if its heartbeat thread beats (0: no such watch).
+PROGRESS_TIMEOUT_S = 300.0
 # A topic slot claimed and not written this long is passed over (its poster
 # died between claiming and writing, or was an outsider).
 CLAIMED_SLOT_DEADLINE_S = 2.0
@@ -74,6 +78,15 @@ class WorkerState(str, Enum):
     TRAINING = "training"
     RECOVERING = "recovering"
     DONE = "done"
+
+
+class Where(str, Enum):
+    """Where a worker's main thread is, in every heartbeat: a rank that
+    computes and never advances while a peer waits for it is hung."""
+
+    COMPUTE = "compute"
+    COMMUNICATION = "communication"  # in a collective, a send or a receive
+    CHECKPOINT = "checkpoint"  # saving or loading
 
 
 class Role(str, Enum):
@@ -201,6 +214,7 @@ class Plan(Message):
     spare_wait: float = 0.0
     distributed_timeout_minutes: Optional[float] = None
     train_iters: Optional[int] = None
+    progress_timeout: float = PROGRESS_TIMEOUT_S
 
 
 @dataclass

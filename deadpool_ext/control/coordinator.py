@@ -149,6 +149,7 @@ class Coordinator:
         self.waited_stuck_gen: Optional[int] = None
         self.waited_gen: Optional[int] = None
         self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
+        self.progress_timeout = P.PROGRESS_TIMEOUT_S  # rank 0's plan says the flag's
         self.publish()
 
     @property
@@ -246,6 +247,7 @@ class Coordinator:
         if m.distributed_timeout_minutes is not None:
             self.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
         self.train_iters = m.train_iters
+        self.progress_timeout = float(m.progress_timeout)
 
     def on_exit(self, m: P.WorkerExited) -> None:
         self.exited.add(m.slot)
@@ -280,7 +282,11 @@ class Coordinator:
                 )
             )
             return
-        self.lose_slots([m.slot], f"process exited with code {m.code}")
+        known = m.code in ExitCode._value2member_map_
+        self.lose_slots(
+            [m.slot],
+            f"process exited with code {m.code}" + (f" ({ExitCode(m.code).name})" if known else ""),
+        )
 
     def on_node(self, m: P.NodeUp) -> None:
         if m.join:
@@ -443,6 +449,37 @@ class Coordinator:
             self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
         if self.state == S.RECOVERING:
             self.kill_stuck(now, sighting.states)
+        elif self.state == S.TRAINING:
+            self.kill_hung_computing(now, sighting.states)
+
+    def kill_hung_computing(self, now: float, states: Dict[str, Optional[str]]) -> None:
+        """A training member whose main thread has computed for
+        --deadpool-progress-timeout without finishing its iteration, while
+        a peer waits on it in communication, is blocked where its own
+        heartbeat thread cannot tell (a driver call, a kernel that never
+        ends): killed and lost, its buddy's copy restores it."""
+        timeout, progress = self.progress_timeout, self.detector.progress
+        training = {
+            rank: slot
+            for rank, slot in self.view.members.items()
+            if states.get(slot) == P.WorkerState.TRAINING and slot in progress
+        }
+        if not timeout or not any(
+            progress[s].waiting(now) >= timeout / 2 for s in training.values()
+        ):
+            return
+        hung = [
+            slot
+            for slot in training.values()
+            if progress[slot].computing_without_progress(now) >= timeout
+        ]
+        for slot in hung:
+            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+        self.lose_slots(
+            hung,
+            f"no progress for {timeout:.0f} s while computing, peers waiting on it "
+            "(hung; its heartbeat thread beat on)",
+        )
 
     def kill_stuck(self, now: float, states: Dict[str, Optional[str]]) -> None:
         """Members that neither reported nor stopped training long after the

@@ -24,11 +24,40 @@ class Sighting:
     warming: List[str] = field(default_factory=list)  # processes still starting
 
 
+@dataclass
+class Progress:
+    """What a worker's beats said of its main thread, and since when."""
+
+    iteration: Optional[int] = None
+    advanced_at: float = 0.0  # when its iteration last changed
+    where: Optional[str] = None
+    where_since: float = 0.0  # since when every beat said ``where``
+
+    def observe(self, body: dict, now: float) -> None:
+        if body.get("iteration") != self.iteration:
+            self.iteration, self.advanced_at = body.get("iteration"), now
+        if body.get("where") != self.where:
+            self.where, self.where_since = body.get("where"), now
+
+    def computing_without_progress(self, now: float) -> float:
+        """Seconds its main thread has computed without finishing an iteration."""
+        if self.where != P.Where.COMPUTE:
+            return 0.0
+        return now - max(self.advanced_at, self.where_since)
+
+    def waiting(self, now: float) -> float:
+        """Seconds it has been waiting on peers (communication) without progress."""
+        if self.where != P.Where.COMMUNICATION:
+            return 0.0
+        return now - max(self.advanced_at, self.where_since)
+
+
 class Detector:
     def __init__(self, channel: Channel, timeout_s: float):
         self.channel, self.timeout_s = channel, timeout_s
         self.seen: Dict[str, tuple] = {}  # key -> (seq, local time seen)
         self.iterations: Dict[str, int] = {}  # slot -> the iteration it last beat in
+        self.progress: Dict[str, Progress] = {}  # slot -> its main thread's progress
 
     def look(
         self, nodes: Iterable[int], watched: Iterable[str], idle: Iterable[str], now: float
@@ -74,6 +103,8 @@ class Detector:
         body, stale = self.heartbeat(P.worker_heartbeat_key(slot), now)
         if body is not None and body.get("iteration") is not None:
             self.iterations[slot] = body["iteration"]
+        if body is not None:
+            self.progress.setdefault(slot, Progress()).observe(body, now)
         return body, stale
 
     def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
@@ -99,3 +130,5 @@ class Detector:
         for key in [P.node_heartbeat_key(node)] + [P.worker_heartbeat_key(s) for s in slots]:
             self.seen.pop(key, None)
             self.channel.forget(key)
+        for slot in slots:
+            self.progress.pop(slot, None)

@@ -203,6 +203,7 @@ class RecoveryHook(Hook):
                 spare_wait=dp.deadpool_spare_wait,
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
+                progress_timeout=dp.deadpool_progress_timeout,
             )
         )
 

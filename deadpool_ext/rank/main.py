@@ -30,7 +30,7 @@ from deadpool_ext import protocol as P
 from deadpool_ext.config import section
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.protocol import Action, Decision, ExitCode, Role, WorkerEnv, WorkerState
-from deadpool_ext.rank import rebuild, recovery
+from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
 from deadpool_ext.rank.generation import Generation, open_default_group
 from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
@@ -67,6 +67,7 @@ class ControlClient:
         self.iteration = None  # last started iteration, for the coordinator
         self.state = WorkerState.STARTING
         self.latest = {"gen": 0, "state": P.JobState.STARTING}
+        self._main_thread = threading.main_thread().ident
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
@@ -86,6 +87,7 @@ class ControlClient:
                         P.worker_heartbeat_key(self.slot),
                         iteration=self.iteration,
                         state=self.state,
+                        where=whereabouts.where(self._main_thread),
                     )
                     last_beat = time.monotonic()
                 latest = self._beat_channel.get(P.GEN_KEY)

@@ -7,7 +7,7 @@ from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.protocol import Decision, ExitCode
+from deadpool_ext.protocol import Decision, ExitCode, JobState
 
 SECRET = b"test-secret"
 BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node
@@ -655,3 +655,39 @@ def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack)
     assert coordinator.view.lost_slots == {"1.0"}
     assert coordinator.channel.replayed > 0 if attack == "replay" else True
     assert coordinator.channel.rejected > 0 if attack == "garbage" else True
+
+
+def beat(worker, rank, iteration, where, state="training"):
+    worker.put(f"hb/{rank // 2}.{rank % 2}", iteration=iteration, state=state, where=where)
+
+
+def test_a_rank_computing_without_progress_while_peers_wait_is_killed(job):
+    """Rank 1's main thread is stuck computing in iteration 4 (a driver call,
+    its heartbeat thread beats on); the others wait on it in communication.
+    After --deadpool-progress-timeout it is killed and swapped; a slow
+    iteration whose peers do not wait, or a checkpoint, is not."""
+    coordinator, worker, clock = job
+    coordinator.progress_timeout = 10.0  # what rank 0's plan carries
+    coordinator.enter(JobState.TRAINING)
+    commands = worker.reader("agent/0")
+    for second in range(12):  # everyone computes a long iteration: nobody waits
+        for rank in range(4):
+            beat(worker, rank, 4, "compute")
+        coordinator.step()
+        clock.now += 1.0
+    assert coordinator.gen == 0
+    for second in range(12):  # a checkpoint that takes long: not a hang either
+        for rank in range(4):
+            beat(worker, rank, 4, "checkpoint" if rank == 1 else "communication")
+        coordinator.step()
+        clock.now += 1.0
+    assert coordinator.gen == 0
+    for second in range(12):
+        for rank in range(4):
+            beat(worker, rank, 4, "compute" if rank == 1 else "communication")
+        coordinator.step()
+        if coordinator.gen:
+            break
+        clock.now += 1.0
+    assert coordinator.lost == {1} and second == 10
+    assert {"kind": "kill", "slot": "0.1"} in commands.poll()

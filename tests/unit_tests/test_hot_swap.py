@@ -80,6 +80,12 @@ SCENARIOS = {
         2,
         ["stall:rank=1:iter=4:phase=forward", "kill:rank=2:iter=4:phase=forward"],
     ),
+    # Rank 1 stops in backward for good, heartbeats going on, and nothing else
+    # fails: its peers wait on it; the progress watch kills it.
+    "stall": (SMALL, 2, 1, 2, ["stall:rank=1:iter=4:phase=backward"]),
+    # Rank 2 runs out of memory in backward: it reports its own failure
+    # (exit LOCAL_FAILURE) and is replaced like a dead one.
+    "oom": (SMALL, 2, 1, 2, ["oom:rank=2:iter=4:phase=backward"]),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
     # Saves every 2 iterations: rank 3's fails at 2 (a shard file), rank 0's at
     # 6 (common.pt), with a recovery between; training goes on through both.
@@ -98,6 +104,7 @@ SCENARIOS = {
 }
 # Flags beyond the layout, per scenario.
 EXTRA = {
+    "stall": ["--deadpool-progress-timeout", "6"],
     "disk-full": ["--save-interval", "2"],
     "save-kill": ["--save-interval", "2", "--async-save"],
 }
@@ -156,7 +163,9 @@ def test_events_tell_the_recovery(recovered):
     # One recovery per failure, except a failure during a recovery, which
     # that recovery absorbs (a stuck rank's kill among them).
     faults = [f for f in SCENARIOS[name][4] if not f.startswith("disk-full")]
-    during = sum("phase=recovery" in f or f.startswith("stall") for f in faults)
+    during = sum(
+        "phase=recovery" in f or (f.startswith("stall") and name == "stuck") for f in faults
+    )
     assert kinds.count("recovered") == len(faults) - during
     assert kinds.count("failure_detected") >= len(faults)
     for e in events:
@@ -188,6 +197,11 @@ def test_events_tell_the_recovery(recovered):
     detected = [e for e in events if e["event"] == "failure_detected"]
     if name == "hang":
         assert "hung" in detected[0]["reason"]
+    if name == "oom":
+        assert detected[0]["ranks"] == [2] and "code 7 (LOCAL_FAILURE)" in detected[0]["reason"]
+    if name == "stall":
+        assert "no progress for 6 s while computing" in detected[0]["reason"]
+        assert detected[0]["ranks"] == [1]
     if name == "stuck":
         # Rank 1 wrote where it was blocked before the coordinator killed it.
         stuck = [e for e in events if e["event"] == "stuck"]
@@ -226,7 +240,7 @@ def test_saves_that_fail_or_die_stop_nothing(recovered):
     and training goes on (its curve and final state are checked above). A
     save whose rank dies is redone after the recovery."""
     name, tmp, _ = recovered
-    if name not in EXTRA:
+    if "--save-interval" not in EXTRA.get(name, ()):
         pytest.skip("no interval saves in this scenario")
     ckpt, log = tmp / "ckpt", (tmp / "output.log").read_text()
     assert read_tracker(str(ckpt)) == "8"
