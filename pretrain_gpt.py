@@ -71,24 +71,37 @@ def get_batch(data_iterator):
     )
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, check_for_nan: bool = True):
     """Megatron-LM's: the microbatch's loss summed over its tokens, their
     count, and both for the log. megatron-core's schedule divides the sum by
     the count unless --calculate-per-token-loss (then the gradients are
-    divided by the whole batch's tokens)."""
+    divided by the whole batch's tokens). With --check-for-nan-in-loss-and-grad
+    (the default) a NaN or Inf local loss stops the run, as Megatron-LM."""
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+
     losses = output_tensor.view(-1).float()
     loss_mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * loss_mask)
+    if check_for_nan:  # before the data-parallel reduction, on this rank's loss
+        machine = get_rerun_state_machine()
+        for reject, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            machine.validate_result(
+                result=loss,
+                rejection_func=reject,
+                message=f"found {what} in local forward loss calculation",
+                tolerance=0.0,
+                fatal=True,
+            )
     num_tokens = loss_mask.sum().clone().detach().to(torch.int)
     # clone: the schedule divides the returned loss in place.
     report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
     return loss, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator, model):
+def forward_step(data_iterator, model, check_for_nan: bool = True):
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
     output = model(tokens, position_ids, attention_mask, labels=labels)
-    return output, partial(loss_func, loss_mask)
+    return output, partial(loss_func, loss_mask, check_for_nan=check_for_nan)
 
 
 def main(argv=None) -> int:
@@ -103,6 +116,7 @@ def main(argv=None) -> int:
         return 2
     from deadpool_ext.config import section
 
+    step = partial(forward_step, check_for_nan=config.training.check_for_nan_in_loss_and_grad)
     if "DEADPOOL_SLOT" in os.environ:  # started by deadpool-launch: recovery on
         if not section(config).deadpool:
             print(
@@ -113,12 +127,12 @@ def main(argv=None) -> int:
             return 2
         from deadpool_ext.rank.main import run
 
-        return run(config, model_provider, forward_step)
+        return run(config, model_provider, step)
     from megatron.training.training import pretrain
 
     from deadpool_ext.rank.hooks import deadpool_hooks
 
-    pretrain(config, model_provider, forward_step, hooks=deadpool_hooks(config))
+    pretrain(config, model_provider, step, hooks=deadpool_hooks(config))
     return 0
 
 

@@ -302,6 +302,12 @@ class TrainingConfig:
         help="Average the loss over all the global batch's tokens instead of over each "
         "microbatch's, then over microbatches and replicas.",
     )
+    check_for_nan_in_loss_and_grad: bool = arg(
+        True,
+        flag="--no-check-for-nan-in-loss-and-grad",
+        help="Do not stop on a NaN or Inf in a rank's loss or local gradient norm (checked "
+        "before any data-parallel reduction, by megatron-core's validation, as Megatron-LM).",
+    )
     manual_gc: bool = arg(
         False, help="Python's garbage collector only at set points, the same on every rank."
     )

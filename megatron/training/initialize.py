@@ -9,6 +9,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.rerun_state_machine import (
+    RerunMode,
+    destroy_rerun_state_machine,
+    initialize_rerun_state_machine,
+)
 
 from megatron.training import cpu_compat
 from megatron.training.config import Config
@@ -66,6 +71,16 @@ def init_process_groups(config: Config) -> None:
     )
 
 
+def start_validation() -> None:
+    """megatron-core's rerun state machine, through which its DDP and
+    pretrain_gpt.py's loss function validate results (NaN and Inf checks of
+    --check-for-nan-in-loss-and-grad). Disabled mode: a rejected result
+    raises, as Megatron-LM with --rerun-mode disabled (its in-place reruns
+    need Megatron-LM's training loop). Made again for a rebuilt trainer."""
+    destroy_rerun_state_machine()
+    initialize_rerun_state_machine(mode=RerunMode.DISABLED)
+
+
 def set_seeds(seed: int) -> None:
     """Megatron's seeding: pipeline stages differ, DP peers agree, and the
     model-parallel RNG tracker gives TP ranks their dropout streams."""
@@ -80,6 +95,7 @@ def initialize(config: Config) -> Runtime:
     """Everything between a validated config and building the model."""
     on_cpu = setup_device(config)
     init_process_groups(config)
+    start_validation()
     set_seeds(config.training.seed)
     return Runtime(
         rank=dist.get_rank(),

@@ -148,6 +148,7 @@ def wrap_model(
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,
+        check_for_nan_in_grad=config.training.check_for_nan_in_loss_and_grad,
     )
     model = HookedDistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
     # Megatron broadcasts params from DP rank 0 so replicas start equal even

@@ -24,6 +24,7 @@ from megatron.core.num_microbatches_calculator import (
 )
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.rerun_state_machine import get_rerun_state_machine
 
 from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
@@ -333,6 +334,8 @@ class Trainer:
             self.scale_gradients_by_quota()
             if self.megatron_calculator:
                 update_num_microbatches(self.progress.consumed_samples, consistency_check=True)
+        # The iteration megatron-core's validation messages name (as Megatron-LM sets it).
+        get_rerun_state_machine().current_iteration = self.progress.iteration + 1
         for chunk in state.model:
             chunk.zero_grad_buffer()
         state.optimizer.zero_grad()

@@ -5,6 +5,7 @@ deprecated ones) leave the curve bit for bit as it was."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from dist_utils import (
     read_metrics,
     run_pretrain,
     tensorboard_scalars,
+    torchrun,
     worker_env,
 )
 
@@ -144,3 +146,25 @@ def test_per_token_loss_divides_by_the_tokens_of_the_whole_global_batch(corpus_p
     assert len(metrics["dp1"]) == 6
     assert drift(metrics["dp2"], metrics["dp1"]) <= PER_TOKEN_TOLERANCE
     assert drift(metrics["dp2-mean"], metrics["dp1"]) > 10 * PER_TOKEN_TOLERANCE
+
+
+def test_a_nan_loss_stops_the_run_unless_the_check_is_off():
+    """--check-for-nan-in-loss-and-grad (Megatron-LM's default): a learning
+    rate of 1e9 turns the loss NaN in iteration 2, and the rank stops there
+    with megatron-core's validation message; with the check off the run goes
+    on and counts NaN iterations, as Megatron-LM."""
+    # (argparse takes a repeated flag's last value: TINY_GPT's are overridden)
+    args = TINY_GPT + ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
+    args += ["--lr", "1e9", "--train-iters", "5", "--global-batch-size", "2"]
+    checked = torchrun(1, args)
+    stopped = re.search(
+        r"iteration (\d): Unexpected result nan \(message='found NaN in local forward loss "
+        r"calculation'\)",
+        checked.stderr,
+    )
+    assert checked.returncode != 0 and stopped, checked.stderr[-3000:]
+    unchecked = torchrun(1, args + ["--no-check-for-nan-in-loss-and-grad"])
+    assert unchecked.returncode == 0, unchecked.stderr[-3000:]
+    nan_from = int(stopped.group(1))  # the same run: NaN from that iteration on
+    counts = re.findall(r"number of nan iterations: +(\d+) \|", unchecked.stdout)
+    assert counts == ["0"] * (nan_from - 1) + ["1"] * (5 - nan_from + 1)  # one per log line
