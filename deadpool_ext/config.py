@@ -70,6 +70,13 @@ class DeadpoolConfig:
         "waits in one, before it counts as hung (a blocked driver call, a stuck kernel: its "
         "heartbeat thread beats on) and is killed and replaced; 0: never.",
     )
+    deadpool_on_nan: Optional[str] = arg(
+        help="When a rank's loss or local gradient norm is NaN or Inf "
+        "(--check-for-nan-in-loss-and-grad): rollback (the default) takes every rank back to "
+        "the iteration's start from the in-memory snapshots and redoes it once (a clean redo: "
+        "a transient fault; NaN again: the job stops), or stop, as Megatron-LM's check.",
+        choices=["rollback", "stop"],
+    )
     deadpool_on_spares_exhausted: str = arg(
         "shrink",
         help="When a rank is lost and no spare is left: shrink (drop the "
@@ -172,6 +179,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
+    if dp.deadpool_on_nan is not None and not config.training.check_for_nan_in_loss_and_grad:
+        raise ConfigError(
+            f"--deadpool-on-nan {dp.deadpool_on_nan} acts on what --check-for-nan-in-loss-and-grad "
+            "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
+            "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
+        )
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= dp.deadpool_heartbeat_timeout:

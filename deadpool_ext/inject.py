@@ -20,6 +20,9 @@
     oom:rank=2:iter=4:phase=backward    rank 2's step raises torch.OutOfMemoryError in iteration
                                         4's backward: a local failure, the process lives until it
                                         reports itself (exit code LOCAL_FAILURE) and is replaced
+    nan:rank=1:iter=4                   rank 1's forward output turns NaN once in iteration
+                                        4 (a transient fault: a rollback redoes it cleanly)
+    nan-always:rank=1:iter=4            ... each time iteration 4 runs (a persistent one)
     disk-full:rank=0:iter=4             every file write of rank 0 fails (EFBIG, as on
                                         a full disk) while it saves the checkpoint that
                                         ends iteration 4 (--save-interval must make one)
@@ -52,7 +55,9 @@ from typing import List, Optional
 import torch
 
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
-ACTIONS = ("kill", "kill-agent", "hang", "stall", "oom", "disk-full")
+ACTIONS = ("kill", "kill-agent", "hang", "stall", "oom", "nan", "nan-always", "disk-full")
+# Faults that poison the forward output rather than fire at a point.
+POISONS = ("nan", "nan-always")
 # Where a stall stops the main thread (mirror runs in its own thread).
 STALL_PHASES = ("forward", "backward", "grad-reduce", "optimizer")
 
@@ -76,8 +81,16 @@ class Fault:
     @property
     def point(self) -> str:
         """A whole node dies at the start of the iteration, once all its ranks
-        are there (in forward, pipeline stages would wait on each other)."""
+        are there (in forward, pipeline stages would wait on each other); a
+        poison acts on the forward's output."""
+        if self.action in POISONS:
+            return "output"
         return "start" if self.node is not None and self.phase == "forward" else self.phase
+
+    @property
+    def persistent(self) -> bool:
+        """Due again each time its iteration runs (a rollback redoes it)."""
+        return self.action == "nan-always"
 
 
 def parse_fault(spec: str) -> Fault:
@@ -102,8 +115,12 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(f"--deadpool-inject {spec}: phase must be one of {', '.join(PHASES)}")
     if phase != "recovery" and "iter" not in fields:
         raise InjectError(f"--deadpool-inject {spec}: say when, with iter=N")
-    if action in ("hang", "stall", "oom") and "node" in fields:
+    if action in ("hang", "stall", "oom", *POISONS) and "node" in fields:
         raise InjectError(f"--deadpool-inject {spec}: {action} takes rank=N")
+    if action in POISONS and (phase != "forward" or "delay" in fields):
+        raise InjectError(
+            f"--deadpool-inject {spec}: {action} poisons the forward output: no phase or delay"
+        )
     if action == "kill-agent" and ("rank" in fields or phase != "forward"):
         raise InjectError(
             f"--deadpool-inject {spec}: kill-agent takes node=N and iter=N (at the start "

@@ -54,6 +54,7 @@ class ExitCode(IntEnum):
     BUG = 6  # worker: a programming error (its traceback is in its
     # log): the coordinator stops the job
     LOCAL_FAILURE = 7  # worker: its own device or memory failed; replaced
+    NUMERIC = 8  # worker: a NaN or Inf loss or gradient (--deadpool-on-nan stop): the job stops
 
 
 # ----- states -----
@@ -164,6 +165,7 @@ class Kind(str, Enum):
     JOINING = "joining"
     RESUMED = "resumed"
     DONE = "done"
+    NUMERIC = "numeric"
 
 
 class Message:
@@ -195,7 +197,7 @@ class WorkerExited(Message):
     KIND: ClassVar[Kind] = Kind.EXIT
     slot: str
     code: int
-    reason: Optional[str] = None  # what a worker refused for (ExitCode.USAGE) said
+    reason: Optional[str] = None  # why, as the worker wrote it (refused flags, its failure)
 
 
 @dataclass
@@ -260,9 +262,32 @@ class Done(Message):
     slot: str
 
 
+@dataclass
+class NumericFault(Message):
+    """A rank's loss or gradients went NaN or Inf (--deadpool-on-nan
+    rollback): every rank goes back to the iteration's start and redoes it."""
+
+    KIND: ClassVar[Kind] = Kind.NUMERIC
+    gen: int
+    rank: int
+    slot: str
+    iteration: int  # the one that failed, 1-based
+    error: str  # megatron-core's validation message
+
+
 MESSAGES = {
     cls.KIND: cls
-    for cls in (NodeUp, WorkerExited, Plan, SpareReady, Report, Joining, Resumed, Done)
+    for cls in (
+        NodeUp,
+        WorkerExited,
+        Plan,
+        SpareReady,
+        Report,
+        Joining,
+        Resumed,
+        Done,
+        NumericFault,
+    )
 }
 
 
@@ -344,7 +369,7 @@ class Decision:
 # ----- the worker's environment, written by the agent, read by the worker -----
 SECRET_ENV = "DEADPOOL_SECRET"
 AGENT_ENV = "DEADPOOL_AGENT"  # the agent's settings (JSON), from the launcher
-ERROR_FILE_ENV = "DEADPOOL_ERROR_FILE"  # a worker's refusal of its flags, for its agent
+ERROR_FILE_ENV = "DEADPOOL_ERROR_FILE"  # why a worker stopped, for its agent
 ERROR_TEXT_LIMIT = 4000  # characters of it the agent forwards
 
 

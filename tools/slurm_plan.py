@@ -34,19 +34,29 @@ def parse_training(
     argv: List[str], world_size: int, ranks_per_node: int, gpu: bool
 ) -> Tuple[Config, BuddyMap]:
     """pretrain_gpt.py's parser and validators, and the buddy map, for a world
-    of ``world_size`` ranks, G per node. Whether *this* machine has CUDA does
-    not matter (the job's does), and asking would import torch, so the
-    answer is given."""
+    of ``world_size`` ranks, G per node. Whether *this* machine has CUDA, or
+    Transformer Engine and Apex, does not matter (the job's nodes do: a GPU
+    job installs setup.py's gpu extra), and asking would import torch, so
+    the answers are given."""
     env = {"WORLD_SIZE": str(world_size), "DEADPOOL_RANKS_PER_NODE": str(ranks_per_node)}
+    importable = arguments._importable
+
+    def job_has(module: str) -> bool:
+        return (gpu and module in GPU_EXTRAS) or importable(module)
+
     with (
         mock.patch.dict(os.environ, env),
         mock.patch.object(arguments, "_cuda_available", lambda: gpu),
+        mock.patch.object(arguments, "_importable", job_has),
     ):
         try:
             config = deadpool_config.parse_args(argv)
             return config, deadpool_config.plan_buddies(config)
         except ConfigError as error:
             raise PlanError(str(error)) from None
+
+
+GPU_EXTRAS = ("transformer_engine", "apex")  # setup.py's gpu extra
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,8 +56,9 @@ class Agent:
     def error_file(self, slot: str) -> str:
         return os.path.join(self.error_dir, f"{slot}.error")
 
-    def refusal(self, slot: str) -> Optional[str]:
-        """What a worker that refused its flags wrote, if it did."""
+    def written_reason(self, slot: str) -> Optional[str]:
+        """Why a worker stopped, if it wrote it (its flags refused, or the
+        failure that stopped it)."""
         try:
             with open(self.error_file(slot)) as f:
                 return f.read()[: P.ERROR_TEXT_LIMIT]
@@ -106,7 +107,7 @@ class Agent:
             if code is not None:
                 del self.workers[slot]
                 if not self.stopping:
-                    reason = self.refusal(slot) if code == ExitCode.USAGE else None
+                    reason = self.written_reason(slot) if code != ExitCode.OK else None
                     exited = P.WorkerExited(slot=slot, code=code, reason=reason)
                     self.channel.post(P.COORDINATOR_TOPIC, exited)
                 if code == ExitCode.RELEASED and not self.stopping:

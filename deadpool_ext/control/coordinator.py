@@ -81,7 +81,7 @@ NEXT = {
 }
 COLLECTING = (S.RECOVERING, S.GROWING)  # members report for a decision
 # Messages a member sends about its own rank.
-SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done)
+SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done, P.NumericFault)
 BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
 # A loss now cannot be combined with the decision being carried out.
 UNRECOVERABLE = (S.RESIZING, S.STOPPING)
@@ -126,6 +126,9 @@ class Coordinator:
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
+        self.rolled_back: Set[int] = set()  # iterations redone after a NaN or Inf
+        self.redoing: Dict[int, int] = {}  # such an iteration -> the rank that found it
+        self.doomed: Optional[str] = None  # why the next decision stops the job
         self.exited: Set[str] = set()  # slots whose process exit an agent reported
         self.abort_grace_s = P.ABORT_GRACE_S
         self.plan: Optional[P.Plan] = None  # layout and buddies from rank 0, per world
@@ -206,6 +209,7 @@ class Coordinator:
             self.maybe_decide()
         elif self.state == S.TRAINING:
             self.maybe_grow()
+            self.note_clean_redos()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.end(
                 abort(
@@ -275,9 +279,20 @@ class Coordinator:
             self.end(
                 abort(
                     self.gen,
-                    f"slot {m.slot} (rank {rank}) stopped on a programming "
-                    "error; its traceback is in its log. Fix it and resume from the "
-                    "last --save checkpoint",
+                    f"slot {m.slot} (rank {rank}) stopped on a programming error"
+                    + (f" ({m.reason})" if m.reason else "")
+                    + "; its traceback is in its log. Fix it and resume from the last "
+                    "--save checkpoint",
+                    self.view.members,
+                )
+            )
+            return
+        if m.code == ExitCode.NUMERIC and not self.finished:
+            self.end(
+                abort(
+                    self.gen,
+                    f"rank {rank}'s loss or gradients went NaN or Inf (--deadpool-on-nan stop): "
+                    + (m.reason or "see its log"),
                     self.view.members,
                 )
             )
@@ -344,6 +359,54 @@ class Coordinator:
 
     def on_done(self, m: P.Done) -> None:
         self.done.add(m.rank)
+
+    def note_clean_redos(self, done: Optional[int] = None) -> None:
+        """Every rank finished a rolled-back iteration again without a NaN
+        (their heartbeats say so, or the job's end, or a later rollback
+        past it): the fault was transient, and where it showed is said once."""
+        done = min(self.progress.values(), default=0) if done is None else done
+        for iteration in [i for i in self.redoing if i <= done]:
+            self.events.emit(
+                "nan_transient",
+                gen=self.gen,
+                iteration=iteration,
+                rank=self.redoing.pop(iteration),
+                why="redone cleanly after rolling back: the first result was transient",
+            )
+
+    def on_numeric(self, m: P.NumericFault) -> None:
+        """--deadpool-on-nan rollback: nobody is lost; every rank goes back to
+        the failed iteration's start and redoes it. A second NaN or Inf in
+        the same iteration is no transient fault: the job stops."""
+        if m.gen != self.gen or self.state in COLLECTING or self.finished:
+            return  # the rank recovers with the others already
+        if self.state in UNRECOVERABLE:
+            reason = f"rank {m.rank}: {m.error} while the job was {self.state.value}"
+            self.end(abort(self.gen, reason, self.view.members))
+            return
+        self.events.emit(
+            "nan_detected", gen=self.gen, rank=m.rank, iteration=m.iteration, error=m.error
+        )
+        if m.iteration in self.rolled_back:
+            # Decided once every rank has reported, so that each stops saying why.
+            self.doomed = (
+                f"rank {m.rank} found a NaN or Inf again in iteration {m.iteration} after "
+                f"every rank went back to its start: not transient ({m.error}); resume "
+                "from the last --save checkpoint once its cause is fixed"
+            )
+        self.rolled_back.add(m.iteration)
+        self.redoing[m.iteration] = m.rank
+        self.open_generation(S.RECOVERING)
+        self.events.emit(
+            "failure_detected",
+            gen=self.gen,
+            ranks=[],
+            slots=[],
+            reason=f"rank {m.rank}: {m.error}: rolling every rank back to iteration "
+            f"{m.iteration}'s start",
+            iteration=m.iteration - 1,
+        )
+        self.publish()
 
     # ----- failures -----
     def slots_of(self, node: int) -> List[str]:
@@ -628,6 +691,8 @@ class Coordinator:
 
     def choose(self) -> Decision:
         """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
+        if self.doomed is not None:
+            return abort(self.gen, self.doomed, self.view.members)
         if self.state == S.GROWING:
             return plan_grow(
                 self.gen,
@@ -697,6 +762,7 @@ class Coordinator:
 
     def commit(self, decision: Decision, state: JobState, **details) -> None:
         """The decision's members form the generation: publish it and rebuild."""
+        self.note_clean_redos(done=decision.rollback_to)
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
@@ -750,6 +816,7 @@ class Coordinator:
             self.let_reporters_stop(poll_s, alive)
         if len(self.done) < self.world_size:
             return 1
+        self.note_clean_redos(done=self.train_iters or 0)
         if self.stopping is not None:
             self.events.emit(
                 "stopped",

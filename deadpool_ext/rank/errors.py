@@ -6,6 +6,10 @@
   * LOCAL: this process cannot go on (its device ran out of memory or
     failed). It exits with ``ExitCode.LOCAL_FAILURE``; the coordinator
     replaces it like any lost rank, from its buddy's copy.
+  * NUMERIC: its loss or local gradient norm went NaN or Inf (megatron-core's
+    validation under --check-for-nan-in-loss-and-grad). With --deadpool-on-nan
+    rollback every rank goes back to the iteration's start and redoes it;
+    with stop the job stops (``ExitCode.NUMERIC``), as Megatron-LM's check.
   * BUG: anything else. Recovering would only meet it again (a spare runs
     the same code), so the job stops with the full traceback and exit code
     ``ExitCode.BUG``.
@@ -28,6 +32,7 @@ from deadpool_ext.state.snapshot import SnapshotError
 class Failure(str, Enum):
     PEER = "peer"
     LOCAL = "local"
+    NUMERIC = "numeric"
     BUG = "bug"
 
 
@@ -53,10 +58,16 @@ LOCAL_TYPES = (torch.OutOfMemoryError, MemoryError)
 LOCAL_MESSAGES = ("CUDA error", "out of memory", "uncorrectable ECC error")
 
 
+# megatron-core's rerun state machine rejecting a result (disabled mode).
+NUMERIC_MESSAGES = ("message='found NaN in ", "message='found Inf in ")
+
+
 def classify(error: BaseException) -> Failure:
     text = str(error)
     if isinstance(error, LOCAL_TYPES) or any(m in text for m in LOCAL_MESSAGES):
         return Failure.LOCAL
+    if isinstance(error, RuntimeError) and any(m in text for m in NUMERIC_MESSAGES):
+        return Failure.NUMERIC
     if isinstance(error, PEER_TYPES):
         return Failure.PEER
     if isinstance(error, RuntimeError) and any(m in text for m in PEER_MESSAGES):

@@ -283,6 +283,11 @@ class FaultHook(Hook):
     def after_forward(self, trainer: Trainer, output) -> None:
         if self.injector.faults and output.requires_grad:
             output.register_hook(lambda grad: self.at("backward", self.current()) or grad)
+        for fault in self.injector.due("output", self.current()):
+            if not fault.persistent:
+                self.injector.fired.add(fault)
+            self.emitted(fault, self.current())
+            output.data.fill_(float("nan"))  # what the loss check then finds
 
     def before_grad_reduce(self, trainer: Trainer) -> None:
         self.at("grad-reduce", self.current())
@@ -306,19 +311,22 @@ class FaultHook(Hook):
             if phase == "start":
                 self.wait_for_the_node(fault)
             self.injector.fired.add(fault)
-            self.mirror_hook.events.emit(
-                "fault_injected",
-                gen=self.ctx.gen,
-                iteration=iteration,
-                action=fault.action,
-                phase=fault.phase,
-                node=fault.node,
-                delay_ms=fault.delay_ms,
-            )
+            self.emitted(fault, iteration)
             if fault.delay_ms:
                 threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
             else:
                 fire(fault)
+
+    def emitted(self, fault: Fault, iteration: Optional[int]) -> None:
+        self.mirror_hook.events.emit(
+            "fault_injected",
+            gen=self.ctx.gen,
+            iteration=iteration,
+            action=fault.action,
+            phase=fault.phase,
+            node=fault.node,
+            delay_ms=fault.delay_ms,
+        )
 
     def wait_for_the_node(self, fault: Fault) -> None:
         """A node dies once all its ranks are at the kill point (in forward,

@@ -333,8 +333,12 @@ def report_failure(ctx: ControlClient, error: Exception) -> ExitCode:
     code = {
         Failure.BUG: ExitCode.BUG,
         Failure.LOCAL: ExitCode.LOCAL_FAILURE,
+        Failure.NUMERIC: ExitCode.NUMERIC,
         Failure.PEER: ExitCode.FAILED,
     }[failure]
+    if ctx.env.error_file:  # why, for the launcher's last line
+        with open(ctx.env.error_file, "w") as f:
+            f.write(summary(error))
     get_logger(0).error(
         "deadpool: slot %s stops (%s failure, exit code %d): %s\n%s",
         ctx.slot,

@@ -51,14 +51,23 @@ class WorkerExit(Exception):
         self.code = code
 
 
-def peer_failure_of(work: Callable[[], None]) -> Optional[str]:
+def peer_failure_of(
+    work: Callable[[], None], on_numeric: Optional[Callable[[str], None]] = None
+) -> Optional[str]:
     """Run ``work``: None when it returns, the failure's text when a peer
-    failed; any other failure goes up to the worker's main."""
+    failed (or, given ``on_numeric``, a NaN or Inf was found: it is told,
+    and the job rolls back as from a failure); any other failure goes up
+    to the worker's main."""
     try:
         work()
         return None
-    except Exception as error:  # noqa: BLE001 - classified, re-raised unless a peer's
-        if classify(error) != Failure.PEER:
+    except Exception as error:  # noqa: BLE001 - classified, re-raised unless recovered from
+        kind = classify(error)
+        if kind == Failure.NUMERIC and on_numeric is not None:
+            text = peer_failure_text(error)
+            on_numeric(text)
+            return text
+        if kind != Failure.PEER:
             raise
         return peer_failure_text(error)
 
@@ -185,7 +194,21 @@ class Recovery:
         def loop() -> None:
             self.completed = self.trainer.loop()
 
-        return peer_failure_of(loop)
+        rollback = section(self.config).deadpool_on_nan in (None, "rollback")
+        return peer_failure_of(loop, self.report_numeric if rollback else None)
+
+    def report_numeric(self, error: str) -> None:
+        """This rank's loss or gradients went NaN or Inf in the iteration in
+        progress: the coordinator rolls every rank back to its start."""
+        self.ctx.post(
+            P.NumericFault(
+                gen=self.ctx.gen,
+                rank=self.trainer.runtime.rank,
+                slot=self.ctx.slot,
+                iteration=self.trainer.progress.iteration + 1,
+                error=error,
+            )
+        )
 
     # ----- survivor -----
     def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:

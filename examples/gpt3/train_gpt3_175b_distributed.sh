@@ -5,7 +5,9 @@
 # numbers (layers, hidden, sequence, batch, iterations, parallel sizes), and
 # two flags of the schedule in samples: Megatron-LM refuses --rampup-batch-size
 # with --train-iters too ("expected no batch-size rampup for iteration-based
-# training"), so this copy gives --train-samples and --lr-decay-samples.
+# training"), so this copy gives --train-samples and --lr-decay-samples;
+# and its --split gives each split of a small corpus documents (949,50,1 leaves
+# the embedded corpus's test split none, which megatron-core loops on forever).
 # Run it from the repository root as upstream's. For hot swap the launcher
 # becomes deadpool-launch with spare nodes, and --deadpool is added:
 # LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes
@@ -74,7 +76,7 @@ DATA_ARGS=(
     --data-path $DATA_PATH
     --vocab-file $VOCAB_FILE
     --merge-file $MERGE_FILE
-    --split 949,50,1
+    --split 98,1,1
 )
 
 EVAL_AND_LOGGING_ARGS=(

@@ -218,6 +218,13 @@ def fill_defaults(config: Config) -> None:
 
         config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
     fill_moe_defaults(config)
+    if t.fp16 and t.loss_scale is None and t.check_for_nan_in_loss_and_grad:
+        # As Megatron-LM: an overflow is the dynamic loss scaler's signal, not an error.
+        _say(
+            "WARNING: setting --check-for-nan-in-loss-and-grad off: dynamic loss scaling "
+            "(--fp16 without --loss-scale) reads NaNs in the gradients as overflows"
+        )
+        t.check_for_nan_in_loss_and_grad = False
     p = config.parallel
     if p.sequence_parallel and p.tensor_model_parallel_size == 1:
         # As Megatron-LM: a warning, and sequence parallelism off.

@@ -857,3 +857,11 @@ def test_a_planted_file_in_the_dataset_index_cache_is_refused_before_loading(whe
     _names_all(_config_error(args), planted, "not a plain numpy array")
     numpy.save(planted, numpy.array([_RunsCode()], dtype=object), allow_pickle=True)
     _names_all(_config_error(args), planted)
+
+
+def test_dynamic_loss_scaling_turns_the_nan_check_off_as_megatron_lm(capsys):
+    assert parse_args(argv(), world_size=1).training.check_for_nan_in_loss_and_grad
+    assert not parse_args(argv("--fp16"), world_size=1).training.check_for_nan_in_loss_and_grad
+    assert "dynamic loss scaling" in capsys.readouterr().out
+    static = parse_args(argv("--fp16", "--loss-scale", "1024"), world_size=1)
+    assert static.training.check_for_nan_in_loss_and_grad

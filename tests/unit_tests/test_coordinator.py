@@ -691,3 +691,34 @@ def test_a_rank_computing_without_progress_while_peers_wait_is_killed(job):
         clock.now += 1.0
     assert coordinator.lost == {1} and second == 10
     assert {"kind": "kill", "slot": "0.1"} in commands.poll()
+
+
+def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
+    """--deadpool-on-nan rollback: nobody is lost, every rank reports and
+    restores its own snapshot of the iteration's start; a clean redo is a
+    transient fault (said once); NaN again in that iteration stops the job."""
+    coordinator, worker, clock = job
+    coordinator.enter(JobState.TRAINING)
+    worker.post(
+        "coordinator", kind="numeric", gen=0, rank=1, slot="0.1", iteration=4, error="found NaN"
+    )
+    coordinator.step()
+    assert worker.get("gen")["gen"] == 1 and worker.get("gen")["lost"] == []
+    report_all(worker, 1, [0, 1, 2, 3])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {} and decision.rollback_to == 5
+    resume(coordinator, worker, range(4))
+    assert coordinator.state == "training" and coordinator.view.spares == ["2.0", "2.1"]
+    for rank in range(4):  # iteration 4 done again, cleanly
+        beat(worker, rank, 4, "compute")
+    coordinator.step()
+    assert coordinator.redoing == {}
+    worker.post(
+        "coordinator", kind="numeric", gen=1, rank=2, slot="1.0", iteration=4, error="found Inf"
+    )
+    coordinator.step()
+    assert not coordinator.finished  # every rank reports first, to hear why it stops
+    report_all(worker, 2, [0, 1, 2, 3])
+    coordinator.step()
+    assert coordinator.finished and "again in iteration 4" in coordinator.result.reason

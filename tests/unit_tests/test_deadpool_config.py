@@ -331,3 +331,14 @@ def test_the_recovery_timeout_is_a_flag_above_the_heartbeat_timeout():
         LAUNCHED,
     )
     assert "--deadpool-recovery-timeout must exceed --deadpool-heartbeat-timeout" in message
+
+
+def test_on_nan_acts_on_megatron_lms_check_and_is_refused_without_it():
+    assert parse(DEADPOOL, 2, LAUNCHED).extra["deadpool"].deadpool_on_nan is None  # rollback
+    assert parse(DEADPOOL + ["--deadpool-on-nan", "stop"], 2, LAUNCHED)
+    message = error(
+        DEADPOOL + ["--deadpool-on-nan", "rollback", "--no-check-for-nan-in-loss-and-grad"],
+        2,
+        LAUNCHED,
+    )
+    assert "--no-check-for-nan-in-loss-and-grad turns it off" in message

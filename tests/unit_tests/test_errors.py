@@ -49,6 +49,20 @@ def test_the_ranks_own_resource_failures_are_local(error):
 
 
 @pytest.mark.parametrize(
+    "message",
+    ["found NaN in local forward loss calculation", "found Inf in local grad norm for bucket #0"],
+)
+def test_megatron_cores_nan_and_inf_rejections_are_numeric(message):
+    """What megatron-core's rerun state machine raises in disabled mode (as a
+    run on CPU printed it: test_megatron_flags.py reads it from a real run)."""
+    raised = RuntimeError(
+        f"Rank 0, node vm, device cpu, iteration 2: Unexpected result nan (message='{message}')"
+    )
+    assert classify(raised) == Failure.NUMERIC
+    assert classify(RuntimeError(f"loss is {message}")) == Failure.BUG  # not its words alone
+
+
+@pytest.mark.parametrize(
     "error",
     [
         RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x128 and 64x128)"),

@@ -86,6 +86,9 @@ SCENARIOS = {
     # Rank 2 runs out of memory in backward: it reports its own failure
     # (exit LOCAL_FAILURE) and is replaced like a dead one.
     "oom": (SMALL, 2, 1, 2, ["oom:rank=2:iter=4:phase=backward"]),
+    # Rank 1's loss turns NaN once in iteration 4: every rank goes back to the
+    # iteration's start from its own snapshot and redoes it (nobody replaced).
+    "nan": (SMALL, 2, 1, 2, ["nan:rank=1:iter=4"]),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
     # Saves every 2 iterations: rank 3's fails at 2 (a shard file), rank 0's at
     # 6 (common.pt), with a recovery between; training goes on through both.
@@ -179,7 +182,15 @@ def test_events_tell_the_recovery(recovered):
     ):
         assert kind in kinds, kind
     restored = [e for e in events if e["event"] == "state_restored"]
-    assert any(e["source"] == "buddy" for e in restored)
+    if name == "nan":  # a rollback: every rank from its own snapshot
+        assert {e["source"] for e in restored} == {"own"} and len(restored) == 4
+        nan = [e for e in events if e["event"] in ("nan_detected", "nan_transient")]
+        assert [(e["event"], e["rank"], e["iteration"]) for e in nan] == [
+            ("nan_detected", 1, 4),
+            ("nan_transient", 1, 4),
+        ]
+    else:
+        assert any(e["source"] == "buddy" for e in restored)
     # Only the interrupted iteration is redone: training restarts at the
     # start of the iteration the last fault hit (iterations count from 1).
     # A kill inside the mirror exchange redoes the iteration before it too,
@@ -264,8 +275,10 @@ def test_saves_that_fail_or_die_stop_nothing(recovered):
         (["kill:rank=1:iter=3"], 0, "spares exhausted"),
         # With DP=2 ranks 0 and 2 are each other's buddy (and on different nodes).
         (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),
+        # A NaN each time iteration 3 runs: rolled back once, then the job stops.
+        (["nan-always:rank=1:iter=3"], 1, "found a NaN or Inf again in iteration 3"),
     ],
-    ids=["spares-exhausted", "rank-and-buddy-lost"],
+    ids=["spares-exhausted", "rank-and-buddy-lost", "persistent-nan"],
 )
 def test_unrecoverable_failures_stop_the_job_clearly(tmp_path, corpus, faults, spares, reason):
     proc, left = launch(
