@@ -417,6 +417,12 @@ class Coordinator:
         self.lose_slots(slots, f"node {node} lost: {reason}")
         self.tell_agent(node, Command.KILL_ALL)
 
+    def kill_and_lose(self, slots: List[str], reason: str) -> None:
+        """Processes that live but cannot go on: their agents SIGKILL them."""
+        for slot in slots:
+            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+        self.lose_slots(slots, reason)
+
     def lose_slots(self, slots: List[str], reason: str) -> None:
         slots = [s for s in slots if s not in self.view.lost_slots]
         if not slots or self.finished:
@@ -508,8 +514,7 @@ class Coordinator:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
         self.warming = sighting.warming
         for slot in sighting.hung_slots:
-            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
-            self.lose_slots([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
+            self.kill_and_lose([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
         if self.state == S.RECOVERING:
             self.kill_stuck(now, sighting.states)
         elif self.state == S.TRAINING:
@@ -536,9 +541,7 @@ class Coordinator:
             for slot in training.values()
             if progress[slot].computing_without_progress(now) >= timeout
         ]
-        for slot in hung:
-            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
-        self.lose_slots(
+        self.kill_and_lose(
             hung,
             f"no progress for {timeout:.0f} s while computing, peers waiting on it "
             "(hung; its heartbeat thread beat on)",
@@ -572,9 +575,7 @@ class Coordinator:
                 up_to_s=self.group_timeout_s,
             )
         stuck = [self.view.members[rank] for rank in stuck if rank not in kept]
-        for slot in stuck:
-            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
-        self.lose_slots(
+        self.kill_and_lose(
             stuck,
             f"still training {waited:.0f} s after generation {self.gen} "
             "was announced (stuck; its stacks are in the event log)",
@@ -602,9 +603,7 @@ class Coordinator:
             timeout = self.report_timeout(waiting)
             if self.clock() - self.started_recovery > timeout:
                 slots = [self.view.members[r] for r in waiting]
-                for slot in slots:
-                    self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
-                self.lose_slots(slots, f"did not report within {timeout:.0f} s")
+                self.kill_and_lose(slots, f"did not report within {timeout:.0f} s")
             return
         if self.plan is None:
             self.end(abort(self.gen, "no buddy plan was received from rank 0", self.view.members))
