@@ -56,4 +56,7 @@ def _in(frame, files) -> bool:
 
 
 def _line(frame) -> str:
-    return linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    # The thread runs on while it is read: a frame between two lines has no
+    # line number (f_lineno None), which linecache refuses.
+    lineno = frame.f_lineno
+    return "" if lineno is None else linecache.getline(frame.f_code.co_filename, lineno)
