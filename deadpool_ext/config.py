@@ -59,8 +59,8 @@ class DeadpoolConfig:
     )
     deadpool_recovery_timeout: float = arg(
         RECOVERY_TIMEOUT_S,
-        help="Seconds a recovery may take, from a failure to every rank trained on in the "
-        "new generation, before the job stops (a stuck rank that holds a shard's only copy "
+        help="Seconds the survivors may take to report after a failure is detected, and a "
+        "decided generation to resume, before the job stops (a stuck rank that holds a shard's only copy "
         "is waited for longer: its group timeout).",
     )
     deadpool_progress_timeout: float = arg(
@@ -187,11 +187,9 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         )
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
-    if dp.deadpool_recovery_timeout <= dp.deadpool_heartbeat_timeout:
-        raise ConfigError(
-            "--deadpool-recovery-timeout must exceed --deadpool-heartbeat-timeout (a "
-            "recovery starts with a failure's detection)"
-        )
+    if dp.deadpool_recovery_timeout <= 0:
+        # Counted from the decision, after detection: any heartbeat timeout fits.
+        raise ConfigError("--deadpool-recovery-timeout must be > 0 seconds")
     if dp.deadpool_spare_wait < 0:
         raise ConfigError(
             "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
