@@ -78,7 +78,7 @@ lint: setup
 
 # Everything: unit tests and the integration tests that start real processes.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings --durations=30 tests/unit_tests
 
 # Unit tests only (in-process, under a minute).
 test-unit: setup
