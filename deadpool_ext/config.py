@@ -60,8 +60,8 @@ class DeadpoolConfig:
     deadpool_recovery_timeout: float = arg(
         RECOVERY_TIMEOUT_S,
         help="Seconds the survivors may take to report after a failure is detected, and a "
-        "decided generation to resume, before the job stops (a stuck rank that holds a shard's only copy "
-        "is waited for longer: its group timeout).",
+        "decided generation to resume, before the job stops (a stuck rank that holds a "
+        "shard's only copy is waited for longer: its group timeout).",
     )
     deadpool_progress_timeout: float = arg(
         PROGRESS_TIMEOUT_S,
