@@ -23,6 +23,10 @@ PROGRESS_TIMEOUT_S = 300.0
 # A topic slot claimed and not written this long is passed over (its poster
 # died between claiming and writing, or was an outsider).
 CLAIMED_SLOT_DEADLINE_S = 2.0
+# A client the store dropped (a poisoned counter) connects again within this;
+# a store that is gone (node 0 died) is known gone after it, not after the
+# first connection's 60 s.
+STORE_RECONNECT_TIMEOUT_S = 5.0
 # A rank still training this many heartbeat timeouts after a failure was
 # announced is blocked where no release reaches: it writes every thread's
 # stack (event 'stuck'); one timeout later the coordinator has it killed,
@@ -55,6 +59,9 @@ class ExitCode(IntEnum):
     # log): the coordinator stops the job
     LOCAL_FAILURE = 7  # worker: its own device or memory failed; replaced
     NUMERIC = 8  # worker: a NaN or Inf loss or gradient (--deadpool-on-nan stop): the job stops
+    COORDINATOR_LOST = 9  # a node's launcher: the store and coordinator (node 0) went
+    # away without stopping the job; the job cannot go on (examples/slurm/on_node.sh
+    # then ends the Slurm job, which would otherwise hold its nodes)
 
 
 # ----- states -----

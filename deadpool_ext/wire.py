@@ -31,7 +31,12 @@ from typing import Dict, List, NoReturn, Optional, Set, Tuple
 
 import torch.distributed as dist
 
-from deadpool_ext.protocol import CLAIMED_SLOT_DEADLINE_S, SECRET_ENV, Message
+from deadpool_ext.protocol import (
+    CLAIMED_SLOT_DEADLINE_S,
+    SECRET_ENV,
+    STORE_RECONNECT_TIMEOUT_S,
+    Message,
+)
 
 
 class ControlError(RuntimeError):
@@ -201,7 +206,7 @@ class Channel:
         except dist.DistError:
             if self.address is None:
                 raise
-        self.store = connect(*self.address)
+        self.store = connect(*self.address, timeout_s=STORE_RECONNECT_TIMEOUT_S)
         self.store.set(key, str(self.highest_written(topic)))
         self.mended += 1
         return self.store.add(key, claim)

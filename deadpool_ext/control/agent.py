@@ -157,7 +157,7 @@ class Agent:
             # After its stop command that is the normal end of the job.
             stopped = self.stopping
             self.obey({"kind": Command.KILL_ALL})
-            return ExitCode.OK if stopped else ExitCode.FAILED
+            return ExitCode.OK if stopped else ExitCode.COORDINATOR_LOST
         finally:
             shutil.rmtree(self.error_dir, ignore_errors=True)
         return ExitCode.USAGE if self.refused else ExitCode.OK

@@ -206,6 +206,10 @@ launch() {
     export MASTER_ADDR MASTER_PORT DEADPOOL_SECRET
     export DEADPOOL_STATUS_FILE=$status_file
     export PYTHONPATH=$DEADPOOL_REPO${PYTHONPATH:+:$PYTHONPATH}
+    # The launcher's code for "node 0 and its coordinator are gone" (on_node.sh).
+    DEADPOOL_COORDINATOR_LOST=$("$PYTHON" -c \
+        'from deadpool_ext.protocol import ExitCode; print(ExitCode.COORDINATOR_LOST.value)')
+    export DEADPOOL_COORDINATOR_LOST
     # One task per node. --no-kill: a node that dies takes only its own
     # task; --kill-on-bad-exit=0: a task that fails does not end the others.
     local step=(--nodes="$total" --ntasks="$total" --ntasks-per-node=1 --no-kill

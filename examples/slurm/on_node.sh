@@ -12,9 +12,30 @@ set -euo pipefail
 # shell stays, and Slurm does not end the step under them.
 trap ':' TERM
 
+# The first node died (its launcher held the store and the coordinator, its
+# shell the batch script). With --no-kill Slurm keeps the job, and every
+# other node, RUNNING until the time limit (docs/slurm.md). Once Slurm has
+# dropped that node from the job, record the outcome and end the job; if
+# the node lives after all, its batch script ends the job first.
+end_orphaned_job() {
+    local job=$SLURM_JOB_ID batch_host nodes
+    batch_host=$(scontrol show job -o "$job" | grep -o 'BatchHost=[^ ]*' | cut -d= -f2)
+    while :; do
+        nodes=$(scontrol show job -o "$job" | grep -o ' NodeList=[^ ]*' | cut -d= -f2)
+        if ! scontrol show hostnames "$nodes" | grep -qx "$batch_host"; then break; fi
+        sleep "${DEADPOOL_ORPHAN_POLL_S:-5}"
+    done
+    echo "$1" >"$DEADPOOL_STATUS_FILE"
+    echo "on_node.sh: node $SLURM_NODEID: the first node ($batch_host) and its coordinator" \
+        "are gone; ending job $job (resubmit to resume from the last checkpoint)" >&2
+    scancel "$job"
+}
+
 status=0
 "$@" || status=$?
 if [[ ${SLURM_NODEID:-} == 0 ]]; then
     echo "$status" >"${DEADPOOL_STATUS_FILE:?set by common.sh}"
+elif [[ $status == "${DEADPOOL_COORDINATOR_LOST:?set by common.sh}" ]]; then
+    end_orphaned_job "$status"
 fi
 exit "$status"

@@ -218,6 +218,8 @@ def fill_defaults(config: Config) -> None:
 
         config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
     fill_moe_defaults(config)
+    if t.recompute_activations:
+        t.recompute_granularity = "selective"  # as Megatron-LM
     if t.fp16 and t.loss_scale is None and t.check_for_nan_in_loss_and_grad:
         # As Megatron-LM: an overflow is the dynamic loss scaler's signal, not an error.
         _say(
@@ -269,6 +271,7 @@ def validate(config: Config) -> None:
         _check_model_shape,
         _check_model_features,
         _check_moe,
+        _check_recompute,
         _check_batch,
         _check_training,
         _check_precision,
@@ -506,15 +509,46 @@ def _check_moe(config: Config) -> None:
     _check_with_megatron_core(config)
 
 
+def _check_recompute(config: Config) -> None:
+    t, p = config.training, config.parallel
+    given = [
+        flag
+        for flag, value in (
+            ("--recompute-method", t.recompute_method),
+            ("--recompute-num-layers", t.recompute_num_layers),
+            ("--recompute-modules", t.recompute_modules),
+        )
+        if value is not None
+    ]
+    _require(
+        t.recompute_granularity is not None or not given,
+        f"{', '.join(given)} need --recompute-granularity: give it, or drop them",
+    )
+    # Megatron-LM's own rules; megatron-core checks the rest below.
+    _require(
+        t.recompute_granularity != "selective" or t.recompute_method is None,
+        "--recompute-method goes with --recompute-granularity full (selective recompute "
+        "takes --recompute-modules): drop it",
+    )
+    _require(
+        not t.distribute_saved_activations
+        or (t.recompute_granularity == "full" and p.tensor_model_parallel_size > 1),
+        "--distribute-saved-activations splits full recompute's kept inputs over the "
+        "tensor-parallel group: it needs --recompute-granularity full and TP > 1",
+    )
+    if t.recompute_granularity is not None:
+        _check_with_megatron_core(config)
+
+
 def _check_with_megatron_core(config: Config) -> None:
-    """megatron-core's own checks of a MoE layer's settings (its
-    TransformerConfig), run now rather than when the model is built."""
+    """megatron-core's own checks of these settings (its TransformerConfig),
+    run now rather than when the model is built."""
     from megatron.training.model_setup import transformer_config
 
     try:
         transformer_config(config, on_cpu=config.parallel.distributed_backend == "gloo")
     except (ValueError, AssertionError) as error:
-        raise ConfigError(f"megatron-core refuses these MoE settings: {error}") from None
+        raise ConfigError(f"megatron-core refuses these settings: {error}") from None
 
 
 def _check_fp8(config: Config) -> None:

@@ -308,6 +308,33 @@ class TrainingConfig:
         help="Do not stop on a NaN or Inf in a rank's loss or local gradient norm (checked "
         "before any data-parallel reduction, by megatron-core's validation, as Megatron-LM).",
     )
+    recompute_activations: bool = arg(
+        False, help="Recompute each layer's attention core in backward (selective recompute)."
+    )
+    recompute_granularity: Optional[str] = arg(
+        help="Recompute activations in backward instead of keeping them: full (whole layers, "
+        "with --recompute-method) or selective (the parts --recompute-modules names).",
+        choices=["full", "selective"],
+    )
+    recompute_method: Optional[str] = arg(
+        help="With full recompute: uniform (layers in chunks of --recompute-num-layers, each "
+        "chunk's input kept) or block (the first --recompute-num-layers layers of each "
+        "pipeline stage).",
+        choices=["uniform", "block"],
+    )
+    recompute_num_layers: Optional[int] = arg(
+        help="With full recompute: layers per chunk (uniform) or per stage (block)."
+    )
+    recompute_modules: Optional[List[str]] = arg(
+        help="With selective recompute, the parts recomputed (megatron-core's names: "
+        "core_attn, the default, mlp, layernorm, moe, moe_act, shared_experts, mla_up_proj).",
+        nargs="+",
+    )
+    distribute_saved_activations: bool = arg(
+        False,
+        help="With full recompute and TP > 1, split each recomputed chunk's kept input "
+        "over the tensor-parallel group.",
+    )
     manual_gc: bool = arg(
         False, help="Python's garbage collector only at set points, the same on every rank."
     )

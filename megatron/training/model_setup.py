@@ -69,6 +69,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         persist_layer_norm=fused,
         gradient_accumulation_fusion=False,
         calculate_per_token_loss=t.calculate_per_token_loss,
+        **recompute_settings(config),
         cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=m.cross_entropy_fusion_impl,
         # FP8 (Transformer Engine on a GPU only: arguments.py refuses it elsewhere)
@@ -78,6 +79,20 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
     )
+
+
+def recompute_settings(config: Config) -> dict:
+    """megatron-core's activation-recompute fields (its defaults unless given)."""
+    t = config.training
+    settings = dict(
+        recompute_granularity=t.recompute_granularity,
+        recompute_method=t.recompute_method,
+        recompute_num_layers=t.recompute_num_layers,
+        distribute_saved_activations=t.distribute_saved_activations,
+    )
+    if t.recompute_modules is not None:
+        settings["recompute_modules"] = t.recompute_modules
+    return settings
 
 
 def moe_settings(config: Config) -> dict:

@@ -44,6 +44,32 @@ TINY_GPT = [
 ]
 
 
+# A model of the same shape on megatron-core's mock data (no files).
+MOCK_GPT = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--train-iters",
+    "6",
+    "--mock-data",
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "128",
+]
+
+
 def worker_env() -> Dict[str, str]:
     env = dict(os.environ)
     env.update(

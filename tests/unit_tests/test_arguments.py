@@ -321,6 +321,43 @@ SPECIAL = {
     "moe_aux_loss_coeff": (["1e-2"], 1e-2, MOE, (), 1),
     "num_experts": (["4"], 4, ["--disable-bias-linear"], (), 1),
     "grad_reduce_in_bf16": ([], True, ["--bf16"], (), 1),
+    # Recompute: full takes a method and a layer count; selective, modules.
+    "recompute_granularity": (
+        ["full"],
+        "full",
+        ["--recompute-method", "block", "--recompute-num-layers", "1"],
+        (),
+        1,
+    ),
+    "recompute_method": (
+        ["uniform"],
+        "uniform",
+        ["--recompute-granularity", "full", "--recompute-num-layers", "1"],
+        (),
+        1,
+    ),
+    "recompute_num_layers": (
+        ["2"],
+        2,
+        ["--recompute-granularity", "full", "--recompute-method", "uniform"],
+        (),
+        1,
+    ),
+    "recompute_modules": (
+        ["core_attn", "mlp"],
+        ["core_attn", "mlp"],
+        ["--recompute-granularity", "selective"],
+        (),
+        1,
+    ),
+    "distribute_saved_activations": (
+        [],
+        True,
+        ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+        + ["--recompute-num-layers", "1", "--tensor-model-parallel-size", "2"],
+        (),
+        2,
+    ),
     "profile": ([], True, ["--use-pytorch-profiler", "--tensorboard-dir", "tb"], (), 1),
     **{
         name: (

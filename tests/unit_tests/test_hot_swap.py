@@ -104,12 +104,20 @@ SCENARIOS = {
     "agent-killed": (SMALL, 2, 1, 2, ["kill-agent:node=1:iter=4"]),
     # A rank dies 30 ms into an asynchronous save: the survivors abandon it.
     "save-kill": (SMALL, 2, 1, 2, ["kill:rank=2:iter=4:phase=save:delay=30"]),
+    # Activation recompute, dropout on (0.1), killed in backward, where the
+    # layers run again. Compared with the reference without recompute, which
+    # recompute equals bit for bit (test_recompute.py).
+    "recompute-full": (SMALL, 2, 1, 2, ["kill:rank=2:iter=3:phase=backward"]),
+    "recompute-selective": (SMALL, 2, 1, 2, ["kill:node=1:iter=4:phase=backward"]),
 }
 # Flags beyond the layout, per scenario.
 EXTRA = {
     "stall": ["--deadpool-progress-timeout", "6"],
     "disk-full": ["--save-interval", "2"],
     "save-kill": ["--save-interval", "2", "--async-save"],
+    "recompute-full": ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    + ["--recompute-num-layers", "1"],
+    "recompute-selective": ["--recompute-activations"],
 }
 
 

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from dist_utils import (
+    MOCK_GPT,
     assert_same_state,
     checkpoint_state,
     curve,
@@ -19,29 +20,7 @@ from dist_utils import (
 from megatron.training import layout_invariant_init, log
 from megatron.training.arguments import ConfigError, parse_args
 
-BASE = [
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--train-iters",
-    "6",
-    "--mock-data",
-    "--tokenizer-type",
-    "NullTokenizer",
-    "--vocab-size",
-    "128",
-]
+BASE = MOCK_GPT
 MOE = ["--num-experts", "4", "--disable-bias-linear"]
 
 
@@ -82,7 +61,7 @@ def test_moe_flags_without_experts_are_refused_by_name():
         (
             ["--moe-expert-capacity-factor", "1", "--moe-router-load-balancing-type", "sinkhorn"],
             1,
-            "megatron-core refuses these MoE settings: moe_expert_capacity_factor",
+            "megatron-core refuses these settings: moe_expert_capacity_factor",
         ),
     ],
 )

@@ -20,6 +20,7 @@ With DEADPOOL_SLURM_REPORT=FILE it writes what it saw there
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ import pytest
 from dist_utils import REPO, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics
 from deadpool_ext.events import read_events
+from deadpool_ext.protocol import ExitCode
 
 pytestmark = [
     pytest.mark.integration,
@@ -150,6 +152,7 @@ class Report:
     def add(self, *lines: str) -> None:
         self.lines += list(lines)
         if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             with open(self.path, "w") as f:
                 f.write("\n".join(self.lines) + "\n")
 
@@ -223,6 +226,74 @@ def node_failure(reference, report, tmp_path_factory):
         f"{seen['kill']}; Slurm then marked it {seen['state']}"
     )
     return result
+
+
+@pytest.fixture(scope="module")
+def agent_killed(reference, report, tmp_path_factory):
+    """Kill the second active node's launcher (its agent) alone in iteration
+    6: its workers die with it (parent-death signal), its node stays up."""
+    seen = {}
+
+    def kill_agent(job):
+        wait_for_iteration(run_dir, 5, job)
+        node = job_nodes(job)[1]
+        pids = run("scontrol", "listpids", job, node).split()
+        agent = [p for p in pids if p.isdigit() and is_launcher(cmdline(p))]
+        seen.update(node=node, agent=agent, killed_at=time.time())
+        for pid in agent:
+            os.kill(int(pid), signal.SIGKILL)
+
+    run_dir = tmp_path_factory.mktemp("slurm") / "agent-killed"
+    result = timed_job(run_dir, report, "agent killed", during=kill_agent)
+    result.update(seen)
+    report.add(f"after iteration 5: kill -KILL {seen['agent']} (deadpool-launch on {seen['node']})")
+    return result
+
+
+@pytest.fixture(scope="module")
+def first_node_failure(reference, report, tmp_path_factory):
+    """Kill the first node (the batch script, the store and the coordinator,
+    ranks 0-3) after the checkpoint of iteration 10, then resubmit the same
+    script: it resumes from that checkpoint."""
+    seen = {}
+
+    def kill_first_node(job):
+        wait_for_iteration(run_dir, 12, job)
+        victim = job_fields(job)["BatchHost"]
+        seen.update(victim=victim, killed_at=time.time())
+        seen["kill"] = slurm_local("kill-node", victim).strip()
+
+    run_dir = tmp_path_factory.mktemp("slurm") / "first-node-failure"
+    try:
+        killed = timed_job(run_dir, report, "first node failure", during=kill_first_node)
+        seen["ended_after"] = time.time() - seen["killed_at"]
+    finally:
+        if "victim" in seen:
+            slurm_local("revive-node", seen["victim"])
+    status = run_dir / f"launcher-status.{killed['job']}"
+    seen["status"] = status.read_text().strip() if status.exists() else None
+    seen["left_behind"] = left_behind(run_dir)
+    seen["before"] = read_metrics(run_dir / "metrics.jsonl")
+    report.add(
+        f"after iteration 12: tools/slurm_local.sh kill-node {seen['victim']} (the batch "
+        f"host) -> {seen['kill']}; the job ended {seen['ended_after']:.0f} s later, "
+        f"launcher status {seen['status']}"
+    )
+    resumed = timed_job(run_dir, report, "resubmitted after the first node failure")
+    return dict(killed=killed, resumed=resumed, **seen)
+
+
+def cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def is_launcher(command: str) -> bool:
+    """deadpool-launch itself, not on_node.sh's shell that runs it."""
+    return "-m deadpool_ext.launch" in command and "on_node.sh" not in command
 
 
 def test_failure_free_submission_completes(reference):
@@ -338,4 +409,44 @@ def test_sigterm_before_the_time_limit_saves_a_checkpoint(cluster, report, tmp_p
         "",
         "batch output:",
         *lines_of_interest(run_dir),
+    )
+
+
+def test_a_killed_agent_takes_its_workers_and_is_hot_swapped(agent_killed, reference):
+    lines = log_lines(agent_killed["dir"])
+    assert agent_killed["agent"], "no deadpool-launch process found on the node"
+    assert agent_killed["fields"]["JobState"] == "COMPLETED", lines[-60:]
+    got = read_metrics(agent_killed["dir"] / "metrics.jsonl")
+    assert curve(got) == curve(read_metrics(reference["dir"] / "metrics.jsonl"))
+    events = read_events(str(agent_killed["dir"] / "events.jsonl"))
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert decisions and sorted(decisions[0]["replaced"]) == ["4", "5", "6", "7"]
+    assert not left_behind(agent_killed["dir"])  # no orphaned worker
+
+
+def test_first_node_failure_ends_the_job_instead_of_holding_its_nodes(first_node_failure):
+    """Slurm keeps a --no-kill job RUNNING, without its batch host, until the
+    time limit (docs/slurm.md); the other nodes' on_node.sh end it once
+    Slurm has dropped the node (SlurmdTimeout 20 s here), and record why."""
+    killed = first_node_failure["killed"]
+    assert killed["fields"]["JobState"] == "CANCELLED", killed["fields"]
+    assert first_node_failure["status"] == str(int(ExitCode.COORDINATOR_LOST))
+    assert first_node_failure["ended_after"] < 180
+    assert not first_node_failure["left_behind"]
+
+
+def test_resubmission_after_the_first_node_failure_resumes_bit_for_bit(
+    first_node_failure, reference, report
+):
+    resumed, before = first_node_failure["resumed"], first_node_failure["before"]
+    assert resumed["fields"]["JobState"] == "COMPLETED", log_lines(resumed["dir"])[-60:]
+    want = read_metrics(reference["dir"] / "metrics.jsonl")
+    after = read_metrics(resumed["dir"] / "metrics.jsonl")[len(before) :]
+    assert len(before) >= 12 and curve(before) == curve(want[: len(before)])
+    assert curve(after) == curve(want[10:])  # from the checkpoint of iteration 10
+    got = checkpoint_state(str(resumed["dir"] / "checkpoints"))
+    assert_same_state(got, checkpoint_state(str(reference["dir"] / "checkpoints")))
+    report.add(
+        f"resubmitted: resumed at iteration 10, trained {len(after)} iterations; the "
+        "curve and final checkpoints equal the failure-free job's bit for bit"
     )

@@ -21,6 +21,7 @@ import pytest
 
 from dist_utils import REPO
 from deadpool_ext.control import launch
+from deadpool_ext.protocol import ExitCode
 from deadpool_ext.topology import rank_of
 from deadpool_ext.planning import scale as plan_scale
 from deadpool_ext.planning import slurm as slurm_plan
@@ -307,12 +308,71 @@ CHILD = (
 @pytest.mark.parametrize("node", ["0", "1"])
 def test_on_node_waits_through_sigterm_and_records_node_0(tmp_path, node):
     status = tmp_path / "status"
-    env = dict(script_env(), SLURM_NODEID=node, DEADPOOL_STATUS_FILE=str(status))
+    env = dict(
+        script_env(),
+        SLURM_NODEID=node,
+        DEADPOOL_STATUS_FILE=str(status),
+        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
+    )
     proc = subprocess.Popen(["bash", ON_NODE, sys.executable, "-c", CHILD], env=env)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)  # Slurm signals every process of the step
     assert proc.wait(timeout=30) == 3  # the child's status, not death by SIGTERM
     assert (status.read_text().strip() == "3") if node == "0" else not status.exists()
+
+
+# What scontrol says of job 7 while its first node lives, and after Slurm
+# removed it (docs/slurm.md: with --no-kill the job stays RUNNING without it).
+FAKE_SCONTROL = """#!/usr/bin/env bash
+case "$1 $2" in
+"show job") calls=$(($(cat "$CALLS" 2>/dev/null || echo 0) + 1)); echo $calls >"$CALLS"
+    nodes=nodeA,nodeB; if ((calls > 2)); then nodes=nodeB; fi
+    echo "JobId=$3 ReqNodeList=(null) BatchHost=nodeA NodeList=$nodes" ;;
+"show hostnames") tr , '\\n' <<<"$3" ;;
+esac
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("code", [ExitCode.COORDINATOR_LOST, ExitCode.FAILED])
+def test_on_node_ends_the_job_its_first_node_left_behind(tmp_path, code):
+    """Another node's launcher lost the coordinator: once Slurm has dropped
+    the first node from the job, on_node.sh records the outcome and cancels
+    the job, which Slurm would otherwise keep until the time limit. Any other
+    failure leaves the job to the first node."""
+    bin_dir, status = tmp_path / "bin", tmp_path / "status"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scancel").write_text(f'#!/usr/bin/env bash\necho "$@" >{tmp_path}/cancelled\n')
+    for tool in ("scontrol", "scancel"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(
+        script_env(),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        CALLS=str(tmp_path / "calls"),
+        SLURM_NODEID="1",
+        SLURM_JOB_ID="7",
+        DEADPOOL_STATUS_FILE=str(status),
+        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
+        DEADPOOL_ORPHAN_POLL_S="0.1",
+    )
+    child = f"import sys; sys.exit({int(code)})"
+    proc = subprocess.run(
+        ["bash", ON_NODE, sys.executable, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == code, proc.stderr
+    if code == ExitCode.COORDINATOR_LOST:
+        # Asked for the batch host, then polled until Slurm dropped it.
+        assert (tmp_path / "calls").read_text().strip() == "3"
+        assert status.read_text().strip() == str(int(code))
+        assert (tmp_path / "cancelled").read_text().strip() == "7"
+        assert "the first node (nodeA) and its coordinator are gone" in proc.stderr
+    else:
+        assert not status.exists() and not (tmp_path / "cancelled").exists()
 
 
 class FakeAgent:
