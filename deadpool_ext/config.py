@@ -188,7 +188,8 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= 0:
-        # Counted from the decision, after detection: any heartbeat timeout fits.
+        # Counted from the detection (reports) and the decision (resume): any
+        # heartbeat timeout fits.
         raise ConfigError("--deadpool-recovery-timeout must be > 0 seconds")
     if dp.deadpool_spare_wait < 0:
         raise ConfigError(

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import os
 import typing
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron.training.config import SECTIONS, TRACKER, Config
 from megatron.training.schedule import GlobalBatch, schedule_in_samples
@@ -259,6 +259,15 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _require_with(anchor: str, present: bool, dependents: List[Tuple[str, bool]]) -> List[str]:
+    """Flags that only mean something with ``anchor``: refused when set
+    (``dependents``: flag, whether set) and ``anchor`` is not given.
+    Returns those set."""
+    given = [flag for flag, is_set in dependents if is_set]
+    _require(present or not given, f"{', '.join(given)} go with {anchor}: give it, or drop them")
+    return given
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -272,6 +281,7 @@ def validate(config: Config) -> None:
         _check_model_features,
         _check_moe,
         _check_recompute,
+        _check_with_megatron_core,
         _check_batch,
         _check_training,
         _check_precision,
@@ -506,23 +516,18 @@ def _check_moe(config: Config) -> None:
         "--moe-router-load-balancing-type sinkhorn balances without an auxiliary loss: "
         "drop --moe-aux-loss-coeff",
     )
-    _check_with_megatron_core(config)
 
 
 def _check_recompute(config: Config) -> None:
     t, p = config.training, config.parallel
-    given = [
-        flag
-        for flag, value in (
-            ("--recompute-method", t.recompute_method),
-            ("--recompute-num-layers", t.recompute_num_layers),
-            ("--recompute-modules", t.recompute_modules),
-        )
-        if value is not None
-    ]
-    _require(
-        t.recompute_granularity is not None or not given,
-        f"{', '.join(given)} need --recompute-granularity: give it, or drop them",
+    _require_with(
+        "--recompute-granularity",
+        t.recompute_granularity is not None,
+        [
+            ("--recompute-method", t.recompute_method is not None),
+            ("--recompute-num-layers", t.recompute_num_layers is not None),
+            ("--recompute-modules", t.recompute_modules is not None),
+        ],
     )
     # Megatron-LM's own rules; megatron-core checks the rest below.
     _require(
@@ -536,13 +541,13 @@ def _check_recompute(config: Config) -> None:
         "--distribute-saved-activations splits full recompute's kept inputs over the "
         "tensor-parallel group: it needs --recompute-granularity full and TP > 1",
     )
-    if t.recompute_granularity is not None:
-        _check_with_megatron_core(config)
 
 
 def _check_with_megatron_core(config: Config) -> None:
-    """megatron-core's own checks of these settings (its TransformerConfig),
-    run now rather than when the model is built."""
+    """megatron-core's own checks of MoE and recompute settings (its
+    TransformerConfig), run now rather than when the model is built."""
+    if config.moe.num_experts is None and config.training.recompute_granularity is None:
+        return
     from megatron.training.model_setup import transformer_config
 
     try:
@@ -553,19 +558,15 @@ def _check_with_megatron_core(config: Config) -> None:
 
 def _check_fp8(config: Config) -> None:
     t, m = config.training, config.model
-    set_without = [
-        flag
-        for flag, changed in (
+    set_without = _require_with(
+        "--fp8-format",
+        t.fp8 is not None,
+        [
             ("--fp8-recipe", t.fp8_recipe != "delayed"),
             ("--fp8-amax-history-len", t.fp8_amax_history_len != 1),
             ("--fp8-amax-compute-algo", t.fp8_amax_compute_algo != "most_recent"),
             ("--fp8-param-gather", t.fp8_param_gather),
-        )
-        if changed
-    ]
-    _require(
-        t.fp8 is not None or not set_without,
-        f"{', '.join(set_without)} go with --fp8-format: give it, or drop them",
+        ],
     )
     if t.fp8 is None:
         return

@@ -13,10 +13,8 @@ from deadpool_ext.compare import state_difference
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# A small GPT that still has every part: TP, PP, tied embeddings, dropout.
-TINY_GPT = [
-    "--num-layers",
-    "4",
+# The tests' model shape, whatever its depth and data.
+GPT_SHAPE = [
     "--hidden-size",
     "64",
     "--num-attention-heads",
@@ -25,49 +23,50 @@ TINY_GPT = [
     "32",
     "--micro-batch-size",
     "2",
-    "--lr",
-    "1e-3",
-    "--lr-warmup-iters",
-    "2",
-    "--min-lr",
-    "1e-4",
-    "--lr-decay-style",
-    "cosine",
-    "--log-interval",
-    "1",
-    "--eval-iters",
-    "0",
-    "--num-workers",
-    "0",
-    "--tokenizer-type",
-    "ByteLevelTokenizer",
 ]
+# A small GPT that still has every part: TP, PP, tied embeddings, dropout.
+TINY_GPT = (
+    ["--num-layers", "4"]
+    + GPT_SHAPE
+    + [
+        "--lr",
+        "1e-3",
+        "--lr-warmup-iters",
+        "2",
+        "--min-lr",
+        "1e-4",
+        "--lr-decay-style",
+        "cosine",
+        "--log-interval",
+        "1",
+        "--eval-iters",
+        "0",
+        "--num-workers",
+        "0",
+        "--tokenizer-type",
+        "ByteLevelTokenizer",
+    ]
+)
 
 
 # A model of the same shape on megatron-core's mock data (no files).
-MOCK_GPT = [
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--train-iters",
-    "6",
-    "--mock-data",
-    "--tokenizer-type",
-    "NullTokenizer",
-    "--vocab-size",
-    "128",
-]
+MOCK_GPT = (
+    ["--num-layers", "2"]
+    + GPT_SHAPE
+    + [
+        "--global-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--train-iters",
+        "6",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "128",
+    ]
+)
 
 
 def worker_env() -> Dict[str, str]:

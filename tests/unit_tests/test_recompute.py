@@ -56,7 +56,11 @@ def test_the_settings_reach_megatron_cores_transformer_config():
 @pytest.mark.parametrize(
     "extra, world, words",
     [
-        (["--recompute-method", "uniform"], 1, "--recompute-method need --recompute-granularity"),
+        (
+            ["--recompute-method", "uniform"],
+            1,
+            "--recompute-method go with --recompute-granularity",
+        ),
         (SELECTIVE + ["--recompute-method", "block"], 1, "goes with --recompute-granularity full"),
         (["--recompute-granularity", "full"], 1, "megatron-core refuses these settings"),
         (FULL_UNIFORM + ["--distribute-saved-activations"], 1, "needs --recompute-granularity"),

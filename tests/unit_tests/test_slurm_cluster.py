@@ -418,6 +418,8 @@ def test_a_killed_agent_takes_its_workers_and_is_hot_swapped(agent_killed, refer
     assert agent_killed["fields"]["JobState"] == "COMPLETED", lines[-60:]
     got = read_metrics(agent_killed["dir"] / "metrics.jsonl")
     assert curve(got) == curve(read_metrics(reference["dir"] / "metrics.jsonl"))
+    final = checkpoint_state(str(agent_killed["dir"] / "checkpoints"))
+    assert_same_state(final, checkpoint_state(str(reference["dir"] / "checkpoints")))
     events = read_events(str(agent_killed["dir"] / "events.jsonl"))
     decisions = [e for e in events if e["event"] == "decision"]
     assert decisions and sorted(decisions[0]["replaced"]) == ["4", "5", "6", "7"]
