@@ -44,6 +44,14 @@ RELEASE_GRACE_S = 1.0
 # stop on their own before their agents are told to stop them.
 ABORT_GRACE_S = 10.0
 COORDINATOR_RANK = -1  # the coordinator's "rank" in the event log
+# The standby coordinator (node 1's launcher, with --standby-addr) takes over
+# once the primary's lease has been silent for the heartbeat timeout and the
+# agents of a majority of the job's live nodes came to it; it gives up this
+# long after that, and agents and workers that lost the primary wait this long
+# beyond the heartbeat timeout for the takeover before they count the
+# coordinator lost.
+TAKEOVER_WAIT_S = 60.0
+STANDBY_PORT_OFFSET = 1  # the standby's store listens on --master-port + 1
 
 
 class ExitCode(IntEnum):
@@ -60,8 +68,9 @@ class ExitCode(IntEnum):
     LOCAL_FAILURE = 7  # worker: its own device or memory failed; replaced
     NUMERIC = 8  # worker: a NaN or Inf loss or gradient (--deadpool-on-nan stop): the job stops
     COORDINATOR_LOST = 9  # a node's launcher: the store and coordinator (node 0) went
-    # away without stopping the job; the job cannot go on (examples/slurm/on_node.sh
-    # then ends the Slurm job, which would otherwise hold its nodes)
+    # away without stopping the job, and no standby took over; the job cannot go on
+    # (examples/slurm/on_node.sh then ends the Slurm job, which would otherwise hold
+    # its nodes)
 
 
 # ----- states -----
@@ -136,6 +145,13 @@ def parse_slot(slot: str) -> Tuple[int, int]:
 # ----- where things live in the store -----
 COORDINATOR_TOPIC = "coordinator"
 GEN_KEY = "gen"
+# In the standby's store: the primary's state (written before anything the
+# primary publishes, so the standby knows every decision a process can have
+# seen) and its lease (renewed every heartbeat interval); agents that lost the
+# primary say so on the standby topic.
+STATE_KEY = "coordinator/state"
+LEASE_KEY = "coordinator/lease"
+STANDBY_TOPIC = "standby"
 
 
 def agent_topic(node: int) -> str:
@@ -173,6 +189,7 @@ class Kind(str, Enum):
     RESUMED = "resumed"
     DONE = "done"
     NUMERIC = "numeric"
+    LOST_PRIMARY = "lost_primary"
 
 
 class Message:
@@ -282,6 +299,15 @@ class NumericFault(Message):
     error: str  # megatron-core's validation message
 
 
+@dataclass
+class LostPrimary(Message):
+    """To the standby: this node's agent lost the primary coordinator (a
+    vote for the takeover)."""
+
+    KIND: ClassVar[Kind] = Kind.LOST_PRIMARY
+    node: int
+
+
 MESSAGES = {
     cls.KIND: cls
     for cls in (
@@ -294,6 +320,7 @@ MESSAGES = {
         Resumed,
         Done,
         NumericFault,
+        LostPrimary,
     )
 }
 
@@ -394,6 +421,10 @@ class WorkerEnv:
     error_file: Optional[str] = None
     # The agent that started it: the worker dies with it (parent-death signal).
     agent_pid: Optional[int] = None
+    # host:port of the standby coordinator's store, and how long to wait for
+    # its takeover once the primary is gone (None: no standby).
+    standby: Optional[str] = None
+    takeover_wait_s: float = 0.0
 
     def variables(self) -> Dict[str, str]:
         """What the agent adds to the worker's environment (torchrun's names too)."""
@@ -413,6 +444,9 @@ class WorkerEnv:
             env[ERROR_FILE_ENV] = self.error_file
         if self.agent_pid is not None:
             env["DEADPOOL_AGENT_PID"] = str(self.agent_pid)
+        if self.standby is not None:
+            env["DEADPOOL_STANDBY"] = self.standby
+            env["DEADPOOL_TAKEOVER_WAIT"] = str(self.takeover_wait_s)
         return env
 
     @classmethod
@@ -430,9 +464,19 @@ class WorkerEnv:
             agent_pid=int(environ["DEADPOOL_AGENT_PID"])
             if "DEADPOOL_AGENT_PID" in environ
             else None,
+            standby=environ.get("DEADPOOL_STANDBY"),
+            takeover_wait_s=float(environ.get("DEADPOOL_TAKEOVER_WAIT", "0")),
         )
 
     @property
     def store_address(self) -> Tuple[str, int]:
-        host, port = self.store.rsplit(":", 1)
-        return host, int(port)
+        return host_port(self.store)
+
+    @property
+    def standby_address(self) -> Optional[Tuple[str, int]]:
+        return None if self.standby is None else host_port(self.standby)
+
+
+def host_port(address: str) -> Tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)

@@ -33,7 +33,9 @@ import torch.distributed as dist
 
 from deadpool_ext.protocol import (
     CLAIMED_SLOT_DEADLINE_S,
+    GEN_KEY,
     SECRET_ENV,
+    STANDBY_TOPIC,
     STORE_RECONNECT_TIMEOUT_S,
     Message,
 )
@@ -80,6 +82,16 @@ def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = Fal
 
 
 _LISTENERS: List[socket.socket] = []
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether a server accepts connections at host:port (a dead store's
+    port refuses at once, where connecting again would retry for seconds)."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -204,8 +216,8 @@ class Channel:
         try:
             return self.store.add(key, claim)
         except dist.DistError:
-            if self.address is None:
-                raise
+            if self.address is None or not listening(*self.address):
+                raise  # no server there any more: the store is gone, not poisoned
         self.store = connect(*self.address, timeout_s=STORE_RECONNECT_TIMEOUT_S)
         self.store.set(key, str(self.highest_written(topic)))
         self.mended += 1
@@ -262,6 +274,29 @@ class Reader:
     def skip_history(self) -> None:
         """Read only what is posted from now on."""
         self.cursor = self.channel.count(self.topic, 0)
+
+
+def standby_channel(
+    address: Tuple[str, int], secret: bytes, timeout_s: float, vote: Optional[Message] = None
+) -> Optional[Channel]:
+    """A channel to the standby coordinator's store once it has taken over
+    (its coordinator published the generation there), or None if it has not
+    within ``timeout_s`` or cannot be reached. ``vote``: an agent's
+    ``LostPrimary``, which the standby counts before it takes over."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        channel = Channel(
+            connect(*address, timeout_s=STORE_RECONNECT_TIMEOUT_S), secret, address=address
+        )
+        if vote is not None:
+            channel.post(STANDBY_TOPIC, vote)
+        while channel.get(GEN_KEY) is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+    except dist.DistError:
+        return None
+    return channel
 
 
 def leave(code: int) -> NoReturn:

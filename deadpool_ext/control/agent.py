@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
-from deadpool_ext.wire import Channel, connect, job_secret, leave
+from deadpool_ext.wire import Channel, connect, job_secret, leave, standby_channel
 
 
 class Agent:
@@ -38,7 +38,12 @@ class Agent:
         store_addr: str,
         heartbeat_s: float = P.HEARTBEAT_INTERVAL_S,
         join: bool = False,
+        standby: Optional[str] = None,
+        takeover_wait_s: float = 0.0,
     ):
+        """``standby``: host:port of the standby coordinator's store, which
+        this agent turns to when it loses the primary, waiting up to
+        ``takeover_wait_s`` for the takeover."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -51,6 +56,7 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
+        self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
 
     def error_file(self, slot: str) -> str:
@@ -71,6 +77,8 @@ class Agent:
             role=Role.ACTIVE if active else Role.SPARE,
             node=self.node,
             store=self.store_addr,
+            standby=self.standby,
+            takeover_wait_s=self.takeover_wait_s,
             ranks_per_node=self.nproc,
             world_size=self.world_size,
             rank=self.node * self.nproc + local if active else None,
@@ -144,23 +152,53 @@ class Agent:
 
     def run(self) -> int:
         self.start()
-        last = 0.0
         try:
             while self.workers:
-                if time.monotonic() - last >= self.heartbeat_s:
-                    self.beat()
-                    last = time.monotonic()
-                self.watch_once()
-                time.sleep(0.02)
-        except dist.DistError:
-            # The coordinator is gone, and with it the job: leave no orphans.
-            # After its stop command that is the normal end of the job.
+                try:
+                    self.serve()
+                except dist.DistError:
+                    # The coordinator is gone. After its stop command that is
+                    # the normal end of the job; else a standby may take over.
+                    if self.stopping or not self.fail_over():
+                        break
+        finally:
+            shutil.rmtree(self.error_dir, ignore_errors=True)
+        if self.workers:  # the job is gone: leave no orphans
             stopped = self.stopping
             self.obey({"kind": Command.KILL_ALL})
             return ExitCode.OK if stopped else ExitCode.COORDINATOR_LOST
-        finally:
-            shutil.rmtree(self.error_dir, ignore_errors=True)
         return ExitCode.USAGE if self.refused else ExitCode.OK
+
+    def serve(self) -> None:
+        last = 0.0
+        while self.workers:
+            if time.monotonic() - last >= self.heartbeat_s:
+                self.beat()
+                last = time.monotonic()
+            self.watch_once()
+            time.sleep(0.02)
+
+    def fail_over(self) -> bool:
+        """Vote for the standby's takeover and go on with it as the
+        coordinator; False if there is no standby or it did not take over."""
+        if self.standby is None or self.channel.address == P.host_port(self.standby):
+            return False
+        channel = standby_channel(
+            P.host_port(self.standby),
+            self.channel.secret,
+            self.takeover_wait_s,
+            vote=P.LostPrimary(node=self.node),
+        )
+        if channel is None:
+            return False
+        print(
+            f"deadpool agent {self.node}: the coordinator moved to the standby at {self.standby}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.channel, self.store_addr = channel, self.standby
+        self.commands = channel.reader(P.agent_topic(self.node))
+        return True
 
 
 def main() -> NoReturn:
@@ -176,6 +214,8 @@ def main() -> NoReturn:
         settings["command"],
         settings["store"],
         join=settings.get("join", False),
+        standby=settings.get("standby"),
+        takeover_wait_s=settings.get("takeover_wait", 0.0),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

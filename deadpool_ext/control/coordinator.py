@@ -38,9 +38,12 @@ while the job is being resized ends it: the survivors' snapshots are of the
 old layout, which no decision could combine with the new one.
 """
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
+
+import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control.detector import Detector
@@ -108,7 +111,12 @@ class Coordinator:
         heartbeat_timeout: float = P.HEARTBEAT_TIMEOUT_S,
         recovery_timeout: float = P.RECOVERY_TIMEOUT_S,
         clock=time.monotonic,
+        replica: Optional[Channel] = None,
+        snapshot: Optional[dict] = None,
     ):
+        """``replica``: a channel to the standby coordinator's store, where
+        the state goes before anything is published; ``snapshot``: the state
+        a standby took over (then nothing is published until ``take_over``)."""
         self.channel, self.nproc = channel, nproc
         self.nnodes, self.spare_nodes = nnodes, spare_nodes
         self.world_size = self.planned_size = nnodes * nproc
@@ -146,6 +154,8 @@ class Coordinator:
         # still starting while a recovery waits for them.
         self.spare_wait = 0.0
         self.warming: List[str] = []
+        self.beating: Set[int] = set()  # nodes whose agent beat at the last look
+        self.took_over_at: Optional[float] = None
         # The groups' own timeout (--distributed-timeout-minutes, from rank
         # 0's plan): what finally frees a rank stuck on gloo's queued send.
         self.group_timeout_s: Optional[float] = None
@@ -153,7 +163,18 @@ class Coordinator:
         self.waited_gen: Optional[int] = None
         self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
         self.progress_timeout = P.PROGRESS_TIMEOUT_S  # rank 0's plan says the flag's
-        self.publish()
+        # The standby's copy: the state as last written there, and the lease.
+        self.replica, self.replicated = replica, None
+        self.last_lease = float("-inf")
+        self.last_decision: Optional[dict] = None  # the current generation's, as published
+        # With a standby that could take over, decisions need a majority of
+        # the nodes alive at the last one: a partition leaves one side deciding.
+        self.guards_quorum = replica is not None
+        self.quorum_nodes: Set[int] = set(self.nodes())
+        if snapshot is None:
+            self.publish()
+        else:
+            self.load(snapshot)
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -176,7 +197,7 @@ class Coordinator:
         they can build their model while the survivors tear down. ``grow``
         tells workers to stop at their next iteration boundary, not within
         an iteration."""
-        self.channel.put(
+        self.put(
             P.GEN_KEY,
             gen=self.gen,
             state=self.state,
@@ -186,7 +207,14 @@ class Coordinator:
             grow=self.state == S.GROWING,
         )
 
+    def put(self, key: str, **body) -> None:
+        """Every value processes read goes out here, after the state went to
+        the standby: whatever a process can have seen, a takeover knows."""
+        self.replicate()
+        self.channel.put(key, **body)
+
     def tell_agent(self, node: int, command: Command, slot: Optional[str] = None) -> None:
+        self.replicate()
         self.channel.post(P.agent_topic(node), kind=command, slot=slot)
 
     @property
@@ -200,6 +228,7 @@ class Coordinator:
     def step(self) -> None:
         for message in self.inbox.poll():
             self.handle(message)
+        self.replicate()  # what the messages changed, and the lease
         # Heartbeats change slowly; reading every key on every poll would
         # slow the reaction to exits, which matter more.
         if self.clock() - self.last_heartbeat_check >= self.heartbeat_check_s:
@@ -343,7 +372,7 @@ class Coordinator:
             return
         self.joining.add(m.rank)
         if len(self.joining) == self.world_size:
-            self.channel.put(P.join_key(self.gen), gen=self.gen)
+            self.put(P.join_key(self.gen), gen=self.gen)
 
     def on_resumed(self, m: P.Resumed) -> None:
         if m.gen != self.gen or self.state not in BUILDING:
@@ -490,13 +519,14 @@ class Coordinator:
                 else f"node {node} is still part of the job"
             )
             self.events.emit("join_refused", gen=self.gen, node=node, reason=why)
-            self.channel.put(P.admission_key(nonce), accepted=False, reason=why)
+            self.put(P.admission_key(nonce), accepted=False, reason=why)
             return
-        self.channel.put(P.admission_key(nonce), accepted=True)
+        self.put(P.admission_key(nonce), accepted=True)
         self.view.lost_slots.difference_update(slots)
         # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(node, slots)
         self.joined_nodes.add(node)
+        self.quorum_nodes.add(node)
         self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
 
     def check_heartbeats(self) -> None:
@@ -513,6 +543,7 @@ class Coordinator:
             if slot_name(node, 0) not in self.view.lost_slots:
                 self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
         self.warming = sighting.warming
+        self.beating = sighting.beating
         for slot in sighting.hung_slots:
             self.kill_and_lose([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
         if self.state == S.RECOVERING:
@@ -596,6 +627,131 @@ class Coordinator:
                 found.setdefault(rank, f"its optimizer shard's copy was lost with rank {buddy}")
         return found
 
+    # ----- the standby's copy, and a takeover -----
+    def replicate(self) -> None:
+        """Write the state to the standby's store when it changed, and renew
+        the lease every heartbeat interval. A standby that cannot be reached
+        is gone: the job goes on without one (event ``standby_lost``)."""
+        if self.replica is None:
+            return
+        state = json.dumps(self.snapshot(), sort_keys=True)
+        try:
+            if state != self.replicated:
+                self.replica.put(P.STATE_KEY, state=state)
+                self.replicated = state
+            if self.clock() - self.last_lease >= P.HEARTBEAT_INTERVAL_S:
+                self.replica.put(P.LEASE_KEY, gen=self.gen)
+                self.last_lease = self.clock()
+        except dist.DistError as error:
+            self.replica = None
+            self.events.emit("standby_lost", gen=self.gen, error=str(error))
+
+    def snapshot(self) -> dict:
+        """Everything a takeover needs (not the timers, nor the reports of a
+        generation: a takeover opens a new one)."""
+        v = self.view
+        return {
+            "nnodes": self.nnodes,
+            "spare_nodes": self.spare_nodes,
+            "world_size": self.world_size,
+            "planned_size": self.planned_size,
+            "members": {str(r): slot for r, slot in v.members.items()},
+            "spares": list(v.spares),
+            "lost_slots": sorted(v.lost_slots),
+            "gen": self.gen,
+            "state": self.state.value,
+            "lost": sorted(self.lost),
+            "done": sorted(self.done),
+            "exited": sorted(self.exited),
+            "released": sorted(self.released),
+            "joined_nodes": sorted(self.joined_nodes),
+            "quorum_nodes": sorted(self.quorum_nodes),
+            "rolled_back": sorted(self.rolled_back),
+            "redoing": {str(i): r for i, r in self.redoing.items()},
+            "doomed": self.doomed,
+            "plan": None if self.plan is None else self.plan.body(),
+            "train_iters": self.train_iters,
+            "world": self.world,
+            "stopping": None if self.stopping is None else self.stopping.to_message(),
+            "finished": self.finished,
+            "spare_wait": self.spare_wait,
+            "group_timeout_s": self.group_timeout_s,
+            "progress_timeout": self.progress_timeout,
+            "heartbeat_timeout": self.heartbeat_timeout,
+            "decision": self.last_decision,
+            "iterations": self.detector.iterations,
+        }
+
+    def load(self, snap: dict) -> None:
+        self.nnodes, self.spare_nodes = snap["nnodes"], snap["spare_nodes"]
+        self.world_size, self.planned_size = snap["world_size"], snap["planned_size"]
+        self.view = Membership(
+            {int(r): slot for r, slot in snap["members"].items()},
+            list(snap["spares"]),
+            set(snap["lost_slots"]),
+        )
+        self.gen, self.state = snap["gen"], JobState(snap["state"])
+        self.lost, self.done = set(snap["lost"]), set(snap["done"])
+        self.exited, self.released = set(snap["exited"]), set(snap["released"])
+        self.joined_nodes, self.quorum_nodes = set(snap["joined_nodes"]), set(snap["quorum_nodes"])
+        self.rolled_back = set(snap["rolled_back"])
+        self.redoing = {int(i): r for i, r in snap["redoing"].items()}
+        self.doomed, self.train_iters, self.world = (
+            snap["doomed"],
+            snap["train_iters"],
+            snap["world"],
+        )
+        if snap["plan"] is not None:
+            self.on_plan(P.parse_message(snap["plan"]))
+        if snap["stopping"] is not None:
+            self.stopping = Decision.from_message(snap["stopping"])
+        self.spare_wait, self.group_timeout_s = snap["spare_wait"], snap["group_timeout_s"]
+        self.progress_timeout = snap["progress_timeout"]
+        self.detector.timeout_s = snap["heartbeat_timeout"]
+        self.last_decision = snap["decision"]
+        self.detector.iterations.update(snap["iterations"])
+
+    def take_over(self, node: int, reason: str) -> None:
+        """The standby's first act as the coordinator, on its own store: put
+        back the current decision (a spare may not have read it yet), repeat
+        the kills the primary may not have delivered, expect a heartbeat
+        from every process within the timeout, and lose the primary's node:
+        a new generation, which every survivor reports to here."""
+        now = self.clock()
+        self.events.emit("takeover", gen=self.gen, state=self.state, node=node, reason=reason)
+        if self.last_decision is not None:
+            self.channel.put(P.decision_key(self.last_decision["gen"]), **self.last_decision)
+        self.started_recovery = self.decided_at = self.took_over_at = now
+        slots = [slot for n in self.nodes() for slot in self.slots_of(n)]
+        self.detector.expect(self.nodes(), slots, now)
+        for slot in sorted(self.view.lost_slots):
+            self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
+        gen = self.gen
+        self.lose_node(node, reason)
+        if self.gen == gen and self.result is None:
+            self.publish()  # nothing of the job's was on that node
+
+    def settling(self) -> bool:
+        """Just after a takeover no agent has beaten on this store yet, so no
+        spare is known to be warming: decide once every live node's agent
+        beat here (or the heartbeat timeout passed), not shrink at once."""
+        if self.took_over_at is None:
+            return False
+        waited = self.clock() - self.took_over_at
+        if waited <= self.heartbeat_timeout and not self.alive_nodes() <= self.beating:
+            return True
+        self.took_over_at = None
+        return False
+
+    def alive_nodes(self) -> Set[int]:
+        lost = self.view.lost_slots
+        return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
+
+    def has_quorum(self) -> bool:
+        if not self.guards_quorum:
+            return True
+        return 2 * len(self.alive_nodes() & self.quorum_nodes) > len(self.quorum_nodes)
+
     # ----- decisions -----
     def maybe_decide(self) -> None:
         waiting = [r for r in self.view.members if r not in self.lost and r not in self.reports]
@@ -608,7 +764,19 @@ class Coordinator:
         if self.plan is None:
             self.end(abort(self.gen, "no buddy plan was received from rank 0", self.view.members))
             return
-        if self.waiting_for_spares():
+        if not self.has_quorum():
+            self.end(
+                abort(
+                    self.gen,
+                    f"only nodes {sorted(self.alive_nodes() & self.quorum_nodes)} of "
+                    f"{sorted(self.quorum_nodes)} are alive: with a standby coordinator a "
+                    "decision needs a majority of them (a network partition looks like "
+                    "this); resume from the last --save checkpoint",
+                    self.view.members,
+                )
+            )
+            return
+        if self.settling() or self.waiting_for_spares():
             return
         decision = self.choose()
         self.decided_at = self.clock()
@@ -765,8 +933,10 @@ class Coordinator:
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
+        self.quorum_nodes = self.alive_nodes()
         self.enter(state)
-        self.channel.put(P.decision_key(self.gen), **decision.to_message())
+        self.last_decision = decision.to_message()
+        self.put(P.decision_key(self.gen), **self.last_decision)
         self.events.emit(
             "decision",
             gen=self.gen,
@@ -781,7 +951,7 @@ class Coordinator:
     def end(self, decision: Decision) -> None:
         self.result = decision
         self.enter(S.ABORTED)
-        self.channel.put(P.decision_key(decision.gen), **decision.to_message())
+        self.put(P.decision_key(decision.gen), **decision.to_message())
         self.events.emit("abort", gen=decision.gen, reason=decision.reason)
         self.publish()
 

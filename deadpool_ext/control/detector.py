@@ -22,6 +22,7 @@ class Sighting:
     hung_slots: List[str] = field(default_factory=list)  # silent workers on beating nodes
     states: Dict[str, Optional[str]] = field(default_factory=dict)  # slot -> its last state
     warming: List[str] = field(default_factory=list)  # processes still starting
+    beating: Set[int] = field(default_factory=set)  # nodes whose agent beats
 
 
 @dataclass
@@ -64,7 +65,8 @@ class Detector:
     ) -> Sighting:
         """``nodes``: every node of the job; ``watched``: the live members'
         and spares' slots; ``idle``: the slots nothing is known to run in."""
-        sighting, beating = Sighting(), set()
+        sighting = Sighting()
+        beating = sighting.beating
         for node in nodes:
             body, stale = self.heartbeat(P.node_heartbeat_key(node), now)
             if stale:
@@ -114,15 +116,22 @@ class Detector:
         out), so a node whose beats are replayed or overwritten is as
         silent as a dead one."""
         body, version = self.channel.get(key), self.channel.version(key)
-        if body is None:
-            return None, False
         last = self.seen.get(key)
+        if body is None:  # expected since ``expect``, or not yet
+            return None, last is not None and now - last[1] > self.timeout_s
         if last is None or last[0] != version:
             self.seen[key] = (version, now)
             return body, False
         if body.get("state") == P.WorkerState.DONE:
             return body, False
         return body, now - last[1] > self.timeout_s
+
+    def expect(self, nodes: Iterable[int], slots: Iterable[str], now: float) -> None:
+        """A coordinator that took over expects every process to beat on its
+        store within the timeout: one that does not is silent from now."""
+        keys = [P.node_heartbeat_key(n) for n in nodes] + [P.worker_heartbeat_key(s) for s in slots]
+        for key in keys:
+            self.seen.setdefault(key, (None, now))
 
     def forget(self, node: int, slots: List[str]) -> None:
         """A node that joins again: its old beats are stale, and the new

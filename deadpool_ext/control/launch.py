@@ -9,6 +9,11 @@ agent process per node. On a real cluster run one launcher per node with
 ``--master-port``: node 0 also hosts the store and the coordinator. Nodes
 ``nnodes`` .. ``nnodes + spare-nodes - 1`` start warm spares.
 
+With ``--standby-addr`` (node 1's address; at least 3 nodes in all) node
+1's launcher hosts a standby store at ``--master-port`` + 1 and takes over
+as the coordinator when node 0 dies (``control/standby.py``): the job goes
+on without node 0, its ranks swapped in from spares like any lost node's.
+
 A repaired or new node joins a running job as a spare node with the job's
 own launcher flags plus ``--join --node-rank K`` (K not a live node's
 index; a repaired node may take its old one); a job that shrank grows back
@@ -30,6 +35,7 @@ import time
 from typing import List, Optional
 
 from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import abort
 from deadpool_ext.protocol import (
@@ -38,7 +44,10 @@ from deadpool_ext.protocol import (
     HEARTBEAT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     SECRET_ENV,
+    STANDBY_PORT_OFFSET,
+    TAKEOVER_WAIT_S,
     Command,
+    ExitCode,
 )
 from deadpool_ext.wire import Channel, connect, new_secret
 
@@ -84,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="Port of the store (0: a free one; standalone only).",
     )
     p.add_argument(
+        "--standby-addr",
+        default=env.get("DEADPOOL_STANDBY_ADDR"),
+        help="Host of node 1, whose launcher then keeps a standby coordinator "
+        "(its store at --master-port + 1) that takes over when node 0 dies "
+        "(default DEADPOOL_STANDBY_ADDR; none without it).",
+    )
+    p.add_argument(
+        "--takeover-file",
+        default=env.get("DEADPOOL_TAKEOVER_FILE"),
+        help="With --standby-addr: node 1's launcher writes why it took over "
+        "here, so that a batch system knows whose exit status is the job's "
+        "(examples/slurm/on_node.sh; default DEADPOOL_TAKEOVER_FILE).",
+    )
+    p.add_argument(
         "--join",
         action="store_true",
         help="Join a running job as a spare node (a repaired or new node); give "
@@ -110,8 +133,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def heartbeat_timeout(opts) -> float:
+    value = flag_value(opts.script_args, "--deadpool-heartbeat-timeout")
+    return float(value or HEARTBEAT_TIMEOUT_S)
+
+
+def standby_address(opts) -> Optional[str]:
+    if not opts.standby_addr:
+        return None
+    return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
+
+
 def agent_settings(opts, node: int, store: str) -> dict:
     return {
+        "standby": standby_address(opts),
+        "takeover_wait": heartbeat_timeout(opts) + TAKEOVER_WAIT_S,
         "node": node,
         "nproc": opts.nproc_per_node,
         "active": node < opts.nnodes and not opts.join,
@@ -124,9 +160,13 @@ def agent_settings(opts, node: int, store: str) -> dict:
 
 def start_agent(opts, node: int, store: str) -> subprocess.Popen:
     env = dict(os.environ, **{AGENT_ENV: json.dumps(agent_settings(opts, node, store))})
-    # Its own session: killing a node kills this agent and its workers only.
+    # Standalone, an emulated node is its agent's session: killing the node
+    # kills the agent and its workers only. A node launcher's agent stays in
+    # its process group, which is then the whole node.
     return subprocess.Popen(
-        [sys.executable, "-m", "deadpool_ext.control.agent"], env=env, start_new_session=True
+        [sys.executable, "-m", "deadpool_ext.control.agent"],
+        env=env,
+        start_new_session=opts.standalone,
     )
 
 
@@ -140,6 +180,12 @@ def check(opts) -> None:
             "deadpool-launch --join: give the running job's --master-addr and "
             "--master-port, and --node-rank >= 1 (node 0 hosts the coordinator); "
             "not --standalone"
+        )
+    if opts.standby_addr and (opts.standalone or opts.nnodes + opts.spare_nodes < 3):
+        raise SystemExit(
+            "deadpool-launch --standby-addr: a standby coordinator needs a multi-node run "
+            "(not --standalone, whose launcher is no node) of at least 3 nodes in all "
+            "(--nnodes + --spare-nodes): with 2 no single loss leaves a majority"
         )
     if not opts.standalone and not os.environ.get(SECRET_ENV):
         raise SystemExit(
@@ -167,21 +213,43 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     """Node 0 (or standalone): host the store, start local agents, decide."""
     store = connect(store_host, port, is_master=True)
     address = f"{opts.master_addr}:{port}"
-    events = EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK)
-    timeout = float(
-        flag_value(opts.script_args, "--deadpool-heartbeat-timeout") or HEARTBEAT_TIMEOUT_S
-    )
-    recovery = flag_value(opts.script_args, "--deadpool-recovery-timeout")
+    events = event_log(opts)
     coordinator = Coordinator(
         Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port)),
         opts.nnodes,
         opts.spare_nodes,
         opts.nproc_per_node,
         events,
-        heartbeat_timeout=timeout,
-        recovery_timeout=float(recovery or RECOVERY_TIMEOUT_S),
+        heartbeat_timeout=heartbeat_timeout(opts),
+        recovery_timeout=recovery_timeout(opts),
+        replica=replica_channel(opts),
     )
     agents = {node: start_agent(opts, node, address) for node in local_nodes}
+    return run_coordinator(opts, coordinator, agents, events)
+
+
+def event_log(opts) -> EventLog:
+    return EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK)
+
+
+def recovery_timeout(opts) -> float:
+    value = flag_value(opts.script_args, "--deadpool-recovery-timeout")
+    return float(value or RECOVERY_TIMEOUT_S)
+
+
+def replica_channel(opts) -> Optional[Channel]:
+    """The primary's line to the standby's store (node 1's launcher may
+    start later: its client waits for it as agents wait for node 0)."""
+    address = standby_address(opts)
+    if address is None:
+        return None
+    host, port = address.rsplit(":", 1)
+    store = connect(host, int(port), timeout_s=120)
+    return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
+
+
+def run_coordinator(opts, coordinator: Coordinator, agents: dict, events: EventLog) -> int:
+    """Coordinate until the job ends, then stop every agent."""
 
     def agents_alive() -> bool:
         for node, proc in list(agents.items()):
@@ -199,12 +267,65 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if opts.standalone:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()  # its workers die with it (parent-death signal)
     stopped = coordinator.result or coordinator.stopping
     if stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     events.close()
     return code
+
+
+def stand_by(opts) -> int:
+    """Node 1 with a standby: host the standby store, run this node's agent,
+    and take over as the coordinator if node 0 dies. Otherwise this
+    launcher ends with its agent, as any node's."""
+    port = opts.master_port + STANDBY_PORT_OFFSET
+    secret = os.environ[SECRET_ENV].encode()
+    channel = Channel(
+        connect(opts.standby_addr, port, is_master=True), secret, address=(opts.standby_addr, port)
+    )
+    agent = start_agent(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
+    signal.signal(signal.SIGTERM, lambda *_: agent.send_signal(signal.SIGTERM))
+    standby = Standby(channel, opts.node_rank, heartbeat_timeout(opts))
+    # An agent that ended well ended with the job; one that was killed
+    # leaves the launcher standing by (node 0 may still die).
+    verdict = Verdict.WAIT
+    while verdict == Verdict.WAIT and agent.poll() != ExitCode.OK:
+        verdict = standby.poll()
+        time.sleep(0.05)
+    if verdict == Verdict.TAKE_OVER:
+        return take_over(opts, channel, standby, agent)
+    return agent.wait()
+
+
+def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen) -> int:
+    events = event_log(opts)
+    coordinator = Coordinator(
+        channel,
+        opts.nnodes,
+        opts.spare_nodes,
+        opts.nproc_per_node,
+        events,
+        heartbeat_timeout=heartbeat_timeout(opts),
+        recovery_timeout=recovery_timeout(opts),
+        snapshot=standby.state,
+    )
+    print(
+        f"deadpool-launch: node 0's coordinator fell silent; node {opts.node_rank} takes over "
+        f"(nodes {sorted(standby.came_over)} came over)",
+        file=sys.stderr,
+        flush=True,
+    )
+    reason = f"the coordinator's node went silent for {standby.timeout_s:.1f} s"
+    if opts.takeover_file:
+        with open(opts.takeover_file, "w") as f:
+            f.write(f"node {opts.node_rank} took over as the coordinator: {reason}\n")
+    coordinator.take_over(0, reason)
+    agents = {} if agent.poll() is not None else {opts.node_rank: agent}
+    return run_coordinator(opts, coordinator, agents, events)
 
 
 def main(argv=None) -> int:
@@ -220,6 +341,8 @@ def main(argv=None) -> int:
         raise SystemExit("deadpool-launch: give --master-port (or MASTER_PORT) on a multi-node run")
     if opts.node_rank == 0:
         return coordinate(opts, opts.master_addr, opts.master_port, [0])
+    if opts.node_rank == 1 and opts.standby_addr:
+        return stand_by(opts)
     settings = agent_settings(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     os.environ[AGENT_ENV] = json.dumps(settings)
     from deadpool_ext.control import agent

@@ -6,7 +6,6 @@ Environment from the agent: DEADPOOL_SLOT (node.local), DEADPOOL_ROLE
 WORLD_SIZE.
 """
 
-import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -34,7 +33,7 @@ from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
 from deadpool_ext.rank.generation import Generation, open_default_group
 from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
-from deadpool_ext.wire import Channel, connect, job_secret, leave
+from deadpool_ext.wire import Channel, connect, job_secret, leave, standby_channel
 
 
 class ControlClient:
@@ -68,6 +67,7 @@ class ControlClient:
         self.state = WorkerState.STARTING
         self.latest = {"gen": 0, "state": P.JobState.STARTING}
         self._main_thread = threading.main_thread().ident
+        self._switched = threading.Event()  # the channels moved to the standby
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
@@ -92,12 +92,34 @@ class ControlClient:
                     last_beat = time.monotonic()
                 latest = self._beat_channel.get(P.GEN_KEY)
             except dist.DistError as error:
+                if self._fail_over():
+                    continue
                 self._lose_coordinator(error)
                 return
             if latest is not None:
                 self.latest = latest
                 self._release_if_superseded(latest)
                 self._report_if_stuck(latest)
+
+    def _fail_over(self) -> bool:
+        """The primary coordinator is gone: go on with the standby once it
+        has taken over (both channels, and the address of the rendezvous
+        stores to come); False if there is none or it did not."""
+        address = self.env.standby_address
+        if address is None or self.store_address == address:
+            return False
+        secret = self.channel.secret
+        beat = standby_channel(address, secret, self.env.takeover_wait_s)
+        if beat is None:
+            return False
+        self._beat_channel = beat
+        self.channel = Channel(connect(*address), secret, address=address)
+        self.store_address = address
+        self._switched.set()
+        if self.state == WorkerState.SPARE:
+            # The standby's copy of the state may predate this spare's word.
+            beat.post(P.COORDINATOR_TOPIC, P.SpareReady(slot=self.slot))
+        return True
 
     def _lose_coordinator(self, error: Exception) -> None:
         """The store is gone, and with it the coordinator and the job: free
@@ -109,17 +131,31 @@ class ControlClient:
         except Exception as failure:  # noqa: BLE001 - the main thread leaves all the same
             self.release_error = summary(failure)
 
-    @contextlib.contextmanager
-    def _control_plane(self):
-        """Every use of the store by the main thread: once it is gone the job
-        is, and this process leaves with ``ExitCode.FAILED``."""
-        if self.coordinator_lost is not None:
-            raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost)
-        try:
-            yield
-        except dist.DistError as error:
-            self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
-            raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost) from None
+    def _control_plane(self, use: Callable[[Channel], object]):
+        """Every use of the store by the main thread. When the primary goes,
+        the heartbeat thread moves both channels to the standby once it took
+        over, and the use is repeated there; when no coordinator is left the
+        job is gone, and this process leaves with ``ExitCode.FAILED``."""
+        while self.coordinator_lost is None:
+            channel = self.channel
+            try:
+                return use(channel)
+            except dist.DistError as error:
+                if not self._await_fail_over(channel):
+                    self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
+        raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost)
+
+    def _await_fail_over(self, used: Channel) -> bool:
+        """Whether the heartbeat thread moved to the standby (it tries when
+        its own use of the store fails, within a watch interval)."""
+        if self.env.standby_address is None:
+            return False
+        deadline = time.monotonic() + self.env.takeover_wait_s + P.STORE_RECONNECT_TIMEOUT_S
+        while self.channel is used and self.coordinator_lost is None:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            self._switched.wait(0.05)
+        return self.channel is not used
 
     def _release_if_superseded(self, latest: dict) -> None:
         """A newer generation that is not a grow means the groups held now
@@ -161,13 +197,13 @@ class ControlClient:
         return connect(*self.store_address)
 
     def post(self, message: P.Message) -> None:
-        with self._control_plane():
-            self.channel.post(P.COORDINATOR_TOPIC, message)
+        self._control_plane(lambda channel: channel.post(P.COORDINATOR_TOPIC, message))
 
     def failure_announced(self) -> bool:
         """A new generation: a failure, or a grow (see ``grow_announced``)."""
-        with self._control_plane():
-            return self.latest["gen"] > self.gen
+        if self.coordinator_lost is not None:
+            raise recovery.WorkerExit(ExitCode.FAILED, self.coordinator_lost)
+        return self.latest["gen"] > self.gen
 
     def grow_announced(self) -> bool:
         """The new generation grows the job: stop at the iteration's end."""
@@ -181,8 +217,7 @@ class ControlClient:
             time.sleep(0.02)
 
     def get(self, key: str) -> Optional[dict]:
-        with self._control_plane():
-            return self.channel.get(key)
+        return self._control_plane(lambda channel: channel.get(key))
 
     def current(self) -> dict:
         return self.get(P.GEN_KEY) or self.latest

@@ -181,12 +181,13 @@ check_allocation() {
             "$total: fix #SBATCH -N"
 }
 
-# Where the first node's launcher (store and coordinator) listens. Slurm
-# node names need not resolve (one-machine test clusters), NodeAddr does.
-master_address() {
-    local first
-    first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-    scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2
+# The address of the job's Nth node (1: the first, whose launcher hosts the
+# store and the coordinator; 2: the second, the standby's). Slurm node names
+# need not resolve (one-machine test clusters), NodeAddr does.
+node_address() {
+    local host
+    host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n "$1p")
+    scontrol show node "$host" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2
 }
 
 # The control plane's HMAC key: made once here; srun hands the environment
@@ -200,10 +201,16 @@ launch() {
     status_file=$run_dir/launcher-status.$SLURM_JOB_ID
     mkdir -p "$run_dir"
     rm -f "$status_file"
-    MASTER_ADDR=$(master_address)
+    MASTER_ADDR=$(node_address 1)
     MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
     DEADPOOL_SECRET=${DEADPOOL_SECRET:-$(new_secret)}
     export MASTER_ADDR MASTER_PORT DEADPOOL_SECRET
+    # A standby coordinator on the second node takes over if the first dies
+    # (--standby-addr); it needs a majority of nodes to survive a loss: 3+.
+    if ((total >= 3)); then
+        DEADPOOL_STANDBY_ADDR=${DEADPOOL_STANDBY_ADDR-$(node_address 2)}
+        export DEADPOOL_STANDBY_ADDR
+    fi
     export DEADPOOL_STATUS_FILE=$status_file
     export PYTHONPATH=$DEADPOOL_REPO${PYTHONPATH:+:$PYTHONPATH}
     # The launcher's code for "node 0 and its coordinator are gone" (on_node.sh).
@@ -218,7 +225,8 @@ launch() {
     # Every GPU of the node visible to its launcher (CUDA IPC inside the node).
     if [[ $CLUSTER != cpu ]]; then step+=(--gpu-bind=none); fi
     echo "$JOB_NAME: $NODES active + $SPARE_NODES spare nodes, coordinator at" \
-        "$MASTER_ADDR:$MASTER_PORT, run directory $run_dir"
+        "$MASTER_ADDR:$MASTER_PORT, standby at ${DEADPOOL_STANDBY_ADDR:-none}," \
+        "run directory $run_dir"
     srun "${step[@]}" bash "$DEADPOOL_REPO/examples/slurm/on_node.sh" \
         "$PYTHON" -m deadpool_ext.launch --nnodes "$NODES" --spare-nodes "$SPARE_NODES" \
         --nproc-per-node "$RANKS_PER_NODE" --master-addr "$MASTER_ADDR" \

@@ -3,7 +3,11 @@
 # command is this node's deadpool-launch, which takes its node rank from
 # SLURM_NODEID. The first node's launcher runs the coordinator, whose exit
 # status is the job's outcome: it goes to $DEADPOOL_STATUS_FILE, because
-# srun's own status also counts the nodes that died and were replaced.
+# srun's own status also counts the nodes that died and were replaced. When
+# the first node dies, the second node's launcher (the standby, with
+# DEADPOOL_STANDBY_ADDR) takes over as the coordinator: its status is then
+# the job's, and this script ends the job, whose batch script died with the
+# first node.
 set -euo pipefail
 
 # `#SBATCH --signal=TERM@T` reaches every process of the step, this shell
@@ -31,11 +35,26 @@ end_orphaned_job() {
     scancel "$job"
 }
 
+# The standby took over and the job has ended: its outcome is the job's.
+# The first node is gone (or its launcher is: its shell may have recorded
+# that), so nobody else would end the job.
+end_taken_over_job() {
+    echo "$1" >"$DEADPOOL_STATUS_FILE"
+    echo "on_node.sh: node $SLURM_NODEID: $(<"$DEADPOOL_TAKEOVER_FILE")" \
+        "the job ended with status $1; ending job $SLURM_JOB_ID" >&2
+    scancel "$SLURM_JOB_ID"
+}
+
+DEADPOOL_TAKEOVER_FILE=$(mktemp)
+export DEADPOOL_TAKEOVER_FILE
 status=0
 "$@" || status=$?
-if [[ ${SLURM_NODEID:-} == 0 ]]; then
+if [[ -s $DEADPOOL_TAKEOVER_FILE ]]; then
+    end_taken_over_job "$status"
+elif [[ ${SLURM_NODEID:-} == 0 ]]; then
     echo "$status" >"${DEADPOOL_STATUS_FILE:?set by common.sh}"
 elif [[ $status == "${DEADPOOL_COORDINATOR_LOST:?set by common.sh}" ]]; then
     end_orphaned_job "$status"
 fi
+rm -f "$DEADPOOL_TAKEOVER_FILE"
 exit "$status"

@@ -203,6 +203,48 @@ def launch_deadpool(
     return proc, leftovers(tmp)
 
 
+def launch_on_nodes(
+    tmp, args: List[str], nodes: int, spares: int, per_node: int, timeout: float = 420
+) -> List[int]:
+    """One deadpool-launch per node, as on a cluster (not --standalone), all
+    on this host: node 0 hosts the store and the coordinator, node 1 the
+    standby (--standby-addr). Each launcher's process group is its node
+    (``kill:node=N`` kills it all). Returns the launchers' exit codes; their
+    output is in ``tmp/node{N}.log``."""
+    import secrets
+    import time
+
+    from deadpool_ext.control.launch import free_port
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = dict(worker_env(), DEADPOOL_SECRET=secrets.token_hex(32))
+    launchers = []
+    for node in range(nodes + spares):
+        flags = ["--nnodes", str(nodes), "--spare-nodes", str(spares)]
+        flags += ["--nproc-per-node", str(per_node), "--node-rank", str(node)]
+        flags += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+        flags += ["--standby-addr", "127.0.0.1"]
+        with open(tmp / f"node{node}.log", "w") as log:
+            launchers.append(
+                subprocess.Popen(
+                    launch_command(flags, args),
+                    env=env,
+                    cwd=REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        return [proc.wait(timeout=max(1, deadline - time.monotonic())) for proc in launchers]
+    finally:
+        for proc in launchers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+
+
 def must_succeed(result) -> None:
     proc, left = result
     assert proc.returncode == 0, f"run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

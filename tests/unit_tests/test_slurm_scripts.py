@@ -375,6 +375,41 @@ def test_on_node_ends_the_job_its_first_node_left_behind(tmp_path, code):
         assert not status.exists() and not (tmp_path / "cancelled").exists()
 
 
+@pytest.mark.integration
+def test_on_node_ends_the_job_the_standby_took_over_with_its_status(tmp_path):
+    """The second node's launcher took over as the coordinator (the first
+    node died with the batch script): its exit status is the job's, and
+    nobody else would end the job."""
+    bin_dir, status = tmp_path / "bin", tmp_path / "status"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f'#!/usr/bin/env bash\necho "$@" >{tmp_path}/cancelled\n')
+    (bin_dir / "scancel").chmod(0o755)
+    env = dict(
+        script_env(),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_NODEID="1",
+        SLURM_JOB_ID="7",
+        DEADPOOL_STATUS_FILE=str(status),
+        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
+    )
+    child = (
+        "import os, sys\n"
+        "open(os.environ['DEADPOOL_TAKEOVER_FILE'], 'w').write('node 1 took over: silent')\n"
+        "sys.exit(0)\n"
+    )
+    proc = subprocess.run(
+        ["bash", ON_NODE, sys.executable, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert status.read_text().strip() == "0"
+    assert (tmp_path / "cancelled").read_text().strip() == "7"
+    assert "node 1 took over: silent the job ended with status 0" in proc.stderr
+
+
 class FakeAgent:
     def __init__(self):
         self.signals = []

@@ -1,0 +1,68 @@
+"""The standby coordinator: node 1's launcher (with ``--standby-addr``)
+hosts a second store, where the primary writes its state before anything it
+publishes and renews a lease every heartbeat interval. When the lease has
+been silent for the heartbeat timeout and the agents of a majority of the
+job's live nodes have come over (each posts ``LostPrimary`` once it lost the
+primary), the standby takes over on its own store.
+
+Why a majority: a primary that is only cut off from some nodes keeps
+coordinating the others. It stops deciding once it hears from no more than
+half of the nodes alive at its last decision (``Coordinator.has_quorum``),
+and the standby starts only with more than half of them, so the two can
+never both decide. With fewer than three nodes no single loss leaves a
+majority, so ``deadpool-launch`` refuses a standby there.
+"""
+
+import enum
+import json
+import time
+from typing import Optional, Set
+
+from deadpool_ext import protocol as P
+from deadpool_ext.wire import Channel
+
+
+class Verdict(enum.Enum):
+    WAIT = "wait"  # the primary beats, or a majority has not come over yet
+    TAKE_OVER = "take over"
+    GIVE_UP = "give up"  # silent primary, no majority within TAKEOVER_WAIT_S
+
+
+class Standby:
+    def __init__(
+        self,
+        channel: Channel,
+        node: int,
+        heartbeat_timeout: float,
+        wait_s: float = P.TAKEOVER_WAIT_S,
+        clock=time.monotonic,
+    ):
+        self.channel, self.node = channel, node
+        self.timeout_s, self.wait_s, self.clock = heartbeat_timeout, wait_s, clock
+        self.votes = channel.reader(P.STANDBY_TOPIC)
+        self.came_over: Set[int] = {node}
+        self.lease: tuple = (None, clock())  # (version, local time it changed)
+        self.state: Optional[dict] = None  # the primary's, once it wrote one
+
+    def poll(self) -> Verdict:
+        now = self.clock()
+        version = self.channel.version(P.LEASE_KEY)
+        if version != self.lease[0]:
+            self.lease = (version, now)
+        for body in self.votes.poll():
+            if body.get("kind") == P.Kind.LOST_PRIMARY:
+                self.came_over.add(int(body["node"]))
+        silent = now - self.lease[1]
+        if self.lease[0] is None or silent <= self.timeout_s:
+            return Verdict.WAIT  # no primary yet, or it beats
+        written = self.channel.get(P.STATE_KEY)
+        self.state = None if written is None else json.loads(written["state"])
+        if self.state is None or self.state["finished"]:
+            return Verdict.GIVE_UP
+        if self.has_majority():
+            return Verdict.TAKE_OVER
+        return Verdict.GIVE_UP if silent > self.timeout_s + self.wait_s else Verdict.WAIT
+
+    def has_majority(self) -> bool:
+        voters = set(self.state["quorum_nodes"])
+        return 2 * len(self.came_over & voters) > len(voters)

@@ -1,0 +1,230 @@
+"""The standby coordinator, driven by hand on real stores with a fake clock:
+the primary's state reaches the standby before anything it publishes, the
+standby takes over only when the primary's lease is silent and a majority
+of nodes came over, and the coordinator it builds goes on from the state."""
+
+import json
+
+import pytest
+
+from deadpool_ext import protocol as P
+from deadpool_ext.control import launch
+from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.standby import Standby, Verdict
+from deadpool_ext.protocol import Decision
+from deadpool_ext.wire import Channel, connect
+
+SECRET = b"test-secret"
+BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node; node 2 spare
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def new_store():
+    return connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
+
+
+def coordinator_on(store, clock, replica=None, snapshot=None) -> Coordinator:
+    coordinator = Coordinator(
+        Channel(store, SECRET),
+        nnodes=2,
+        spare_nodes=1,
+        nproc=2,
+        heartbeat_timeout=3.0,
+        clock=clock,
+        replica=replica,
+        snapshot=snapshot,
+    )
+    coordinator.heartbeat_check_s = 0.0
+    return coordinator
+
+
+def start(worker: Channel, coordinator: Coordinator) -> None:
+    worker.post(
+        "coordinator",
+        kind="plan",
+        gen=0,
+        buddy=BUDDY,
+        owner=BUDDY,
+        tp=1,
+        pp=1,
+        tp_pp_dp=False,
+        on_spares_exhausted="shrink",
+        heartbeat_timeout=3.0,
+    )
+    for slot in ("2.0", "2.1"):
+        worker.post("coordinator", kind="spare_ready", slot=slot)
+    coordinator.step()
+
+
+def report(worker, gen, ranks, own=(5, 4)):
+    for rank in ranks:
+        slot = f"{rank // 2}.{rank % 2}"
+        worker.post(
+            "coordinator", kind="report", gen=gen, rank=rank, slot=slot, own=list(own), held=[4]
+        )
+
+
+@pytest.fixture()
+def primary():
+    """A primary coordinator that replicates to a standby's store."""
+    clock = Clock()
+    store, standby_store = new_store(), new_store()
+    coordinator = coordinator_on(store, clock, replica=Channel(standby_store, SECRET))
+    worker = Channel(store, SECRET)
+    start(worker, coordinator)
+    return coordinator, worker, Channel(standby_store, SECRET), clock
+
+
+def replicated(standby: Channel) -> dict:
+    return json.loads(standby.get(P.STATE_KEY)["state"])
+
+
+def test_the_standby_holds_every_generation_and_decision_the_workers_can_see(primary):
+    coordinator, worker, standby, _ = primary
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert worker.get("gen")["gen"] == replicated(standby)["gen"] == 1
+    report(worker, 1, [0, 1, 2])
+    coordinator.step()
+    decision = worker.get("decision/1")
+    state = replicated(standby)
+    assert state["decision"] == decision and state["state"] == "rebuilding"
+    assert state["members"] == {"0": "0.0", "1": "0.1", "2": "1.0", "3": "2.0"}
+    assert state["spares"] == ["2.1"] and state["lost_slots"] == ["1.1"]
+    assert state["plan"]["buddy"] == BUDDY
+
+
+def test_a_standby_takes_over_only_when_the_lease_is_silent_and_a_majority_came(primary):
+    coordinator, worker, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    for _ in range(5):  # the primary beats
+        clock.now += 1.0
+        coordinator.step()
+        assert standby.poll() == Verdict.WAIT
+    clock.now += 3.5  # the primary fell silent; only the standby's own node is here
+    assert standby.poll() == Verdict.WAIT
+    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    assert standby.poll() == Verdict.TAKE_OVER
+    assert standby.came_over == {1, 2} and standby.state["gen"] == 0
+
+
+def test_without_a_majority_the_standby_gives_up_after_its_wait(primary):
+    coordinator, _, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    coordinator.step()
+    standby.poll()
+    clock.now += 3.0 + 19.0
+    assert standby.poll() == Verdict.WAIT
+    clock.now += 2.0
+    assert standby.poll() == Verdict.GIVE_UP
+
+
+def test_a_finished_job_is_not_taken_over(primary):
+    coordinator, worker, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, clock=clock)
+    for rank in range(4):
+        worker.post("coordinator", kind="done", rank=rank, slot=f"{rank // 2}.{rank % 2}")
+    coordinator.step()
+    standby.poll()
+    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    clock.now += 4.0
+    assert standby.poll() == Verdict.GIVE_UP
+
+
+def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(primary):
+    coordinator, worker, standby_channel, clock = primary
+    clock.now += 1.0
+    coordinator.step()  # training; then node 0 dies with the primary
+    snapshot = replicated(standby_channel)
+    successor = coordinator_on(standby_channel.store, clock, snapshot=snapshot)
+    successor.take_over(0, "the coordinator's node went silent")
+    client = Channel(standby_channel.store, SECRET)
+    assert client.get("gen")["gen"] == 1 and client.get("gen")["lost"] == [0, 1]
+    assert client.get("gen")["assign"] == {"0": "2.0", "1": "2.1"}
+    assert [c["kind"] for c in client.reader(P.agent_topic(0)).poll()] == ["kill_all"]
+    report(client, 1, [2, 3])
+    successor.step()
+    # No agent has beaten here yet, so no spare is known to be warming: a
+    # decision now would shrink. It waits until the live nodes beat.
+    assert client.get("decision/1") is None
+    for node in (1, 2):
+        client.put(P.node_heartbeat_key(node), time=clock.now)
+    successor.step()
+    decision = Decision.from_message(client.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {0: "2.0", 1: "2.1"}
+    assert decision.from_buddy == [0, 1] and decision.rollback_to == 4
+
+
+def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
+    """A node whose agent never came over (it died with node 0) is silent
+    there: declared lost after the timeout, like any silent node."""
+    coordinator, _, standby_channel, clock = primary
+    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor.take_over(0, "silent")
+    beating = Channel(standby_channel.store, SECRET)
+    for _ in range(4):
+        clock.now += 1.0
+        beating.put(P.node_heartbeat_key(1), time=clock.now)
+        for slot in ("1.0", "1.1"):
+            beating.put(P.worker_heartbeat_key(slot), state="recovering")
+        successor.step()
+    lost = [e for e in successor.view.lost_slots]
+    assert sorted(lost) == ["0.0", "0.1", "2.0", "2.1"]  # node 2 never beat here
+
+
+def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
+    """Nodes 1 and 2 silent at once (a partition): the other side may take
+    over, so this side must not go on (it would shrink to node 0)."""
+    coordinator, worker, _, clock = primary
+    beating = Channel(coordinator.channel.store, SECRET)
+    beating.put(P.node_heartbeat_key(0), time=0)
+    for node in (1, 2):
+        beating.put(P.node_heartbeat_key(node), time=0)
+    coordinator.step()
+    clock.now += 4.0
+    beating.put(P.node_heartbeat_key(0), time=1)
+    coordinator.step()
+    report(worker, coordinator.gen, [0, 1])
+    coordinator.step()
+    assert coordinator.result is not None
+    assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.result.reason
+
+
+def test_without_a_standby_the_same_losses_shrink_the_job():
+    """The control: no standby, no quorum rule."""
+    clock = Clock()
+    coordinator = coordinator_on(new_store(), clock)
+    worker = Channel(coordinator.channel.store, SECRET)
+    start(worker, coordinator)
+    for node in (0, 1, 2):
+        worker.put(P.node_heartbeat_key(node), time=0)
+    coordinator.step()
+    clock.now += 4.0
+    worker.put(P.node_heartbeat_key(0), time=1)
+    coordinator.step()
+    report(worker, coordinator.gen, [0, 1])
+    coordinator.step()
+    assert coordinator.result is None and coordinator.state == "resizing"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--standalone", "--nnodes", "2", "--spare-nodes", "1"],
+        ["--nnodes", "1", "--spare-nodes", "1", "--master-port", "1234"],
+    ],
+    ids=["standalone", "two-nodes"],
+)
+def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkeypatch):
+    monkeypatch.setenv(P.SECRET_ENV, "x")
+    opts = launch.build_parser().parse_args([*flags, "--standby-addr", "h", "pretrain_gpt.py"])
+    with pytest.raises(SystemExit, match="at least 3 nodes in all"):
+        launch.check(opts)
