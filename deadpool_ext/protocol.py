@@ -151,6 +151,9 @@ GEN_KEY = "gen"
 # primary say so on the standby topic.
 STATE_KEY = "coordinator/state"
 LEASE_KEY = "coordinator/lease"
+# Put by the standby once the primary's state says the job ended: a process
+# that loses the primary after that does not wait for a takeover.
+ENDED_KEY = "coordinator/ended"
 STANDBY_TOPIC = "standby"
 
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from deadpool_ext.protocol import (
     CLAIMED_SLOT_DEADLINE_S,
+    ENDED_KEY,
     GEN_KEY,
     SECRET_ENV,
     STANDBY_TOPIC,
@@ -43,6 +44,11 @@ from deadpool_ext.protocol import (
 
 class ControlError(RuntimeError):
     """A control message could not be read or trusted."""
+
+
+class JobEnded(Exception):
+    """The primary coordinator went away after the job ended: the standby
+    has nothing to take over."""
 
 
 def new_secret() -> str:
@@ -281,8 +287,9 @@ def standby_channel(
 ) -> Optional[Channel]:
     """A channel to the standby coordinator's store once it has taken over
     (its coordinator published the generation there), or None if it has not
-    within ``timeout_s`` or cannot be reached. ``vote``: an agent's
-    ``LostPrimary``, which the standby counts before it takes over."""
+    within ``timeout_s`` or cannot be reached; ``JobEnded`` if the job had
+    ended. ``vote``: an agent's ``LostPrimary``, which the standby counts
+    before it takes over."""
     deadline = time.monotonic() + timeout_s
     try:
         channel = Channel(
@@ -291,6 +298,8 @@ def standby_channel(
         if vote is not None:
             channel.post(STANDBY_TOPIC, vote)
         while channel.get(GEN_KEY) is None:
+            if channel.get(ENDED_KEY) is not None:
+                raise JobEnded(channel.get(ENDED_KEY).get("why", "the job ended"))
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)

@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
-from deadpool_ext.wire import Channel, connect, job_secret, leave, standby_channel
+from deadpool_ext.lifetime import die_with_parent
+from deadpool_ext.wire import Channel, JobEnded, connect, job_secret, leave, standby_channel
 
 
 class Agent:
@@ -183,12 +184,16 @@ class Agent:
         coordinator; False if there is no standby or it did not take over."""
         if self.standby is None or self.channel.address == P.host_port(self.standby):
             return False
-        channel = standby_channel(
-            P.host_port(self.standby),
-            self.channel.secret,
-            self.takeover_wait_s,
-            vote=P.LostPrimary(node=self.node),
-        )
+        try:
+            channel = standby_channel(
+                P.host_port(self.standby),
+                self.channel.secret,
+                self.takeover_wait_s,
+                vote=P.LostPrimary(node=self.node),
+            )
+        except JobEnded:
+            self.stopping = True  # its stop command was on its way
+            return False
         if channel is None:
             return False
         print(
@@ -203,6 +208,9 @@ class Agent:
 
 def main() -> NoReturn:
     settings = json.loads(os.environ[P.AGENT_ENV])
+    # An agent its launcher started dies with it: a launcher's loss is its node's.
+    if "launcher_pid" in settings and not die_with_parent(settings["launcher_pid"]):
+        leave(ExitCode.FAILED)
     host, port = settings["store"].rsplit(":", 1)
     store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
     agent = Agent(

@@ -159,7 +159,8 @@ def agent_settings(opts, node: int, store: str) -> dict:
 
 
 def start_agent(opts, node: int, store: str) -> subprocess.Popen:
-    env = dict(os.environ, **{AGENT_ENV: json.dumps(agent_settings(opts, node, store))})
+    settings = dict(agent_settings(opts, node, store), launcher_pid=os.getpid())
+    env = dict(os.environ, **{AGENT_ENV: json.dumps(settings)})
     # Standalone, an emulated node is its agent's session: killing the node
     # kills the agent and its workers only. A node launcher's agent stays in
     # its process group, which is then the whole node.

@@ -52,13 +52,15 @@ class Standby:
         for body in self.votes.poll():
             if body.get("kind") == P.Kind.LOST_PRIMARY:
                 self.came_over.add(int(body["node"]))
+        written = self.channel.get(P.STATE_KEY)
+        self.state = None if written is None else json.loads(written["state"])
+        if self.state is not None and self.state["finished"]:
+            # Whoever loses the primary from now on stops instead of waiting.
+            self.channel.put(P.ENDED_KEY, why=f"the job ended in generation {self.state['gen']}")
+            return Verdict.GIVE_UP
         silent = now - self.lease[1]
         if self.lease[0] is None or silent <= self.timeout_s:
             return Verdict.WAIT  # no primary yet, or it beats
-        written = self.channel.get(P.STATE_KEY)
-        self.state = None if written is None else json.loads(written["state"])
-        if self.state is None or self.state["finished"]:
-            return Verdict.GIVE_UP
         if self.has_majority():
             return Verdict.TAKE_OVER
         return Verdict.GIVE_UP if silent > self.timeout_s + self.wait_s else Verdict.WAIT

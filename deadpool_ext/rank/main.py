@@ -6,7 +6,6 @@ Environment from the agent: DEADPOOL_SLOT (node.local), DEADPOOL_ROLE
 WORLD_SIZE.
 """
 
-import ctypes
 import faulthandler
 import functools
 import os
@@ -28,12 +27,13 @@ from megatron.training.training import build_trainer
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
 from deadpool_ext.inject import Injector, parse_faults
+from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.protocol import Action, Decision, ExitCode, Role, WorkerEnv, WorkerState
 from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
 from deadpool_ext.rank.generation import Generation, open_default_group
 from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
-from deadpool_ext.wire import Channel, connect, job_secret, leave, standby_channel
+from deadpool_ext.wire import Channel, JobEnded, connect, job_secret, leave, standby_channel
 
 
 class ControlClient:
@@ -109,7 +109,10 @@ class ControlClient:
         if address is None or self.store_address == address:
             return False
         secret = self.channel.secret
-        beat = standby_channel(address, secret, self.env.takeover_wait_s)
+        try:
+            beat = standby_channel(address, secret, self.env.takeover_wait_s)
+        except JobEnded:
+            return False  # its agent stops it
         if beat is None:
             return False
         self._beat_channel = beat
@@ -331,21 +334,9 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
         return recovery.join(prepared[2], decision)
 
 
-def die_with_agent(agent_pid: Optional[int]) -> bool:
-    """Ask Linux to SIGKILL this worker when its agent dies, so a lost agent
-    leaves no orphan holding its rank. False if the agent is gone already
-    (it died before the request)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    return agent_pid is None or os.getppid() == agent_pid
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def run(config: Config, model_provider, forward_step) -> NoReturn:
-    if not die_with_agent(WorkerEnv.read().agent_pid):
+    # A lost agent leaves no orphan holding its rank.
+    if not die_with_parent(WorkerEnv.read().agent_pid):
         leave(ExitCode.FAILED)
     # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
     # a report of a hang (the fault campaign sends it before it gives up).

@@ -13,7 +13,7 @@ from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.protocol import Decision
-from deadpool_ext.wire import Channel, connect
+from deadpool_ext.wire import Channel, JobEnded, connect, standby_channel
 
 SECRET = b"test-secret"
 BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node; node 2 spare
@@ -128,15 +128,18 @@ def test_without_a_majority_the_standby_gives_up_after_its_wait(primary):
 
 
 def test_a_finished_job_is_not_taken_over(primary):
-    coordinator, worker, standby_channel, clock = primary
-    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, clock=clock)
+    coordinator, worker, standby_channel_, clock = primary
+    standby = Standby(standby_channel_, node=1, heartbeat_timeout=3.0, clock=clock)
     for rank in range(4):
         worker.post("coordinator", kind="done", rank=rank, slot=f"{rank // 2}.{rank % 2}")
     coordinator.step()
     standby.poll()
-    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    standby_channel_.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
     clock.now += 4.0
     assert standby.poll() == Verdict.GIVE_UP
+    # Whoever loses the primary now stops instead of waiting for a takeover.
+    with pytest.raises(JobEnded, match="the job ended in generation 0"):
+        standby_channel(("127.0.0.1", standby_channel_.store.port), SECRET, timeout_s=30)
 
 
 def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(primary):
