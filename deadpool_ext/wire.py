@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from deadpool_ext.protocol import (
     CLAIMED_SLOT_DEADLINE_S,
+    CONTROL_OP_TIMEOUT_S,
     ENDED_KEY,
     GEN_KEY,
     SECRET_ENV,
@@ -67,11 +68,18 @@ def job_secret(environ=os.environ) -> bytes:
     )
 
 
-def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = False):
-    """A client of the store at host:port; with ``is_master``, its server,
-    listening on ``host`` alone (torch's TCPStore would listen on every
-    interface: loopback for --standalone keeps the job's store off the
-    network)."""
+def connect(
+    host: str,
+    port: int,
+    timeout_s: float = 60.0,
+    is_master: bool = False,
+    op_timeout_s: Optional[float] = None,
+):
+    """A client of the store at host:port, waiting up to ``timeout_s`` for
+    its server; each operation then times out after ``op_timeout_s``
+    (default ``timeout_s``). With ``is_master``, its server, listening on
+    ``host`` alone (torch's TCPStore would listen on every interface:
+    loopback for --standalone keeps the job's store off the network)."""
     listener = listen(host, port) if is_master else None
     store = dist.TCPStore(
         host,
@@ -84,7 +92,15 @@ def connect(host: str, port: int, timeout_s: float = 60.0, is_master: bool = Fal
     )
     if listener is not None:
         _LISTENERS.append(listener)  # the server's socket lives as long as the process
+    if op_timeout_s is not None:
+        store.set_timeout(datetime.timedelta(seconds=op_timeout_s))
     return store
+
+
+def control_connect(host: str, port: int, timeout_s: float = 60.0):
+    """A control-plane client: its operations never wait for a key, so one
+    that lasts CONTROL_OP_TIMEOUT_S means the store's host is gone."""
+    return connect(host, port, timeout_s, op_timeout_s=CONTROL_OP_TIMEOUT_S)
 
 
 _LISTENERS: List[socket.socket] = []
@@ -224,7 +240,7 @@ class Channel:
         except dist.DistError:
             if self.address is None or not listening(*self.address):
                 raise  # no server there any more: the store is gone, not poisoned
-        self.store = connect(*self.address, timeout_s=STORE_RECONNECT_TIMEOUT_S)
+        self.store = control_connect(*self.address, timeout_s=STORE_RECONNECT_TIMEOUT_S)
         self.store.set(key, str(self.highest_written(topic)))
         self.mended += 1
         return self.store.add(key, claim)
@@ -293,7 +309,7 @@ def standby_channel(
     deadline = time.monotonic() + timeout_s
     try:
         channel = Channel(
-            connect(*address, timeout_s=STORE_RECONNECT_TIMEOUT_S), secret, address=address
+            control_connect(*address, timeout_s=STORE_RECONNECT_TIMEOUT_S), secret, address=address
         )
         if vote is not None:
             channel.post(STANDBY_TOPIC, vote)

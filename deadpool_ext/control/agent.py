@@ -24,7 +24,14 @@ import torch.distributed as dist
 from deadpool_ext import protocol as P
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
 from deadpool_ext.lifetime import die_with_parent
-from deadpool_ext.wire import Channel, JobEnded, connect, job_secret, leave, standby_channel
+from deadpool_ext.wire import (
+    Channel,
+    JobEnded,
+    control_connect,
+    job_secret,
+    leave,
+    standby_channel,
+)
 
 
 class Agent:
@@ -212,7 +219,7 @@ def main() -> NoReturn:
     if "launcher_pid" in settings and not die_with_parent(settings["launcher_pid"]):
         leave(ExitCode.FAILED)
     host, port = settings["store"].rsplit(":", 1)
-    store = connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
+    store = control_connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
     agent = Agent(
         Channel(store, job_secret(), address=(host, int(port))),
         settings["node"],

@@ -13,7 +13,7 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Callable, NoReturn, Optional
+from typing import Callable, NoReturn, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -33,7 +33,16 @@ from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
 from deadpool_ext.rank.generation import Generation, open_default_group
 from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
-from deadpool_ext.wire import Channel, JobEnded, connect, job_secret, leave, standby_channel
+from deadpool_ext.wire import (
+    Channel,
+    JobEnded,
+    connect,
+    control_connect,
+    job_secret,
+    leave,
+    listening,
+    standby_channel,
+)
 
 
 class ControlClient:
@@ -44,9 +53,9 @@ class ControlClient:
     def __init__(self, environ=os.environ, heartbeat_s: float = P.HEARTBEAT_INTERVAL_S):
         self.env = WorkerEnv.read(environ)
         self.slot, self.role, self.node = self.env.slot, self.env.role, self.env.node
-        host, port = self.store_address = self.env.store_address
         secret = job_secret(environ)
-        self.channel = Channel(connect(host, port), secret, address=(host, port))
+        host, port = self.store_address = self.first_store(secret)
+        self.channel = Channel(control_connect(host, port), secret, address=(host, port))
         # Set by the heartbeat thread when the store (and with it the
         # coordinator) is gone; the main thread then leaves.
         self.coordinator_lost: Optional[str] = None
@@ -60,7 +69,7 @@ class ControlClient:
         self._announced: Optional[tuple] = None  # (generation, when seen)
         self._superseded: Optional[tuple] = None  # (newer generation, when seen)
         # The heartbeat thread has its own connection.
-        self._beat_channel = Channel(connect(host, port), secret, address=(host, port))
+        self._beat_channel = Channel(control_connect(host, port), secret, address=(host, port))
         self.heartbeat_s = heartbeat_s
         self.gen = 0  # the generation this process trains in
         self.iteration = None  # last started iteration, for the coordinator
@@ -71,6 +80,21 @@ class ControlClient:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
+
+    def first_store(self, secret: bytes) -> Tuple[str, int]:
+        """The primary's store; the standby's if the primary is gone already
+        (a worker that starts late: a spare still importing when node 0 died)."""
+        primary, standby = self.env.store_address, self.env.standby_address
+        if standby is None or listening(*primary):
+            return primary
+        try:
+            taken_over = standby_channel(standby, secret, self.env.takeover_wait_s)
+        except JobEnded as ended:
+            raise recovery.WorkerExit(ExitCode.OK, str(ended)) from None
+        if taken_over is None:
+            gone = f"the coordinator at {self.env.store} is gone and no standby took over"
+            raise recovery.WorkerExit(ExitCode.FAILED, gone)
+        return standby
 
     @property
     def store(self):
@@ -116,7 +140,7 @@ class ControlClient:
         if beat is None:
             return False
         self._beat_channel = beat
-        self.channel = Channel(connect(*address), secret, address=address)
+        self.channel = Channel(control_connect(*address), secret, address=address)
         self.store_address = address
         self._switched.set()
         if self.state == WorkerState.SPARE:
@@ -341,7 +365,11 @@ def run(config: Config, model_provider, forward_step) -> NoReturn:
     # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
     # a report of a hang (the fault campaign sends it before it gives up).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    ctx = ControlClient()
+    try:
+        ctx = ControlClient()
+    except recovery.WorkerExit as leaving:
+        get_logger(0).error("deadpool: slot %s stops: %s", os.environ.get("DEADPOOL_SLOT"), leaving)
+        leave(leaving.code)
     try:
         train(ctx, config, model_provider, forward_step)
     except recovery.WorkerExit as leaving:
