@@ -27,11 +27,11 @@ CLAIMED_SLOT_DEADLINE_S = 2.0
 # a store that is gone (node 0 died) is known gone after it, not after the
 # first connection's 60 s.
 STORE_RECONNECT_TIMEOUT_S = 5.0
-# A control-plane store operation (none of which waits for a key) that takes
+# A control-plane request (none waits for a key) its store leaves unanswered
 # this long means the store's host is gone: a dead host sends no reset, and
-# torch's default would wait out the whole connection timeout. Well within
-# TAKEOVER_WAIT_S, so that agents reach the standby in time to vote.
-CONTROL_OP_TIMEOUT_S = 30.0
+# torch's client would wait on it for good (TCP_USER_TIMEOUT bounds it).
+# Well within TAKEOVER_WAIT_S, so that agents reach the standby to vote.
+CONTROL_SILENCE_S = 30.0
 # A rank still training this many heartbeat timeouts after a failure was
 # announced is blocked where no release reaches: it writes every thread's
 # stack (event 'stuck'); one timeout later the coordinator has it killed,

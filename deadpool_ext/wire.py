@@ -31,9 +31,10 @@ from typing import Dict, List, NoReturn, Optional, Set, Tuple
 
 import torch.distributed as dist
 
+from deadpool_ext.sockets import connected_to, give_up_on_silence, socket_descriptors
 from deadpool_ext.protocol import (
     CLAIMED_SLOT_DEADLINE_S,
-    CONTROL_OP_TIMEOUT_S,
+    CONTROL_SILENCE_S,
     ENDED_KEY,
     GEN_KEY,
     SECRET_ENV,
@@ -73,13 +74,16 @@ def connect(
     port: int,
     timeout_s: float = 60.0,
     is_master: bool = False,
-    op_timeout_s: Optional[float] = None,
+    silent_after_s: Optional[float] = None,
 ):
     """A client of the store at host:port, waiting up to ``timeout_s`` for
-    its server; each operation then times out after ``op_timeout_s``
-    (default ``timeout_s``). With ``is_master``, its server, listening on
-    ``host`` alone (torch's TCPStore would listen on every interface:
-    loopback for --standalone keeps the job's store off the network)."""
+    its server. With ``silent_after_s``, a request its server leaves
+    unanswered that long fails the connection (a dead host sends no reset:
+    torch's client would wait on it for good). With ``is_master``, the
+    server too, listening on ``host`` alone (torch's TCPStore would listen
+    on every interface: loopback for --standalone keeps the job's store off
+    the network)."""
+    before = set(socket_descriptors())
     listener = listen(host, port) if is_master else None
     store = dist.TCPStore(
         host,
@@ -92,15 +96,17 @@ def connect(
     )
     if listener is not None:
         _LISTENERS.append(listener)  # the server's socket lives as long as the process
-    if op_timeout_s is not None:
-        store.set_timeout(datetime.timedelta(seconds=op_timeout_s))
+    if silent_after_s is not None:
+        store.set_timeout(datetime.timedelta(seconds=silent_after_s))
+        for fd in connected_to(port, set(socket_descriptors()) - before):
+            give_up_on_silence(fd, silent_after_s)
     return store
 
 
 def control_connect(host: str, port: int, timeout_s: float = 60.0):
-    """A control-plane client: its operations never wait for a key, so one
-    that lasts CONTROL_OP_TIMEOUT_S means the store's host is gone."""
-    return connect(host, port, timeout_s, op_timeout_s=CONTROL_OP_TIMEOUT_S)
+    """A control-plane client: its requests never wait for a key, so one
+    unanswered for CONTROL_SILENCE_S means the store's host is gone."""
+    return connect(host, port, timeout_s, silent_after_s=CONTROL_SILENCE_S)
 
 
 _LISTENERS: List[socket.socket] = []

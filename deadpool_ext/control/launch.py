@@ -247,7 +247,7 @@ def replica_channel(opts) -> Optional[Channel]:
     host, port = address.rsplit(":", 1)
     # A standby that does not answer within the heartbeat timeout is as lost
     # as a silent node: the coordinator must not stall on it.
-    store = connect(host, int(port), timeout_s=120, op_timeout_s=heartbeat_timeout(opts))
+    store = connect(host, int(port), timeout_s=120, silent_after_s=heartbeat_timeout(opts))
     return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
 
 

@@ -37,10 +37,7 @@ announcement. Neither touches the state: snapshots live in tensors that
 no group owns.
 """
 
-import contextlib
 import datetime
-import os
-import socket
 import threading
 import time
 import weakref
@@ -53,57 +50,7 @@ from megatron.training.initialize import init_process_groups
 
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Decision, Joining, join_key
-
-# /proc/self/fd links of sockets read "socket:[INODE]".
-_SOCKET_PREFIX = "socket:["
-
-
-def socket_descriptors() -> dict:
-    """Inode -> a descriptor of it, for every socket this process has open."""
-    found = {}
-    fd_dir = "/proc/self/fd"
-    for name in os.listdir(fd_dir):
-        try:
-            target = os.readlink(os.path.join(fd_dir, name))
-        except OSError:  # closed since the listing
-            continue
-        if target.startswith(_SOCKET_PREFIX):
-            found.setdefault(int(target[len(_SOCKET_PREFIX) : -1]), int(name))
-    return found
-
-
-@contextlib.contextmanager
-def _connected_tcp(fd: int):
-    """(a duplicate of ``fd`` as a socket, its peer's host:port) if ``fd`` is
-    a connected TCP socket, else (None, None); only the duplicate is closed
-    on exit."""
-    try:
-        sock = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        yield None, None
-        return
-    try:
-        peer = None
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
-            with contextlib.suppress(OSError):  # a listener or an unconnected socket
-                host, port = sock.getpeername()[:2]
-                peer = f"{host}:{port}"
-        yield (sock, peer) if peer else (None, None)
-    finally:
-        sock.close()
-
-
-def shut_down(fd: int) -> bool:
-    """Shut a connected TCP socket down in both directions; False for
-    anything else (a listener, a unix socket) or a socket already gone."""
-    with _connected_tcp(fd) as (sock, _):
-        if sock is None:
-            return False
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
+from deadpool_ext.sockets import peer_of, shut_down, socket_descriptors
 
 
 class Generation:
@@ -184,12 +131,6 @@ class Generation:
             if peer is not None:
                 found.append({"inode": inode, "peer": peer, "released": inode in known})
         return found
-
-
-def peer_of(fd: int) -> Optional[str]:
-    """host:port of a connected TCP socket's peer; None for anything else."""
-    with _connected_tcp(fd) as (_, peer):
-        return peer
 
 
 def abort_nccl(groups: Iterable[Optional[object]]) -> None:

@@ -40,7 +40,7 @@ end_orphaned_job() {
 # that), so nobody else would end the job.
 end_taken_over_job() {
     echo "$1" >"$DEADPOOL_STATUS_FILE"
-    echo "on_node.sh: node $SLURM_NODEID: $(<"$DEADPOOL_TAKEOVER_FILE")" \
+    echo "on_node.sh: node $SLURM_NODEID: $(<"$DEADPOOL_TAKEOVER_FILE");" \
         "the job ended with status $1; ending job $SLURM_JOB_ID" >&2
     scancel "$SLURM_JOB_ID"
 }

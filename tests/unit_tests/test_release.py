@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from deadpool_ext.wire import connect
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.rank.generation import Generation, shut_down, socket_descriptors
+from deadpool_ext.rank.generation import Generation
+from deadpool_ext.sockets import shut_down, socket_descriptors
 
 GROUP_TIMEOUT_S = 20
 

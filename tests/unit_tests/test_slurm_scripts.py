@@ -407,7 +407,7 @@ def test_on_node_ends_the_job_the_standby_took_over_with_its_status(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert status.read_text().strip() == "0"
     assert (tmp_path / "cancelled").read_text().strip() == "7"
-    assert "node 1 took over: silent the job ended with status 0" in proc.stderr
+    assert "node 1 took over: silent; the job ended with status 0" in proc.stderr
 
 
 class FakeAgent:
