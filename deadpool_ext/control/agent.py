@@ -65,6 +65,7 @@ class Agent:
             self.commands.skip_history()
         self.stopping = False
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
+        self.standby_in_sync = False  # as the last generation read said
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
 
     def error_file(self, slot: str) -> str:
@@ -116,6 +117,8 @@ class Agent:
     def beat(self) -> None:
         # The channel numbers every put: each is a new beat.
         self.channel.put(P.node_heartbeat_key(self.node), time=time.time())
+        # Whether the standby holds the coordinator's copy (fail_over).
+        self.standby_in_sync = bool((self.channel.get(P.GEN_KEY) or {}).get("standby"))
 
     def watch_once(self) -> None:
         for slot, proc in list(self.workers.items()):
@@ -189,7 +192,11 @@ class Agent:
     def fail_over(self) -> bool:
         """Vote for the standby's takeover and go on with it as the
         coordinator; False if there is no standby or it did not take over."""
-        if self.standby is None or self.channel.address == P.host_port(self.standby):
+        if (
+            self.standby is None
+            or self.channel.address == P.host_port(self.standby)
+            or not self.standby_in_sync  # its copy fell behind (the primary said so)
+        ):
             return False
         try:
             channel = standby_channel(

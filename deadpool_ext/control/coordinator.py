@@ -209,8 +209,12 @@ class Coordinator:
 
     def put(self, key: str, **body) -> None:
         """Every value processes read goes out here, after the state went to
-        the standby: whatever a process can have seen, a takeover knows."""
+        the standby: whatever a process can have seen, a takeover knows. The
+        generation says whether a standby holds that copy: processes turn to
+        the standby only while it does."""
         self.replicate()
+        if key == P.GEN_KEY:
+            body["standby"] = self.replica is not None
         self.channel.put(key, **body)
 
     def tell_agent(self, node: int, command: Command, slot: Optional[str] = None) -> None:
@@ -631,7 +635,8 @@ class Coordinator:
     def replicate(self) -> None:
         """Write the state to the standby's store when it changed, and renew
         the lease every heartbeat interval. A standby that cannot be reached
-        is gone: the job goes on without one (event ``standby_lost``)."""
+        is gone: the job goes on without one (event ``standby_lost``), and
+        since its copy is stale from then on, nobody may turn to it."""
         if self.replica is None:
             return
         state = json.dumps(self.snapshot(), sort_keys=True)
@@ -643,8 +648,11 @@ class Coordinator:
                 self.replica.put(P.LEASE_KEY, gen=self.gen)
                 self.last_lease = self.clock()
         except dist.DistError as error:
+            # From now on its copy falls behind: before anything else is
+            # published, every process hears that there is no standby.
             self.replica = None
             self.events.emit("standby_lost", gen=self.gen, error=str(error))
+            self.publish()
 
     def snapshot(self) -> dict:
         """Everything a takeover needs (not the timers, nor the reports of a

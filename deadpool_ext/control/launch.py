@@ -214,28 +214,25 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     """Node 0 (or standalone): host the store, start local agents, decide."""
     store = connect(store_host, port, is_master=True)
     address = f"{opts.master_addr}:{port}"
-    events = event_log(opts)
-    coordinator = Coordinator(
-        Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port)),
+    channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
+    coordinator = new_coordinator(opts, channel, replica=replica_channel(opts))
+    agents = {node: start_agent(opts, node, address) for node in local_nodes}
+    return run_coordinator(opts, coordinator, agents)
+
+
+def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
+    """``standby``: the primary's ``replica``, or the ``snapshot`` taken over."""
+    recovery = flag_value(opts.script_args, "--deadpool-recovery-timeout")
+    return Coordinator(
+        channel,
         opts.nnodes,
         opts.spare_nodes,
         opts.nproc_per_node,
-        events,
+        EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK),
         heartbeat_timeout=heartbeat_timeout(opts),
-        recovery_timeout=recovery_timeout(opts),
-        replica=replica_channel(opts),
+        recovery_timeout=float(recovery or RECOVERY_TIMEOUT_S),
+        **standby,
     )
-    agents = {node: start_agent(opts, node, address) for node in local_nodes}
-    return run_coordinator(opts, coordinator, agents, events)
-
-
-def event_log(opts) -> EventLog:
-    return EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK)
-
-
-def recovery_timeout(opts) -> float:
-    value = flag_value(opts.script_args, "--deadpool-recovery-timeout")
-    return float(value or RECOVERY_TIMEOUT_S)
 
 
 def replica_channel(opts) -> Optional[Channel]:
@@ -251,7 +248,7 @@ def replica_channel(opts) -> Optional[Channel]:
     return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
 
 
-def run_coordinator(opts, coordinator: Coordinator, agents: dict, events: EventLog) -> int:
+def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
     """Coordinate until the job ends, then stop every agent."""
 
     def agents_alive() -> bool:
@@ -277,7 +274,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict, events: EventL
     stopped = coordinator.result or coordinator.stopping
     if stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
-    events.close()
+    coordinator.events.close()
     return code
 
 
@@ -305,17 +302,7 @@ def stand_by(opts) -> int:
 
 
 def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen) -> int:
-    events = event_log(opts)
-    coordinator = Coordinator(
-        channel,
-        opts.nnodes,
-        opts.spare_nodes,
-        opts.nproc_per_node,
-        events,
-        heartbeat_timeout=heartbeat_timeout(opts),
-        recovery_timeout=recovery_timeout(opts),
-        snapshot=standby.state,
-    )
+    coordinator = new_coordinator(opts, channel, snapshot=standby.state)
     print(
         f"deadpool-launch: node 0's coordinator fell silent; node {opts.node_rank} takes over "
         f"(nodes {sorted(standby.came_over)} came over)",
@@ -328,7 +315,7 @@ def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen)
             f.write(f"node {opts.node_rank} took over as the coordinator: {reason}\n")
     coordinator.take_over(0, reason)
     agents = {} if agent.poll() is not None else {opts.node_rank: agent}
-    return run_coordinator(opts, coordinator, agents, events)
+    return run_coordinator(opts, coordinator, agents)
 
 
 def main(argv=None) -> int:
@@ -344,7 +331,7 @@ def main(argv=None) -> int:
         raise SystemExit("deadpool-launch: give --master-port (or MASTER_PORT) on a multi-node run")
     if opts.node_rank == 0:
         return coordinate(opts, opts.master_addr, opts.master_port, [0])
-    if opts.node_rank == 1 and opts.standby_addr:
+    if opts.node_rank == 1 and opts.standby_addr and not opts.join:
         return stand_by(opts)
     settings = agent_settings(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     os.environ[AGENT_ENV] = json.dumps(settings)

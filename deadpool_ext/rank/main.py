@@ -130,8 +130,8 @@ class ControlClient:
         has taken over (both channels, and the address of the rendezvous
         stores to come); False if there is none or it did not."""
         address = self.env.standby_address
-        if address is None or self.store_address == address:
-            return False
+        if address is None or self.store_address == address or not self.latest.get("standby"):
+            return False  # none, this is it, or its copy fell behind (the primary said so)
         secret = self.channel.secret
         try:
             beat = standby_channel(address, secret, self.env.takeover_wait_s)

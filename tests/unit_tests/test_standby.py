@@ -6,6 +6,7 @@ of nodes came over, and the coordinator it builds goes on from the state."""
 import json
 
 import pytest
+import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control import launch
@@ -100,6 +101,24 @@ def test_the_standby_holds_every_generation_and_decision_the_workers_can_see(pri
     assert state["members"] == {"0": "0.0", "1": "0.1", "2": "1.0", "3": "2.0"}
     assert state["spares"] == ["2.1"] and state["lost_slots"] == ["1.1"]
     assert state["plan"]["buddy"] == BUDDY
+
+
+class GoneStandby:
+    def put(self, *args, **kwargs):
+        raise dist.DistError("connection reset by peer")
+
+
+def test_once_the_standby_cannot_be_written_every_process_hears_there_is_none(primary):
+    """Its copy falls behind from then on: a process that turned to it after
+    node 0's loss would find a stale state, so none may (agents and workers
+    fail over only while the generation says ``standby``)."""
+    coordinator, worker, _, _ = primary
+    assert worker.get("gen")["standby"] is True
+    coordinator.replica = GoneStandby()
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert coordinator.replica is None and worker.get("gen")["standby"] is False
+    assert worker.get("gen")["gen"] == 1
 
 
 def test_a_standby_takes_over_only_when_the_lease_is_silent_and_a_majority_came(primary):
