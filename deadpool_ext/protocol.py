@@ -32,6 +32,9 @@ STORE_RECONNECT_TIMEOUT_S = 5.0
 # torch's client would wait on it for good (TCP_USER_TIMEOUT bounds it).
 # Well within TAKEOVER_WAIT_S, so that agents reach the standby to vote.
 CONTROL_SILENCE_S = 30.0
+# After a takeover, how long a process may take to come over to the standby
+# (to notice the primary is gone, then to connect) before its silence counts.
+TAKEOVER_GRACE_S = CONTROL_SILENCE_S + STORE_RECONNECT_TIMEOUT_S
 # A rank still training this many heartbeat timeouts after a failure was
 # announced is blocked where no release reaches: it writes every thread's
 # stack (event 'stuck'); one timeout later the coordinator has it killed,

@@ -22,12 +22,19 @@ installed, else faulthandler through SIGUSR1) into the trial's folder.
     python -m tools.chaos --trials 100 --seed 1 [--workdir runs/chaos]
     python -m tools.chaos --seed 1 --only 37        # replay trial 37 of seed 1
     python -m tools.chaos --trials 50 --first 50     # trials 50 to 99, the second part
+    python -m tools.chaos --trials 20 --seed 3 --target coordinator
+
+``--target coordinator`` kills node 0 in every trial, with the coordinator: one
+launcher per node (not --standalone), a spare node and node 1's standby
+(--standby-addr), which must take over; the rest is drawn as usual, and the
+check is the hot swap's.
 
 Failure-free references are run once per (topology, model, dropout) and
 shared between trials.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -44,6 +51,8 @@ from deadpool_ext.compare import curve, read_metrics, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
+from deadpool_ext.control.launch import free_port
+from deadpool_ext.wire import new_secret
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES, PER_NODE, ITERS, HEARTBEAT_TIMEOUT = 2, 4, 8, 5.0
@@ -80,7 +89,7 @@ class Trial:
     pp: int
     spares: int
     model: str
-    target: str  # rank, node, or rank+buddy
+    target: str  # rank, node, rank+buddy, or coordinator (node 0, its launcher too)
     victim: int  # the rank (or node) killed
     iteration: int
     phase: str
@@ -139,6 +148,12 @@ def draw(seed: int, index: int) -> Trial:
     )
 
 
+def aimed_at_coordinator(trial: Trial) -> Trial:
+    """The draw with node 0 killed, its coordinator with it: a standby needs
+    a third node, so the spare node is always there."""
+    return dataclasses.replace(trial, target="coordinator", victim=0, spares=1)
+
+
 def buddy_of(trial: Trial, rank: int) -> int:
     """Its DP peer on the other node (the buddy map of --use-tp-pp-dp-mapping
     with two nodes: the rank at the same place in the other node's block)."""
@@ -156,7 +171,8 @@ def buddy_of(trial: Trial, rank: int) -> int:
 
 def faults(trial: Trial) -> List[str]:
     where = f"iter={trial.iteration}:phase={trial.phase}:delay={trial.delay_ms}"
-    if trial.target == "node":
+    if trial.target in ("node", "coordinator"):
+        # With one launcher per node, killing node 0 kills its launcher too.
         return [f"kill:node={trial.victim}:{where}"]
     specs = [f"kill:rank={trial.victim}:{where}"]
     if trial.target == "rank+buddy":
@@ -224,50 +240,68 @@ def job_args(trial: Trial, out: str) -> List[str]:
     return args
 
 
-def launch(args: List[str], spares: int, out: str, limit_s: float) -> Tuple[int, str, bool]:
-    """Run one job; returns (exit code, its stderr's tail, timed out)."""
+def launch_commands(args: List[str], spares: int, per_node: bool) -> List[List[str]]:
+    """One standalone launcher, or (``per_node``) one launcher per node on
+    this host as on a cluster, node 1 keeping the standby."""
+    script = [os.path.join(REPO, "pretrain_gpt.py"), *args]
+    sizes = ["--nnodes", str(NODES), "--spare-nodes", str(spares), "--nproc-per-node"]
+    sizes.append(str(PER_NODE))
+    launcher = [sys.executable, "-m", "deadpool_ext.launch", *sizes]
+    if not per_node:
+        return [[*launcher, "--standalone", *script]]
+    port = free_port()
+    where = ["--master-addr", "127.0.0.1", "--master-port", str(port), "--standby-addr"]
+    where.append("127.0.0.1")
+    return [
+        [*launcher, *where, "--node-rank", str(node), *script] for node in range(NODES + spares)
+    ]
+
+
+def launch(
+    args: List[str], spares: int, out: str, limit_s: float, per_node: bool = False
+) -> Tuple[int, str, bool]:
+    """Run one job; returns (exit code, its output's tail, timed out). With
+    one launcher per node the job's code is the coordinator's at the end:
+    node 1's, which took over from node 0 (the only one killed)."""
     os.makedirs(out, exist_ok=True)
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
         PYTHONWARNINGS="ignore",
         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        DEADPOOL_SECRET=new_secret(),
     )
-    command = [
-        sys.executable,
-        "-m",
-        "deadpool_ext.launch",
-        "--standalone",
-        "--nnodes",
-        str(NODES),
-        "--spare-nodes",
-        str(spares),
-        "--nproc-per-node",
-        str(PER_NODE),
-        os.path.join(REPO, "pretrain_gpt.py"),
-        *args,
-    ]
     with open(os.path.join(out, "log"), "w") as log:
-        proc = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        timed_out = not wait_watching(proc, out, limit_s)
+        procs = [
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for command in launch_commands(args, spares, per_node)
+        ]
+        timed_out = not wait_watching(procs, out, limit_s)
         if timed_out:
             dump_stacks(out)
-            os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     with open(os.path.join(out, "log")) as log:
         tail = log.read()[-3000:]
-    return proc.returncode, tail, timed_out
+    return procs[1 if per_node else 0].returncode, tail, timed_out
 
 
-def wait_watching(proc: subprocess.Popen, out: str, limit_s: float) -> bool:
+def wait_watching(procs: List[subprocess.Popen], out: str, limit_s: float) -> bool:
     """Wait for the job; False if it ran past ``limit_s``. A generation not
     decided well past the release bound means some survivor is stuck: its
     stacks are dumped then, while it still is."""
     deadline, dumped = time.monotonic() + limit_s, False
     events = os.path.join(out, "events.jsonl")
-    while proc.poll() is None:
+    while any(proc.poll() is None for proc in procs):
         if time.monotonic() > deadline:
             return False
         time.sleep(1)
@@ -468,6 +502,7 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
         trial.spares,
         out,
         limit_s,
+        per_node=trial.target == "coordinator",
     )
     seconds = time.monotonic() - start
     if timed_out:
@@ -509,6 +544,12 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "chaos"))
     parser.add_argument("--limit", type=float, default=400, help="seconds a job may take")
     parser.add_argument("--output", help="write every trial's result here (JSON)")
+    parser.add_argument(
+        "--target",
+        choices=["drawn", "coordinator"],
+        default="drawn",
+        help="coordinator: kill node 0 with the coordinator in every trial",
+    )
     args = parser.parse_args(argv)
     indices = args.only if args.only else range(args.first, args.first + args.trials)
     os.makedirs(args.workdir, exist_ok=True)
@@ -518,6 +559,8 @@ def main(argv=None) -> int:
     )
     for index in indices:
         trial = draw(args.seed, index)
+        if args.target == "coordinator":
+            trial = aimed_at_coordinator(trial)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)
         verdict = ("pass*" if result["stuck"] else "pass") if result["passed"] else "FAIL"

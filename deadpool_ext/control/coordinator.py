@@ -731,7 +731,8 @@ class Coordinator:
             self.channel.put(P.decision_key(self.last_decision["gen"]), **self.last_decision)
         self.started_recovery = self.decided_at = self.took_over_at = now
         slots = [slot for n in self.nodes() for slot in self.slots_of(n)]
-        self.detector.expect(self.nodes(), slots, now)
+        # A process may notice late that node 0 is gone (its host silent).
+        self.detector.expect(self.nodes(), slots, since=now + P.TAKEOVER_GRACE_S)
         for slot in sorted(self.view.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         gen = self.gen
@@ -742,11 +743,12 @@ class Coordinator:
     def settling(self) -> bool:
         """Just after a takeover no agent has beaten on this store yet, so no
         spare is known to be warming: decide once every live node's agent
-        beat here (or the heartbeat timeout passed), not shrink at once."""
+        beat here (or was declared silent), not shrink at once."""
         if self.took_over_at is None:
             return False
         waited = self.clock() - self.took_over_at
-        if waited <= self.heartbeat_timeout and not self.alive_nodes() <= self.beating:
+        limit = self.heartbeat_timeout + P.TAKEOVER_GRACE_S
+        if waited <= limit and not self.alive_nodes() <= self.beating:
             return True
         self.took_over_at = None
         return False

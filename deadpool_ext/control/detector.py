@@ -126,12 +126,12 @@ class Detector:
             return body, False
         return body, now - last[1] > self.timeout_s
 
-    def expect(self, nodes: Iterable[int], slots: Iterable[str], now: float) -> None:
+    def expect(self, nodes: Iterable[int], slots: Iterable[str], since: float) -> None:
         """A coordinator that took over expects every process to beat on its
-        store within the timeout: one that does not is silent from now."""
+        store: one that has not beaten the timeout after ``since`` is silent."""
         keys = [P.node_heartbeat_key(n) for n in nodes] + [P.worker_heartbeat_key(s) for s in slots]
         for key in keys:
-            self.seen.setdefault(key, (None, now))
+            self.seen.setdefault(key, (None, since))
 
     def forget(self, node: int, slots: List[str]) -> None:
         """A node that joins again: its old beats are stale, and the new

@@ -187,19 +187,26 @@ def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(p
 
 def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
     """A node whose agent never came over (it died with node 0) is silent
-    there: declared lost after the timeout, like any silent node."""
+    there: declared lost once the grace for coming over and the timeout
+    have passed, like any silent node; not before (it may have noticed
+    late that node 0 is gone)."""
     coordinator, _, standby_channel, clock = primary
     successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
     successor.take_over(0, "silent")
     beating = Channel(standby_channel.store, SECRET)
-    for _ in range(4):
-        clock.now += 1.0
-        beating.put(P.node_heartbeat_key(1), time=clock.now)
-        for slot in ("1.0", "1.1"):
-            beating.put(P.worker_heartbeat_key(slot), state="recovering")
-        successor.step()
-    lost = [e for e in successor.view.lost_slots]
-    assert sorted(lost) == ["0.0", "0.1", "2.0", "2.1"]  # node 2 never beat here
+
+    def beat_for(seconds):
+        for _ in range(int(seconds)):
+            clock.now += 1.0
+            beating.put(P.node_heartbeat_key(1), time=clock.now)
+            for slot in ("1.0", "1.1"):
+                beating.put(P.worker_heartbeat_key(slot), state="recovering")
+            successor.step()
+
+    beat_for(P.TAKEOVER_GRACE_S + 2.0)
+    assert sorted(successor.view.lost_slots) == ["0.0", "0.1"]
+    beat_for(2.0)
+    assert sorted(successor.view.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
 
 
 def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
