@@ -17,6 +17,11 @@
                                         that ends iteration 4
     kill-agent:node=1:iter=4            SIGKILL node 1's agent alone at the start of
                                         iteration 4 (its workers must die with it)
+    kill-launcher:node=0:iter=4         SIGKILL node 0's launcher alone (the coordinator;
+                                        node 1's: the standby) at the start of iteration
+                                        4, with one launcher per node: its agent and
+                                        workers go on (with --standalone it is every
+                                        emulated node's launcher: the job ends)
     oom:rank=2:iter=4:phase=backward    rank 2's step raises torch.OutOfMemoryError in iteration
                                         4's backward: a local failure, the process lives until it
                                         reports itself (exit code LOCAL_FAILURE) and is replaced
@@ -55,7 +60,17 @@ from typing import List, Optional
 import torch
 
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
-ACTIONS = ("kill", "kill-agent", "hang", "stall", "oom", "nan", "nan-always", "disk-full")
+ACTIONS = (
+    "kill",
+    "kill-agent",
+    "kill-launcher",
+    "hang",
+    "stall",
+    "oom",
+    "nan",
+    "nan-always",
+    "disk-full",
+)
 # Faults that poison the forward output rather than fire at a point.
 POISONS = ("nan", "nan-always")
 # Where a stall stops the main thread (mirror runs in its own thread).
@@ -121,9 +136,9 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(
             f"--deadpool-inject {spec}: {action} poisons the forward output: no phase or delay"
         )
-    if action == "kill-agent" and ("rank" in fields or phase != "forward"):
+    if action in ("kill-agent", "kill-launcher") and ("rank" in fields or phase != "forward"):
         raise InjectError(
-            f"--deadpool-inject {spec}: kill-agent takes node=N and iter=N (at the start "
+            f"--deadpool-inject {spec}: {action} takes node=N and iter=N (at the start "
             "of that iteration)"
         )
     if action == "disk-full":
@@ -197,11 +212,20 @@ def fire(fault: Fault) -> None:
         # The workers die of the parent-death signal their agent's death sends.
         with contextlib.suppress(ProcessLookupError):
             os.kill(os.getppid(), signal.SIGKILL)
+    elif fault.action == "kill-launcher":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(parent_of(os.getppid()), signal.SIGKILL)
     elif fault.node is not None:
         # The agent started this node's workers in its own process group.
         os.killpg(os.getpgrp(), signal.SIGKILL)
     else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def parent_of(pid: int) -> int:
+    """A process's parent (here: an agent's launcher), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def fill_disk() -> None:

@@ -1,7 +1,8 @@
 """A process's life bound to its parent's: Linux's parent-death signal.
 
-Agents die with the launcher that started them, workers with their agent:
-a lost launcher or agent leaves no orphan holding a rank or a node's slots.
+Workers die with their agent: a lost agent leaves no orphan holding a rank.
+(Agents outlive their launcher: a launcher that hosts the coordinator or
+the standby is a control-plane role, which another node takes over.)
 """
 
 import ctypes

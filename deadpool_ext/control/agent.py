@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
-from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.wire import (
     Channel,
     JobEnded,
@@ -222,9 +221,6 @@ class Agent:
 
 def main() -> NoReturn:
     settings = json.loads(os.environ[P.AGENT_ENV])
-    # An agent its launcher started dies with it: a launcher's loss is its node's.
-    if "launcher_pid" in settings and not die_with_parent(settings["launcher_pid"]):
-        leave(ExitCode.FAILED)
     host, port = settings["store"].rsplit(":", 1)
     store = control_connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
     agent = Agent(

@@ -719,14 +719,19 @@ class Coordinator:
         self.last_decision = snap["decision"]
         self.detector.iterations.update(snap["iterations"])
 
-    def take_over(self, node: int, reason: str) -> None:
+    def take_over(self, node: int, reason: str, node_alive: bool = False) -> None:
         """The standby's first act as the coordinator, on its own store: put
         back the current decision (a spare may not have read it yet), repeat
         the kills the primary may not have delivered, expect a heartbeat
-        from every process within the timeout, and lose the primary's node:
-        a new generation, which every survivor reports to here."""
+        from every process, and lose the primary's node: a new generation,
+        which every survivor reports to here. If that node's agent came over
+        (its launcher alone died), nothing is lost: training goes on in the
+        same generation, unless one was being decided or carried out (what
+        was reported or joined went to the primary: everyone reports again)."""
         now = self.clock()
-        self.events.emit("takeover", gen=self.gen, state=self.state, node=node, reason=reason)
+        self.events.emit(
+            "takeover", gen=self.gen, state=self.state, node=node, reason=reason, alive=node_alive
+        )
         if self.last_decision is not None:
             self.channel.put(P.decision_key(self.last_decision["gen"]), **self.last_decision)
         self.started_recovery = self.decided_at = self.took_over_at = now
@@ -736,9 +741,26 @@ class Coordinator:
         for slot in sorted(self.view.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         gen = self.gen
-        self.lose_node(node, reason)
+        if not node_alive:
+            self.lose_node(node, reason)
+        elif self.state in COLLECTING or self.state == S.REBUILDING:
+            self.open_generation(S.RECOVERING)
+            self.events.emit(
+                "failure_detected",
+                gen=self.gen,
+                ranks=[],
+                slots=[],
+                reason=f"{reason}: every rank reports again to the new coordinator",
+                iteration=max(self.progress.values(), default=0),
+            )
+            self.publish(self.likely_spares())
+        elif self.state == S.RESIZING:  # its joins went to the primary
+            why = f"{reason} while the job was being resized"
+            self.end(
+                abort(self.gen, f"{why}: resume from the last --save checkpoint", self.view.members)
+            )
         if self.gen == gen and self.result is None:
-            self.publish()  # nothing of the job's was on that node
+            self.publish()  # training goes on, or nothing of the job's was on that node
 
     def settling(self) -> bool:
         """Just after a takeover no agent has beaten on this store yet, so no

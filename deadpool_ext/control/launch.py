@@ -159,11 +159,12 @@ def agent_settings(opts, node: int, store: str) -> dict:
 
 
 def start_agent(opts, node: int, store: str) -> subprocess.Popen:
-    settings = dict(agent_settings(opts, node, store), launcher_pid=os.getpid())
-    env = dict(os.environ, **{AGENT_ENV: json.dumps(settings)})
+    env = dict(os.environ, **{AGENT_ENV: json.dumps(agent_settings(opts, node, store))})
     # Standalone, an emulated node is its agent's session: killing the node
     # kills the agent and its workers only. A node launcher's agent stays in
-    # its process group, which is then the whole node.
+    # its process group, which is then the whole node. The agent outlives
+    # its launcher: losing the coordinator (or the standby) alone, the node
+    # goes on training under the standby (or the coordinator).
     return subprocess.Popen(
         [sys.executable, "-m", "deadpool_ext.control.agent"],
         env=env,
@@ -313,7 +314,7 @@ def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen)
     if opts.takeover_file:
         with open(opts.takeover_file, "w") as f:
             f.write(f"node {opts.node_rank} took over as the coordinator: {reason}\n")
-    coordinator.take_over(0, reason)
+    coordinator.take_over(0, reason, node_alive=0 in standby.came_over)
     agents = {} if agent.poll() is not None else {opts.node_rank: agent}
     return run_coordinator(opts, coordinator, agents)
 

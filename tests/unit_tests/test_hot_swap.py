@@ -279,21 +279,28 @@ def test_saves_that_fail_or_die_stop_nothing(recovered):
             assert len(said) == 4, log[-3000:]  # every rank
 
 
-def test_the_coordinators_node_dies_and_the_standby_takes_over_bit_for_bit(tmp_path, references):
-    """One launcher per node (as on a cluster): node 0 (the store, the
-    coordinator and ranks 0-1) dies in backward of iteration 4. Node 1's
+@pytest.mark.parametrize(
+    "fault",
+    ["kill:node=0:iter=4:phase=backward", "kill-launcher:node=0:iter=4"],
+    ids=["node", "launcher"],
+)
+def test_the_coordinator_is_lost_and_the_standby_takes_over_bit_for_bit(
+    tmp_path, references, fault
+):
+    """One launcher per node (as on a cluster). node: node 0 (the store, the
+    coordinator and ranks 0-1) dies in backward of iteration 4; node 1's
     standby, which holds the coordinator's state, takes over once node 0's
-    lease is silent and node 2 came over; node 2's spares take ranks 0-1
-    from their buddies, and the job ends as the failure-free one."""
-    args = deadpool_args(tmp_path, SMALL, ["kill:node=0:iter=4:phase=backward"], ITERS)
+    lease is silent and node 2 came over, node 2's spares take ranks 0-1
+    from their buddies. launcher: node 0's launcher alone dies; its agent
+    comes over too, and training goes on in the same generation, nothing
+    redone. Either way the job ends as the failure-free one."""
+    args = deadpool_args(tmp_path, SMALL, [fault], ITERS)
     codes = launch_on_nodes(tmp_path, args, nodes=2, spares=1, per_node=2)
     logs = "".join((tmp_path / f"node{n}.log").read_text() for n in range(3))
     assert codes == [-9, 0, 0], logs[-6000:]
     assert not leftovers(tmp_path)
-    got, want = (
-        read_metrics(tmp_path / "metrics.jsonl"),
-        read_metrics(references["small"] / "metrics.jsonl"),
-    )
+    got = read_metrics(tmp_path / "metrics.jsonl")
+    want = read_metrics(references["small"] / "metrics.jsonl")
     assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
     assert curve(got) == curve(want)
     assert_same_state(
@@ -302,12 +309,16 @@ def test_the_coordinators_node_dies_and_the_standby_takes_over_bit_for_bit(tmp_p
     )
     events = read_events(str(tmp_path / "events.jsonl"))
     takeover = [e for e in events if e["event"] == "takeover"]
-    assert len(takeover) == 1 and takeover[0]["node"] == 0
+    assert len(takeover) == 1 and takeover[0]["node"] == 0, takeover
+    assert "node 1 takes over" in logs
     detected = [e for e in events if e["event"] == "failure_detected"]
+    if fault.startswith("kill-launcher"):
+        assert takeover[0]["alive"] and not detected
+        assert not [e for e in events if e["event"] == "state_restored"]
+        return
     assert detected[-1]["ranks"] == [0, 1] and "coordinator's node" in detected[-1]["reason"]
     decisions = [e for e in events if e["event"] == "decision"]
     assert decisions[-1]["replaced"] == {"0": "2.0", "1": "2.1"}
-    assert "node 1 takes over" in logs
 
 
 @pytest.mark.parametrize(

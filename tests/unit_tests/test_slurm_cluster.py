@@ -234,15 +234,16 @@ def node_failure(reference, report, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def agent_killed(reference, report, tmp_path_factory):
-    """Kill the second active node's launcher (its agent) alone in iteration
-    6: its workers die with it (parent-death signal), its node stays up."""
+    """Kill the second active node's agent alone in iteration 6 (that node's
+    launcher, which keeps the standby, runs it as a child): its workers die
+    with it (parent-death signal), its node stays up."""
     seen = {}
 
     def kill_agent(job):
         wait_for_iteration(run_dir, 5, job)
         node = job_nodes(job)[1]
-        pids = run("scontrol", "listpids", job, node).split()
-        agent = [p for p in pids if p.isdigit() and is_launcher(cmdline(p))]
+        pids = [p for p in run("scontrol", "listpids", job, node).split() if p.isdigit()]
+        agent = [p for p in pids if is_agent(cmdline(p))]
         seen.update(node=node, agent=agent, killed_at=time.time())
         for pid in agent:
             os.kill(int(pid), signal.SIGKILL)
@@ -250,7 +251,7 @@ def agent_killed(reference, report, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("slurm") / "agent-killed"
     result = timed_job(run_dir, report, "agent killed", during=kill_agent)
     result.update(seen)
-    report.add(f"after iteration 5: kill -KILL {seen['agent']} (deadpool-launch on {seen['node']})")
+    report.add(f"after iteration 5: kill -KILL {seen['agent']} (the agent on {seen['node']})")
     return result
 
 
@@ -293,9 +294,10 @@ def cmdline(pid: str) -> str:
         return ""
 
 
-def is_launcher(command: str) -> bool:
-    """deadpool-launch itself, not on_node.sh's shell that runs it."""
-    return "-m deadpool_ext.launch" in command and "on_node.sh" not in command
+def is_agent(command: str) -> bool:
+    """A node's agent: run by its launcher as a child where the launcher
+    keeps the coordinator or the standby (nodes 0 and 1)."""
+    return "-m deadpool_ext.control.agent" in command
 
 
 def test_failure_free_submission_completes(reference):

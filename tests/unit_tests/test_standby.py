@@ -257,3 +257,24 @@ def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkey
     opts = launch.build_parser().parse_args([*flags, "--standby-addr", "h", "pretrain_gpt.py"])
     with pytest.raises(SystemExit, match="at least 3 nodes in all"):
         launch.check(opts)
+
+
+def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):
+    """Node 0's agent came over: its ranks live. In training the successor
+    keeps the generation (no rank redoes anything); in the middle of a
+    recovery, whose reports went to the primary, everyone reports again."""
+    coordinator, worker, standby_channel, clock = primary
+    clock.now += 1.0
+    coordinator.step()
+    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor.take_over(0, "silent", node_alive=True)
+    client = Channel(standby_channel.store, SECRET)
+    assert client.get("gen")["gen"] == 0 and successor.lost == set()
+    assert successor.view.lost_slots == set()
+
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()  # recovering generation 1; then the launcher dies
+    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor.take_over(0, "silent", node_alive=True)
+    assert client.get("gen")["gen"] == 2 and client.get("gen")["lost"] == [3]
+    assert successor.state == "recovering" and successor.view.lost_slots == {"1.1"}
