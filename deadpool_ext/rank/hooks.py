@@ -332,11 +332,9 @@ class FaultHook(Hook):
         """A node dies once all its ranks are at the kill point (in forward,
         pipeline stages would wait on each other)."""
         key = f"inject/{fault}"
-        self.ctx.store.add(key, 1)
+        self.ctx.add(key, 1)
         deadline = time.monotonic() + 10  # a rank replaced earlier never comes
-        while (
-            self.ctx.store.add(key, 0) < self.ranks_on_this_node() and time.monotonic() < deadline
-        ):
+        while self.ctx.add(key, 0) < self.ranks_on_this_node() and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def ranks_on_this_node(self) -> int:

@@ -96,11 +96,6 @@ class ControlClient:
             raise recovery.WorkerExit(ExitCode.FAILED, gone)
         return standby
 
-    @property
-    def store(self):
-        """The store client (a new one after the channel had to connect again)."""
-        return self.channel.store
-
     def _beat(self, watch_s: float = 0.05) -> None:
         """Beat every heartbeat_s; read the generation every watch_s."""
         last_beat = 0.0
@@ -245,6 +240,10 @@ class ControlClient:
 
     def get(self, key: str) -> Optional[dict]:
         return self._control_plane(lambda channel: channel.get(key))
+
+    def add(self, key: str, amount: int) -> int:
+        """A plain counter of the store (fault injection's node barrier)."""
+        return self._control_plane(lambda channel: channel.store.add(key, amount))
 
     def current(self) -> dict:
         return self.get(P.GEN_KEY) or self.latest
