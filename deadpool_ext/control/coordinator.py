@@ -429,17 +429,10 @@ class Coordinator:
             )
         self.rolled_back.add(m.iteration)
         self.redoing[m.iteration] = m.rank
-        self.open_generation(S.RECOVERING)
-        self.events.emit(
-            "failure_detected",
-            gen=self.gen,
-            ranks=[],
-            slots=[],
-            reason=f"rank {m.rank}: {m.error}: rolling every rank back to iteration "
-            f"{m.iteration}'s start",
+        self.report_again(
+            f"rank {m.rank}: {m.error}: rolling every rank back to iteration {m.iteration}'s start",
             iteration=m.iteration - 1,
         )
-        self.publish()
 
     # ----- failures -----
     def slots_of(self, node: int) -> List[str]:
@@ -486,6 +479,15 @@ class Coordinator:
             slots=slots,
             reason=reason,
             iteration=max(self.progress.values(), default=0),
+        )
+        self.publish(self.likely_spares())
+
+    def report_again(self, reason: str, iteration: int) -> None:
+        """A new generation with nobody lost: every rank reports again and
+        goes back to a snapshot all of them hold."""
+        self.open_generation(S.RECOVERING)
+        self.events.emit(
+            "failure_detected", gen=self.gen, ranks=[], slots=[], reason=reason, iteration=iteration
         )
         self.publish(self.likely_spares())
 
@@ -744,16 +746,10 @@ class Coordinator:
         if not node_alive:
             self.lose_node(node, reason)
         elif self.state in COLLECTING or self.state == S.REBUILDING:
-            self.open_generation(S.RECOVERING)
-            self.events.emit(
-                "failure_detected",
-                gen=self.gen,
-                ranks=[],
-                slots=[],
-                reason=f"{reason}: every rank reports again to the new coordinator",
+            self.report_again(
+                f"{reason}: every rank reports again to the new coordinator",
                 iteration=max(self.progress.values(), default=0),
             )
-            self.publish(self.likely_spares())
         elif self.state == S.RESIZING:  # its joins went to the primary
             why = f"{reason} while the job was being resized"
             self.end(
