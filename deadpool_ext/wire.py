@@ -83,7 +83,7 @@ def connect(
     server too, listening on ``host`` alone (torch's TCPStore would listen
     on every interface: loopback for --standalone keeps the job's store off
     the network)."""
-    before = set(socket_descriptors())
+    before = set(socket_descriptors()) if silent_after_s is not None else set()
     listener = listen(host, port) if is_master else None
     store = dist.TCPStore(
         host,
