@@ -15,8 +15,15 @@ def read_metrics(path: str) -> List[dict]:
 
 
 def curve(metrics: List[dict]) -> List[tuple]:
-    """What must match bit for bit: per iteration loss, grad norm, lr."""
-    return [(m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"]) for m in metrics]
+    """What must match bit for bit: per iteration loss, grad norm, lr, and
+    an MoE model's auxiliary losses (load balancing, z-loss)."""
+    return [
+        (m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"], *_aux_losses(m)) for m in metrics
+    ]
+
+
+def _aux_losses(line: dict) -> List[tuple]:
+    return sorted((k, v) for k, v in line.items() if k.endswith("_loss") and k != "lm_loss")
 
 
 def model_tensors(state: Dict[str, object]) -> Dict[str, torch.Tensor]:

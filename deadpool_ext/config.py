@@ -12,7 +12,7 @@ from megatron.training import arguments
 from megatron.training.arguments import ConfigError
 from megatron.training.config import Config, arg
 
-from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map, nodes_by_block
+from deadpool_ext.topology import BuddyError, BuddyMap, Experts, buddy_map, nodes_by_block
 from deadpool_ext.inject import InjectError, parse_faults
 from deadpool_ext.protocol import (
     ERROR_FILE_ENV,
@@ -131,20 +131,36 @@ def node_names(config: Config, environ=os.environ) -> List[str]:
     return nodes_by_block(config.world_size, per_node)
 
 
-def plan_buddies(config: Config, environ=os.environ) -> BuddyMap:
-    """The buddy map this run will use, or ConfigError saying why there is none."""
+def plan_buddies(config: Config, environ=os.environ, hosts: Optional[List[str]] = None) -> BuddyMap:
+    """The buddy map this run will use (on ``hosts``, the rank's node names,
+    when given), or ConfigError saying why there is none."""
     p = config.parallel
+    experts = None
+    if config.moe.num_experts is not None:
+        experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
     try:
         return buddy_map(
             config.world_size,
             p.tensor_model_parallel_size,
             p.pipeline_model_parallel_size,
-            node_names(config, environ),
+            hosts or node_names(config, environ),
             allow_same_node=section(config).deadpool_allow_same_node_buddy,
             tp_pp_dp=p.use_tp_pp_dp_mapping,
+            experts=experts,
         )
     except BuddyError as error:
         raise ConfigError(str(error)) from None
+
+
+def cannot_resize(config: Config) -> Optional[str]:
+    """Why this job cannot shrink (nor gather its state on fewer replicas
+    to save it) when spares run out, or None."""
+    if config.moe.num_experts is not None:
+        return (
+            "an MoE model's expert shards are not re-cut over a smaller "
+            "expert-data-parallel group yet"
+        )
+    return None
 
 
 def validate_deadpool(config: Config, environ=os.environ) -> None:
@@ -155,12 +171,6 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     if not config.parallel.use_distributed_optimizer:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
-        )
-    if config.moe.num_experts is not None:
-        raise ConfigError(
-            "--deadpool with --num-experts: the buddy mirror does not cover MoE models yet "
-            "(their expert shards live in the expert-data-parallel group, which hot swap and "
-            "shrink do not rebuild); train MoE models without --deadpool for now"
         )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")

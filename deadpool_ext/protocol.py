@@ -252,6 +252,9 @@ class Plan(Message):
     distributed_timeout_minutes: Optional[float] = None
     train_iters: Optional[int] = None
     progress_timeout: float = PROGRESS_TIMEOUT_S
+    # Why this job cannot change its data-parallel size (None: it can);
+    # spares exhausted then ends it whatever --deadpool-on-spares-exhausted says.
+    cannot_resize: Optional[str] = None
 
 
 @dataclass

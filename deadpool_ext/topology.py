@@ -14,6 +14,13 @@ The buddy map is one uniform shift along every ring: rank i of a ring sends
 to rank (i + s) mod DP, with s the smallest shift that puts every buddy on
 another node. A uniform shift is a permutation, so each rank also holds
 exactly one peer's mirror, and memory per rank stays one shard.
+
+An MoE model's expert parameters are sharded over the expert-data-parallel
+group instead (the ranks holding the same experts: megatron-core's expert
+grid orders ranks expert-TP fastest, then EP, then expert-DP and PP), a
+part of each DP ring with EP = 1 of its members. Buddies are then also kept
+within that group, which a shift that is a multiple of EP does: a rank's
+mirror always lies with a rank holding the same experts.
 """
 
 from dataclasses import dataclass
@@ -46,15 +53,44 @@ def dp_rings(
     ]
 
 
-def ring_shift(rings: Sequence[Sequence[int]], node_of: Sequence[str]) -> Optional[int]:
+@dataclass(frozen=True)
+class Experts:
+    """An MoE job's expert layout: expert-tensor- and expert-parallel sizes."""
+
+    etp: int
+    ep: int
+
+
+def expert_dp_groups(
+    world_size: int, experts: Experts, pp_size: int, tp_pp_dp: bool = False
+) -> List[Tuple[int, int, int]]:
+    """Per rank, which expert-data-parallel group it is in, as its (expert
+    TP, EP, PP) coordinates: megatron-core's expert rank order (the dense
+    order with EP inserted after TP)."""
+    etp, ep = experts.etp, experts.ep
+    edp = world_size // (etp * ep * pp_size)
+    groups = []
+    for rank in range(world_size):
+        t, rest = rank % etp, rank // etp
+        e, rest = rest % ep, rest // ep
+        p = rest // edp if not tp_pp_dp else rest % pp_size
+        groups.append((t, e, p))
+    return groups
+
+
+def ring_shift(
+    rings: Sequence[Sequence[int]],
+    node_of: Optional[Sequence[str]],
+    group_of: Optional[Sequence[object]] = None,
+) -> Optional[int]:
     """Smallest shift s in 1..DP-1 with every ring[i] and ring[i+s] on
-    different nodes, or None if there is none."""
+    different nodes (unless ``node_of`` is None) and in the same group
+    (given ``group_of``), or None if there is none."""
     dp_size = len(rings[0])
     for shift in range(1, dp_size):
-        if all(
-            node_of[ring[i]] != node_of[ring[(i + shift) % dp_size]]
-            for ring in rings
-            for i in range(dp_size)
+        pairs = [(ring[i], ring[(i + shift) % dp_size]) for ring in rings for i in range(dp_size)]
+        if (node_of is None or all(node_of[a] != node_of[b] for a, b in pairs)) and (
+            group_of is None or all(group_of[a] == group_of[b] for a, b in pairs)
         ):
             return shift
     return None
@@ -77,6 +113,7 @@ def buddy_map(
     node_of: Sequence[str],
     allow_same_node: bool = False,
     tp_pp_dp: bool = False,
+    experts: Optional[Experts] = None,
 ) -> BuddyMap:
     """The mirror layout of a job, or BuddyError saying why there is none."""
     if len(node_of) != world_size:
@@ -89,7 +126,16 @@ def buddy_map(
             f"shard), but TP {tp_size} x PP {pp_size} uses all {world_size} ranks: launch "
             "more ranks or lower --tensor-model-parallel-size / --pipeline-model-parallel-size"
         )
-    shift, same_node = ring_shift(rings, node_of), False
+    group_of = None if experts is None else expert_dp_groups(world_size, experts, pp_size, tp_pp_dp)
+    if group_of is not None and ring_shift(rings, None, group_of) is None:
+        raise BuddyError(
+            f"--deadpool keeps an expert shard's mirror within its expert-data-parallel group, "
+            f"and with --expert-model-parallel-size {experts.ep} and "
+            f"--expert-tensor-parallel-size {experts.etp} no data-parallel peer of a rank "
+            "holds its experts: lower --expert-model-parallel-size (expert-data-parallel "
+            "size >= 2 is needed) or launch more ranks"
+        )
+    shift, same_node = ring_shift(rings, node_of, group_of), False
     if shift is None:
         nodes = sorted(set(node_of))
         if not allow_same_node:
@@ -100,7 +146,7 @@ def buddy_map(
                 "nodes so each DP ring spans two, or accept same-node buddies "
                 "with --deadpool-allow-same-node-buddy (a node failure then loses state)"
             )
-        shift, same_node = 1, True
+        shift, same_node = ring_shift(rings, None, group_of), True
     buddy = {ring[i]: ring[(i + shift) % dp_size] for ring in rings for i in range(dp_size)}
     owner = {b: r for r, b in buddy.items()}
     return BuddyMap(buddy=buddy, owner=owner, shift=shift, same_node=same_node)

@@ -919,6 +919,14 @@ class Coordinator:
                 self.buddy,
                 self.owner,
             )
+        if self.plan.cannot_resize:
+            return abort(
+                self.gen,
+                f"ranks {sorted(self.lost)} were lost and no spare is left; the job "
+                f"cannot {policy} ({self.plan.cannot_resize}): resume from the last "
+                "--save checkpoint",
+                self.view.members,
+            )
         decision = plan_shrink(
             self.gen, self.view.members, self.lost, self.reports, self.buddy, self.grid()
         )

@@ -118,13 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flag_value(args: List[str], name: str) -> Optional[str]:
-    """A --flag VALUE of the training script the coordinator also needs."""
+    """A --flag VALUE of the training script the coordinator also needs:
+    the last one given, as the script's argparse takes it."""
+    value = None
     for i, arg in enumerate(args):
         if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def free_port() -> int:

@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 
 from megatron.training import rank_state
+from megatron.training.arguments import ConfigError
 from megatron.training.config import Config
 from megatron.training.log import get_logger
 from megatron.training.training import Hook, Trainer
 
 from deadpool_ext import protocol as P
-from deadpool_ext.config import nodes_are_emulated, plan_buddies, section
+from deadpool_ext.config import cannot_resize, nodes_are_emulated, plan_buddies, section
 from deadpool_ext.events import EventLog
 from deadpool_ext.inject import Fault, Injector, fire, free_disk
 from deadpool_ext.protocol import WorkerState
@@ -31,7 +32,7 @@ from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.rank.generation import open_mirror_group
 from deadpool_ext.state.mirror import Mirror
-from deadpool_ext.topology import BuddyError, BuddyMap, buddy_map
+from deadpool_ext.topology import BuddyMap
 
 
 def replay_state(trainer: Trainer) -> dict:
@@ -53,17 +54,9 @@ def runtime_buddies(config: Config) -> BuddyMap:
         return planned
     hosts: List[Optional[str]] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    p, dp = config.parallel, section(config)
     try:
-        return buddy_map(
-            config.world_size,
-            p.tensor_model_parallel_size,
-            p.pipeline_model_parallel_size,
-            hosts,
-            allow_same_node=dp.deadpool_allow_same_node_buddy,
-            tp_pp_dp=p.use_tp_pp_dp_mapping,
-        )
-    except BuddyError as error:
+        return plan_buddies(config, hosts=hosts)
+    except ConfigError as error:
         raise SystemExit(f"--deadpool: {error}") from None
 
 
@@ -204,6 +197,7 @@ class RecoveryHook(Hook):
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
                 progress_timeout=dp.deadpool_progress_timeout,
+                cannot_resize=cannot_resize(self.config),
             )
         )
 

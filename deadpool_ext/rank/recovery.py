@@ -243,6 +243,7 @@ class Recovery:
 
     def tear_down(self) -> None:
         start = time.monotonic()
+        self.trainer.abandon_iteration()
         if self.mirror is not None and self.ctx.grow_announced():
             # Nobody is lost: let the boundary's snapshot reach the buddy,
             # so a grow redoes no iteration.

@@ -110,6 +110,8 @@ class _Swapper:
                 return self.mapping[id(value)]
             self.unknown.append(path)
             return value
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+            self._visit_graph(value.grad_fn, f"{path}.grad_fn")
         if isinstance(value, _LEAVES) or id(value) in self.seen:
             return value
         self.seen.add(id(value))
@@ -139,6 +141,20 @@ class _Swapper:
         else:
             self._visit_object(value, path)
         return value
+
+    def _visit_graph(self, node, path: str) -> None:
+        """An autograd graph a layer keeps (megatron-core's MoE token
+        dispatchers keep tensors from dispatch to combine, so a failure
+        between them leaves the graph alive): custom functions hold groups
+        in their contexts' attributes."""
+        stack = [node]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in self.seen:
+                continue
+            self.seen.add(id(node))
+            self._visit_object(node, f"{path}<{type(node).__name__}>")
+            stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _visit_cell(self, cell, path: str) -> None:
         try:
@@ -170,9 +186,10 @@ class _Swapper:
 
 
 def swap_groups(roots: Dict[str, object], mapping: Dict[int, object], kinds: tuple) -> int:
-    """Replace, everywhere reachable from ``roots``, each value of a type in
-    ``kinds`` by ``mapping[id(value)]``. Raises if one is not in the mapping
-    or sits where it cannot be replaced. Returns how many were replaced."""
+    """Replace, everywhere reachable from ``roots`` (autograd graphs
+    included), each value of a type in ``kinds`` by ``mapping[id(value)]``.
+    Raises if one is not in the mapping or sits where it cannot be
+    replaced. Returns how many were replaced."""
     swapper = _Swapper(mapping, kinds)
     for name, root in roots.items():
         swapper.visit(root, name)
@@ -250,17 +267,58 @@ def reset() -> None:
 
 
 def _holders(obj) -> str:
-    """Who keeps an old group alive: for the error message."""
+    """Who keeps an old group alive: for the error message. (No
+    comprehension may use ``obj``: it would hold it in a cell of its own.)"""
     found = []
     for ref in gc.get_referrers(obj):
         if ref is found or isinstance(ref, types.FrameType) and ref.f_code.co_name == "_holders":
             continue
         if isinstance(ref, dict):
-            keys = [key for key in ref if ref[key] is obj]
-            found.append(f"dict[{keys[0]!r}]" if keys else "dict")
+            found.append(f"dict[{_key_of(ref, obj)!r}]")
+        elif isinstance(ref, types.CellType):
+            found.append(f"a closure of {_closure_owners(ref)}")
         else:
             found.append(f"{type(ref).__name__} {repr(ref)[:80]}")
-    return ", ".join(found[:4]) or "nothing Python can see"
+    return ", ".join(found[:4]) or _untracked_holders(obj) or "nothing Python can see"
+
+
+def _untracked_holders(obj) -> str:
+    """Tuples and dicts of objects the collector does not track (a process
+    group among them) are not tracked either, so get_referrers cannot see
+    them: look one level down from every tracked object."""
+    found = []
+    for outer in gc.get_objects():
+        for inner in gc.get_referents(outer):
+            if gc.is_tracked(inner) or not isinstance(inner, (tuple, dict)):
+                continue
+            items = inner.values() if isinstance(inner, dict) else inner
+            for item in items:
+                if item is obj:
+                    kind, where = type(inner).__name__, type(outer).__name__
+                    found.append(f"an untracked {kind} in {where} {repr(outer)[:80]}")
+    return ", ".join(found[:3])
+
+
+def _key_of(mapping: dict, value) -> object:
+    for key, item in mapping.items():
+        if item is value:
+            return key
+    return None
+
+
+def _closure_owners(cell) -> str:
+    """The functions (or running calls) whose closure holds ``cell``."""
+    names = []
+    for holder in gc.get_referrers(cell):
+        if isinstance(holder, types.FrameType):
+            names.append(f"{holder.f_code.co_qualname} ({holder.f_code.co_filename})")
+        elif isinstance(holder, tuple):
+            names += [
+                f"{fn.__module__}.{fn.__qualname__}"
+                for fn in gc.get_referrers(holder)
+                if isinstance(fn, types.FunctionType)
+            ]
+    return " and ".join(names[:2]) or "a function Python cannot name"
 
 
 def attach(

@@ -8,7 +8,11 @@ with --moe-per-layer-logging)."""
 
 from typing import Dict, List, Tuple
 
-from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, track_moe_metrics
+from megatron.core.transformer.moe.moe_utils import (
+    clear_aux_losses_tracker,
+    get_moe_layer_wise_logging_tracker,
+    track_moe_metrics,
+)
 
 from megatron.training.config import Config
 
@@ -64,3 +68,10 @@ def aux_losses(
 def forget() -> None:
     """Drop what validation's forward passes added to the tracker."""
     clear_aux_losses_tracker()
+
+
+def abandon() -> None:
+    """An iteration stopped midway will be redone: drop its partial sums
+    (the redone one must log what a failure-free run logs) and the process
+    groups the tracker holds (a recovery replaces them)."""
+    get_moe_layer_wise_logging_tracker().clear()

@@ -204,6 +204,11 @@ class Trainer:
         if self.dashboards is not None:
             self.dashboards.rewind(progress.iteration, progress.consumed_samples)
 
+    def abandon_iteration(self) -> None:
+        """The iteration in progress stopped midway (a peer failed) and will
+        be redone from a restored state."""
+        moe_metrics.abandon()
+
     def forget_after(self, iteration: int) -> None:
         """Iterations after ``iteration`` will be redone: drop their metrics
         lines and the log window's sums."""
@@ -546,6 +551,7 @@ class Trainer:
                     "loss_scale": self.state.optimizer.get_loss_scale().item(),
                     "skipped": metrics["skipped"],
                     "seconds": metrics["seconds"],
+                    **metrics["aux_losses"],  # MoE: the routers' losses, by Megatron-LM's names
                 }
             )
         if metrics["aux_scalars"]:  # every iteration, as Megatron-LM

@@ -129,10 +129,12 @@ def deadpool_args(
     schedule: Optional[List[str]] = None,
 ) -> List[str]:
     """pretrain_gpt.py's arguments: TINY_GPT with --deadpool, writing to tmp;
-    ``schedule`` replaces the global batch of 8 for ``iters`` iterations."""
+    ``schedule`` replaces the global batch of 8 for ``iters`` iterations;
+    ``layout`` may set the heartbeat timeout again (the last one counts)."""
     schedule = schedule or ["--global-batch-size", "8", "--train-iters", str(iters)]
     return (
         TINY_GPT
+        + ["--deadpool-heartbeat-timeout", str(heartbeat_timeout)]
         + layout
         + schedule
         + [
@@ -146,8 +148,6 @@ def deadpool_args(
             "--deadpool",
             "--deadpool-events",
             str(tmp / "events.jsonl"),
-            "--deadpool-heartbeat-timeout",
-            str(heartbeat_timeout),
             "--tensorboard-dir",
             str(tmp / "tb"),
         ]

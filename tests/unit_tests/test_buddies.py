@@ -3,7 +3,15 @@
 import pytest
 from megatron.core.parallel_state import RankGenerator
 
-from deadpool_ext.topology import BuddyError, Grid, buddy_map, dp_rings, nodes_by_block
+from deadpool_ext.topology import (
+    BuddyError,
+    Experts,
+    Grid,
+    buddy_map,
+    dp_rings,
+    expert_dp_groups,
+    nodes_by_block,
+)
 
 
 @pytest.mark.parametrize(
@@ -118,3 +126,56 @@ def test_uneven_nodes_use_the_smallest_working_shift():
     layout = buddy_map(4, 1, 1, node_of)
     check_layout(layout, 4, node_of)
     assert layout.shift == 2
+
+
+# ----- MoE: expert shards are sharded over the expert-data-parallel group -----
+EXPERT_LAYOUTS = [  # world, tp, pp, expert TP, EP, --use-tp-pp-dp-mapping
+    (8, 1, 2, 1, 2, False),
+    (8, 2, 1, 1, 2, False),
+    (16, 2, 2, 2, 2, False),
+    (16, 2, 2, 1, 4, False),
+    (16, 2, 2, 1, 2, True),
+    (8, 1, 1, 1, 2, True),
+]
+
+
+@pytest.mark.parametrize("world,tp,pp,etp,ep,tp_pp_dp", EXPERT_LAYOUTS)
+def test_expert_data_parallel_groups_are_megatrons(world, tp, pp, etp, ep, tp_pp_dp):
+    order = "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp"
+    generator = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order=order)
+    groups = {}
+    for rank, key in enumerate(expert_dp_groups(world, Experts(etp, ep), pp, tp_pp_dp)):
+        groups.setdefault(key, []).append(rank)
+    assert sorted(groups.values()) == sorted(generator.get_ranks("dp"))
+
+
+@pytest.mark.parametrize("world,tp,pp,etp,ep,tp_pp_dp", EXPERT_LAYOUTS)
+def test_an_expert_shards_buddy_holds_the_same_experts_on_another_node(
+    world, tp, pp, etp, ep, tp_pp_dp
+):
+    node_of = nodes_by_block(world, 2)
+    try:
+        layout = buddy_map(world, tp, pp, node_of, tp_pp_dp=tp_pp_dp, experts=Experts(etp, ep))
+    except BuddyError as error:  # only where no peer in the group is on another node
+        assert "another node" in str(error)
+        return
+    check_layout(layout, world, node_of)
+    group_of = expert_dp_groups(world, Experts(etp, ep), pp, tp_pp_dp)
+    assert all(group_of[r] == group_of[b] for r, b in layout.buddy.items())
+
+
+def test_the_dense_buddy_would_hold_other_experts():
+    """Control: without the expert constraint the smallest shift pairs
+    ranks of different expert-parallel ranks (8 ranks, PP2, DP4, EP2, a
+    node per rank)."""
+    node_of = nodes_by_block(8, 1)
+    dense = buddy_map(8, 1, 2, node_of)
+    moe = buddy_map(8, 1, 2, node_of, experts=Experts(1, 2))
+    group_of = expert_dp_groups(8, Experts(1, 2), 2)
+    assert dense.shift == 1 and group_of[0] != group_of[dense.buddy[0]]
+    assert moe.shift == 2 and group_of[0] == group_of[moe.buddy[0]]
+
+
+def test_experts_with_no_data_parallel_copy_are_refused_with_the_reason():
+    with pytest.raises(BuddyError, match="expert-data-parallel.*lower --expert-model-parallel"):
+        buddy_map(8, 1, 2, nodes_by_block(8, 2), experts=Experts(1, 4))  # EP = DP: EDP 1

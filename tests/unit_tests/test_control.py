@@ -187,6 +187,9 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     assert flag_value(args, "--deadpool-events") == "e.jsonl"
     assert flag_value(args, "--deadpool-heartbeat-timeout") == "3"
     assert flag_value(args, "--save") is None
+    # Given twice, the last counts, as in the workers' argparse.
+    again = args + ["--deadpool-heartbeat-timeout", "10"]
+    assert flag_value(again, "--deadpool-heartbeat-timeout") == "10"
 
 
 @pytest.mark.parametrize(

@@ -723,3 +723,17 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     report_all(worker, 2, [0, 1, 2, 3])
     coordinator.step()
     assert coordinator.finished and "again in iteration 4" in coordinator.result.reason
+
+
+def test_a_job_that_cannot_resize_ends_with_the_reason_when_spares_run_out(shrinking_job):
+    """An MoE job's plan says it cannot shrink: losing a node with no spare
+    ends it (instead of a shrink its ranks could not carry out)."""
+    coordinator, worker = shrinking_job
+    coordinator.plan.cannot_resize = "expert shards are not re-cut yet"
+    for slot in ("1.0", "1.1"):
+        worker.post("coordinator", kind="exit", slot=slot, code=-9)
+    coordinator.step()
+    report_all(worker, coordinator.gen, [0, 1])
+    coordinator.step()
+    assert coordinator.finished
+    assert "cannot shrink (expert shards are not re-cut yet)" in coordinator.result.reason

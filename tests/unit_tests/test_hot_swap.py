@@ -47,6 +47,23 @@ WITH_PP = [
     "2",
     "--use-tp-pp-dp-mapping",
 ]  # 8 ranks: TP2 x PP2 x DP2
+MOE = [
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--expert-model-parallel-size",
+    "2",
+    "--moe-aux-loss-coeff",
+    "0.01",
+    "--disable-bias-linear",
+    # Ten processes start on two cores and compile the routers' kernels:
+    # a heartbeat thread may starve for more than 3 s.
+    "--deadpool-heartbeat-timeout",
+    "10",
+]  # 8 ranks on 4 nodes of 2: PP2 x DP4, 4 experts, top-2, EP2 (expert-DP 2)
 
 # name: (layout flags, nodes, spare nodes, ranks per node, faults)
 SCENARIOS = {
@@ -112,6 +129,12 @@ SCENARIOS = {
     # recompute equals bit for bit (test_recompute.py).
     "recompute-full": (SMALL, 2, 1, 2, ["kill:rank=2:iter=3:phase=backward"]),
     "recompute-selective": (SMALL, 2, 1, 2, ["kill:node=1:iter=4:phase=backward"]),
+    # MoE: node 1 holds ranks 2 and 3, one expert-parallel group of the
+    # first stage; their expert shards come back from ranks 0 and 1.
+    "moe-node": (MOE, 4, 1, 2, ["kill:node=1:iter=4:phase=backward"]),
+    # Two failures in a row: rank 7 dies in forward, rank 2 while the job
+    # recovers from it.
+    "moe-twice": (MOE, 4, 1, 2, ["kill:rank=7:iter=3:phase=forward", "kill:rank=2:phase=recovery"]),
 }
 # Flags beyond the layout, per scenario.
 EXTRA = {
@@ -122,6 +145,14 @@ EXTRA = {
     + ["--recompute-num-layers", "1"],
     "recompute-selective": ["--recompute-activations"],
 }
+
+
+# name: (layout flags, nodes, ranks per node) of each failure-free run
+REFERENCE_LAYOUTS = {"small": (SMALL, 2, 2), "pp": (WITH_PP, 2, 4), "moe": (MOE, 4, 2)}
+
+
+def reference_of(layout) -> str:
+    return next(name for name, (flags, _, _) in REFERENCE_LAYOUTS.items() if flags is layout)
 
 
 def launch(tmp, layout, nodes, spares, per_node, faults, extra=()):
@@ -139,8 +170,8 @@ def references(tmp_path_factory, corpus):
     """Failure-free runs through the same launcher, one per layout."""
     base = tmp_path_factory.mktemp("reference")
     out = {}
-    for name, (layout, per_node) in {"small": (SMALL, 2), "pp": (WITH_PP, 4)}.items():
-        must_succeed(launch(base / name, layout, 2, 0, per_node, []))
+    for name, (layout, nodes, per_node) in REFERENCE_LAYOUTS.items():
+        must_succeed(launch(base / name, layout, nodes, 0, per_node, []))
         out[name] = base / name
     return out
 
@@ -152,7 +183,7 @@ def recovered(request, tmp_path_factory, references):
     result = launch(tmp, layout, nodes, spares, per_node, faults, EXTRA.get(request.param, ()))
     (tmp / "output.log").write_text(result[0].stdout + result[0].stderr)
     must_succeed(result)
-    reference = references["pp" if layout is WITH_PP else "small"]
+    reference = references[reference_of(layout)]
     return request.param, tmp, reference
 
 
@@ -161,6 +192,8 @@ def test_curve_equals_the_failure_free_run_bit_for_bit(recovered):
     got, want = read_metrics(tmp / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
     assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
     assert curve(got) == curve(want)
+    if name.startswith("moe"):  # the routers' losses are part of the curve
+        assert all("load_balancing_loss" in m for m in got + want)
 
 
 def test_final_state_of_every_rank_equals_the_failure_free_run(recovered):
