@@ -3,6 +3,8 @@ their time on the link, and whether the mirror hides inside one iteration.
 
     python -m tools.plan_scale --model llama-65b --hardware perlmutter-a100-40 \\
         --tp 4 --pp 8 --dp 16 --global-batch 2048
+    python -m tools.plan_scale --model mixtral-8x7b --tp 4 --pp 1 --dp 128 --ep 8 \
+        --global-batch 1024
 
 The arithmetic and its sources are in deadpool_ext/planning/scale.py.
 """
@@ -19,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, default=4)
     parser.add_argument("--pp", type=int, default=8)
     parser.add_argument("--dp", type=int, default=16)
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE models)")
+    parser.add_argument("--etp", type=int, help="expert tensor-parallel size (default --tp)")
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--global-batch", type=int, default=2048, help="sequences")
     parser.add_argument("--mfu", type=float, default=0.45)
@@ -37,7 +41,11 @@ def main(argv=None) -> None:
         opts.global_batch,
         sequence_parallel=opts.tp > 1,
         recompute=opts.recompute,
+        ep=opts.ep,
+        etp=opts.etp,
     )
+    if MODELS[opts.model].num_experts is None and (opts.ep != 1 or opts.etp is not None):
+        raise SystemExit(f"--ep and --etp split experts: {opts.model} has none")
     print(
         describe(
             plan(

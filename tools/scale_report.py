@@ -72,6 +72,14 @@ SCENARIOS = {
         spare_nodes=32,
     ),
 }
+# An MoE model on the 65B run's machine (its own layout: ps.paper_layouts).
+MOE_SCENARIO = Scenario(
+    "512 A100-40GB (Perlmutter-like), Mixtral 8x7B (MoE)",
+    512,
+    "mixtral-8x7b",
+    ps.paper_layouts(512)["mixtral-8x7b"],
+    "perlmutter-a100-40",
+)
 
 
 def per_gpu_year() -> float:
@@ -134,7 +142,9 @@ def inputs(sc: Scenario) -> Inputs:
 
 
 def strategies(x: Inputs) -> List[gp.Strategy]:
-    """The four strategies of the page, from one scenario's inputs."""
+    """The four strategies of the page, from one scenario's inputs (three
+    for an MoE model, which does not shrink yet: out of spares, it stops
+    and restarts from its checkpoint)."""
     sc, c, m = x.scenario, x.checkpoint_s, x.mtbf_s
     overhead = x.plan.time.exposed / x.iteration_s
     pair = 2 / (x.nodes - 1)  # a node's ranks mirror to one node and hold one node's mirrors
@@ -176,8 +186,11 @@ def strategies(x: Inputs) -> List[gp.Strategy]:
             iteration_s=x.iteration_s,
         ),
         hot("hot swap", swap_fallback_rate, False),
-        hot("hot swap + shrink", shrink_fallback_rate, True),
-    ]
+    ] + ([hot("hot swap + shrink", shrink_fallback_rate, True)] if can_shrink(sc) else [])
+
+
+def can_shrink(sc: Scenario) -> bool:
+    return ps.MODELS[sc.model].num_experts is None
 
 
 # ----- formatting -----
@@ -216,7 +229,7 @@ def models_table(items: List[ps.Plan]) -> str:
             [
                 p.model.name,
                 f"{ps.total_parameters(p.model) / 1e9:.2f} B",
-                f"{par.tp}·{par.pp}·{par.dp}",
+                f"{par.tp}·{par.pp}·{par.dp}" + (f" (EP {par.ep})" if p.model.num_experts else ""),
                 gib(m.parts["weights"]),
                 gib(m.parts["gradients"]),
                 gib(m.parts["optimizer"]),
@@ -626,7 +639,8 @@ def sensitivity(x: Inputs, seeds: Sequence[int]) -> Dict[tuple, Dict[str, float]
                 checkpoint_gbps=checkpoint_bytes(ps.MODELS[x.scenario.model]) / (cost * 1e9),
             )
             y = inputs(sc)
-            cr, _, hs, _ = strategies(y)
+            by_name = {s.name: s for s in strategies(y)}
+            cr, hs = by_name["checkpoint-restart"], by_name["hot swap"]
             rate, horizon = 1 / y.mtbf_s, sc.days * gp.DAY
             out[cost, restart] = {
                 s.name: gp.mean([o.ratio for o in gp.simulate_seeds(s, rate, horizon, seeds)])
@@ -1008,7 +1022,50 @@ Events per job (means):
 """
 
 
-def page(items, hw_items, crosscheck, xs, results, yd, measured, seeds, cells, hs_check) -> str:
+def moe_section(
+    x: Inputs, results: Dict[str, List[gp.Outcome]], measured: dict, seeds: Sequence[int]
+) -> str:
+    sc, p = x.scenario, x.plan
+    par, shape = sc.parallel, ps.MODELS[sc.model]
+    tensors = ps.stage_parameters(shape, par.tp, par.pp, 0, par.etp, par.ep)
+    experts = sum(t.numel for t in tensors if t.expert)
+    return f"""### {sc.name}
+
+Layout: TP {par.tp}, PP {par.pp}, DP {par.dp}, EP {par.ep} (each of 8 nodes holds one expert,
+split over its 4 GPUs), expert TP {par.expert_tp}, expert-DP {par.edp};
+{par.global_batch} × {shape.seq_length}
+tokens per iteration (the 4M tokens of the dense runs). The dense tensors' optimizer state is
+sharded over DP {par.dp}, the experts' over expert-DP {par.edp}: of a GPU's
+{sum(t.numel for t in tensors) / 1e9:.2f} B parameters, {experts / 1e9:.2f} B are its expert's,
+and its shard of {p.layout.shard_numel / 1e6:.1f} M elements is mostly theirs. Memory at the
+worst stage {p.memory.total / GiB:.1f} GiB of 40 (weights {gib(p.memory.parts["weights"])},
+gradients {gib(p.memory.parts["gradients"])}, optimizer {gib(p.memory.parts["optimizer"])},
+activations {gib(p.memory.parts["activations"])} GiB, an estimate: each token's top-2 copies
+and their expert activations); snapshot {p.layout.snapshot_bytes / MiB:.0f} MiB sent per
+iteration, mirror {gib(p.memory.mirror_bytes)} GiB per GPU ({p.host_mirror_per_node / GiB:.1f}
+GiB of host memory per node). Iteration {p.time.iteration:.2f} s (FLOPs of the active
+parameters: top-2 of 8 experts); the mirror takes {p.time.link * 1e3:.0f} ms of the link
+({p.time.link / p.time.iteration:.2%} of the iteration, about 3.6 times a dense model's share:
+its bytes follow all 46.7 B parameters, its FLOPs the 12.9 B active ones) and
+{"hides" if p.time.hides else "does not hide"} beside training's own traffic (the token
+all-to-alls of EP included). An MoE job does not shrink yet, so its strategies are three
+(`--deadpool-on-spares-exhausted` then stops it, and it restarts from its checkpoint).
+
+Inputs:
+
+{inputs_table(x, measured)}
+
+Results ({len(seeds)} simulated jobs of {sc.days:.0f} days):
+
+{results_table(x, results)}
+
+![goodput over time, Mixtral 8x7B](scale_goodput_mixtral.png)
+"""
+
+
+def page(
+    items, hw_items, crosscheck, xs, results, yd, measured, seeds, cells, hs_check, moe_text
+) -> str:
     x512 = xs[512]
     lines = [
         f"""# Scale on paper: memory, bandwidth and goodput
@@ -1129,6 +1186,7 @@ mirror overhead), which with the useful work add up to the horizon exactly (test
             xs[16384], results[16384], measured, seeds, "scale_goodput_16384.png", cells[16384]
         )
     )
+    lines.append(moe_text)
     lines.append(young_daly_text(xs[16384], yd, hs_check))
     lines.append(limits_text(xs, cells))
     lines.append("## Sources\n\n" + SOURCES)
@@ -1228,6 +1286,9 @@ def write_page(out_dir: str, seeds: Sequence[int], probe: bool = True) -> Dict[s
     for g in xs:
         plot_goodput(xs[g], results[g], os.path.join(out_dir, f"scale_goodput_{g}.png"))
     yd = plot_young_daly(xs[16384], seeds[:32], os.path.join(out_dir, "scale_young_daly.png"))
+    moe = inputs(MOE_SCENARIO)
+    moe_results = run_all(moe, seeds, trace=True)
+    plot_goodput(moe, moe_results, os.path.join(out_dir, "scale_goodput_mixtral.png"))
     cells = {g: sensitivity(xs[g], seeds[:16]) for g in xs}
     text = page(
         items,
@@ -1240,6 +1301,7 @@ def write_page(out_dir: str, seeds: Sequence[int], probe: bool = True) -> Dict[s
         seeds,
         cells,
         hot_swap_check(xs[16384], seeds[:16]),
+        moe_section(moe, moe_results, measured, seeds),
     )
     with open(os.path.join(out_dir, "scale.md"), "w") as f:
         f.write(text)

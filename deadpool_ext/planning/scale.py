@@ -67,6 +67,13 @@ class ModelShape:
     tied_embeddings: bool = True  # False: --untie-embeddings-and-output-weights
     dropout: bool = True  # dropout masks are kept for backward
     make_vocab_size_divisible_by: int = 128
+    num_experts: Optional[int] = None  # MoE: experts per layer in place of the MLP
+    moe_ffn_hidden_size: Optional[int] = None  # None: ffn_hidden_size
+    moe_router_topk: int = 2
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     @property
     def groups(self) -> int:
@@ -92,10 +99,21 @@ class Parallel:
     precision: str = "bf16"  # "bf16" (fp32 grads and main params) or "fp32"
     overlap_grad_reduce: bool = False  # gives megatron-core's bucketing (first stage)
     bucket_size: Optional[int] = None  # None: megatron-core's default
+    ep: int = 1  # expert-parallel size (MoE)
+    etp: Optional[int] = None  # expert tensor-parallel size; None: tp
 
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: the ranks an expert's state is sharded over."""
+        return self.world // (self.expert_tp * self.ep * self.pp)
 
     @property
     def microbatches(self) -> int:
@@ -162,8 +180,12 @@ def padded_vocab(shape: ModelShape, tp: int) -> int:
     return -(-shape.vocab_size // multiple) * multiple
 
 
-def layer_parameters(shape: ModelShape, tp: int) -> List[Tuple[str, int]]:
-    """One transformer layer's tensors on one TP rank (local layer spec)."""
+def layer_parameters(
+    shape: ModelShape, tp: int, etp: Optional[int] = None, ep: int = 1
+) -> List[Tuple[str, int]]:
+    """One transformer layer's tensors on one TP rank (local layer spec);
+    an MoE layer's router (replicated) and this rank's experts (split over
+    ``etp``, ``num_experts / ep`` of them) in place of the MLP."""
     h, bias = shape.hidden_size, shape.add_bias_linear
     attn = shape.num_attention_heads * shape.head_dim
     qkv = (shape.num_attention_heads + 2 * shape.groups) * shape.head_dim // tp
@@ -175,9 +197,29 @@ def layer_parameters(shape: ModelShape, tp: int) -> List[Tuple[str, int]]:
     out += [("self_attention.linear_qkv.weight", qkv * h)]
     out += [("self_attention.linear_qkv.bias", qkv)] if bias else []
     out += [(f"pre_mlp_layernorm.{n}", k) for n, k in norm]
+    if shape.num_experts is not None:
+        return out + moe_parameters(shape, etp or tp, ep)
     out += [("mlp.linear_fc1.weight", fc1 * h)] + ([("mlp.linear_fc1.bias", fc1)] if bias else [])
     out += [("mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp)]
     out += [("mlp.linear_fc2.bias", h)] if bias else []
+    return out
+
+
+EXPERT_PREFIX = "mlp.experts."
+
+
+def moe_parameters(shape: ModelShape, etp: int, ep: int) -> List[Tuple[str, int]]:
+    """An MoE layer without biases (megatron-core's local experts): the
+    router's weight, then each local expert's two projections."""
+    h, ffn = shape.hidden_size, shape.expert_ffn
+    fc1 = ffn * (2 if shape.swiglu else 1) // etp
+    out = [("mlp.router.weight", shape.num_experts * h)]
+    for k in range(shape.num_experts // ep):
+        expert = f"{EXPERT_PREFIX}local_experts.{k}"
+        out += [
+            (f"{expert}.linear_fc1.weight", fc1 * h),
+            (f"{expert}.linear_fc2.weight", h * ffn // etp),
+        ]
     return out
 
 
@@ -187,8 +229,15 @@ class Tensor:
     numel: int
     shared_embedding: bool = False  # megatron-core gives it a bucket of its own
 
+    @property
+    def expert(self) -> bool:
+        """In the expert-parallel buffer, sharded over expert-DP."""
+        return EXPERT_PREFIX in self.name
 
-def stage_parameters(shape: ModelShape, tp: int, pp: int, stage: int) -> List[Tensor]:
+
+def stage_parameters(
+    shape: ModelShape, tp: int, pp: int, stage: int, etp: Optional[int] = None, ep: int = 1
+) -> List[Tensor]:
     """Every trainable tensor of one (TP rank, PP stage), in registration order."""
     h, vocab = shape.hidden_size, padded_vocab(shape, tp)
     first, last = stage == 0, stage == pp - 1
@@ -201,7 +250,10 @@ def stage_parameters(shape: ModelShape, tp: int, pp: int, stage: int) -> List[Te
             out.append(Tensor("embedding.position_embeddings.weight", positions * h))
     per_stage = shape.num_layers // pp
     for layer in range(per_stage):
-        out += [Tensor(f"decoder.layers.{layer}.{n}", k) for n, k in layer_parameters(shape, tp)]
+        out += [
+            Tensor(f"decoder.layers.{layer}.{n}", k)
+            for n, k in layer_parameters(shape, tp, etp, ep)
+        ]
     if last:
         norm = ["weight"] + (["bias"] if shape.normalization == "LayerNorm" else [])
         out += [Tensor(f"decoder.final_layernorm.{n}", h) for n in norm]
@@ -279,9 +331,15 @@ class Layout:
 
 
 def rank_layout(shape: ModelShape, par: Parallel, stage: int) -> Layout:
-    tensors = stage_parameters(shape, par.tp, par.pp, stage)
-    buckets = bucket_sizes(tensors, par.dp, ddp_bucket_size(par, stage))
-    shard = sum(b // par.dp for b in buckets)
+    """The dense tensors' buckets are sharded over DP, an MoE model's expert
+    tensors' (a buffer of their own) over expert-DP."""
+    tensors = stage_parameters(shape, par.tp, par.pp, stage, par.etp, par.ep)
+    dense = [t for t in tensors if not t.expert]
+    experts = [t for t in tensors if t.expert]
+    buckets = bucket_sizes(dense, par.dp, ddp_bucket_size(par, stage))
+    expert_buckets = bucket_sizes(experts, par.edp, ddp_bucket_size(par, stage)) if experts else []
+    shard = sum(b // par.dp for b in buckets) + sum(b // par.edp for b in expert_buckets)
+    buckets += expert_buckets
     return Layout(
         len(tensors),
         sum(t.numel for t in tensors),
@@ -323,13 +381,21 @@ def layer_activation_bytes(shape: ModelShape, par: Parallel, micro_batch: int) -
     attn = shape.num_attention_heads * shape.head_dim
     masks = 2 * sb * h if shape.dropout else 0
     replicated = e * sb * h * 4 + masks  # 2 norm inputs, QKV input, fc1 input
+    mlp = shape.ffn_hidden_size * (3 if shape.swiglu else 2)
+    if shape.num_experts is not None:
+        # Each token reaches top-k experts: its permuted copies (the experts'
+        # fc1 input) and their intermediates are kept, split over expert TP
+        # (taken as TP here), and the router's logits.
+        k = shape.moe_router_topk
+        replicated += e * sb * (k * h + shape.num_experts)
+        mlp = k * shape.expert_ffn * (3 if shape.swiglu else 2)
     split = (
         e
         * sb
         * (
             (shape.num_attention_heads + 2 * shape.groups) * shape.head_dim
             + attn  # attention output = proj input
-            + shape.ffn_hidden_size * (3 if shape.swiglu else 2)
+            + mlp
         )
     )
     scores = 0
@@ -396,10 +462,17 @@ def flops_per_token(shape: ModelShape) -> float:
     """Model FLOPs (no recompute) per trained token: 6 per matmul weight
     (forward 2, backward 4) plus attention's 12·L·s·(heads·head_dim), after
     PaLM (Chowdhery et al. 2022, appendix B). Embedding lookups, norms and
-    biases are not matmuls and are left out."""
-    per_layer = sum(
-        k for n, k in layer_parameters(shape, 1) if n.endswith("weight") and "layernorm" not in n
-    )
+    biases are not matmuls and are left out. An MoE token goes through its
+    top-k experts only (and the router)."""
+    weights = [
+        (n, k)
+        for n, k in layer_parameters(shape, 1)
+        if n.endswith("weight") and "layernorm" not in n
+    ]
+    per_layer = sum(k for n, k in weights if EXPERT_PREFIX not in n)
+    if shape.num_experts is not None:
+        experts = sum(k for n, k in weights if EXPERT_PREFIX in n)
+        per_layer += experts * shape.moe_router_topk // shape.num_experts
     matmul = shape.num_layers * per_layer + padded_vocab(shape, 1) * shape.hidden_size
     attention = (
         12 * shape.num_layers * shape.seq_length * (shape.num_attention_heads * shape.head_dim)
@@ -448,11 +521,20 @@ def training_link_bytes(shape: ModelShape, par: Parallel, layout: Layout) -> flo
     Tensor parallelism stays inside the node (TP <= GPUs per node)."""
     ring = (par.dp - 1) / par.dp
     dp_bytes = layout.buffer_numel * (4 + element_bytes(par)) * ring
+    per = shape.seq_length * par.micro_batch * shape.hidden_size * element_bytes(par)
     pp_bytes = 0.0
     if par.pp > 1:
-        per = shape.seq_length * par.micro_batch * shape.hidden_size * element_bytes(par)
         pp_bytes = 2 * par.microbatches * per / (par.tp if par.sequence_parallel else 1)
-    return dp_bytes + pp_bytes
+    ep_bytes = 0.0
+    if shape.num_experts is not None and par.ep > 1:
+        # Expert buffers reduce over expert-DP, not DP (the whole buffer
+        # above counts them at the DP ring's share: close for large groups).
+        # Each MoE layer sends every token's top-k copies out and back, in
+        # forward and in backward (all-to-all: (EP-1)/EP of them leave).
+        layers = shape.num_layers // par.pp
+        share = (par.ep - 1) / par.ep
+        ep_bytes = 4 * layers * par.microbatches * per * shape.moe_router_topk * share
+    return dp_bytes + pp_bytes + ep_bytes
 
 
 def mirror_time(
@@ -501,12 +583,38 @@ def llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSha
     )
 
 
+def mixtral_8x7b() -> ModelShape:
+    """Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088, table 1): Mistral
+    7B's layers (32 x 4096, 32 heads, 8 KV heads, SwiGLU 14336, RMSNorm,
+    rotary, no biases, untied output, 32000 tokens) with 8 experts, top-2;
+    46.7B parameters, 12.9B active per token; trained here at 4096 tokens."""
+    return ModelShape(
+        "Mixtral 8x7B",
+        32,
+        4096,
+        32,
+        14336,
+        32000,
+        4096,
+        num_query_groups=8,
+        swiglu=True,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        position_embedding="rope",
+        tied_embeddings=False,
+        dropout=False,
+        num_experts=8,
+        moe_router_topk=2,
+    )
+
+
 MODELS = {
     "gpt-1.3b": gpt3("GPT 1.3B", 24, 2048, 16),
     "gpt-6.7b": gpt3("GPT 6.7B", 32, 4096, 32),
     "gpt-13b": gpt3("GPT 13B", 40, 5120, 40),
     "llama-30b": llama("LLaMA 30B-class (33B)", 60, 6656, 52, 17920),
     "llama-65b": llama("LLaMA 65B", 80, 8192, 64, 22016),
+    "mixtral-8x7b": mixtral_8x7b(),
 }
 
 
@@ -517,7 +625,9 @@ def paper_layouts(gpus: int = 512) -> Dict[str, Parallel]:
     leaves room for the mirror in GPU memory), DP for the rest.
     Every model takes LLaMA's 4M-token batch (2048 x 2048): at 512 GPUs the
     GPT-3 paper's 1-2M-token batches would leave the small models' gradient
-    traffic longer than their compute."""
+    traffic longer than their compute. Mixtral's 4096-token sequences make
+    its 4M-token batch 1024 sequences; EP 8 gives each of 8 nodes one expert,
+    split over its 4 GPUs by expert TP 4 (expert-DP 16)."""
 
     def par(tp, pp):
         return Parallel(tp, pp, gpus // (tp * pp), 1, 2048, sequence_parallel=tp > 1)
@@ -528,6 +638,7 @@ def paper_layouts(gpus: int = 512) -> Dict[str, Parallel]:
         "gpt-13b": par(4, 1),
         "llama-30b": par(4, 4),
         "llama-65b": par(4, 8),
+        "mixtral-8x7b": replace(par(4, 1), global_batch=1024, ep=8),
     }
 
 
@@ -563,11 +674,16 @@ def plan(
     return Plan(shape, par, hw, mfu, memory, layout, time, largest * hw.gpus_per_node)
 
 
+def experts_of(par: Parallel) -> str:
+    return f" EP{par.ep} expert-TP{par.expert_tp} expert-DP{par.edp}"
+
+
 def describe(p: Plan) -> str:
     par, m, t = p.parallel, p.memory, p.time
     lines = [
         f"{p.model.name} on {par.world} x {p.hardware.name}: TP{par.tp} PP{par.pp} "
-        f"DP{par.dp}, {par.global_batch} x {p.model.seq_length} tokens, MFU {p.mfu:.2f}",
+        f"DP{par.dp}{experts_of(par) if p.model.num_experts else ''}, "
+        f"{par.global_batch} x {p.model.seq_length} tokens, MFU {p.mfu:.2f}",
         f"  worst stage {m.stage}: "
         + ", ".join(f"{k} {v / GiB:.2f}" for k, v in m.parts.items())
         + f" GiB; total {m.total / GiB:.1f} of {p.hardware.gpu_memory_gib} GiB"

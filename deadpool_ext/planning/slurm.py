@@ -116,6 +116,9 @@ def model_shape(config: Config, name: str) -> Optional[scale.ModelShape]:
         tied_embeddings=not m.untie_embeddings_and_output_weights,
         dropout=m.hidden_dropout > 0 or m.attention_dropout > 0,
         make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        num_experts=config.moe.num_experts,
+        moe_ffn_hidden_size=config.moe.moe_ffn_hidden_size,
+        moe_router_topk=config.moe.moe_router_topk,
     )
 
 
@@ -126,6 +129,7 @@ def comparable(shape: scale.ModelShape) -> dict:
     fields["num_query_groups"] = shape.groups
     fields["kv_channels"] = shape.head_dim
     fields["max_position_embeddings"] = shape.max_position_embeddings or shape.seq_length
+    fields["moe_ffn_hidden_size"] = shape.expert_ffn if shape.num_experts else None
     return fields
 
 
@@ -146,6 +150,8 @@ def parallel_of(config: Config) -> scale.Parallel:
         sequence_parallel=p.sequence_parallel,
         precision="bf16" if config.training.bf16 else "fp32",
         overlap_grad_reduce=p.overlap_grad_reduce,
+        ep=p.expert_model_parallel_size,
+        etp=p.expert_tensor_parallel_size,
     )
 
 
@@ -329,6 +335,13 @@ def node_lines(plan: JobPlan) -> List[str]:
     return lines
 
 
+def experts_of(c: Config) -> str:
+    """An MoE job's expert layout (its buddies stay within expert-DP)."""
+    if c.moe.num_experts is None:
+        return ""
+    return scale.experts_of(parallel_of(c))
+
+
 def headline(plan: JobPlan) -> str:
     c, p = plan.config, plan.config.parallel
     order = " (rank order tp, pp, dp)" if p.use_tp_pp_dp_mapping else ""
@@ -336,7 +349,8 @@ def headline(plan: JobPlan) -> str:
         f"{plan.script or 'job'}: {plan.nodes} active + {plan.spare_nodes} spare nodes x "
         f"{plan.ranks_per_node} ranks = {c.world_size} ranks, "
         f"TP{p.tensor_model_parallel_size} PP{p.pipeline_model_parallel_size} "
-        f"DP{c.data_parallel_size}, micro-batch {c.batch.micro_batch_size}, global batch "
+        f"DP{c.data_parallel_size}{experts_of(c)}, micro-batch {c.batch.micro_batch_size}, "
+        f"global batch "
         f"{c.batch.global_batch_size}{order}"
     )
 
@@ -376,6 +390,8 @@ def to_json(plan: JobPlan) -> dict:
         "tp": p.tensor_model_parallel_size,
         "pp": p.pipeline_model_parallel_size,
         "dp": c.data_parallel_size,
+        "ep": p.expert_model_parallel_size,
+        "expert_tp": p.expert_tensor_parallel_size,
         "micro_batch": c.batch.micro_batch_size,
         "global_batch": c.batch.global_batch_size,
         "sequence_parallel": p.sequence_parallel,

@@ -79,6 +79,36 @@ LLAMA = [
     "--global-batch-size",
     "6",
 ] + MODEL_FLAGS
+# Mixtral-style MoE: SwiGLU experts narrower than the dense MLP, EP 2 over
+# DP 4 (expert-DP 2), PP 2 with a first stage holding the embedding.
+MOE = [
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--ffn-hidden-size",
+    "256",
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--disable-bias-linear",
+    "--num-experts",
+    "4",
+    "--moe-ffn-hidden-size",
+    "96",
+    "--moe-router-topk",
+    "2",
+    "--expert-model-parallel-size",
+    "2",
+    "--seq-length",
+    "32",
+    "--global-batch-size",
+    "8",
+] + MODEL_FLAGS
 
 CASES = {
     # name: (flags, world, vocabulary, planner shape, planner layout, rank -> stage)
@@ -120,6 +150,27 @@ CASES = {
         ps.Parallel(2, 2, 3, precision="bf16"),
         lambda r: r // 6,
     ),
+    "moe": (
+        MOE,
+        8,
+        512,
+        ps.ModelShape(
+            "moe",
+            4,
+            64,
+            4,
+            256,
+            512,
+            32,
+            swiglu=True,
+            normalization="RMSNorm",
+            add_bias_linear=False,
+            num_experts=4,
+            moe_ffn_hidden_size=96,
+        ),
+        ps.Parallel(1, 2, 4, precision="fp32", ep=2),
+        lambda r: r // 4,
+    ),
 }
 PROBE = (
     "import json, sys\n"
@@ -160,7 +211,7 @@ def test_planner_layout_equals_megatron_cores_on_every_rank(case, real_layouts):
     for real in real_layouts[case]:
         stage = stage_of(real["rank"])
         assert real["pp_rank"] == stage
-        tensors = ps.stage_parameters(shape, par.tp, par.pp, stage)
+        tensors = ps.stage_parameters(shape, par.tp, par.pp, stage, par.etp, par.ep)
         assert [(plain(n), k) for n, k in real["params"]] == [(t.name, t.numel) for t in tensors]
         layout = ps.rank_layout(shape, par, stage)
         assert (layout.shard_numel, layout.snapshot_bytes) == (real["numel"], real["nbytes"]), (
@@ -262,6 +313,7 @@ def test_the_first_stage_holds_pp_microbatches_of_its_layers():
         ("gpt-13b", 13.0e9),
         ("llama-30b", 32.5e9),
         ("llama-65b", 65.2e9),
+        ("mixtral-8x7b", 46.7e9),
     ],
 )
 def test_model_shapes_have_their_published_sizes(key, published):
@@ -293,11 +345,17 @@ def test_the_mirror_hides_unless_the_link_is_too_slow():
 
 
 def test_the_mirror_share_does_not_grow_with_the_model():
-    """Bytes per GPU and FLOPs per GPU both scale with parameters per GPU."""
+    """Dense models: bytes per GPU and FLOPs per GPU both scale with
+    parameters per GPU. An MoE model's bytes follow all its parameters and
+    its FLOPs the active ones: its share is larger (Mixtral: 3.6x, about
+    46.7 B total / 12.9 B active)."""
     hw = ps.HARDWARE["perlmutter-a100-40"]
-    shares = [ps.plan(ps.MODELS[k], par, hw, 0.45).time for k, par in ps.paper_layouts(512).items()]
-    values = [t.link / t.iteration for t in shares]
-    assert max(values) / min(values) < 1.2
+    layouts = ps.paper_layouts(512)
+    share = {k: ps.plan(ps.MODELS[k], par, hw, 0.45).time for k, par in layouts.items()}
+    values = {k: t.link / t.iteration for k, t in share.items()}
+    dense = [v for k, v in values.items() if ps.MODELS[k].num_experts is None]
+    assert max(dense) / min(dense) < 1.2
+    assert 3 < values["mixtral-8x7b"] / max(dense) < 4
 
 
 def test_65b_on_512_a100s_fits_with_the_mirror_anywhere():
@@ -334,3 +392,19 @@ def test_the_cli_prints_a_plan(capsys):
     plan_scale_cli.main(["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128"])
     out = capsys.readouterr().out
     assert "GPT 13B on 512" in out and "hides" in out
+
+
+def test_mixtral_on_512_a100s_mirrors_dense_and_expert_shards():
+    """Mixtral 8x7B (TP4 PP1 DP128, EP8: expert-DP 16): the shard holds the
+    dense tensors' 1/DP and the experts' 1/expert-DP; it fits with its
+    mirror and the mirror hides in the iteration."""
+    shape, par = ps.MODELS["mixtral-8x7b"], ps.paper_layouts(512)["mixtral-8x7b"]
+    p = ps.plan(shape, par, ps.HARDWARE["perlmutter-a100-40"], 0.45)
+    assert par.edp == 16 and p.fits and p.host_fits and p.time.hides
+    tensors = ps.stage_parameters(shape, par.tp, par.pp, 0, par.etp, par.ep)
+    experts = sum(t.numel for t in tensors if t.expert)
+    dense = sum(t.numel for t in tensors if not t.expert)
+    assert experts == 32 * 3 * 4096 * 14336 // 4  # one expert per EP rank, split by TP 4
+    assert p.layout.shard_numel == pytest.approx(dense / 128 + experts / 16, rel=0.01)
+    # Control: sharded over DP like the dense tensors, the shard would be 8x smaller.
+    assert p.layout.shard_numel > 4 * (dense + experts) / 128

@@ -22,7 +22,7 @@ import pytest
 from dist_utils import REPO
 from deadpool_ext.control import launch
 from deadpool_ext.protocol import ExitCode
-from deadpool_ext.topology import rank_of
+from deadpool_ext.topology import Experts, expert_dp_groups, rank_of
 from deadpool_ext.planning import scale as plan_scale
 from deadpool_ext.planning import slurm as slurm_plan
 
@@ -34,6 +34,7 @@ GPU_SCRIPTS = {
     "gpt_13b.sh": ("gpt-13b", 4),
     "llama_30b.sh": ("llama-30b", 4),
     "llama_65b.sh": ("llama-65b", 4),
+    "mixtral_8x7b.sh": ("mixtral-8x7b", 4),
     "vista_gpt_13b.sh": ("gpt-13b", 1),
 }
 
@@ -111,6 +112,7 @@ def test_perlmutter_layouts_are_the_planned_ones(plans, name):
         want.global_batch,
         want.sequence_parallel,
     )
+    assert (p["ep"], p["expert_tp"]) == (want.ep, want.expert_tp)
 
 
 @pytest.mark.integration
@@ -166,6 +168,12 @@ def test_every_buddy_is_a_dp_peer_on_another_node(plans, name):
         assert ranks[r["owner"]]["buddy"] == r["rank"]
     # each rank holds exactly one peer's mirror
     assert sorted(r["owner"] for r in ranks.values()) == sorted(ranks)
+    if plans[name]["ep"] > 1:  # MoE: a rank holding the same experts
+        p = plans[name]
+        group_of = expert_dp_groups(
+            p["world_size"], Experts(p["expert_tp"], p["ep"]), p["pp"], p["tp_pp_dp_mapping"]
+        )
+        assert all(group_of[r] == group_of[ranks[r]["buddy"]] for r in ranks)
 
 
 @pytest.mark.integration
