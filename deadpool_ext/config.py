@@ -12,7 +12,14 @@ from megatron.training import arguments
 from megatron.training.arguments import ConfigError
 from megatron.training.config import Config, arg
 
-from deadpool_ext.topology import BuddyError, BuddyMap, Experts, buddy_map, nodes_by_block
+from deadpool_ext.topology import (
+    BuddyError,
+    BuddyMap,
+    Experts,
+    buddy_map,
+    nodes_by_block,
+    shrink_unit,
+)
 from deadpool_ext.inject import InjectError, parse_faults
 from deadpool_ext.protocol import (
     ERROR_FILE_ENV,
@@ -152,15 +159,25 @@ def plan_buddies(config: Config, environ=os.environ, hosts: Optional[List[str]] 
         raise ConfigError(str(error)) from None
 
 
-def cannot_resize(config: Config) -> Optional[str]:
-    """Why this job cannot shrink (nor gather its state on fewer replicas
-    to save it) when spares run out, or None."""
-    if config.moe.num_experts is not None:
-        return (
-            "an MoE model's expert shards are not re-cut over a smaller "
-            "expert-data-parallel group yet"
+def resize_limits(config: Config, buddies: BuddyMap) -> dict:
+    """What the coordinator must know to shrink or grow this job (the
+    fields of protocol.Plan): an MoE model drops whole expert-parallel
+    blocks of replicas, needs buddies holding the same experts, and does
+    not grow back yet."""
+    if config.moe.num_experts is None:
+        return {}
+    p = config.parallel
+    experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
+    limits = {
+        "shrink_unit": shrink_unit(p.tensor_model_parallel_size, experts),
+        "cannot_grow": "growing an MoE model's job back is not built yet",
+    }
+    if buddies.experts_apart:
+        limits["cannot_resize"] = (
+            "a buddy holds other experts than its owner (no rank holding the same "
+            "experts is on another node), so a shrink could not re-cut them"
         )
-    return None
+    return limits
 
 
 def validate_deadpool(config: Config, environ=os.environ) -> None:

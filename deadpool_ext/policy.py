@@ -159,11 +159,17 @@ def whole_replica(grid: Grid, dp: int) -> Dict[Position, int]:
     return {(tp, pp): grid.rank(tp, dp, pp) for tp, pp in positions(grid)}
 
 
-def kept_replicas(grid: Grid, lost: Set[int]) -> List[Dict[Position, int]]:
+def kept_replicas(grid: Grid, lost: Set[int], unit: int = 1) -> List[Dict[Position, int]]:
     """The replicas of the smaller job, each a rank per position: the intact
     old replicas in order, then as many as the broken replicas' survivors
-    make up, taking at each position its survivors in replica order."""
+    make up, taking at each position its survivors in replica order. With
+    ``unit`` > 1 (an MoE model whose expert-parallel groups span ``unit``
+    replicas) replicas leave in aligned blocks of ``unit``, so every kept
+    rank keeps its experts, and none are made up."""
     broken = sorted({grid.replica(r) for r in lost})
+    if unit > 1:
+        gone = {d // unit for d in broken}
+        return [whole_replica(grid, d) for d in range(grid.dp) if d // unit not in gone]
     kept = [whole_replica(grid, d) for d in range(grid.dp) if d not in broken]
     left = {
         pos: [r for r in (grid.rank(pos[0], d, pos[1]) for d in broken) if r not in lost]
@@ -212,13 +218,16 @@ def plan_shrink(
     reports: Dict[int, Report],
     buddy: Sequence[int],
     grid: Grid,
+    unit: int = 1,
 ) -> Decision:
-    """Drop every replica that lost a rank; the rest, and the replicas its
-    survivors make up, go on as a smaller job.
+    """Drop every replica that lost a rank (every block of ``unit`` replicas
+    that did, see kept_replicas); the rest, and the replicas its survivors
+    make up, go on as a smaller job.
 
     members: old rank -> slot; reports: from every live rank."""
     broken = {grid.replica(r) for r in lost}
-    replicas = kept_replicas(grid, lost)
+    broken = {d for d in range(grid.dp) if d // unit in {b // unit for b in broken}}
+    replicas = kept_replicas(grid, lost, unit)
     if not replicas:
         return abort(
             gen,

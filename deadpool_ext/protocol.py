@@ -252,9 +252,13 @@ class Plan(Message):
     distributed_timeout_minutes: Optional[float] = None
     train_iters: Optional[int] = None
     progress_timeout: float = PROGRESS_TIMEOUT_S
-    # Why this job cannot change its data-parallel size (None: it can);
-    # spares exhausted then ends it whatever --deadpool-on-spares-exhausted says.
+    # Why this job cannot shrink (None: it can); spares exhausted then ends
+    # it whatever --deadpool-on-spares-exhausted says.
     cannot_resize: Optional[str] = None
+    # Replicas that leave together in a shrink (an MoE model's expert-
+    # parallel groups span that many), and why the job cannot grow back.
+    shrink_unit: int = 1
+    cannot_grow: Optional[str] = None
 
 
 @dataclass

@@ -18,11 +18,14 @@ exactly one peer's mirror, and memory per rank stays one shard.
 An MoE model's expert parameters are sharded over the expert-data-parallel
 group instead (the ranks holding the same experts: megatron-core's expert
 grid orders ranks expert-TP fastest, then EP, then expert-DP and PP), a
-part of each DP ring with EP = 1 of its members. Buddies are then also kept
-within that group, which a shift that is a multiple of EP does: a rank's
-mirror always lies with a rank holding the same experts.
+part of each DP ring. Buddies are kept within that group where it has a
+member on another node (a shift that is a multiple of EP in Megatron's
+default order): a shrink drops whole expert-parallel blocks, and the buddy
+of a lost rank is then in a block that stays. Otherwise (expert-DP 1) any
+DP peer holds the snapshot, which a hot swap restores as it is.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -78,6 +81,13 @@ def expert_dp_groups(
     return groups
 
 
+def shrink_unit(tp_size: int, experts: Experts) -> int:
+    """How many consecutive DP replicas one expert-parallel block (expert TP
+    x EP ranks holding each expert once) spans: a shrink that drops them
+    together leaves every kept rank its experts."""
+    return math.lcm(tp_size, experts.etp * experts.ep) // tp_size
+
+
 def ring_shift(
     rings: Sequence[Sequence[int]],
     node_of: Optional[Sequence[str]],
@@ -104,6 +114,10 @@ class BuddyMap:
     owner: Dict[int, int]
     shift: int
     same_node: bool  # True when some buddy shares its owner's node
+    # MoE: some buddy holds other experts than its owner (no peer with the
+    # same experts on another node): a hot swap restores the snapshot as it
+    # is, but a shrink cannot re-cut those experts from it.
+    experts_apart: bool = False
 
 
 def buddy_map(
@@ -127,29 +141,24 @@ def buddy_map(
             "more ranks or lower --tensor-model-parallel-size / --pipeline-model-parallel-size"
         )
     group_of = None if experts is None else expert_dp_groups(world_size, experts, pp_size, tp_pp_dp)
-    if group_of is not None and ring_shift(rings, None, group_of) is None:
-        raise BuddyError(
-            f"--deadpool keeps an expert shard's mirror within its expert-data-parallel group, "
-            f"and with --expert-model-parallel-size {experts.ep} and "
-            f"--expert-tensor-parallel-size {experts.etp} no data-parallel peer of a rank "
-            "holds its experts: lower --expert-model-parallel-size (expert-data-parallel "
-            "size >= 2 is needed) or launch more ranks"
-        )
-    shift, same_node = ring_shift(rings, node_of, group_of), False
-    if shift is None:
-        nodes = sorted(set(node_of))
+    shift = ring_shift(rings, node_of, group_of) if group_of else None
+    if shift is None:  # no peer holding the same experts on another node
+        shift = ring_shift(rings, node_of)
+    same_node = shift is None
+    if same_node:
         if not allow_same_node:
             raise BuddyError(
                 f"--deadpool found no buddy on another node for every rank (nodes: "
-                f"{', '.join(nodes)}; data-parallel peers of some rank all share its node): "
-                "use --use-tp-pp-dp-mapping so DP replicas fill whole nodes, run on more "
-                "nodes so each DP ring spans two, or accept same-node buddies "
-                "with --deadpool-allow-same-node-buddy (a node failure then loses state)"
+                f"{', '.join(sorted(set(node_of)))}; data-parallel peers of some rank all "
+                "share its node): use --use-tp-pp-dp-mapping so DP replicas fill whole "
+                "nodes, run on more nodes so each DP ring spans two, or accept same-node "
+                "buddies with --deadpool-allow-same-node-buddy (a node failure then loses state)"
             )
-        shift, same_node = ring_shift(rings, None, group_of), True
+        shift = (ring_shift(rings, None, group_of) if group_of else None) or 1
     buddy = {ring[i]: ring[(i + shift) % dp_size] for ring in rings for i in range(dp_size)}
     owner = {b: r for r, b in buddy.items()}
-    return BuddyMap(buddy=buddy, owner=owner, shift=shift, same_node=same_node)
+    apart = group_of is not None and any(group_of[r] != group_of[b] for r, b in buddy.items())
+    return BuddyMap(buddy, owner, shift, same_node, experts_apart=apart)
 
 
 def nodes_by_block(world_size: int, ranks_per_node: int) -> List[str]:

@@ -143,8 +143,8 @@ def inputs(sc: Scenario) -> Inputs:
 
 def strategies(x: Inputs) -> List[gp.Strategy]:
     """The four strategies of the page, from one scenario's inputs (three
-    for an MoE model, which does not shrink yet: out of spares, it stops
-    and restarts from its checkpoint)."""
+    for an MoE model: it shrinks by whole expert-parallel blocks but does
+    not grow back yet, which the simulated shrink does)."""
     sc, c, m = x.scenario, x.checkpoint_s, x.mtbf_s
     overhead = x.plan.time.exposed / x.iteration_s
     pair = 2 / (x.nodes - 1)  # a node's ranks mirror to one node and hold one node's mirrors
@@ -190,6 +190,7 @@ def strategies(x: Inputs) -> List[gp.Strategy]:
 
 
 def can_shrink(sc: Scenario) -> bool:
+    """As the simulator models it: one replica at a time, growing back."""
     return ps.MODELS[sc.model].num_experts is None
 
 
@@ -1048,8 +1049,9 @@ parameters: top-2 of 8 experts); the mirror takes {p.time.link * 1e3:.0f} ms of 
 ({p.time.link / p.time.iteration:.2%} of the iteration, about 3.6 times a dense model's share:
 its bytes follow all 46.7 B parameters, its FLOPs the 12.9 B active ones) and
 {"hides" if p.time.hides else "does not hide"} beside training's own traffic (the token
-all-to-alls of EP included). An MoE job does not shrink yet, so its strategies are three
-(`--deadpool-on-spares-exhausted` then stops it, and it restarts from its checkpoint).
+all-to-alls of EP included). An MoE job shrinks by whole expert-parallel blocks (here
+{par.shrink_unit} replicas at a time) and does not grow back yet; the simulated
+shrink drops one replica and grows back, so it is left out for this model.
 
 Inputs:
 

@@ -867,6 +867,7 @@ class Coordinator:
             or self.world_size >= self.planned_size
             or self.finished
             or self.stopping
+            or self.plan.cannot_grow
         ):
             return
         grid = self.grid()
@@ -928,7 +929,13 @@ class Coordinator:
                 self.view.members,
             )
         decision = plan_shrink(
-            self.gen, self.view.members, self.lost, self.reports, self.buddy, self.grid()
+            self.gen,
+            self.view.members,
+            self.lost,
+            self.reports,
+            self.buddy,
+            self.grid(),
+            self.plan.shrink_unit,
         )
         if policy == "checkpoint" and decision.action == Action.SHRINK:
             # The survivors gather every shard the way a shrink does, save

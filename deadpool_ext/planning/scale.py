@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
+from deadpool_ext import topology
+
 GiB = 2**30
 MiB = 2**20
 
@@ -109,6 +111,11 @@ class Parallel:
     @property
     def expert_tp(self) -> int:
         return self.etp or self.tp
+
+    @property
+    def shrink_unit(self) -> int:
+        """Replicas a shrink drops together (an expert-parallel block)."""
+        return topology.shrink_unit(self.tp, topology.Experts(self.expert_tp, self.ep))
 
     @property
     def edp(self) -> int:

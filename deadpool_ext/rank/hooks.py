@@ -24,7 +24,7 @@ from megatron.training.log import get_logger
 from megatron.training.training import Hook, Trainer
 
 from deadpool_ext import protocol as P
-from deadpool_ext.config import cannot_resize, nodes_are_emulated, plan_buddies, section
+from deadpool_ext.config import nodes_are_emulated, plan_buddies, resize_limits, section
 from deadpool_ext.events import EventLog
 from deadpool_ext.inject import Fault, Injector, fire, free_disk
 from deadpool_ext.protocol import WorkerState
@@ -197,7 +197,7 @@ class RecoveryHook(Hook):
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
                 progress_timeout=dp.deadpool_progress_timeout,
-                cannot_resize=cannot_resize(self.config),
+                **(resize_limits(self.config, buddies) if buddies else {}),
             )
         )
 

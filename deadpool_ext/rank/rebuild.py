@@ -12,7 +12,7 @@ main parameters are gathered into the new model as after any optimizer step.
 
 import dataclasses
 import time
-from typing import Optional
+from typing import List, Optional
 
 from megatron.training import optimizer_layout
 from megatron.training.config import Config
@@ -24,6 +24,7 @@ from deadpool_ext.rank.generation import enter_generation, position_groups
 from deadpool_ext.rank.restore import contributions, grid_of, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
+from deadpool_ext.topology import Experts, expert_dp_groups
 
 
 def world_config(config: Config, world: Optional[dict]) -> Config:
@@ -39,6 +40,20 @@ def world_config(config: Config, world: Optional[dict]) -> Config:
     # still covers the loss of a single rank.
     extra["deadpool"] = dataclasses.replace(section(config), deadpool_allow_same_node_buddy=True)
     return dataclasses.replace(config, world_size=world["size"], extra=extra)
+
+
+def expert_peers(config: Config, ring: List[int], rank: int) -> List[int]:
+    """The ranks of ``ring`` (a position's DP ranks, in DP order) that hold
+    ``rank``'s experts, in expert-DP order (which is DP order): whose
+    shards make up its expert buckets' full state. Empty for a dense model."""
+    if config.moe.num_experts is None:
+        return []
+    p = config.parallel
+    experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
+    group_of = expert_dp_groups(
+        config.world_size, experts, p.pipeline_model_parallel_size, p.use_tp_pp_dp_mapping
+    )
+    return [r for r in ring if group_of[r] == group_of[rank]]
 
 
 def rebuild_for(ctx, config: Config, builders, datasets, decision: Decision, rank: int):
@@ -79,7 +94,9 @@ def resize(rec, decision: Decision) -> None:
     buffers = reshard.gather_position(
         old_layout, mine, decision.sources, ring, decision.renumber, R, groups[0]
     )
-    state = optimizer_layout.full_state(old_buckets, [snap.regions(b, old_layout) for b in buffers])
+    shards = [snap.regions(b, old_layout) for b in buffers]
+    experts = [shards[ring.index(r)] for r in expert_peers(old.config, ring, old_rank)]
+    state = optimizer_layout.full_state(old_buckets, shards, experts)
     sidecar = snap.read_sidecar(buffers[ring.index(old_rank)], old_layout)
     del buffers
     restore_resharded(trainer, hooks, decision, groups, state, sidecar)

@@ -7,6 +7,7 @@ position's shards gathered, laid out in the new buckets and sliced again.
 from typing import List, Optional
 
 import torch
+from megatron.core import parallel_state
 
 from megatron.training import optimizer_layout, rank_state
 from megatron.training.config import Config
@@ -82,6 +83,10 @@ def restore_resharded(
         flats, sidecar = reshard.share_position(
             layout, flats, sidecar, R, grid.rank(tp, 0, pp), groups[1]
         )
-    regions = optimizer_layout.shard_of(new_buckets, flats, runtime.dp_rank, grid.dp)
+    expert_slice = (
+        parallel_state.get_expert_data_parallel_rank(),
+        parallel_state.get_expert_data_parallel_world_size(),
+    )
+    regions = optimizer_layout.shard_of(new_buckets, flats, runtime.dp_rank, grid.dp, expert_slice)
     buffer = reshard.build_snapshot(layout, regions, sidecar, R, runtime.rank)
     restore_snapshot(trainer, layout, buffer, iteration=R)

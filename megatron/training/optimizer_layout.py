@@ -8,9 +8,12 @@ order. So the DP shards of one (tp, pp) position, side by side, give every
 bucket's full flat state, from which each parameter's state is cut by its
 place in the bucket and put at its place in the buckets of the new size
 (whose padding and slice bounds depend on that size). Parameters are
-matched by name. Used by deadpool's shrink and grow (checkpoints are
-re-cut by dist_checkpointing); also the fixes megatron-core's distributed
-optimizer needs around a checkpoint when torch's Adam is used.
+matched by name. An MoE model's expert buckets (a second distributed
+optimizer) are sliced over the expert-data-parallel group instead: their
+full state comes from the shards of the ranks holding the same experts.
+Used by deadpool's shrink and grow (checkpoints are re-cut by
+dist_checkpointing); also the fixes megatron-core's distributed optimizer
+needs around a checkpoint when torch's Adam is used.
 """
 
 from dataclasses import dataclass
@@ -108,6 +111,12 @@ def walk_buckets(optimizer, shard_offsets: bool = True) -> Iterator[ShardBucket]
 class Bucket:
     numel: int  # the whole bucket, padding included
     params: Dict[str, tuple]  # name -> (start in the bucket, numel)
+    expert: bool = False  # an MoE expert's: sliced over expert-DP, not DP
+
+
+def is_expert(param) -> bool:
+    """megatron-core marks expert parameters: not all-reduced over DP."""
+    return not getattr(param, "allreduce", True)
 
 
 def _param_names(model) -> dict:
@@ -123,22 +132,27 @@ def buckets(model, optimizer) -> List[Bucket]:
         for param in b.bucket.params_list:
             start, end, _ = b.buffer.param_index_map[param]
             places[names[param]] = (start - b.bucket.offset, end - start)
-        result.append(Bucket(b.bucket.grad_data.numel(), places))
+        expert = any(is_expert(param) for param in b.bucket.params_list)
+        result.append(Bucket(b.bucket.grad_data.numel(), places, expert))
     return result
 
 
 def full_state(
-    layout_buckets: List[Bucket], shards: List[List[torch.Tensor]]
+    layout_buckets: List[Bucket],
+    shards: List[List[torch.Tensor]],
+    expert_shards: Optional[List[List[torch.Tensor]]] = None,
 ) -> Dict[str, List[torch.Tensor]]:
     """Per parameter name, its flat (param, exp_avg, exp_avg_sq) from the
-    regions of every DP rank's shard (``shards[k]``, in DP order)."""
-    dp = len(shards)
+    regions of every DP rank's shard (``shards[k]``, in DP order); expert
+    buckets from those of the expert-DP group (``expert_shards``, in its
+    order)."""
     state: Dict[str, List[torch.Tensor]] = {}
     base = 0
     for bucket in layout_buckets:
-        size = bucket.numel // dp
+        parts = expert_shards if bucket.expert else shards
+        size = bucket.numel // len(parts)
         for region in range(len(REGIONS)):
-            flat = torch.cat([shards[k][region][base : base + size] for k in range(dp)])
+            flat = torch.cat([part[region][base : base + size] for part in parts])
             for name, (start, numel) in bucket.params.items():
                 state.setdefault(name, [None] * len(REGIONS))[region] = flat[
                     start : start + numel
@@ -161,20 +175,31 @@ def flat_state(layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]
 
 
 def shard_of(
-    layout_buckets: List[Bucket], flats: torch.Tensor, dp_rank: int, dp_size: int
+    layout_buckets: List[Bucket],
+    flats: torch.Tensor,
+    dp_rank: int,
+    dp_size: int,
+    expert_slice: Optional[tuple] = None,
 ) -> List[torch.Tensor]:
-    """This DP rank's regions: its slice of every bucket."""
+    """This DP rank's regions: its slice of every bucket (of an expert
+    bucket, the slice ``expert_slice`` = (expert-DP rank, expert-DP size))."""
     parts, base = [], 0
     for bucket in layout_buckets:
-        size = bucket.numel // dp_size
-        parts.append(flats[:, base + dp_rank * size : base + (dp_rank + 1) * size])
+        rank, slices = expert_slice if bucket.expert else (dp_rank, dp_size)
+        size = bucket.numel // slices
+        parts.append(flats[:, base + rank * size : base + (rank + 1) * size])
         base += bucket.numel
     whole = torch.cat(parts, dim=1)
     return [whole[region].clone() for region in range(len(REGIONS))]
 
 
 def new_shard(
-    layout_buckets: List[Bucket], state: Dict[str, List[torch.Tensor]], dp_rank: int, dp_size: int
+    layout_buckets: List[Bucket],
+    state: Dict[str, List[torch.Tensor]],
+    dp_rank: int,
+    dp_size: int,
+    expert_slice: Optional[tuple] = None,
 ) -> List[torch.Tensor]:
     """This DP rank's regions under the new buckets."""
-    return shard_of(layout_buckets, flat_state(layout_buckets, state), dp_rank, dp_size)
+    flats = flat_state(layout_buckets, state)
+    return shard_of(layout_buckets, flats, dp_rank, dp_size, expert_slice)

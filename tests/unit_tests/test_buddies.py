@@ -154,13 +154,10 @@ def test_an_expert_shards_buddy_holds_the_same_experts_on_another_node(
     world, tp, pp, etp, ep, tp_pp_dp
 ):
     node_of = nodes_by_block(world, 2)
-    try:
-        layout = buddy_map(world, tp, pp, node_of, tp_pp_dp=tp_pp_dp, experts=Experts(etp, ep))
-    except BuddyError as error:  # only where no peer in the group is on another node
-        assert "another node" in str(error)
-        return
+    layout = buddy_map(world, tp, pp, node_of, tp_pp_dp=tp_pp_dp, experts=Experts(etp, ep))
     check_layout(layout, world, node_of)
     group_of = expert_dp_groups(world, Experts(etp, ep), pp, tp_pp_dp)
+    assert not layout.experts_apart
     assert all(group_of[r] == group_of[b] for r, b in layout.buddy.items())
 
 
@@ -176,6 +173,11 @@ def test_the_dense_buddy_would_hold_other_experts():
     assert moe.shift == 2 and group_of[0] == group_of[moe.buddy[0]]
 
 
-def test_experts_with_no_data_parallel_copy_are_refused_with_the_reason():
-    with pytest.raises(BuddyError, match="expert-data-parallel.*lower --expert-model-parallel"):
-        buddy_map(8, 1, 2, nodes_by_block(8, 2), experts=Experts(1, 4))  # EP = DP: EDP 1
+def test_experts_with_no_data_parallel_copy_mirror_to_any_peer():
+    """EP = DP (expert-DP 1): no peer holds the same experts; a DP peer on
+    another node still holds the snapshot (enough for a hot swap), and the
+    map says the experts lie apart (a shrink cannot re-cut them)."""
+    layout = buddy_map(8, 1, 2, nodes_by_block(8, 2), experts=Experts(1, 4))
+    check_layout(layout, 8, nodes_by_block(8, 2))
+    assert layout.experts_apart
+    assert not buddy_map(8, 1, 2, nodes_by_block(8, 2), experts=Experts(1, 2)).experts_apart

@@ -98,18 +98,17 @@ def test_megatron_lms_defaults_and_single_values():
     assert parse_args(BASE + ["--num-experts", "0"], world_size=1).moe.num_experts is None
 
 
-def test_deadpool_takes_moe_and_refuses_experts_without_a_data_parallel_copy(monkeypatch):
-    """A buddy holds the same experts: expert-DP must be >= 2 (4 ranks on
-    2-rank nodes: EP 2 leaves expert-DP 2, EP 4 leaves 1)."""
-    from deadpool_ext.config import parse_args as deadpool_parse
+def test_deadpool_takes_moe_whatever_its_expert_parallel_size(monkeypatch):
+    """4 ranks on 2-rank nodes: EP 2 leaves expert-DP 2 (buddies hold the
+    same experts), EP 4 leaves 1 (buddies hold others' snapshots)."""
+    from deadpool_ext.config import parse_args as deadpool_parse, plan_buddies
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     flags = BASE + MOE + ["--use-distributed-optimizer", "--deadpool"]
     flags += ["--deadpool-ranks-per-node", "2"]
-    config = deadpool_parse(flags + ["--expert-model-parallel-size", "2"], environ={})
-    assert config.parallel.expert_model_parallel_size == 2
-    with pytest.raises(ConfigError, match="expert-data-parallel group.*lower --expert-model"):
-        deadpool_parse(flags + ["--expert-model-parallel-size", "4"], environ={})
+    for ep, apart in ((2, False), (4, True)):
+        config = deadpool_parse(flags + ["--expert-model-parallel-size", str(ep)], environ={})
+        assert plan_buddies(config, environ={}).experts_apart is apart
 
 
 # --- arithmetic -------------------------------------------------------------------

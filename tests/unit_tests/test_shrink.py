@@ -69,6 +69,24 @@ ITERS = 20
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # 8 ranks as PP2 x DP4 on two 4-rank nodes: replicas 0, 1 on node 0, 2, 3 on node 1.
 DP4 = ["--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping"] + NO_DROPOUT
+# 8 ranks as PP2 x DP4 on four 2-rank nodes, an MoE model with EP 2 in
+# Megatron's default order: node k holds replica 2k, 2k+1 of stage k // 2;
+# replicas 0, 1 and 2, 3 each hold the 4 experts once.
+MOE = [
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--expert-model-parallel-size",
+    "2",
+    "--moe-aux-loss-coeff",
+    "0.01",
+    "--disable-bias-linear",
+    "--deadpool-heartbeat-timeout",
+    "10",  # ten processes start on two cores (test_hot_swap.py's MOE)
+] + NO_DROPOUT
 # 4 ranks as TP2 x DP2 on two 2-rank nodes.
 DP2 = [
     "--num-layers",
@@ -84,6 +102,27 @@ DP2 = [
 
 def reports(ranks, own=(2, 3), held=(2, 3)):
     return {r: Report(r, f"s{r}", list(own), list(held)) for r in ranks}
+
+
+def test_an_moe_job_drops_whole_expert_parallel_blocks():
+    """PP2 x DP4 with EP 2 in Megatron's default order: replicas 0, 1 and
+    2, 3 each hold the 4 experts once. Losing rank 2 (replica 2) drops
+    replicas 2 and 3; every kept rank keeps its expert-parallel rank (its
+    new replica index modulo 2 is its old one), and none is made up."""
+    grid = Grid(tp=1, pp=2, dp=4)  # rank = dp + 4 * pp
+    kept = kept_replicas(grid, {2}, unit=2)
+    assert kept == [whole_replica(grid, 0), whole_replica(grid, 1)]
+    members = {r: f"{r // 2}.{r % 2}" for r in range(8)}
+    buddy = [2, 3, 0, 1, 6, 7, 4, 5]  # shift 2: the same experts, another node
+    d = plan_shrink(1, members, {2, 3}, reports([0, 1, 4, 5, 6, 7]), buddy, grid, unit=2)
+    assert (d.old_dp, d.new_dp) == (4, 2)
+    assert d.renumber == {0: 0, 1: 1, 4: 2, 5: 3}
+    assert all(old % 2 == new % 2 for old, new in d.renumber.items())  # EP rank kept
+    assert d.sources[2] == [0, "held"] and d.sources[6] == [4, "held"]
+    assert sorted(d.released) == ["3.0", "3.1"]
+    # Control: replica by replica, the survivors of replicas 2 and 3 would be
+    # assembled into a replica that mixes expert-parallel ranks.
+    assert len(kept_replicas(grid, {2, 7})) == 3
 
 
 def test_renumber_keeps_positions_and_order():
@@ -253,6 +292,30 @@ def test_reshard_round_trip_between_dp_sizes():
         assert all(torch.equal(g, w) for g, w in zip(got, shards(2)[r]))
 
 
+def test_expert_buckets_are_cut_over_the_expert_data_parallel_group():
+    """A dense bucket sliced over DP 4 and an expert bucket over expert-DP
+    2: the full state takes each from its own shards, and the new shards
+    (DP 2, expert-DP 1) slice each by its own size."""
+    dense = Bucket(8, {"w": (0, 6)})
+    expert = Bucket(4, {"local_experts.0.w": (0, 3)}, expert=True)
+    w, e = torch.arange(6.0), torch.arange(10.0, 13.0)
+
+    def padded(values, numel):
+        return torch.cat([values, torch.zeros(numel - values.numel())])
+
+    flat_w, flat_e = padded(w, 8), padded(e, 4)
+    # rank k's regions: its dense slice (2 of 8), then its expert slice (2 of 4)
+    shards = [[torch.cat([flat_w[2 * k : 2 * k + 2], flat_e[:2]])] * 3 for k in range(4)]
+    experts = [[torch.cat([flat_w[0:2], flat_e[2 * k : 2 * k + 2]])] * 3 for k in range(2)]
+    state = full_state([dense, expert], shards, experts)
+    assert torch.equal(state["w"][0], w) and torch.equal(state["local_experts.0.w"][0], e)
+    got = new_shard([dense, expert], state, 1, 2, expert_slice=(0, 1))
+    assert torch.equal(got[0], torch.cat([flat_w[4:8], flat_e]))
+    # Control: sliced over DP like the dense bucket, the expert state is torn.
+    torn = full_state([dense, Bucket(4, expert.params)], shards)
+    assert not torch.equal(torn["local_experts.0.w"][0], e)
+
+
 # --- real runs -------------------------------------------------------------------------
 
 
@@ -362,6 +425,31 @@ def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
     assert json.loads(proc.stdout.splitlines()[-1]) == [[5, 8, 1, 0, 1, 2], [1, 4, 1, 0, 0, 4]]
     built = [e for e in read_events(str(tmp_path / "events.jsonl")) if e["event"] == "spare_built"]
     assert [e["rank"] for e in built] == [5, 1]
+
+
+@pytest.mark.integration
+def test_an_moe_job_shrinks_by_whole_expert_parallel_blocks(tmp_path, corpus):
+    """Node 1 (ranks 2, 3: replicas 2, 3 of stage 0) dies in backward with no
+    spare: replicas 2 and 3 leave together (node 3 is released), DP 4 -> 2,
+    expert-DP 2 -> 1; the expert shards are re-cut from the ranks holding
+    the same experts (their buddies), and the curve, the routers' loss
+    included, and the model stay within the shrink tolerance."""
+    reference = tmp_path / "reference"
+    must_succeed(run(reference, MOE, 4, 2, []))
+    must_succeed(run(tmp_path / "shrunk", MOE, 4, 2, ["kill:node=1:iter=4:phase=backward"]))
+    got = read_metrics(tmp_path / "shrunk" / "metrics.jsonl")
+    want = read_metrics(reference / "metrics.jsonl")
+    assert_close_curves(got, want)
+    for g, w in zip(got, want):
+        loss = "load_balancing_loss"
+        assert abs(g[loss] - w[loss]) <= TOLERANCE * abs(w[loss]), (g, w)
+    assert_close_models(tmp_path / "shrunk", reference)
+    assert saved_args(str(tmp_path / "shrunk" / "ckpt")).data_parallel_size == 2
+    events = read_events(str(tmp_path / "shrunk" / "events.jsonl"))
+    decision = next(e for e in events if e["event"] == "decision")
+    assert decision["action"] == "shrink"
+    assert (decision["dp_before"], decision["dp_after"]) == (4, 2)
+    assert decision["released"] == ["3.0", "3.1"]
 
 
 @pytest.mark.integration
