@@ -45,18 +45,43 @@ def strip_outputs(args: list) -> list:
     return kept
 
 
-def demo_workload(iters: int, workdir: str) -> List[str]:
+# The demo's model with MoE layers: 4 experts, top-2, EP 2, on its 8 ranks as
+# DP 8 (TP 1, PP 1): megatron-core's MoE layers need sequence parallelism
+# with TP > 1, which needs Transformer Engine or Apex. Expert-DP 4; node 1
+# (ranks 4-7) holds two whole expert blocks.
+MOE_FLAGS = [
+    "--tensor-model-parallel-size",
+    "1",
+    "--pipeline-model-parallel-size",
+    "1",
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--expert-model-parallel-size",
+    "2",
+    "--moe-aux-loss-coeff",
+    "0.01",
+    "--disable-bias-linear",
+]
+
+
+def demo_workload(iters: int, workdir: str, moe: bool = False) -> List[str]:
     """The demo on whole emulated nodes (a DP replica fills a node), its
-    metrics in ``workdir``."""
-    return strip_outputs(demo_args()) + [
-        "--use-tp-pp-dp-mapping",
-        "--train-iters",
-        str(iters),
-        "--eval-iters",
-        "0",
-        "--metrics-file",
-        os.path.join(workdir, "metrics.jsonl"),
-    ]
+    metrics in ``workdir``; with ``moe`` its MLPs are MoE layers."""
+    return (
+        strip_outputs(demo_args())
+        + (MOE_FLAGS if moe else [])
+        + [
+            "--use-tp-pp-dp-mapping",
+            "--train-iters",
+            str(iters),
+            "--eval-iters",
+            "0",
+            "--metrics-file",
+            os.path.join(workdir, "metrics.jsonl"),
+        ]
+    )
 
 
 # ----- a torchrun job, start to end -----
@@ -233,7 +258,9 @@ def one_shrink(opts, workdir: str) -> dict:
     """The demo with no spare node, node 1 killed in iteration
     ``opts.fail_at`` of ``opts.iters``: the job goes on as DP1."""
     out = deadpool_run(
-        demo_workload(opts.iters, workdir), workdir, [f"kill:node=1:iter={opts.fail_at}"]
+        demo_workload(opts.iters, workdir, getattr(opts, "moe", False)),
+        workdir,
+        [f"kill:node=1:iter={opts.fail_at}"],
     )
     events = out["events"]
     fault = next(e["time"] for e in events if e["event"] == "fault_injected")

@@ -1,7 +1,7 @@
 """What --deadpool costs: iteration time with and without the mirror,
 runs interleaved (without, with, without, with, ...) so drift hits both alike.
 
-    python -m tools.bench_mirror [--config demo|large|both] [--pairs 2] [--iters 20]
+    python -m tools.bench_mirror [--config demo|large|moe|both] [--pairs 2] [--iters 20]
 
 Configurations:
   demo   the `make demo` model on 8 ranks (TP2 PP2 DP2, two emulated nodes).
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tools.bench_common import demo_args, run_once, strip_outputs
+from tools.bench_common import MOE_FLAGS, demo_args, run_once, strip_outputs
 
 LARGE = [
     "--num-layers",
@@ -70,6 +70,11 @@ CONFIGS = {
         ["--deadpool", "--deadpool-ranks-per-node", "4"],
     ),
     "large": (2, lambda: list(LARGE), ["--deadpool", "--deadpool-ranks-per-node", "1"]),
+    "moe": (
+        8,
+        lambda: strip_outputs(demo_args()) + ["--use-tp-pp-dp-mapping"] + MOE_FLAGS,
+        ["--deadpool", "--deadpool-ranks-per-node", "4"],
+    ),
 }
 
 
@@ -194,7 +199,7 @@ def report(result: dict) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=["demo", "large", "both"], default="both")
+    parser.add_argument("--config", choices=["demo", "large", "moe", "both"], default="both")
     parser.add_argument("--pairs", type=int, default=2, help="(without, with) run pairs")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=4, help="iterations left out")

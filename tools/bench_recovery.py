@@ -19,7 +19,10 @@ Reported: time from the failure to the first completed iteration after it
 (with the hot swap's breakdown), time until the job is back at the
 iteration it was in, iterations lost (redone), and total time to finish.
 
-    python -m tools.bench_recovery [--iters 40] [--fail-at 25] [--save-interval 10]
+    python -m tools.bench_recovery [--iters 40] [--fail-at 25] [--save-interval 10] [--moe]
+
+``--moe`` runs the same four on the demo made a mixture of experts
+(``bench_common.MOE_FLAGS``): the MoE row of docs/benchmarks.md.
 """
 
 import argparse
@@ -48,7 +51,8 @@ NODE_RANKS = (4, 5, 6, 7)  # node 1 of two 4-rank nodes
 
 def hot_swap(opts, workdir: str, fault: bool) -> dict:
     events = os.path.join(workdir, "events.jsonl")
-    args = demo_workload(opts.iters, workdir) + ["--deadpool", "--deadpool-events", events]
+    args = demo_workload(opts.iters, workdir, opts.moe)
+    args += ["--deadpool", "--deadpool-events", events]
     if fault:
         args.append(f"--deadpool-inject=kill:node=1:iter={opts.fail_at}")
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
@@ -68,7 +72,7 @@ def hot_swap(opts, workdir: str, fault: bool) -> dict:
 
 def checkpoint_restart(opts, workdir: str) -> dict:
     command = checkpoint_restart_command(
-        demo_workload(opts.iters, workdir), workdir, opts.save_interval
+        demo_workload(opts.iters, workdir, opts.moe), workdir, opts.save_interval
     )
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
     killed = []
@@ -100,6 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--fail-at", type=int, default=25)
     p.add_argument("--save-interval", type=int, default=10)
     p.add_argument("--output", help="Also write the results as JSON here.")
+    p.add_argument("--moe", action="store_true", help="The demo's model with MoE layers.")
     p.add_argument(
         "--only",
         nargs="+",
