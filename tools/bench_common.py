@@ -49,11 +49,7 @@ def strip_outputs(args: list) -> list:
 # DP 8 (TP 1, PP 1): megatron-core's MoE layers need sequence parallelism
 # with TP > 1, which needs Transformer Engine or Apex. Expert-DP 4; node 1
 # (ranks 4-7) holds two whole expert blocks.
-MOE_FLAGS = [
-    "--tensor-model-parallel-size",
-    "1",
-    "--pipeline-model-parallel-size",
-    "1",
+MOE_LAYERS = [  # also the MoE tests' model (tests/unit_tests/dist_utils.py)
     "--num-experts",
     "4",
     "--moe-router-topk",
@@ -64,6 +60,8 @@ MOE_FLAGS = [
     "0.01",
     "--disable-bias-linear",
 ]
+MOE_FLAGS = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
+MOE_FLAGS += MOE_LAYERS
 
 
 def demo_workload(iters: int, workdir: str, moe: bool = False) -> List[str]:

@@ -10,6 +10,7 @@ from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F40
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
+from tools.bench_common import MOE_LAYERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,6 +49,15 @@ TINY_GPT = (
     ]
 )
 
+
+# TINY_GPT as a mixture of experts (4 experts, top-2, EP 2) on 8 ranks as
+# PP2 x DP4 (expert-DP 2), for 4 emulated nodes of 2 ranks: in Megatron's
+# default order (megatron-core refuses EP across replicas with
+# --use-tp-pp-dp-mapping and PP > 1) node k holds replicas 2k, 2k+1 of
+# stage k // 2. Ten processes start on two cores and compile the routers'
+# kernels: a heartbeat thread may starve for more than 3 s.
+MOE = ["--pipeline-model-parallel-size", "2"] + MOE_LAYERS
+MOE += ["--deadpool-heartbeat-timeout", "10"]
 
 # A model of the same shape on megatron-core's mock data (no files).
 MOCK_GPT = (

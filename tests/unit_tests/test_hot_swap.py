@@ -13,6 +13,7 @@ import re
 import pytest
 
 from dist_utils import (
+    MOE,
     float32,
     tensorboard_scalars,
     assert_same_state,
@@ -47,24 +48,6 @@ WITH_PP = [
     "2",
     "--use-tp-pp-dp-mapping",
 ]  # 8 ranks: TP2 x PP2 x DP2
-MOE = [
-    "--pipeline-model-parallel-size",
-    "2",
-    "--num-experts",
-    "4",
-    "--moe-router-topk",
-    "2",
-    "--expert-model-parallel-size",
-    "2",
-    "--moe-aux-loss-coeff",
-    "0.01",
-    "--disable-bias-linear",
-    # Ten processes start on two cores and compile the routers' kernels:
-    # a heartbeat thread may starve for more than 3 s.
-    "--deadpool-heartbeat-timeout",
-    "10",
-]  # 8 ranks on 4 nodes of 2: PP2 x DP4, 4 experts, top-2, EP2 (expert-DP 2)
-
 # name: (layout flags, nodes, spare nodes, ranks per node, faults)
 SCENARIOS = {
     "forward+grad-reduce": (

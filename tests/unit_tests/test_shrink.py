@@ -37,6 +37,7 @@ from typing import List
 import pytest
 import torch
 
+import dist_utils
 from dist_utils import (
     REPO,
     assert_same_state,
@@ -69,24 +70,7 @@ ITERS = 20
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # 8 ranks as PP2 x DP4 on two 4-rank nodes: replicas 0, 1 on node 0, 2, 3 on node 1.
 DP4 = ["--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping"] + NO_DROPOUT
-# 8 ranks as PP2 x DP4 on four 2-rank nodes, an MoE model with EP 2 in
-# Megatron's default order: node k holds replica 2k, 2k+1 of stage k // 2;
-# replicas 0, 1 and 2, 3 each hold the 4 experts once.
-MOE = [
-    "--pipeline-model-parallel-size",
-    "2",
-    "--num-experts",
-    "4",
-    "--moe-router-topk",
-    "2",
-    "--expert-model-parallel-size",
-    "2",
-    "--moe-aux-loss-coeff",
-    "0.01",
-    "--disable-bias-linear",
-    "--deadpool-heartbeat-timeout",
-    "10",  # ten processes start on two cores (test_hot_swap.py's MOE)
-] + NO_DROPOUT
+MOE = dist_utils.MOE + NO_DROPOUT  # 8 ranks on four 2-rank nodes, EP 2 over DP 4
 # 4 ranks as TP2 x DP2 on two 2-rank nodes.
 DP2 = [
     "--num-layers",
