@@ -138,13 +138,18 @@ def node_names(config: Config, environ=os.environ) -> List[str]:
     return nodes_by_block(config.world_size, per_node)
 
 
+def experts_of(config: Config) -> Optional[Experts]:
+    """An MoE job's expert layout; None for a dense model."""
+    if config.moe.num_experts is None:
+        return None
+    p = config.parallel
+    return Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
+
+
 def plan_buddies(config: Config, environ=os.environ, hosts: Optional[List[str]] = None) -> BuddyMap:
     """The buddy map this run will use (on ``hosts``, the rank's node names,
     when given), or ConfigError saying why there is none."""
     p = config.parallel
-    experts = None
-    if config.moe.num_experts is not None:
-        experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
     try:
         return buddy_map(
             config.world_size,
@@ -153,7 +158,7 @@ def plan_buddies(config: Config, environ=os.environ, hosts: Optional[List[str]] 
             hosts or node_names(config, environ),
             allow_same_node=section(config).deadpool_allow_same_node_buddy,
             tp_pp_dp=p.use_tp_pp_dp_mapping,
-            experts=experts,
+            experts=experts_of(config),
         )
     except BuddyError as error:
         raise ConfigError(str(error)) from None
@@ -164,12 +169,11 @@ def resize_limits(config: Config, buddies: BuddyMap) -> dict:
     fields of protocol.Plan): an MoE model drops whole expert-parallel
     blocks of replicas, needs buddies holding the same experts, and does
     not grow back yet."""
-    if config.moe.num_experts is None:
+    experts = experts_of(config)
+    if experts is None:
         return {}
-    p = config.parallel
-    experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
     limits = {
-        "shrink_unit": shrink_unit(p.tensor_model_parallel_size, experts),
+        "shrink_unit": shrink_unit(config.parallel.tensor_model_parallel_size, experts),
         "cannot_grow": "growing an MoE model's job back is not built yet",
     }
     if buddies.experts_apart:

@@ -18,13 +18,13 @@ from megatron.training import optimizer_layout
 from megatron.training.config import Config
 from megatron.training.training import Trainer, build_trainer
 
-from deadpool_ext.config import section
+from deadpool_ext.config import experts_of, section
 from deadpool_ext.protocol import Action, Decision
 from deadpool_ext.rank.generation import enter_generation, position_groups
 from deadpool_ext.rank.restore import contributions, grid_of, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
-from deadpool_ext.topology import Experts, expert_dp_groups
+from deadpool_ext.topology import expert_dp_groups
 
 
 def world_config(config: Config, world: Optional[dict]) -> Config:
@@ -46,10 +46,10 @@ def expert_peers(config: Config, ring: List[int], rank: int) -> List[int]:
     """The ranks of ``ring`` (a position's DP ranks, in DP order) that hold
     ``rank``'s experts, in expert-DP order (which is DP order): whose
     shards make up its expert buckets' full state. Empty for a dense model."""
-    if config.moe.num_experts is None:
+    experts = experts_of(config)
+    if experts is None:
         return []
     p = config.parallel
-    experts = Experts(p.expert_tensor_parallel_size, p.expert_model_parallel_size)
     group_of = expert_dp_groups(
         config.world_size, experts, p.pipeline_model_parallel_size, p.use_tp_pp_dp_mapping
     )
