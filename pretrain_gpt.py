@@ -105,6 +105,9 @@ def forward_step(data_iterator, model, check_for_nan: bool = True):
 
 
 def main(argv=None) -> int:
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()  # before anything imports it
     from megatron.training.arguments import ConfigError
 
     from deadpool_ext.config import parse_args

@@ -281,3 +281,39 @@ def _quiet_rng_warning():
     import logging
 
     logging.getLogger("megatron.core.tensor_parallel.random").addFilter(_DropCpuRngWarning())
+
+
+def import_megatron_core_without_cuda() -> None:
+    """Import megatron-core as a run without CUDA uses it, leaving out two
+    costs of its import that such a run never uses: its fused functions are
+    wrapped with ``torch.compile`` (``megatron.core.jit.jit_fuser``), which
+    builds TorchInductor's backend in every process, and its inference
+    context imports wandb. Together they are 3-5 s of each rank's start on
+    2 cores, more than the rest of megatron-core.
+
+    Here the fuser is the identity: the fusions are off without CUDA
+    (``model_setup.transformer_config``), and the few compiled helpers that
+    still run (the MoE router's and experts') run eagerly, as the rest of
+    the model; the inference context sees no wandb (training logs to W&B
+    through ``dashboards``, which imports it itself). Does nothing where
+    CUDA is available or megatron-core is already imported: call it first
+    thing in a rank's process."""
+    import sys
+
+    if torch.cuda.is_available() or "megatron.core" in sys.modules:
+        return
+    compile_, hidden = torch.compile, "wandb" not in sys.modules
+    torch.compile = _eager
+    if hidden:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError
+    try:
+        import megatron.core  # noqa: F401
+    finally:
+        torch.compile = compile_
+        if hidden:
+            del sys.modules["wandb"]
+
+
+def _eager(model=None, **options):
+    """torch.compile's signature, compiling nothing."""
+    return model if model is not None else _eager
