@@ -59,6 +59,8 @@ from typing import List, Optional
 
 import torch
 
+from deadpool_ext.protocol import WorkerEnv
+
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
 ACTIONS = (
     "kill",
@@ -211,15 +213,20 @@ def fire(fault: Fault) -> None:
         # Every worker of the node fires this; the first kill is the one.
         # The workers die of the parent-death signal their agent's death sends.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(agent_pid(), signal.SIGKILL)
     elif fault.action == "kill-launcher":
         with contextlib.suppress(ProcessLookupError):
-            os.kill(parent_of(os.getppid()), signal.SIGKILL)
+            os.kill(parent_of(agent_pid()), signal.SIGKILL)
     elif fault.node is not None:
         # The agent started this node's workers in its own process group.
         os.killpg(os.getpgrp(), signal.SIGKILL)
     else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def agent_pid() -> int:
+    """This worker's agent (its parent, or its zygote's)."""
+    return WorkerEnv.read().agent_pid or os.getppid()
 
 
 def parent_of(pid: int) -> int:

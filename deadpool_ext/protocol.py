@@ -437,8 +437,10 @@ class WorkerEnv:
     # Where the worker writes why it refused its flags (read by its agent,
     # as torchelastic's error file).
     error_file: Optional[str] = None
-    # The agent that started it: the worker dies with it (parent-death signal).
+    # Its node's agent, and the process it dies with (parent-death signal):
+    # the agent, or the zygote that forked it (control/zygote.py).
     agent_pid: Optional[int] = None
+    parent_pid: Optional[int] = None
     # host:port of the standby coordinator's store, and how long to wait for
     # its takeover once the primary is gone (None: no standby).
     standby: Optional[str] = None
@@ -462,6 +464,8 @@ class WorkerEnv:
             env[ERROR_FILE_ENV] = self.error_file
         if self.agent_pid is not None:
             env["DEADPOOL_AGENT_PID"] = str(self.agent_pid)
+        if self.parent_pid is not None:
+            env["DEADPOOL_PARENT_PID"] = str(self.parent_pid)
         if self.standby is not None:
             env["DEADPOOL_STANDBY"] = self.standby
             env["DEADPOOL_TAKEOVER_WAIT"] = str(self.takeover_wait_s)
@@ -479,9 +483,8 @@ class WorkerEnv:
             world_size=int(environ["WORLD_SIZE"]),
             rank=None if rank is None else int(rank),
             error_file=environ.get(ERROR_FILE_ENV),
-            agent_pid=int(environ["DEADPOOL_AGENT_PID"])
-            if "DEADPOOL_AGENT_PID" in environ
-            else None,
+            agent_pid=_pid(environ, "DEADPOOL_AGENT_PID"),
+            parent_pid=_pid(environ, "DEADPOOL_PARENT_PID"),
             standby=environ.get("DEADPOOL_STANDBY"),
             takeover_wait_s=float(environ.get("DEADPOOL_TAKEOVER_WAIT", "0")),
         )
@@ -493,6 +496,10 @@ class WorkerEnv:
     @property
     def standby_address(self) -> Optional[Tuple[str, int]]:
         return None if self.standby is None else host_port(self.standby)
+
+
+def _pid(environ: Mapping[str, str], name: str) -> Optional[int]:
+    return int(environ[name]) if name in environ else None
 
 
 def host_port(address: str) -> Tuple[str, int]:

@@ -337,11 +337,13 @@ def workers_of(out: str) -> List[int]:
                 parent_cmd = f.read()
         except OSError:
             continue
+        zygote = b"deadpool_ext.control.zygote"  # a node's, which forks its workers
         if (
             b"pretrain_gpt.py" in cmd
             and out.encode() in cmd
             and b"-u\0" in cmd
-            and b"-u\0" not in parent_cmd
+            and zygote not in cmd
+            and (b"-u\0" not in parent_cmd or zygote in parent_cmd)
         ):
             found.append(int(pid))
     return found

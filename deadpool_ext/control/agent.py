@@ -22,6 +22,7 @@ from typing import Dict, List, NoReturn, Optional
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control.zygote import Zygote, forks_workers
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
 from deadpool_ext.wire import (
     Channel,
@@ -47,10 +48,13 @@ class Agent:
         join: bool = False,
         standby: Optional[str] = None,
         takeover_wait_s: float = 0.0,
+        fork: bool = False,
     ):
         """``standby``: host:port of the standby coordinator's store, which
         this agent turns to when it loses the primary, waiting up to
-        ``takeover_wait_s`` for the takeover."""
+        ``takeover_wait_s`` for the takeover. ``fork``: workers are forked
+        from a zygote (control/zygote.py) rather than started each with the
+        command."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -66,6 +70,8 @@ class Agent:
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.standby_in_sync = False  # as the last generation read said
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
+        self.zygote = Zygote(command) if fork else None
+        self.last_beat = 0.0
 
     def error_file(self, slot: str) -> str:
         return os.path.join(self.error_dir, f"{slot}.error")
@@ -79,7 +85,16 @@ class Agent:
         except OSError:
             return None
 
-    def worker_env(self, local: int, active: bool) -> dict:
+    def start_worker(self, local: int, active: bool) -> None:
+        slot = slot_name(self.node, local)
+        if self.zygote is None:
+            self.workers[slot] = subprocess.Popen(self.command, env=self.worker_env(local, active))
+            return
+        # A forked worker's parent, whose death it dies with, is the zygote.
+        env = self.worker_env(local, active, parent_pid=self.zygote.process.pid)
+        self.workers[slot] = self.zygote.spawn(env, while_waiting=self.beat_when_due)
+
+    def worker_env(self, local: int, active: bool, parent_pid: Optional[int] = None) -> dict:
         worker = WorkerEnv(
             slot=slot_name(self.node, local),
             role=Role.ACTIVE if active else Role.SPARE,
@@ -92,14 +107,13 @@ class Agent:
             rank=self.node * self.nproc + local if active else None,
             error_file=self.error_file(slot_name(self.node, local)),
             agent_pid=os.getpid(),
+            parent_pid=parent_pid or os.getpid(),
         )
         return {**os.environ, **worker.variables()}
 
     def start(self) -> None:
         for local in range(self.nproc):
-            self.workers[slot_name(self.node, local)] = subprocess.Popen(
-                self.command, env=self.worker_env(local, self.active)
-            )
+            self.start_worker(local, self.active)
         self.channel.post(
             P.COORDINATOR_TOPIC,
             P.NodeUp(
@@ -112,6 +126,11 @@ class Agent:
                 world_size=self.world_size,
             ),
         )
+
+    def beat_when_due(self) -> None:
+        if time.monotonic() - self.last_beat >= self.heartbeat_s:
+            self.beat()
+            self.last_beat = time.monotonic()
 
     def beat(self) -> None:
         # The channel numbers every put: each is a new beat.
@@ -130,10 +149,7 @@ class Agent:
                     self.channel.post(P.COORDINATOR_TOPIC, exited)
                 if code == ExitCode.RELEASED and not self.stopping:
                     # A shrink dropped its replica: the slot serves as a warm spare.
-                    local = parse_slot(slot)[1]
-                    self.workers[slot] = subprocess.Popen(
-                        self.command, env=self.worker_env(local, active=False)
-                    )
+                    self.start_worker(parse_slot(slot)[1], active=False)
         if self.nonce is not None:
             self.check_admission()
         for command in self.commands.poll():
@@ -161,6 +177,13 @@ class Agent:
                 proc.terminate() if kind == Command.STOP else proc.kill()
 
     def run(self) -> int:
+        try:
+            return self.run_workers()
+        finally:
+            if self.zygote is not None:
+                self.zygote.close()
+
+    def run_workers(self) -> int:
         self.start()
         try:
             while self.workers:
@@ -180,11 +203,8 @@ class Agent:
         return ExitCode.USAGE if self.refused else ExitCode.OK
 
     def serve(self) -> None:
-        last = 0.0
         while self.workers:
-            if time.monotonic() - last >= self.heartbeat_s:
-                self.beat()
-                last = time.monotonic()
+            self.beat_when_due()
             self.watch_once()
             time.sleep(0.02)
 
@@ -234,6 +254,7 @@ def main() -> NoReturn:
         join=settings.get("join", False),
         standby=settings.get("standby"),
         takeover_wait_s=settings.get("takeover_wait", 0.0),
+        fork=forks_workers(),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

@@ -359,7 +359,7 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
 
 def run(config: Config, model_provider, forward_step) -> NoReturn:
     # A lost agent leaves no orphan holding its rank.
-    if not die_with_parent(WorkerEnv.read().agent_pid):
+    if not die_with_parent(WorkerEnv.read().parent_pid):
         leave(ExitCode.FAILED)
     # SIGUSR1 prints every thread's stack: what a rank is blocked in, for
     # a report of a hang (the fault campaign sends it before it gives up).

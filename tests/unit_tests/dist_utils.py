@@ -191,9 +191,11 @@ def launch_deadpool(
     iters: int,
     timeout: float = 420,
     schedule: Optional[List[str]] = None,
+    env: Optional[Dict[str, str]] = None,
 ):
     """TINY_GPT through deadpool-launch on emulated nodes; returns the
-    finished process and any process left behind that mentions ``tmp``."""
+    finished process and any process left behind that mentions ``tmp``.
+    ``env``: variables beside the workers' usual ones."""
     tmp.mkdir(parents=True, exist_ok=True)
     command = launch_command(
         [
@@ -208,7 +210,12 @@ def launch_deadpool(
         deadpool_args(tmp, layout, faults, iters, schedule=schedule),
     )
     proc = subprocess.run(
-        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
+        command,
+        env={**worker_env(), **(env or {})},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     return proc, leftovers(tmp)
 

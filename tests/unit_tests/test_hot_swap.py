@@ -27,6 +27,7 @@ from dist_utils import (
     must_succeed,
     read_metrics,
 )
+from deadpool_ext.control.zygote import FORK_WORKERS_ENV
 from deadpool_ext.events import read_events
 from megatron.training.checkpointing import read_tracker
 
@@ -119,6 +120,9 @@ SCENARIOS = {
     # recovers from it.
     "moe-twice": (MOE, 4, 1, 2, ["kill:rank=7:iter=3:phase=forward", "kill:rank=2:phase=recovery"]),
 }
+# Workers started each from its command (as on a GPU node) rather than
+# forked from their node's zygote: the agent kills the hung one.
+STARTED = {"hang"}
 # Flags beyond the layout, per scenario.
 EXTRA = {
     "stall": ["--deadpool-progress-timeout", "6"],
@@ -138,8 +142,10 @@ def reference_of(layout) -> str:
     return next(name for name, (flags, _, _) in REFERENCE_LAYOUTS.items() if flags is layout)
 
 
-def launch(tmp, layout, nodes, spares, per_node, faults, extra=()):
-    return launch_deadpool(tmp, layout + list(extra), nodes, spares, per_node, faults, ITERS)
+def launch(tmp, layout, nodes, spares, per_node, faults, extra=(), env=None):
+    return launch_deadpool(
+        tmp, layout + list(extra), nodes, spares, per_node, faults, ITERS, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +169,9 @@ def references(tmp_path_factory, corpus):
 def recovered(request, tmp_path_factory, references):
     layout, nodes, spares, per_node, faults = SCENARIOS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
-    result = launch(tmp, layout, nodes, spares, per_node, faults, EXTRA.get(request.param, ()))
+    started = {FORK_WORKERS_ENV: "0"} if request.param in STARTED else None
+    extra = EXTRA.get(request.param, ())
+    result = launch(tmp, layout, nodes, spares, per_node, faults, extra, env=started)
     (tmp / "output.log").write_text(result[0].stdout + result[0].stderr)
     must_succeed(result)
     reference = references[reference_of(layout)]

@@ -1,0 +1,281 @@
+"""A node's zygote: one process that imports torch and megatron-core once
+and forks the node's workers from there, each then running the worker
+command's script as ``python -u script args`` would.
+
+Why: a rank spends most of its start importing (about 8 s of CPU on a
+2-core machine, torch and megatron-core's own modules), and a node starts
+all its ranks at once, spares included; forked from a zygote they share
+one import. A worker's life is unchanged: its environment, arguments,
+``sys.path``, standard streams and command line (``/proc/PID/cmdline``, what
+ps and pgrep show) are the command's; it dies with its parent (the zygote,
+which dies with the agent); its exit code reaches the agent as a child's
+would.
+
+Only where CUDA is absent (``forks_workers``): a process that forks after
+CUDA was initialised hands its children a broken CUDA context, and on a
+GPU node Transformer Engine's and megatron-core's imports may initialise it.
+There the agent starts each worker with its command, as before.
+
+Run by the agent, ``python -m deadpool_ext.control.zygote COMMAND_JSON``
+(the command as one argument: the worker's own command line must fit in
+the zygote's, and must not be read as the zygote's), with the socket the
+agent talks over and the agent's pid in ``ZYGOTE_FD_ENV`` (``FD:PID``).
+Requests and answers are JSON lines: ``{"env": {...}}`` -> ``{"pid": N}``,
+and ``{"exited": N, "code": C}`` for each worker that ends (C as
+``subprocess.Popen.returncode``).
+"""
+
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional
+
+from deadpool_ext.lifetime import die_with_parent
+
+ZYGOTE_FD_ENV = "DEADPOOL_ZYGOTE_FD"
+FORK_WORKERS_ENV = "DEADPOOL_FORK_WORKERS"
+# What a rank imports before its first iteration, beyond megatron-core's
+# package: imported once here. (A module missing here is the worker's to
+# report, when it imports it.)
+PRELOAD = (
+    "megatron.training.training",
+    "megatron.training.data",
+    "megatron.training.model_setup",
+    "megatron.training.checkpointing",
+    "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.optimizer",
+    "megatron.core.pipeline_parallel",
+    "megatron.core.datasets.gpt_dataset",
+    "megatron.core.tokenizers.text",  # transformers, sentencepiece, tiktoken
+    "deadpool_ext.rank.main",
+)
+
+
+def forks_workers() -> bool:
+    """Whether this node's workers are forked from a zygote: where there is
+    no CUDA, unless ``FORK_WORKERS_ENV`` is 0 (then each starts with its
+    command, as on a GPU node)."""
+    import torch
+
+    return os.environ.get(FORK_WORKERS_ENV, "1") != "0" and not torch.cuda.is_available()
+
+
+def script_of(command: List[str]) -> int:
+    """Where the script stands in ``python [options] script args``."""
+    index = 1
+    while command[index].startswith("-"):
+        index += 1
+    return index
+
+
+def preload(script: str) -> None:
+    # As ``python script``: the script's folder first on the path.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    # What is imported stays: out of the collector's sight, a worker's
+    # collections neither walk it (a full pass over it holds the GIL for
+    # seconds, starving the heartbeat) nor copy its pages.
+    gc.collect()
+    gc.freeze()
+
+
+def rename(command: List[str]) -> None:
+    """Make ``/proc/self/cmdline`` the command's: rewrite the argument area
+    the kernel shows (its bounds are fields 48 and 49 of /proc/self/stat).
+    The zygote's own arguments hold the command, so it fits."""
+    import ctypes
+
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])
+    text = b"\0".join(arg.encode() for arg in command) + b"\0"
+    text = text[: end - start].ljust(end - start, b"\0")
+    ctypes.memmove(start, text, len(text))
+
+
+def become_worker(
+    channel: socket.socket, wakeup: int, command: List[str], env: dict, zygote: int
+) -> None:
+    """In the forked child: turn into ``command`` run with ``env``; returns
+    only into the script, which ends the process. It dies with the zygote
+    from the start (the worker asks again for its own reasons)."""
+    import runpy
+
+    if not die_with_parent(zygote):
+        return  # the zygote is gone already, and its agent: nobody waits for this one
+    channel.close()
+    os.close(wakeup)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(env)
+    rename(command)
+    script = script_of(command)
+    sys.argv = command[script:]
+    runpy.run_path(command[script], run_name="__main__")
+
+
+def serve(channel: socket.socket, command: List[str]) -> None:
+    """Fork a worker for each request, report each that ends; return when
+    the agent hangs up (its workers then die with this process)."""
+    wakeup, notify = os.pipe()
+    os.set_blocking(notify, False)
+    signal.set_wakeup_fd(notify)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    pending = b""
+    while True:
+        ready, _, _ = select.select([channel, wakeup], [], [])
+        if wakeup in ready:
+            os.read(wakeup, 4096)
+        reap(channel)
+        if channel not in ready:
+            continue
+        received = channel.recv(1 << 16)
+        if not received:
+            return
+        pending += received
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            zygote = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                become_worker(channel, wakeup, command, json.loads(line)["env"], zygote)
+                return
+            channel.sendall((json.dumps({"pid": pid}) + "\n").encode())
+
+
+def reap(channel: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        channel.sendall((json.dumps({"exited": pid, "code": code}) + "\n").encode())
+
+
+# ----- the agent's side -----
+
+
+class ZygoteLost(RuntimeError):
+    """The zygote ended while the agent needed it."""
+
+
+class ForkedWorker:
+    """A worker forked by the zygote, with the part of ``subprocess.Popen``
+    the agent uses."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid = zygote, pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        self.zygote.collect()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # ended; the zygote's word of it is on its way
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """Starts a node's zygote for ``command`` and forks workers from it."""
+
+    def __init__(self, command: List[str]):
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, ZYGOTE_FD_ENV: f"{theirs.fileno()}:{os.getpid()}"}
+        python = command[: script_of(command)]
+        self.process = subprocess.Popen(
+            [*python, "-m", __spec__.name, json.dumps(command)],
+            env=env,
+            pass_fds=[theirs.fileno()],
+        )
+        theirs.close()
+        self.channel, self.pending = ours, b""
+        self.workers: Dict[int, ForkedWorker] = {}
+
+    def spawn(self, env: dict, while_waiting: Callable[[], None]) -> ForkedWorker:
+        """A worker with ``env``; ``while_waiting`` is called every 0.1 s
+        until the zygote answers (the first answer waits for its imports)."""
+        self.channel.sendall((json.dumps({"env": env}) + "\n").encode())
+        while True:
+            for message in self.messages(timeout_s=0.1):
+                if "pid" in message:
+                    worker = self.workers[message["pid"]] = ForkedWorker(self, message["pid"])
+                    return worker
+            while_waiting()
+
+    def collect(self) -> None:
+        for _ in self.messages(timeout_s=0.0):
+            pass
+
+    def messages(self, timeout_s: float):
+        """The zygote's messages that have come; workers' ends are noted."""
+        self.channel.settimeout(timeout_s)
+        try:
+            received = self.channel.recv(1 << 16)
+        except (BlockingIOError, socket.timeout):
+            received = None
+        self.pending += received or b""
+        while b"\n" in self.pending:
+            line, self.pending = self.pending.split(b"\n", 1)
+            message = json.loads(line)
+            if "exited" in message and message["exited"] in self.workers:
+                self.workers.pop(message["exited"]).returncode = message["code"]
+            yield message
+        if received == b"":
+            self.lost()
+
+    def lost(self) -> None:
+        """Its workers died with it (parent-death signal)."""
+        for worker in self.workers.values():
+            worker.returncode = -signal.SIGKILL
+        self.workers.clear()
+        code = self.process.wait()
+        raise ZygoteLost(f"the node's zygote ended with code {code}")
+
+    def close(self) -> None:
+        """End the zygote; any worker left dies with it."""
+        self.channel.close()
+        self.process.kill()
+        self.process.wait()
+
+
+def main() -> None:
+    command = json.loads(sys.argv[1])
+    fd, agent_pid = map(int, os.environ.pop(ZYGOTE_FD_ENV).split(":"))
+    channel = socket.socket(fileno=fd)
+    if not die_with_parent(agent_pid):
+        return  # the agent is gone already
+    preload(command[script_of(command)])
+    channel.sendall(b'{"ready": true}\n')
+    serve(channel, command)
+
+
+if __name__ == "__main__":
+    main()
