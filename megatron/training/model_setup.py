@@ -63,10 +63,10 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp16=t.fp16,
         bias_activation_fusion=fused and not m.swiglu,
         bias_dropout_fusion=fused,
-        masked_softmax_fusion=fused and m.masked_softmax_fusion,
+        masked_softmax_fusion=fused and m.masked_softmax_fusion and softmax_kernel_built(),
         attention_backend=AttnBackend[m.attention_backend],
         apply_rope_fusion=False,
-        persist_layer_norm=fused,
+        persist_layer_norm=fused and layer_norm_can_persist(config),
         gradient_accumulation_fusion=False,
         calculate_per_token_loss=t.calculate_per_token_loss,
         **recompute_settings(config),
@@ -79,6 +79,22 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
     )
+
+
+def layer_norm_can_persist(config: Config) -> bool:
+    """Megatron-LM's persistent layer norm where the layer norm has one: Transformer
+    Engine's, or Apex's in the local spec. Without either megatron-core builds
+    torch's LayerNorm, which refuses it (seen on an H200 without Apex)."""
+    apex = importlib.util.find_spec("apex") is not None
+    return use_transformer_engine(config, on_cpu=False) or apex
+
+
+def softmax_kernel_built() -> bool:
+    """Megatron's fused scale-mask-softmax kernel, built by Apex or Transformer
+    Engine's install: megatron-core imports it at the first forward and fails
+    without it (seen on an H200 without either), so without it the softmax is
+    torch's, as with --no-masked-softmax-fusion."""
+    return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
 
 
 def recompute_settings(config: Config) -> dict:

@@ -155,3 +155,32 @@ def test_recompute_with_dropout_trains_the_same_curve_bit_for_bit(tmp_path):
     assert distributed == plain
     # Negative control: the curve does depend on the dropout masks.
     assert curve_of(tmp_path / "other-seed", "--seed", "4321") != plain
+
+
+# --- the fused kernels a GPU run asks megatron-core for ------------------------------
+
+
+@pytest.mark.parametrize("present", [(), ("apex", "scaled_masked_softmax_cuda")])
+def test_a_gpu_run_fuses_only_what_has_a_kernel_there(monkeypatch, present):
+    """Megatron-LM's defaults persist the layer norm and fuse scale-mask-softmax;
+    without Apex or Transformer Engine megatron-core has neither kernel and
+    fails (both seen on an H200): there the run takes torch's."""
+    import importlib.util
+
+    from megatron.training import model_setup
+
+    optional = {"apex", "scaled_masked_softmax_cuda", "transformer_engine"}
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name in optional:
+            return object() if name in present else None
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    tf = model_setup.transformer_config(parse_args(BASE, world_size=1), on_cpu=False)
+    assert tf.persist_layer_norm == ("apex" in present)
+    assert tf.masked_softmax_fusion == ("scaled_masked_softmax_cuda" in present)
+    assert tf.bias_dropout_fusion  # torch.compile's, on any GPU
+    cpu = model_setup.transformer_config(parse_args(BASE, world_size=1), on_cpu=True)
+    assert not (cpu.persist_layer_norm or cpu.masked_softmax_fusion or cpu.bias_dropout_fusion)
