@@ -117,6 +117,9 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
         return 2
+    from megatron.training.tokenizer import import_for_rank
+
+    import_for_rank(config.tokenizer)
     from deadpool_ext.config import section
 
     step = partial(forward_step, check_for_nan=config.training.check_for_nan_in_loss_and_grad)

@@ -20,6 +20,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import sys
 
 from megatron.training.config import TokenizerConfig
 
@@ -201,6 +202,24 @@ def _check_tiktoken(t) -> None:
             f"--tiktoken-num-special-tokens {special} must be above 7 (TikTokenizer's own "
             f"special tokens) and below the vocabulary size {wanted}"
         )
+
+
+def import_for_rank(t) -> None:
+    """Import megatron-core's tokenizers in a rank, which builds ``t`` alone.
+    Their text package imports every tokenizer library it finds, and
+    transformers alone is about 2 s of a rank's start on 2 cores: a rank
+    whose tokenizer is not Hugging Face's imports the package without it
+    (megatron-core's Hugging Face wrapper is then unavailable in that
+    process, which never builds one). Nothing once the package is imported,
+    or transformers is."""
+    needed = t.tokenizer_type == "HuggingFaceTokenizer"
+    if needed or {"megatron.core.tokenizers.text", "transformers"} & set(sys.modules):
+        return
+    sys.modules["transformers"] = None  # `import transformers` raises ModuleNotFoundError
+    try:
+        import megatron.core.tokenizers.text  # noqa: F401
+    finally:
+        del sys.modules["transformers"]
 
 
 def build_tokenizer(t):
