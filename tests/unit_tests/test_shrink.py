@@ -614,6 +614,7 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
             paused = training_workers(tmp_path)
             for pid in paused:
                 os.kill(pid, signal.SIGSTOP)
+            joined_at = time.time()
             joiner = subprocess.Popen(
                 launch_command(
                     ["--join", "--node-rank", "1", "--master-addr", "127.0.0.1", *common], args
@@ -624,9 +625,15 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
                 stderr=subprocess.STDOUT,
             )
             # All four ready before anyone reports, so the grow takes them all.
+            # (Only the new node's: node 1's released slot may have warmed up
+            # as a spare before the node died.)
             ready = wait_for_events(
                 events,
-                lambda e: e["event"] == "spare_ready" and e["slot"].startswith("1."),
+                lambda e: (
+                    e["event"] == "spare_ready"
+                    and e["slot"].startswith("1.")
+                    and e["time"] > joined_at
+                ),
                 job,
                 100,
                 count=4,
