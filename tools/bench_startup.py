@@ -27,6 +27,7 @@ def one_start(mode: str, iters: int, workdir: str) -> float:
     metrics = os.path.join(workdir, "metrics.jsonl")
     args = strip_outputs(demo_args()) + ["--train-iters", str(iters), "--metrics-file", metrics]
     args += ["--use-tp-pp-dp-mapping", "--deadpool", "--eval-interval", str(iters + 1)]
+    args += ["--lr-warmup-iters", "1"]  # the demo warms up over 10: longer than this run
     watch, env = MetricsWatch(metrics), dict(ENV, **{FORK_WORKERS_ENV: MODES[mode]})
     start = time.time()
     with open(os.path.join(workdir, "output.log"), "w") as out:
