@@ -273,7 +273,6 @@ def main() -> None:
     if not die_with_parent(agent_pid):
         return  # the agent is gone already
     preload(command[script_of(command)])
-    channel.sendall(b'{"ready": true}\n')
     serve(channel, command)
 
 
