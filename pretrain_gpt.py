@@ -19,9 +19,10 @@ from functools import partial
 import torch
 
 
-def model_provider(config, tf_config, pre_process: bool, post_process: bool):
+def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_stage=None):
     """This rank's stage of the GPT model (local layers, or Transformer
-    Engine's when it is there and wanted)."""
+    Engine's when it is there and wanted); with virtual pipeline stages,
+    its chunk ``vp_stage``."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
@@ -35,7 +36,10 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
     use_te = use_transformer_engine(config, on_cpu=config.extra.get("on_cpu", False))
     if config.moe.num_experts:  # MoE layers in the block, as Megatron-LM's builder
         spec = get_gpt_decoder_block_spec(
-            tf_config, use_transformer_engine=use_te, normalization=m.normalization
+            tf_config,
+            use_transformer_engine=use_te,
+            normalization=m.normalization,
+            vp_stage=vp_stage,
         )
     elif use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
@@ -53,6 +57,7 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool):
         position_embedding_type=m.position_embedding_type,
         rotary_base=m.rotary_base,
         rotary_percent=m.rotary_percent,
+        vp_stage=vp_stage,
     )
 
 

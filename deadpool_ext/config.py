@@ -11,6 +11,7 @@ from typing import List, Optional
 from megatron.training import arguments
 from megatron.training.arguments import ConfigError
 from megatron.training.config import Config, arg
+from megatron.training.schedule import interleaving_problem_at
 
 from deadpool_ext.topology import (
     BuddyError,
@@ -164,19 +165,28 @@ def plan_buddies(config: Config, environ=os.environ, hosts: Optional[List[str]] 
         raise ConfigError(str(error)) from None
 
 
-def resize_limits(config: Config, buddies: BuddyMap) -> dict:
+def resize_limits(config: Config, buddies: Optional[BuddyMap]) -> dict:
     """What the coordinator must know to shrink or grow this job (the
-    fields of protocol.Plan): an MoE model drops whole expert-parallel
-    blocks of replicas, needs buddies holding the same experts, and does
-    not grow back yet."""
+    fields of protocol.Plan): the interleaved schedule runs only at some
+    data-parallel sizes; an MoE model drops whole expert-parallel blocks
+    of replicas, needs buddies holding the same experts, and does not grow
+    back yet."""
+    limits = {}
+    if config.virtual_pipeline_model_parallel_size is not None:
+        p = config.parallel
+        per_replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        planned = config.extra.get("planned_world_size", config.world_size) // per_replica
+        limits["data_parallel_sizes"] = [
+            d for d in range(1, planned + 1) if interleaving_problem_at(config, d) is None
+        ]
     experts = experts_of(config)
     if experts is None:
-        return {}
-    limits = {
-        "shrink_unit": shrink_unit(config.parallel.tensor_model_parallel_size, experts),
-        "cannot_grow": "growing an MoE model's job back is not built yet",
-    }
-    if buddies.experts_apart:
+        return limits
+    limits.update(
+        shrink_unit=shrink_unit(config.parallel.tensor_model_parallel_size, experts),
+        cannot_grow="growing an MoE model's job back is not built yet",
+    )
+    if buddies is not None and buddies.experts_apart:
         limits["cannot_resize"] = (
             "a buddy holds other experts than its owner (no rank holding the same "
             "experts is on another node), so a shrink could not re-cut them"

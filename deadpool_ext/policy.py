@@ -19,7 +19,10 @@ restored at, from the snapshot of the rank that contributes it.
     weights, so a replica assembled from ranks of several is as good. Every
     old shard, the dropped ones included, comes from a kept rank (after
     ReCoVer). The global batch does not change: its microbatches are spread
-    over the DP' replicas (``data.microbatches_per_iteration``);
+    over the DP' replicas (``data.microbatches_per_iteration``). A job on
+    the interleaved schedule runs only at the DP sizes whose shares its
+    microbatch groups allow: more replicas leave, whole blocks last first,
+    each only if its shards stay held by a kept rank;
   * grow (``plan_grow``), when the ready spares make up whole replicas
     again, at an iteration boundary and never past the launched size. The
     running replicas keep their order and positions; the new ones come
@@ -179,6 +182,52 @@ def kept_replicas(grid: Grid, lost: Set[int], unit: int = 1) -> List[Dict[Positi
     return kept + [{pos: left[pos][i] for pos in left} for i in range(assembled)]
 
 
+def runnable_size(limit: int, sizes: Optional[Sequence[int]], unit: int = 1) -> int:
+    """The largest data-parallel size up to ``limit``, a multiple of
+    ``unit``, that the job can run at (``sizes``; None: any); 0 if none."""
+    fits = [d for d in (range(1, limit + 1) if sizes is None else sizes) if d <= limit]
+    return max((d for d in fits if d % unit == 0), default=0)
+
+
+def fit_runnable_size(
+    replicas: List[Dict[Position, int]],
+    grid: Grid,
+    reports: Dict[int, Report],
+    buddy: Sequence[int],
+    unit: int,
+    sizes: Optional[Sequence[int]],
+) -> Tuple[List[Dict[Position, int]], Optional[str]]:
+    """The kept replicas cut to the largest size the job can run at: whole
+    blocks of ``unit`` leave, the last first, each only if no shard loses
+    its last copy on a kept rank by it. Returns (replicas, why not)."""
+    target = runnable_size(len(replicas), sizes, unit)
+    if target == 0:
+        return [], (
+            f"the interleaved schedule runs this job at data-parallel sizes {list(sizes)} "
+            f"only, and {len(replicas)} replica(s) are left"
+        )
+    blocks = [replicas[i : i + unit] for i in range(0, len(replicas), unit)]
+
+    def problems(kept_blocks) -> int:
+        kept = [r for block in kept_blocks for r in block]
+        return len(shard_sources(grid, set(renumber(grid, kept)), reports, buddy)[1])
+
+    while len(blocks) * unit > target:
+        before = problems(blocks)
+        for i in reversed(range(len(blocks))):
+            rest = blocks[:i] + blocks[i + 1 :]
+            if problems(rest) <= before:
+                blocks = rest
+                break
+        else:
+            return [], (
+                f"the interleaved schedule runs this job at data-parallel sizes {list(sizes)} "
+                f"only, and no {target} of the {len(replicas)} replicas left hold every "
+                "optimizer shard"
+            )
+    return [r for block in blocks for r in block], None
+
+
 def renumber(grid: Grid, replicas: Sequence[Dict[Position, int]]) -> Dict[int, int]:
     """Old rank -> new rank for the ranks of the kept replicas (in order)."""
     new_grid = grid.with_dp(len(replicas))
@@ -219,10 +268,12 @@ def plan_shrink(
     buddy: Sequence[int],
     grid: Grid,
     unit: int = 1,
+    sizes: Optional[Sequence[int]] = None,
 ) -> Decision:
     """Drop every replica that lost a rank (every block of ``unit`` replicas
     that did, see kept_replicas); the rest, and the replicas its survivors
-    make up, go on as a smaller job.
+    make up, go on as a smaller job, at one of ``sizes`` (the data-parallel
+    sizes the job can run at; None: any).
 
     members: old rank -> slot; reports: from every live rank."""
     broken = {grid.replica(r) for r in lost}
@@ -243,6 +294,10 @@ def plan_shrink(
             "shards exists (the job runs without a mirror)",
             members,
         )
+    made_up = len(replicas)
+    replicas, why = fit_runnable_size(replicas, grid, reports, buddy, unit, sizes)
+    if why:
+        return abort(gen, f"cannot shrink: {why}", members)
     mapping = renumber(grid, replicas)
     sources, problems = shard_sources(grid, set(mapping), reports, buddy)
     if problems:
@@ -253,7 +308,12 @@ def plan_shrink(
             gen, "cannot shrink: no iteration that every kept rank holds for every shard", members
         )
     released = sorted(members[r] for r in members if r not in lost and r not in mapping)
-    assembled = len(replicas) - (grid.dp - len(broken))
+    assembled = made_up - (grid.dp - len(broken))
+    fitted = (
+        f"; {made_up - len(replicas)} more left for a size the interleaved schedule runs at"
+        if made_up > len(replicas)
+        else ""
+    )
     return Decision(
         gen=gen,
         action=Action.SHRINK,
@@ -268,14 +328,19 @@ def plan_shrink(
             f"shrinking from {grid.dp} to {len(replicas)} data-parallel "
             f"replicas: dropped replica(s) {sorted(broken)}"
             + (f", {assembled} made up of their surviving ranks" if assembled else "")
+            + fitted
         ],
     )
 
 
 # ----- grow -----
-def replicas_to_add(grid: Grid, planned_dp: int, spares: Sequence[str]) -> int:
-    """Whole replicas the spares can fill, up to the planned size."""
-    return max(0, min(planned_dp - grid.dp, len(spares) // (grid.tp * grid.pp)))
+def replicas_to_add(
+    grid: Grid, planned_dp: int, spares: Sequence[str], sizes: Optional[Sequence[int]] = None
+) -> int:
+    """Whole replicas the spares can fill, up to the planned size, landing
+    on a size the job can run at (``sizes``; None: any)."""
+    room = max(0, min(planned_dp - grid.dp, len(spares) // (grid.tp * grid.pp)))
+    return max(0, runnable_size(grid.dp + room, sizes) - grid.dp)
 
 
 def place_new_replicas(grid: Grid, new_grid: Grid, spares: Sequence[str]) -> Dict[int, str]:
@@ -298,8 +363,10 @@ def plan_grow(
     spares: Sequence[str],
     grid: Grid,
     planned_dp: int,
+    sizes: Optional[Sequence[int]] = None,
 ) -> Decision:
-    """members: rank -> slot of the running job; reports: from all of them."""
+    """members: rank -> slot of the running job; reports: from all of them;
+    sizes: the data-parallel sizes the job can run at (None: any)."""
     sources = {rank: [rank, Source.OWN] for rank in members}
     iteration = newest_common(sources, reports)
     if iteration is None:
@@ -309,7 +376,7 @@ def plan_grow(
             f"{ {r: rep.own for r, rep in sorted(reports.items())} }",
             members,
         )
-    add = replicas_to_add(grid, planned_dp, spares)
+    add = replicas_to_add(grid, planned_dp, spares, sizes)
     if add == 0:
         # The spares left between the announcement and now: go on as before.
         return Decision(

@@ -259,6 +259,9 @@ class Plan(Message):
     # parallel groups span that many), and why the job cannot grow back.
     shrink_unit: int = 1
     cannot_grow: Optional[str] = None
+    # The data-parallel sizes the job can run at (the interleaved schedule's
+    # microbatch groups must fit each replica's share); None: any.
+    data_parallel_sizes: Optional[List[int]] = None
 
 
 @dataclass

@@ -98,6 +98,7 @@ class Trial:
     spare_wait: Optional[float] = None  # --deadpool-spare-wait, default the flag's
     expect: Optional[str] = None  # swap, shrink or stop; default from the draw
     iters: int = ITERS
+    virtual_stages: int = 1  # model chunks per pipeline rank (the interleaved schedule)
 
     @property
     def dp(self) -> int:
@@ -120,8 +121,9 @@ class Trial:
         return self.expected != "shrink"
 
     def describe(self) -> str:
+        vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return (
-            f"TP{self.tp}·PP{self.pp}·DP{self.dp} spares={self.spares} {self.model} "
+            f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
             f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
             f"+{self.delay_ms}ms"
         )
@@ -133,7 +135,7 @@ def draw(seed: int, index: int) -> Trial:
     target = rng.choices(["rank", "node", "rank+buddy"], weights=[5, 4, 1])[0]
     victim = rng.randrange(NODES) if target == "node" else rng.randrange(NODES * PER_NODE)
     delay = 0 if rng.random() < 0.3 else rng.randrange(1, 200)
-    return Trial(
+    trial = Trial(
         index,
         seed,
         tp,
@@ -146,6 +148,13 @@ def draw(seed: int, index: int) -> Trial:
         rng.choice(PHASES),
         delay,
     )
+    # Drawn last, so the draws above are those of earlier campaigns: half
+    # of the two-stage pipelines run the interleaved schedule (4 layers: a
+    # layer per virtual stage; every drawn model gives each replica a
+    # multiple of 2 microbatches at DP 4 and 2).
+    if pp == 2 and rng.random() < 0.5:
+        trial = dataclasses.replace(trial, virtual_stages=2)
+    return trial
 
 
 def aimed_at_coordinator(trial: Trial) -> Trial:
@@ -235,6 +244,8 @@ def job_args(trial: Trial, out: str) -> List[str]:
     ]
     if not trial.dropout:
         args += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    if trial.virtual_stages > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(trial.virtual_stages)]
     if trial.spare_wait is not None:
         args += ["--deadpool-spare-wait", str(trial.spare_wait)]
     return args
@@ -481,7 +492,8 @@ def check(trial: Trial, out: str, ref: str, code: int, tail: str) -> Optional[st
 # ----- the campaign -----
 def reference(trial: Trial, workdir: str, limit_s: float) -> str:
     key = (
-        f"ref-tp{trial.tp}-pp{trial.pp}-{trial.model}-{'drop' if trial.dropout else 'nodrop'}"
+        f"ref-tp{trial.tp}-pp{trial.pp}-vpp{trial.virtual_stages}-{trial.model}-"
+        f"{'drop' if trial.dropout else 'nodrop'}"
         f"-{trial.iters}"
     )
     out = os.path.join(workdir, key)

@@ -871,7 +871,9 @@ class Coordinator:
         ):
             return
         grid = self.grid()
-        add = replicas_to_add(grid, self.planned_dp(), self.view.spares)
+        add = replicas_to_add(
+            grid, self.planned_dp(), self.view.spares, self.plan.data_parallel_sizes
+        )
         if add == 0:
             return
         self.open_generation(S.GROWING)
@@ -897,6 +899,7 @@ class Coordinator:
                 self.view.spares,
                 self.grid(),
                 self.planned_dp(),
+                self.plan.data_parallel_sizes,
             )
         policy = self.plan.on_spares_exhausted
         if (
@@ -936,6 +939,7 @@ class Coordinator:
             self.buddy,
             self.grid(),
             self.plan.shrink_unit,
+            self.plan.data_parallel_sizes,
         )
         if policy == "checkpoint" and decision.action == Action.SHRINK:
             # The survivors gather every shard the way a shrink does, save

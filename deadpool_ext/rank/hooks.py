@@ -197,7 +197,7 @@ class RecoveryHook(Hook):
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
                 progress_timeout=dp.deadpool_progress_timeout,
-                **(resize_limits(self.config, buddies) if buddies else {}),
+                **resize_limits(self.config, buddies),
             )
         )
 

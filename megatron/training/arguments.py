@@ -11,7 +11,7 @@ import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron.training.config import SECTIONS, TRACKER, Config
-from megatron.training.schedule import GlobalBatch, schedule_in_samples
+from megatron.training.schedule import GlobalBatch, interleaving_problem_at, schedule_in_samples
 
 
 class ConfigError(ValueError):
@@ -228,6 +228,8 @@ def fill_defaults(config: Config) -> None:
         )
         t.check_for_nan_in_loss_and_grad = False
     p = config.parallel
+    if config.virtual_pipeline_model_parallel_size is None:
+        p.overlap_p2p_comm = False  # as Megatron-LM: only the interleaved schedule overlaps
     if p.sequence_parallel and p.tensor_model_parallel_size == 1:
         # As Megatron-LM: a warning, and sequence parallelism off.
         _say("WARNING: disabling --sequence-parallel: --tensor-model-parallel-size is 1")
@@ -283,6 +285,7 @@ def validate(config: Config) -> None:
         _check_recompute,
         _check_with_megatron_core,
         _check_batch,
+        _check_virtual_pipeline,
         _check_training,
         _check_precision,
         _check_fp8,
@@ -602,6 +605,75 @@ def _check_batch(config: Config) -> None:
     )
     if b.rampup_batch_size is not None:
         _check_ramp(config)
+
+
+def _check_virtual_pipeline(config: Config) -> None:
+    """Megatron-LM's rules for the interleaved schedule's flags, and
+    megatron-core's for its microbatches (checked now, not at the first
+    iteration)."""
+    p, layers = config.parallel, config.model.num_layers
+    per_layer, stages = (
+        p.num_layers_per_virtual_pipeline_stage,
+        p.num_virtual_stages_per_pipeline_rank,
+    )
+    _require(
+        per_layer is None or stages is None,
+        "give one of --num-layers-per-virtual-pipeline-stage and "
+        "--num-virtual-stages-per-pipeline-rank, not both",
+    )
+    pp = p.pipeline_model_parallel_size
+    if per_layer is not None:
+        _require(
+            per_layer > 0 and (layers // pp) % per_layer == 0,
+            f"--num-layers-per-virtual-pipeline-stage {per_layer} does not divide the "
+            f"{layers // pp} layers of each pipeline stage (--num-layers {layers} / "
+            f"--pipeline-model-parallel-size {pp}): use a divisor of {layers // pp}",
+        )
+    if stages is not None:
+        _require(
+            stages > 0 and layers % (pp * stages) == 0,
+            f"--num-virtual-stages-per-pipeline-rank {stages} x --pipeline-model-parallel-size "
+            f"{pp} does not divide --num-layers {layers}: every virtual stage holds as many "
+            "layers",
+        )
+    vpp = config.virtual_pipeline_model_parallel_size
+    _require_with(
+        "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank "
+        "(more than one virtual stage)",
+        vpp is not None,
+        [
+            (
+                "--microbatch-group-size-per-virtual-pipeline-stage",
+                p.microbatch_group_size_per_vp_stage is not None,
+            )
+        ],
+    )
+    if vpp is None:
+        return
+    _require(
+        pp > (1 if p.overlap_p2p_comm else 2),
+        f"the interleaved schedule (virtual pipeline stages) needs --pipeline-model-parallel-size "
+        f"> {1 if p.overlap_p2p_comm else 2}"
+        + ("" if p.overlap_p2p_comm else " with --no-overlap-p2p-communication")
+        + f", not {pp}",
+    )
+    _require(
+        not config.checkpoint.dist_ckpt_optim_fully_reshardable
+        or config.model.untie_embeddings_and_output_weights,
+        "--dist-ckpt-optim-fully-reshardable with virtual pipeline stages and tied embeddings: "
+        "megatron-core 0.16 then saves the word embedding's optimizer state from the wrong "
+        "place (measured here: its main parameter differs from the model's weight), and the "
+        "run resumed from it diverges. Drop the flag (the default dp_reshardable save resumes "
+        "bit for bit at the same layout, and the model loads at any), or add "
+        "--untie-embeddings-and-output-weights",
+    )
+    problem = interleaving_problem_at(config, config.data_parallel_size)
+    _require(
+        problem is None,
+        f"the interleaved schedule cannot run {problem}: give a --global-batch-size whose "
+        "share per replica (in microbatches) is a multiple of the pipeline size, or set "
+        "--microbatch-group-size-per-virtual-pipeline-stage",
+    )
 
 
 def _ramp_problem(config: Config) -> Optional[str]:

@@ -35,7 +35,7 @@ import queue
 import tempfile
 import random
 import shutil
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -172,7 +172,7 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
         consumed_valid_samples=0,
         use_dist_ckpt=True,
         context_parallel_size=1,
-        virtual_pipeline_model_parallel_size=None,
+        virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
     )
     return argparse.Namespace(**values)
 
@@ -208,14 +208,20 @@ def set_rng(states: list) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
 
 
+def model_keys(chunks: int) -> List[str]:
+    """Megatron-LM's keys of the model in a checkpoint: ``model``, or with
+    virtual pipeline stages ``model0``, ``model1``, ... (one per chunk).
+    Their tensors are named by global layer in torch_dist, so a checkpoint
+    loads at any number of virtual stages."""
+    return ["model"] if chunks == 1 else [f"model{i}" for i in range(chunks)]
+
+
 def sharded_state(state, metadata: dict, loading: bool, optim: bool, rng: bool) -> dict:
     """Model, optimizer and RNG as sharded state dicts under Megatron-LM's keys."""
-    chunks = unwrap_model(state.model)
-    if len(chunks) != 1:
-        raise CheckpointError(
-            "checkpoints of several model chunks (virtual pipeline) are not wired"
-        )
-    out = {"model": chunks[0].sharded_state_dict(metadata=metadata)}
+    out = {
+        key: chunk.sharded_state_dict(metadata=metadata)
+        for key, chunk in zip(model_keys(len(state.model)), unwrap_model(state.model))
+    }
     if optim:
         init_adam_state(state.optimizer)
         out["optimizer"] = state.optimizer.sharded_state_dict(
@@ -406,7 +412,8 @@ def load_strategy(config: Config, directory: str):
 
 @torch.no_grad()  # main parameters may be views of the model's (fp32 training)
 def apply(loaded: dict, state, optim: bool, rng: bool) -> None:
-    unwrap_model(state.model)[0].load_state_dict(loaded["model"], strict=True)
+    for key, chunk in zip(model_keys(len(state.model)), unwrap_model(state.model)):
+        chunk.load_state_dict(loaded[key], strict=True)
     if optim:
         state.optimizer.load_state_dict(loaded["optimizer"])
         restore_adam_steps(state.optimizer)
@@ -462,12 +469,14 @@ def check_compatible(common: dict, config: Config, directory: str, load_optim: b
 
 
 def saved_model_parallel_layout(common: dict) -> tuple:
-    """TP, PP, EP and expert TP of a save: a distributed optimizer saved
-    dp_reshardable loads only where all four are the same (a checkpoint
-    from before expert parallelism has EP 1, expert TP = TP)."""
+    """TP, PP, virtual stages, EP and expert TP of a save: a distributed
+    optimizer saved dp_reshardable loads only where all are the same (its
+    buckets are cut per model chunk; a checkpoint from before expert
+    parallelism has EP 1, expert TP = TP)."""
     args = common["args"]
     tp = args.tensor_model_parallel_size
     return saved_layout(common) + (
+        getattr(args, "virtual_pipeline_model_parallel_size", None) or 1,
         getattr(args, "expert_model_parallel_size", 1),
         getattr(args, "expert_tensor_parallel_size", None) or tp,
     )
@@ -475,12 +484,18 @@ def saved_model_parallel_layout(common: dict) -> tuple:
 
 def model_parallel_layout(config: Config) -> tuple:
     p = config.parallel
-    return run_layout(config) + (p.expert_model_parallel_size, p.expert_tensor_parallel_size)
+    return run_layout(config) + (
+        config.model_chunks,
+        p.expert_model_parallel_size,
+        p.expert_tensor_parallel_size,
+    )
 
 
 def _layout_words(layout: tuple) -> str:
-    tp, pp, ep, etp = layout
-    return f"TP {tp}, PP {pp}, EP {ep} and expert TP {etp}"
+    tp, pp, vpp, ep, etp = layout
+    return (
+        f"TP {tp}, PP {pp}, {vpp} virtual stage(s) per pipeline rank, EP {ep} and expert TP {etp}"
+    )
 
 
 def model_shape(config: Config) -> dict:

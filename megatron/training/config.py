@@ -111,6 +111,25 @@ class ParallelConfig:
     tensor_model_parallel_size: int = arg(1, help="Tensor-parallel size.")
     pipeline_model_parallel_size: int = arg(1, help="Pipeline-parallel size.")
     sequence_parallel: bool = arg(False, help="Sequence parallelism (needs TP > 1).")
+    num_layers_per_virtual_pipeline_stage: Optional[int] = arg(
+        help="Layers per virtual pipeline stage: each pipeline rank holds several model "
+        "chunks and runs the interleaved schedule."
+    )
+    num_virtual_stages_per_pipeline_rank: Optional[int] = arg(
+        help="Model chunks (virtual stages) per pipeline rank, for the interleaved schedule "
+        "(instead of --num-layers-per-virtual-pipeline-stage)."
+    )
+    microbatch_group_size_per_vp_stage: Optional[int] = arg(
+        flag="--microbatch-group-size-per-virtual-pipeline-stage",
+        help="Microbatches a virtual stage runs in a row in the interleaved schedule "
+        "(default --pipeline-model-parallel-size).",
+    )
+    overlap_p2p_comm: bool = arg(
+        True,
+        flag="--no-overlap-p2p-communication",
+        help="Batch the interleaved schedule's sends and receives instead of overlapping "
+        "them with compute (then PP must be > 2); without virtual stages it is off.",
+    )
     context_parallel_size: int = arg(
         1, help="Context-parallel size; only 1 here (arguments.py says why)."
     )
@@ -634,6 +653,25 @@ class Config:
     def data_parallel_size(self) -> int:
         p = self.parallel
         return self.world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+
+    @property
+    def virtual_pipeline_model_parallel_size(self) -> Optional[int]:
+        """Model chunks per pipeline rank (the interleaved schedule), None
+        for one: Megatron-LM's derivation from either flag."""
+        p = self.parallel
+        if p.num_virtual_stages_per_pipeline_rank is not None:
+            size = p.num_virtual_stages_per_pipeline_rank
+        elif p.num_layers_per_virtual_pipeline_stage is not None:
+            per_rank = self.model.num_layers // p.pipeline_model_parallel_size
+            size = per_rank // p.num_layers_per_virtual_pipeline_stage
+        else:
+            return None
+        return None if size == 1 else size
+
+    @property
+    def model_chunks(self) -> int:
+        """Model chunks on each pipeline rank (1 without virtual stages)."""
+        return self.virtual_pipeline_model_parallel_size or 1
 
 
 def field_help(cls) -> dict:

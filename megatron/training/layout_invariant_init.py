@@ -27,15 +27,15 @@ def _shift(pattern: re.Pattern, name: str, offset: int) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}{m.group(3)}", name)
 
 
-def global_name(
-    local_name: str, pp_rank: int, layers_per_stage: int, tied: bool, expert_offset: int = 0
-) -> str:
-    """The name the parameter has in the single-process model (an
-    expert-parallel rank's local expert k is expert ``expert_offset + k``)."""
+def global_name(local_name: str, layer_offset: int, tied: bool, expert_offset: int = 0) -> str:
+    """The name the parameter has in the single-process model: a module's
+    local layer k is layer ``layer_offset + k`` (megatron-core's offset of
+    its pipeline stage, or of its virtual stage), and an expert-parallel
+    rank's local expert k is expert ``expert_offset + k``."""
     if tied and local_name == "output_layer.weight":
         # The last stage's copy of the tied embedding.
         return "embedding.word_embeddings.weight"
-    name = _shift(_LAYER, local_name, pp_rank * layers_per_stage)
+    name = _shift(_LAYER, local_name, layer_offset)
     return _shift(_LOCAL_EXPERT, name, expert_offset)
 
 
@@ -64,21 +64,27 @@ def _std(name: str, std: float, num_layers: int) -> float:
 
 @torch.no_grad()
 def apply(
-    module: torch.nn.Module, seed: int, init_std: float, num_layers: int, tied: bool, gated: bool
+    module: torch.nn.Module,
+    seed: int,
+    init_std: float,
+    num_layers: int,
+    tied: bool,
+    gated: bool,
+    layer_offset: int,
 ) -> None:
-    """Redraw every randomly initialised parameter of this rank's stage.
+    """Redraw every randomly initialised parameter of this rank's module
+    (a pipeline stage, or a virtual stage's chunk), whose first layer is
+    global layer ``layer_offset``.
 
     Constant parameters (zero biases, unit norm weights) are already
     layout-invariant and are left as they are.
     """
-    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     for local, param in module.named_parameters():
         flat = param.detach().view(-1)
         if flat.numel() == 0 or bool((flat == flat[0]).all()):
             continue
         tp_rank, tp_size, expert_offset = _split_of(param, local, module)
-        name = global_name(local, pp_rank, num_layers // pp_size, tied, expert_offset)
+        name = global_name(local, layer_offset, tied, expert_offset)
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         full = torch.empty(_full_shape(param, tp_size), dtype=torch.float32, device="cpu")
         full.normal_(0.0, _std(name, init_std, num_layers), generator=generator)

@@ -97,10 +97,24 @@ def check_layout(saved_args, config: Config, directory: str) -> None:
             "(the default here, with --dist-ckpt-optim-fully-reshardable to take the "
             "optimizer to another TP and PP)"
         )
-    for name in ("virtual_pipeline_model_parallel_size", "expert_model_parallel_size"):
-        value = getattr(saved_args, name, None)
-        if value not in (None, 1):
-            raise CheckpointError(f"{directory} was saved with {name} {value}: not supported here")
+    saved_vpp = getattr(saved_args, "virtual_pipeline_model_parallel_size", None) or 1
+    if saved_vpp != config.model_chunks:
+        raise CheckpointError(
+            f"{directory} is a legacy --ckpt-format torch checkpoint saved with "
+            f"{saved_vpp} virtual pipeline stage(s) per pipeline rank, this run has "
+            f"{config.model_chunks}: its files hold each model chunk's own layers. Run with "
+            + (
+                f"--num-virtual-stages-per-pipeline-rank {saved_vpp}"
+                if saved_vpp > 1
+                else "no virtual pipeline stages"
+            )
+            + ", or load it once so and save it as torch_dist (which loads at any)"
+        )
+    value = getattr(saved_args, "expert_model_parallel_size", None)
+    if value not in (None, 1):
+        raise CheckpointError(
+            f"{directory} was saved with expert_model_parallel_size {value}: not supported here"
+        )
 
 
 def check_optimizer(saved_args, config: Config, directory: str) -> None:
@@ -238,13 +252,16 @@ def load(directory: str, release: bool, config: Config, state) -> Loaded:
 
 @torch.no_grad()  # main parameters may be views of the model's (fp32 training)
 def load_model(saved: dict, state, path: str) -> None:
-    module = unwrap_model(state.model)[0]
-    missing, unexpected = module.load_state_dict(saved["model"], strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path} holds another model stage: keys missing from it {sorted(missing)}, "
-            f"keys it has beyond this model's {sorted(unexpected)}"
-        )
+    chunks = unwrap_model(state.model)
+    for key, module in zip(checkpointing.model_keys(len(chunks)), chunks):
+        if key not in saved:
+            raise CheckpointError(f"{path} holds no {key!r} (a model chunk of this run)")
+        missing, unexpected = module.load_state_dict(saved[key], strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{path} holds another model stage in {key!r}: keys missing from it "
+                f"{sorted(missing)}, keys it has beyond this model's {sorted(unexpected)}"
+            )
 
 
 @torch.no_grad()  # the same views, written by load_parameter_state

@@ -14,6 +14,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from megatron.training import layout_invariant_init
 from megatron.training.config import Config
@@ -56,6 +57,10 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         add_bias_linear=not m.disable_bias_linear,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
+        microbatch_group_size_per_vp_stage=p.microbatch_group_size_per_vp_stage,
+        overlap_p2p_comm=p.overlap_p2p_comm,
+        batch_p2p_comm=not p.overlap_p2p_comm,  # as Megatron-LM
         sequence_parallel=p.sequence_parallel,
         params_dtype=params_dtype(config),
         pipeline_dtype=params_dtype(config),
@@ -168,9 +173,11 @@ def reduce_grads_in_fp32(config: Config) -> bool:
 
 
 def wrap_model(
-    module: torch.nn.Module, tf_config: TransformerConfig, config: Config
+    module: torch.nn.Module, tf_config: TransformerConfig, config: Config, chunk: int = 0
 ) -> DistributedDataParallel:
-    """Half-precision wrapper when needed, then megatron-core's DDP."""
+    """Half-precision wrapper when needed, then megatron-core's DDP. As
+    Megatron-LM, a pipeline rank's model chunks after the first keep their
+    gradients in one bucket (their reduction overlaps compute anyway)."""
     if config.training.bf16 or config.training.fp16:
         module = Float16Module(tf_config, module)
     p = config.parallel
@@ -181,7 +188,9 @@ def wrap_model(
         use_distributed_optimizer=p.use_distributed_optimizer,
         check_for_nan_in_grad=config.training.check_for_nan_in_loss_and_grad,
     )
-    model = HookedDistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
+    model = HookedDistributedDataParallel(
+        config=tf_config, ddp_config=ddp_config, module=module, disable_bucketing=chunk > 0
+    )
     # Megatron broadcasts params from DP rank 0 so replicas start equal even
     # if their initialisation differed.
     model.broadcast_params()
@@ -245,28 +254,52 @@ class TrainState:
     tf_config: TransformerConfig
 
 
-ModelProvider = Callable[[Config, TransformerConfig, bool, bool], torch.nn.Module]
+# (config, tf_config, pre_process, post_process[, vp_stage=]) -> this rank's
+# module; vp_stage (the model chunk) is passed only with virtual stages.
+ModelProvider = Callable[..., torch.nn.Module]
+
+
+def build_chunks(config: Config, tf_config: TransformerConfig, model_provider) -> list:
+    """This pipeline rank's modules: its stage, or with virtual pipeline
+    stages one chunk per virtual stage (Megatron-LM's get_model): chunk v
+    of pipeline rank r is virtual stage v x PP + r, which alone reads data
+    (the first) or computes the loss (the last)."""
+    vpp = config.virtual_pipeline_model_parallel_size
+    if vpp is None:
+        pre = parallel_state.is_pipeline_first_stage()
+        post = parallel_state.is_pipeline_last_stage()
+        return [model_provider(config, tf_config, pre, post)]
+    chunks = []
+    for stage in range(vpp):
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        module = model_provider(config, tf_config, pre, post, vp_stage=stage)
+        module.vp_stage = stage
+        chunks.append(module)
+    return chunks
 
 
 def setup_model_and_optimizer(
     config: Config, model_provider: ModelProvider, on_cpu: bool
 ) -> TrainState:
-    """Build this rank's model stage, wrap it, and attach optimizer hooks."""
+    """Build this rank's model chunks, wrap them, and attach optimizer hooks."""
     tf_config = transformer_config(config, on_cpu)
-    pre = parallel_state.is_pipeline_first_stage()
-    post = parallel_state.is_pipeline_last_stage()
-    module = model_provider(config, tf_config, pre, post)
+    modules = build_chunks(config, tf_config, model_provider)
     if config.model.layout_invariant_init:
         m = config.model
-        layout_invariant_init.apply(
-            module,
-            config.training.seed,
-            m.init_method_std,
-            m.num_layers,
-            not m.untie_embeddings_and_output_weights,
-            m.swiglu,
-        )
-    model = [wrap_model(module, tf_config, config)]
+        for stage, module in enumerate(modules):
+            layout_invariant_init.apply(
+                module,
+                config.training.seed,
+                m.init_method_std,
+                m.num_layers,
+                not m.untie_embeddings_and_output_weights,
+                m.swiglu,
+                layer_offset=get_transformer_layer_offset(
+                    tf_config, vp_stage=stage if len(modules) > 1 else None
+                ),
+            )
+    model = [wrap_model(module, tf_config, config, chunk) for chunk, module in enumerate(modules)]
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)
     _attach_schedule_hooks(model, optimizer, tf_config, config)
@@ -279,4 +312,5 @@ def _attach_schedule_hooks(model, optimizer, tf_config, config) -> None:
     # Without this, DP and tied-embedding gradients are never reduced.
     tf_config.finalize_model_grads_func = finalize_model_grads
     if config.parallel.overlap_grad_reduce:
-        tf_config.no_sync_func = model[0].no_sync
+        no_sync = [chunk.no_sync for chunk in model]
+        tf_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync

@@ -120,7 +120,16 @@ def is_expert(param) -> bool:
 
 
 def _param_names(model) -> dict:
-    return {param: name for chunk in model for name, param in chunk.named_parameters()}
+    """Parameter -> its name; with several model chunks (virtual pipeline
+    stages, whose layers are numbered within the chunk) the chunk's
+    checkpoint key first, so that names stay unique."""
+    if len(model) == 1:
+        return {param: name for name, param in model[0].named_parameters()}
+    return {
+        param: f"model{i}.{name}"
+        for i, chunk in enumerate(model)
+        for name, param in chunk.named_parameters()
+    }
 
 
 def buckets(model, optimizer) -> List[Bucket]:

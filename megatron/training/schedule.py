@@ -1,7 +1,7 @@
 """The learning-rate schedule's lengths and the global batch size's
 ramp-up, as Megatron-LM counts them (pure)."""
 
-from typing import List
+from typing import List, Optional
 
 from megatron.training.config import Config
 
@@ -20,6 +20,52 @@ def schedule_in_samples(config: Config) -> dict:
     if t.lr_warmup_fraction is not None:
         warmup = t.lr_warmup_fraction * decay
     return {"warmup": warmup, "decay": decay, "wsd": wsd, "total": total}
+
+
+def interleaving_problem(microbatches: int, pipeline: int, group: int) -> Optional[str]:
+    """Why megatron-core's interleaved schedule cannot run ``microbatches``
+    per replica at pipeline size ``pipeline`` with microbatch groups of
+    ``group`` (its own rule: a group is at least a pipeline's worth and at
+    most the microbatches; a last, partial group is empty or at least a
+    pipeline's worth); None when it can."""
+    if group < pipeline:
+        return (
+            f"--microbatch-group-size-per-virtual-pipeline-stage {group} is below "
+            f"--pipeline-model-parallel-size {pipeline}"
+        )
+    if microbatches < group:
+        return (
+            f"{microbatches} microbatch(es) per replica, fewer than a group of {group} "
+            "(--microbatch-group-size-per-virtual-pipeline-stage, default the pipeline size)"
+        )
+    rest = microbatches % group
+    if 0 < rest < pipeline:
+        return (
+            f"{microbatches} microbatches per replica leave a last group of {rest}, "
+            f"fewer than the pipeline's {pipeline} stages (groups of {group})"
+        )
+    return None
+
+
+def interleaving_problem_at(config: Config, data_parallel_size: int) -> Optional[str]:
+    """Why the interleaved schedule (virtual pipeline stages) cannot run
+    every replica's share of every global batch of the run (the ramp's
+    too) at this data-parallel size; None when it can, or when the run
+    has no virtual stages. Shares are uneven after a shrink."""
+    if config.virtual_pipeline_model_parallel_size is None:
+        return None
+    p, mbs = config.parallel, config.batch.micro_batch_size
+    pipeline = p.pipeline_model_parallel_size
+    group = p.microbatch_group_size_per_vp_stage or pipeline
+    for size in GlobalBatch(config).steps():
+        slots = size // mbs
+        shares = {slots // data_parallel_size, -(-slots // data_parallel_size)}
+        for share in sorted(shares):
+            problem = interleaving_problem(share, pipeline, group)
+            if problem:
+                where = f"a global batch of {size} at data-parallel size {data_parallel_size}"
+                return f"{where}: {problem}"
+    return None
 
 
 class GlobalBatch:

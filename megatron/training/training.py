@@ -101,6 +101,18 @@ class _LogWindow:
             self.losses[name] = self.losses.get(name, 0.0) + value
 
 
+def chunks_reading_data(chunks: int) -> List[bool]:
+    """Per model chunk of this rank, whether it reads data: it is the first
+    (tokens) or the last (labels) stage, virtual stages counted."""
+    if chunks == 1:
+        return [parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()]
+    return [
+        parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v)
+        or parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v)
+        for v in range(chunks)
+    ]
+
+
 def is_nan(loss: Optional[float]) -> bool:
     return loss is not None and loss != loss
 
@@ -139,8 +151,9 @@ class Trainer:
         self.joining = joining
         # The schedules call back into the trainer, which calls its hooks.
         state.tf_config.finalize_model_grads_func = self._finalize_grads
-        for chunk in state.model:
-            chunk.register_param_sync_hook(self._before_param_sync)
+        # The optimizer starts the chunks' all-gathers in order: the first
+        # chunk's is the iteration's first.
+        state.model[0].register_param_sync_hook(self._before_param_sync)
         self.progress = Progress()
         self.logger = get_logger(runtime.rank)
         self.forward_backward = get_forward_backward_func()
@@ -258,12 +271,13 @@ class Trainer:
                     bucket.gradient_scaling_factor = factor
 
     def data_iterator(self, dataset, consumed_samples: int, training: bool = True):
-        """Only the first and last pipeline stages read data."""
-        needs_data = (
-            parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
-        )
-        return data.build_iterator(
-            dataset if needs_data else None,
+        """Only the first and last pipeline stages read data. With virtual
+        stages, one entry per model chunk (as the interleaved schedule
+        takes them): the iterator for the chunk that is the first or last
+        virtual stage, None for the others."""
+        readers = chunks_reading_data(len(self.state.model))
+        iterator = data.build_iterator(
+            dataset if any(readers) else None,
             consumed_samples,
             self.config,
             self.runtime.dp_rank,
@@ -271,6 +285,9 @@ class Trainer:
             self.runtime.on_cpu,
             ramp=training,
         )
+        if len(readers) == 1:
+            return iterator
+        return [iterator if reads else None for reads in readers]
 
     def reset_train_iterator(self) -> None:
         self.train_iterator = self.data_iterator(self.train_ds, self.progress.consumed_samples)

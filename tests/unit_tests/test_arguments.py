@@ -228,6 +228,11 @@ def _kind(annotation):
 # A MoE model that runs on one CPU rank (no biases: see _check_moe).
 MOE = ["--num-experts", "4", "--disable-bias-linear"]
 # name -> (values after the flag, expected parsed value, companion argv, drop, world size)
+# PP 2 with 2 microbatches per replica (world 2), and two virtual stages.
+PP2 = ["--pipeline-model-parallel-size", "2", "--global-batch-size", "4"]
+VPP2 = ["--num-virtual-stages-per-pipeline-rank", "2"]
+# Batched sends and receives need PP > 2: PP 3, 6 layers, 3 microbatches.
+PP3 = ["--pipeline-model-parallel-size", "3", "--num-layers", "6", "--global-batch-size", "6"]
 SPECIAL = {
     "hidden_size": (["128"], 128, [], (), 1),
     "num_attention_heads": (["8"], 8, [], (), 1),
@@ -235,6 +240,10 @@ SPECIAL = {
     "max_position_embeddings": (["64"], 64, [], (), 1),
     "tensor_model_parallel_size": (["2"], 2, [], (), 2),
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
+    "num_layers_per_virtual_pipeline_stage": (["1"], 1, PP2, (), 2),
+    "num_virtual_stages_per_pipeline_rank": (["2"], 2, PP2, (), 2),
+    "microbatch_group_size_per_vp_stage": (["2"], 2, PP2 + VPP2, (), 2),
+    "overlap_p2p_comm": ([], False, PP3 + VPP2, (), 3),
     "overlap_param_gather": (
         [],
         True,
@@ -469,7 +478,8 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
     # Megatron's names; Megatron turns a default of True off with --no-NAME.
     # A flag named apart from its field is Megatron-LM's (--fp8-format -> fp8).
     if flag != ("--no-" if f.default is True else "--") + name:
-        assert flag in flag_parity.load_upstream() and f.default is not True, flag
+        assert flag in flag_parity.load_upstream(), flag
+        assert flag.startswith("--no-") == (f.default is True), flag
     assert f.metadata.get("help"), f"{flag} has no help text"
     if f.name in UNSUPPORTED:
         values, drop = UNSUPPORTED[f.name]
@@ -552,6 +562,48 @@ def test_extra_section_lands_in_config_extra():
 )
 def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named):
     _names_all(_config_error(argv(*flags)), *named)
+
+
+def test_virtual_pipeline_stages_follow_megatron_lms_rules():
+    """Megatron-LM's derivation of the virtual stages and its checks, and
+    megatron-core's microbatch rule checked before any process group."""
+    pp2 = ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    config = parse_args(argv(*pp2, "--num-layers-per-virtual-pipeline-stage", "1"), world_size=2)
+    assert config.virtual_pipeline_model_parallel_size == 2 and config.model_chunks == 2
+    assert config.parallel.overlap_p2p_comm  # Megatron-LM's default with virtual stages
+    config = parse_args(argv(*pp2, "--num-virtual-stages-per-pipeline-rank", "1"), world_size=2)
+    assert config.virtual_pipeline_model_parallel_size is None and config.model_chunks == 1
+    assert not config.parallel.overlap_p2p_comm  # off without virtual stages, as Megatron-LM
+    both = ("--num-layers-per-virtual-pipeline-stage", "1")
+    both += ("--num-virtual-stages-per-pipeline-rank", "2")
+    _names_all(_config_error(argv(*pp2, *both), world_size=2), *both[::2])
+    message = _config_error(
+        argv(*pp2, "--num-layers-per-virtual-pipeline-stage", "3"), world_size=2
+    )
+    _names_all(message, "--num-layers-per-virtual-pipeline-stage")
+    message = _config_error(argv(*pp2, "--num-virtual-stages-per-pipeline-rank", "4"), world_size=2)
+    _names_all(message, "--num-virtual-stages-per-pipeline-rank", "--num-layers")
+    message = _config_error(argv("--num-virtual-stages-per-pipeline-rank", "2"))
+    _names_all(message, "--pipeline-model-parallel-size")
+    no_overlap = [*pp2, "--num-virtual-stages-per-pipeline-rank", "2"]
+    message = _config_error(argv(*no_overlap, "--no-overlap-p2p-communication"), world_size=2)
+    _names_all(message, "--no-overlap-p2p-communication", "> 2")
+    group = ["--microbatch-group-size-per-virtual-pipeline-stage", "2"]
+    _names_all(_config_error(argv(*pp2, *group), world_size=2), group[0])
+    # 8 samples of 2 over DP 2 and PP 2: 2 microbatches per replica run;
+    # over DP 4 one each does not (fewer than a pipeline's worth).
+    parse_args(argv(*no_overlap), world_size=4)
+    message = _config_error(argv(*no_overlap), world_size=8)
+    _names_all(message, "--global-batch-size", "1 microbatch(es) per replica")
+    # 6 microbatches in groups of 4 leave a last group of 2: fine; of 1: not.
+    six = argv(*no_overlap, "--global-batch-size", "12", "--num-layers", "8")
+    parse_args(six + ["--microbatch-group-size-per-virtual-pipeline-stage", "4"], world_size=2)
+    message = _config_error(
+        six + ["--microbatch-group-size-per-virtual-pipeline-stage", "5"], world_size=2
+    )
+    _names_all(message, "last group of 1")
+    tied = _config_error(argv(*no_overlap, "--dist-ckpt-optim-fully-reshardable"), world_size=2)
+    _names_all(tied, "--dist-ckpt-optim-fully-reshardable", "--untie-embeddings-and-output-weights")
 
 
 def test_world_not_divisible_by_tp_times_pp():

@@ -67,6 +67,24 @@ RUNS = {
         phase="backward",
         delay_ms=30,
     ),
+    # The interleaved schedule (PP2, two virtual stages) at DP 4, 2
+    # microbatches per replica, no spare: rank 3 is lost and DP 3 would
+    # give a replica 3 (a group of 2 and 1 left over), so the job shrinks
+    # to DP 2.
+    "interleaved-shrink": chaos.Trial(
+        0,
+        0,
+        1,
+        2,
+        0,
+        target="rank",
+        victim=3,
+        model="tiny",
+        iteration=4,
+        phase="backward",
+        delay_ms=0,
+        virtual_stages=2,
+    ),
 }
 
 
@@ -77,7 +95,10 @@ EXPECTED_ACTIONS = {
     "warming-spares": ["recover"],
     "shrink-then-grow": ["shrink", "grow"],
     "pipeline-backward": ["recover"],
+    "interleaved-shrink": ["shrink"],
 }
+# The data-parallel size each shrink leaves.
+SHRUNK_TO = {"shrink-as-written": 1, "shrink": 1, "interleaved-shrink": 2}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +115,10 @@ def test_the_runs_that_once_hung_recover(name, workdir):
     )
     assert result["passed"], f"{trial.describe()}: {result['problem']} ({result['folder']})"
     events = chaos.read_jsonl(os.path.join(result["folder"], "events.jsonl"))
-    actions = [e["action"] for e in events if e["event"] == "decision"]
-    assert actions == EXPECTED_ACTIONS[name], actions
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert [e["action"] for e in decisions] == EXPECTED_ACTIONS[name], decisions
+    if name in SHRUNK_TO:
+        assert decisions[0]["dp_after"] == SHRUNK_TO[name], decisions[0]
 
 
 @pytest.mark.integration
@@ -125,6 +148,8 @@ def test_the_draws_are_replayable_and_cover_the_space():
     draws = [chaos.draw(1, i) for i in range(100)]
     assert draws == [chaos.draw(1, i) for i in range(100)]
     assert {(t.tp, t.pp) for t in draws} == set(chaos.SHAPES)
+    assert {t.virtual_stages for t in draws if t.pp == 2} == {1, 2}
+    assert {t.virtual_stages for t in draws if t.pp != 2} == {1}
     assert {t.target for t in draws} == {"rank", "node", "rank+buddy"}
     assert {t.phase for t in draws} == set(chaos.PHASES)
     assert {t.spares for t in draws} == {0, 1} and {t.model for t in draws} == set(

@@ -49,6 +49,9 @@ WITH_PP = [
     "2",
     "--use-tp-pp-dp-mapping",
 ]  # 8 ranks: TP2 x PP2 x DP2
+# WITH_PP on the interleaved schedule: two model chunks of one layer per
+# pipeline rank (virtual stages 0-3 over the two stages).
+WITH_VPP = WITH_PP + ["--num-layers-per-virtual-pipeline-stage", "1"]
 # name: (layout flags, nodes, spare nodes, ranks per node, faults)
 SCENARIOS = {
     "forward+grad-reduce": (
@@ -94,6 +97,9 @@ SCENARIOS = {
     # iteration's start from its own snapshot and redoes it (nobody replaced).
     "nan": (SMALL, 2, 1, 2, ["nan:rank=1:iter=4"]),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
+    # Rank 6 (second stage of replica 1) dies in forward, between the
+    # interleaved schedule's chunks; its spare builds both chunks.
+    "interleaved-forward": (WITH_VPP, 2, 1, 4, ["kill:rank=6:iter=4:phase=forward"]),
     # Saves every 2 iterations: rank 3's fails at 2 (a shard file), rank 0's at
     # 6 (common.pt), with a recovery between; training goes on through both.
     "disk-full": (
@@ -135,7 +141,12 @@ EXTRA = {
 
 
 # name: (layout flags, nodes, ranks per node) of each failure-free run
-REFERENCE_LAYOUTS = {"small": (SMALL, 2, 2), "pp": (WITH_PP, 2, 4), "moe": (MOE, 4, 2)}
+REFERENCE_LAYOUTS = {
+    "small": (SMALL, 2, 2),
+    "pp": (WITH_PP, 2, 4),
+    "interleaved": (WITH_VPP, 2, 4),
+    "moe": (MOE, 4, 2),
+}
 
 
 def reference_of(layout) -> str:

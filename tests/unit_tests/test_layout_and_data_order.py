@@ -49,14 +49,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ],
 )
 def test_global_name_offsets_layers_by_stage(local, pp_rank, per_stage, expected):
-    assert global_name(local, pp_rank, per_stage, tied=True) == expected
-    assert global_name(local, pp_rank, per_stage, tied=False) == expected
+    assert global_name(local, pp_rank * per_stage, tied=True) == expected
+    assert global_name(local, pp_rank * per_stage, tied=False) == expected
 
 
 def test_global_name_distinct_across_stages():
     """Every (stage, local layer) pair maps to its own global layer."""
     names = {
-        global_name(f"decoder.layers.{i}.mlp.linear_fc1.weight", stage, 3, tied=False)
+        global_name(f"decoder.layers.{i}.mlp.linear_fc1.weight", stage * 3, tied=False)
         for stage in range(4)
         for i in range(3)
     }
@@ -64,14 +64,14 @@ def test_global_name_distinct_across_stages():
 
 
 def test_global_name_tied_output_layer_is_the_embedding():
-    assert global_name("output_layer.weight", 3, 2, tied=True) == "embedding.word_embeddings.weight"
-    assert global_name("output_layer.weight", 0, 4, tied=True) == "embedding.word_embeddings.weight"
+    assert global_name("output_layer.weight", 6, tied=True) == "embedding.word_embeddings.weight"
+    assert global_name("output_layer.weight", 0, tied=True) == "embedding.word_embeddings.weight"
 
 
 def test_global_name_untied_output_layer_keeps_its_name():
-    assert global_name("output_layer.weight", 3, 2, tied=False) == "output_layer.weight"
+    assert global_name("output_layer.weight", 6, tied=False) == "output_layer.weight"
     # Only the weight is the tied one.
-    assert global_name("output_layer.bias", 3, 2, tied=True) == "output_layer.bias"
+    assert global_name("output_layer.bias", 6, tied=True) == "output_layer.bias"
 
 
 # --- tp_slice ------------------------------------------------------------------------

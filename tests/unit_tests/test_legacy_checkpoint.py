@@ -25,6 +25,11 @@ def config(*extra):
     return parse_args(argv, world_size=4)
 
 
+# Two model chunks per pipeline rank (4 layers, PP 2), 2 microbatches per replica.
+VIRTUAL_STAGES = ("--num-layers", "4", "--num-virtual-stages-per-pipeline-rank", "2")
+VIRTUAL_STAGES += ("--global-batch-size", "4")
+
+
 def saved_args(**changes):
     layout = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     return argparse.Namespace(**{**layout, "use_distributed_optimizer": False, **changes})
@@ -89,10 +94,18 @@ def test_another_tp_or_pp_is_refused_with_what_to_do():
     assert "saved at TP 1 and PP 2; this run is at TP 2 and PP 2" in message
     assert "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2" in message
     assert "tools/checkpoint" in message and "save it as torch_dist" in message
-    with pytest.raises(CheckpointError, match="virtual_pipeline_model_parallel_size 2"):
+    with pytest.raises(CheckpointError, match="2 virtual pipeline stage.* this run has 1"):
         legacy_checkpoint.check_layout(
             saved_args(virtual_pipeline_model_parallel_size=2), config(), "d"
         )
+    interleaved = config(*VIRTUAL_STAGES)
+    legacy_checkpoint.check_layout(
+        saved_args(virtual_pipeline_model_parallel_size=2), interleaved, "d"
+    )
+    with pytest.raises(CheckpointError, match="1 virtual pipeline stage.* this run has 2"):
+        legacy_checkpoint.check_layout(saved_args(), interleaved, "d")
+    with pytest.raises(CheckpointError, match="expert_model_parallel_size 2"):
+        legacy_checkpoint.check_layout(saved_args(expert_model_parallel_size=2), config(), "d")
 
 
 def test_an_optimizer_of_the_other_kind_is_refused():

@@ -135,7 +135,7 @@ def test_throughput_counts_the_routed_and_shared_experts_as_megatron_lm():
 
 def test_an_expert_parallel_ranks_local_experts_have_their_global_names():
     local = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"
-    assert layout_invariant_init.global_name(local, 1, 2, False, expert_offset=2) == (
+    assert layout_invariant_init.global_name(local, 2, False, expert_offset=2) == (
         "decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight"
     )
 

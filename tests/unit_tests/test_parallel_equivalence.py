@@ -44,6 +44,12 @@ def single_process(tmp_path_factory, corpus_prefix):
     [
         ("tp2", 2, ["--tensor-model-parallel-size", "2"]),
         ("pp2", 2, ["--pipeline-model-parallel-size", "2"]),
+        # The interleaved schedule: chunks of one layer, virtual stages 0-3.
+        (
+            "pp2-interleaved",
+            2,
+            ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+        ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
     ],
 )

@@ -57,7 +57,7 @@ from dist_utils import (
 )
 from deadpool_ext.wire import new_secret
 from deadpool_ext.events import read_events
-from deadpool_ext.policy import plan_grow
+from deadpool_ext.policy import plan_grow, replicas_to_add
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.policy import kept_replicas, plan_shrink, renumber, whole_replica
 from deadpool_ext.protocol import Report
@@ -144,6 +144,43 @@ def test_plan_shrink_drops_the_broken_replica_and_names_sources():
     assert d.released == ["1.0"]
     assert d.sources[5] == [1, "held"] and d.sources[4] == [0, "held"]
     assert d.sources[6] == [6, "own"] and d.rollback_to == 3
+
+
+def test_an_interleaved_job_shrinks_to_a_size_its_schedule_runs_at():
+    """PP2 x DP4 on the interleaved schedule, 8 microbatches per iteration:
+    it runs at DP 1, 2 and 4 (shares of 8, 4, 2: multiples of PP 2), not at
+    3 (shares 3, 3, 2). Losing rank 5 (replica 2) leaves replicas 0, 1, 3,
+    and one more leaves: the last whose shards stay held by a kept rank."""
+    grid = Grid(tp=1, pp=2, dp=4, tp_pp_dp=True)  # rank = pp + 2 * dp
+    members = {r: f"{r // 4}.{r % 4}" for r in range(8)}
+    live = [r for r in range(8) if r != 5]
+    buddy = [(r + 4) % 8 for r in range(8)]  # replica d <-> replica d+2
+    d = plan_shrink(1, members, {5}, reports(live), buddy, grid, sizes=[1, 2, 4])
+    assert d.action == "shrink" and (d.old_dp, d.new_dp) == (4, 2)
+    assert d.renumber == {0: 0, 1: 1, 2: 2, 3: 3}  # replica 3 leaves: replica 1 holds it
+    assert d.sources[5] == [1, "held"] and d.sources[6] == [2, "held"]
+    assert sorted(d.released) == ["1.0", "1.2", "1.3"]
+    assert "1 more left for a size the interleaved schedule runs at" in d.warnings[0]
+    # A ring (replica d's shards on replica d+1): replica 3 holds the lost
+    # shards and replica 1 relies on replica 2, so replica 0 leaves.
+    ring = [(r + 2) % 8 for r in range(8)]
+    d = plan_shrink(1, members, {5}, reports(live), ring, grid, sizes=[1, 2, 4])
+    assert (d.new_dp, d.renumber) == (2, {2: 0, 3: 1, 6: 2, 7: 3})
+    assert d.sources[5] == [7, "held"] and d.sources[0] == [2, "held"]
+    # Control: without the schedule's sizes the job goes on at DP 3.
+    assert plan_shrink(1, members, {5}, reports(live), buddy, grid).new_dp == 3
+    # No size fits: the job stops with the reason.
+    d = plan_shrink(1, members, {5}, reports(live), buddy, grid, sizes=[4])
+    assert d.action == "abort" and "data-parallel sizes [4] only" in d.reason
+
+
+def test_an_interleaved_job_grows_only_to_a_size_its_schedule_runs_at():
+    grid = Grid(tp=1, pp=2, dp=2)
+    spares = [f"2.{i}" for i in range(4)]  # enough for DP 4
+    assert replicas_to_add(grid, 4, spares) == 2
+    assert replicas_to_add(grid, 4, spares, sizes=[1, 2, 4]) == 2
+    assert replicas_to_add(grid, 4, spares[:2], sizes=[1, 2, 4]) == 0  # DP 3 does not run
+    assert replicas_to_add(grid, 4, spares[:2]) == 1
 
 
 def test_plan_shrink_refuses_when_no_replica_or_no_copy_is_left():
