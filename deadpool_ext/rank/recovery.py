@@ -340,14 +340,27 @@ class Recovery:
         enter_generation(self.ctx, self.config, decision, rank, world_size)
 
     def rebuild(self, decision: Decision) -> None:
-        start = time.monotonic()
+        """The new generation's groups, and every live object re-pointed to
+        them. Its stages are timed apart: arriving waits for the slowest
+        rank (a spare still building), the rest is the groups' cost."""
+        marks = [time.monotonic()]
         self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
+        marks.append(time.monotonic())
         group = open_training_groups(self.config)
+        marks.append(time.monotonic())
         regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
         self.slots = None
         self.generation_built()
         self.ctx.gen = decision.gen
-        self.emit("groups_rebuilt", ms=round((time.monotonic() - start) * 1e3, 1))
+        marks.append(time.monotonic())
+        ms = [round((b - a) * 1e3, 1) for a, b in zip(marks, marks[1:])]
+        self.emit(
+            "groups_rebuilt",
+            ms=round((marks[-1] - marks[0]) * 1e3, 1),
+            arrive_ms=ms[0],
+            groups_ms=ms[1],
+            attach_ms=ms[2],
+        )
 
     def restore(self, decision: Decision) -> None:
         start = time.monotonic()

@@ -132,3 +132,24 @@ def test_ckpt_format_torch_is_for_loading_only(tmp_path):
         assert "drop --ckpt-format torch" in message
     with pytest.raises(ConfigError, match="--ckpt-format torch_dcp cannot be written or read"):
         config("--ckpt-format", "torch_dcp")
+
+
+def test_each_model_chunk_loads_from_its_own_key():
+    """Megatron-LM saves a pipeline rank's chunks as model0, model1, ...
+    (virtual pipeline stages); each chunk takes its own, and a file without
+    one is refused by name."""
+    import types
+
+    torch.manual_seed(0)
+    saved_chunks = [torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)]
+    saved = {f"model{i}": chunk.state_dict() for i, chunk in enumerate(saved_chunks)}
+    state = types.SimpleNamespace(model=[torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)])
+    legacy_checkpoint.load_model(saved, state, "f.pt")
+    for loaded, chunk in zip(state.model, saved_chunks):
+        assert torch.equal(loaded.weight, chunk.weight) and torch.equal(loaded.bias, chunk.bias)
+    assert not torch.equal(state.model[0].weight, state.model[1].weight)  # not one state twice
+    with pytest.raises(CheckpointError, match="f.pt holds no 'model1'"):
+        legacy_checkpoint.load_model({"model0": saved["model0"]}, state, "f.pt")
+    one = types.SimpleNamespace(model=[torch.nn.Linear(3, 2)])
+    legacy_checkpoint.load_model({"model": saved["model1"]}, one, "f.pt")
+    assert torch.equal(one.model[0].weight, saved_chunks[1].weight)
