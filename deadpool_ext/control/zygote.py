@@ -55,6 +55,9 @@ PRELOAD = (
     "megatron.core.datasets.gpt_dataset",
     "megatron.core.tokenizers.text",  # transformers, sentencepiece, tiktoken
     "deadpool_ext.rank.main",
+    # torch's optimizers import TorchDynamo when the first one is built (a
+    # decorator of their __init__): 1.3 s of a spare's build after a failure.
+    "torch._dynamo",
 )
 
 
