@@ -310,6 +310,7 @@ def start_spare(ctx: ControlClient, config: Config, builders: tuple):
     # torch's optimizers import TorchDynamo at the first one built (1.3 s
     # here): pay it now, not while the job waits for this spare.
     import torch._dynamo  # noqa: F401
+
     tokenizer = build_tokenizer(config.tokenizer)
     # The active ranks write the dataset index caches first; read them after.
     ctx.wait(lambda: ctx.current()["state"] != P.JobState.STARTING, 24 * 3600, "the job to start")
