@@ -214,7 +214,10 @@ class Message:
 
 @dataclass
 class NodeUp(Message):
-    """An agent started its node's workers (``join``: a node added to a running job)."""
+    """An agent is starting its node's workers (``join``: a node added to a
+    running job). Sent before they start: the coordinator reads its topic in
+    order, so it knows a joining node before any of its spares says it is
+    ready (a spare forked from a warm zygote is ready within milliseconds)."""
 
     KIND: ClassVar[Kind] = Kind.NODE
     node: int
@@ -222,7 +225,6 @@ class NodeUp(Message):
     nproc: int
     join: bool = False
     nonce: Optional[str] = None
-    pids: Dict[str, int] = field(default_factory=dict)
     # The launcher's --nnodes x --nproc-per-node, which every launcher must share.
     world_size: Optional[int] = None
 

@@ -112,8 +112,8 @@ class Agent:
         return {**os.environ, **worker.variables()}
 
     def start(self) -> None:
-        for local in range(self.nproc):
-            self.start_worker(local, self.active)
+        # Announced first: a joining node's spares were ignored as lost slots
+        # when their readiness reached the coordinator before this did.
         self.channel.post(
             P.COORDINATOR_TOPIC,
             P.NodeUp(
@@ -122,10 +122,11 @@ class Agent:
                 nproc=self.nproc,
                 join=self.join,
                 nonce=self.nonce,
-                pids={s: p.pid for s, p in self.workers.items()},
                 world_size=self.world_size,
             ),
         )
+        for local in range(self.nproc):
+            self.start_worker(local, self.active)
 
     def beat_when_due(self) -> None:
         if time.monotonic() - self.last_beat >= self.heartbeat_s:

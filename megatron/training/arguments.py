@@ -608,9 +608,14 @@ def _check_batch(config: Config) -> None:
 
 
 def _check_virtual_pipeline(config: Config) -> None:
-    """Megatron-LM's rules for the interleaved schedule's flags, and
-    megatron-core's for its microbatches (checked now, not at the first
-    iteration)."""
+    """Megatron-LM's rules for the interleaved schedule's flags, then the
+    schedule's own (checked now, not at the first iteration)."""
+    _check_virtual_stage_flags(config)
+    if config.virtual_pipeline_model_parallel_size is not None:
+        _check_interleaved_schedule(config)
+
+
+def _check_virtual_stage_flags(config: Config) -> None:
     p, layers = config.parallel, config.model.num_layers
     per_layer, stages = (
         p.num_layers_per_virtual_pipeline_stage,
@@ -636,11 +641,10 @@ def _check_virtual_pipeline(config: Config) -> None:
             f"{pp} does not divide --num-layers {layers}: every virtual stage holds as many "
             "layers",
         )
-    vpp = config.virtual_pipeline_model_parallel_size
     _require_with(
         "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank "
         "(more than one virtual stage)",
-        vpp is not None,
+        config.virtual_pipeline_model_parallel_size is not None,
         [
             (
                 "--microbatch-group-size-per-virtual-pipeline-stage",
@@ -648,13 +652,16 @@ def _check_virtual_pipeline(config: Config) -> None:
             )
         ],
     )
-    if vpp is None:
-        return
+
+
+def _check_interleaved_schedule(config: Config) -> None:
+    p = config.parallel
+    pp, overlap = p.pipeline_model_parallel_size, p.overlap_p2p_comm
     _require(
-        pp > (1 if p.overlap_p2p_comm else 2),
+        pp > (1 if overlap else 2),
         f"the interleaved schedule (virtual pipeline stages) needs --pipeline-model-parallel-size "
-        f"> {1 if p.overlap_p2p_comm else 2}"
-        + ("" if p.overlap_p2p_comm else " with --no-overlap-p2p-communication")
+        f"> {1 if overlap else 2}"
+        + ("" if overlap else " with --no-overlap-p2p-communication")
         + f", not {pp}",
     )
     _require(

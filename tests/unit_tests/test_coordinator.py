@@ -737,3 +737,22 @@ def test_a_job_that_cannot_resize_ends_with_the_reason_when_spares_run_out(shrin
     coordinator.step()
     assert coordinator.finished
     assert "cannot shrink (expert shards are not re-cut yet)" in coordinator.result.reason
+
+
+def test_an_agent_announces_its_node_before_any_worker_starts():
+    """A joining node's spares, forked from a warm zygote, can say they are
+    ready within milliseconds; the coordinator reads its topic in order and
+    ignores readiness from a slot it still counts as lost, so the node's
+    announcement must come first (a grow once waited forever for a spare)."""
+    import types
+
+    from deadpool_ext.control.agent import Agent
+
+    order = []
+    agent = types.SimpleNamespace(
+        node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4
+    )
+    agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
+    agent.start_worker = lambda local, active: order.append(f"worker {local}")
+    Agent.start(agent)
+    assert order == ["node", "worker 0", "worker 1"]
