@@ -2,7 +2,7 @@
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -259,20 +259,29 @@ class TrainState:
 ModelProvider = Callable[..., torch.nn.Module]
 
 
+def chunk_ends(chunks: int) -> List[Tuple[bool, bool]]:
+    """Per model chunk of this pipeline rank, whether it is the first stage
+    (embeds the tokens) and the last (computes the loss), virtual stages
+    counted: chunk v of pipeline rank r is virtual stage v x PP + r."""
+    if chunks == 1:
+        return [(parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())]
+    return [
+        (
+            parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v),
+            parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v),
+        )
+        for v in range(chunks)
+    ]
+
+
 def build_chunks(config: Config, tf_config: TransformerConfig, model_provider) -> list:
     """This pipeline rank's modules: its stage, or with virtual pipeline
-    stages one chunk per virtual stage (Megatron-LM's get_model): chunk v
-    of pipeline rank r is virtual stage v x PP + r, which alone reads data
-    (the first) or computes the loss (the last)."""
-    vpp = config.virtual_pipeline_model_parallel_size
-    if vpp is None:
-        pre = parallel_state.is_pipeline_first_stage()
-        post = parallel_state.is_pipeline_last_stage()
+    stages one chunk per virtual stage (Megatron-LM's get_model)."""
+    if config.model_chunks == 1:
+        ((pre, post),) = chunk_ends(1)
         return [model_provider(config, tf_config, pre, post)]
     chunks = []
-    for stage in range(vpp):
-        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
-        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+    for stage, (pre, post) in enumerate(chunk_ends(config.model_chunks)):
         module = model_provider(config, tf_config, pre, post, vp_stage=stage)
         module.vp_stage = stage
         chunks.append(module)

@@ -37,7 +37,7 @@ from megatron.training.log import (
     training_log_line,
     validation_log_line,
 )
-from megatron.training.model_setup import TrainState, setup_model_and_optimizer
+from megatron.training.model_setup import TrainState, chunk_ends, setup_model_and_optimizer
 from megatron.training.profiling import Profiler
 from megatron.training.timing import build_timers, timer_names, timer_scalars
 from megatron.training.schedule import GlobalBatch
@@ -99,18 +99,6 @@ class _LogWindow:
         self.nans += int(is_nan(losses.get("lm loss")))
         for name, value in losses.items():
             self.losses[name] = self.losses.get(name, 0.0) + value
-
-
-def chunks_reading_data(chunks: int) -> List[bool]:
-    """Per model chunk of this rank, whether it reads data: it is the first
-    (tokens) or the last (labels) stage, virtual stages counted."""
-    if chunks == 1:
-        return [parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()]
-    return [
-        parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v)
-        or parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v)
-        for v in range(chunks)
-    ]
 
 
 def is_nan(loss: Optional[float]) -> bool:
@@ -275,7 +263,7 @@ class Trainer:
         stages, one entry per model chunk (as the interleaved schedule
         takes them): the iterator for the chunk that is the first or last
         virtual stage, None for the others."""
-        readers = chunks_reading_data(len(self.state.model))
+        readers = [first or last for first, last in chunk_ends(len(self.state.model))]
         iterator = data.build_iterator(
             dataset if any(readers) else None,
             consumed_samples,
