@@ -47,6 +47,13 @@ class DeadpoolConfig:
         help="Where the buddy keeps the mirror: host memory (default) or device memory (GPU only).",
         choices=["host", "device"],
     )
+    deadpool_mirror_mode: str = arg(
+        "state",
+        help="What travels to the buddy every iteration: the whole shard (state: 12 bytes "
+        "per parameter) or the step's gradients (grad: 4 bytes), which the buddy replays "
+        "with the owner's optimizer and checks against the owner's digest.",
+        choices=["state", "grad"],
+    )
     deadpool_allow_same_node_buddy: bool = arg(
         False,
         help="Accept buddies on the same node when no other-node buddy exists "
@@ -215,6 +222,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     if dp.deadpool_mirror_memory == "device" and on_cpu:
         raise ConfigError(
             "--deadpool-mirror-memory device needs a GPU: use host (the default) on CPU runs"
+        )
+    if dp.deadpool_mirror_mode == "grad" and not on_cpu and dp.deadpool_mirror_memory == "host":
+        raise ConfigError(
+            "--deadpool-mirror-mode grad replays the optimizer step where the replica lies, "
+            "and the host's arithmetic differs from the GPU's in the last bits: add "
+            "--deadpool-mirror-memory device, or use --deadpool-mirror-mode state"
         )
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")

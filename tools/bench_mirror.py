@@ -1,5 +1,6 @@
-"""What --deadpool costs: iteration time with and without the mirror,
-runs interleaved (without, with, without, with, ...) so drift hits both alike.
+"""What --deadpool costs: iteration time without the mirror and with it in
+each mode (--deadpool-mirror-mode state, grad), runs interleaved (without,
+state, grad, without, state, grad, ...) so drift hits all alike.
 
     python -m tools.bench_mirror [--config demo|large|moe|both] [--pairs 2] [--iters 20]
 
@@ -8,10 +9,11 @@ Configurations:
   large  2 ranks, DP=2, a 19M-parameter GPT: a 116 MB snapshot per rank.
 
 Reports, per configuration: median iteration time of each mode (last rank,
-iterations after --warmup, all runs of the mode pooled), their ratio, bytes
-sent per rank per iteration, extra memory per rank, the mirror's own stage
-times inside training (from the event log), and the floor: the same copy,
-checksum, exchange and verification with no training beside it.
+iterations after --warmup, all runs of the mode pooled), each mirror mode's
+ratio to the run without, bytes sent per rank per iteration, extra memory
+per rank, the mirror's own stage times inside training (from the event
+log; in grad mode "verify" is the replay, its seal and the verdict), and the
+floor: the same work with no training beside it, on two processes.
 """
 
 import argparse
@@ -82,6 +84,10 @@ def steady_seconds(run: dict, warmup: int) -> list:
     return [r["seconds"] for r in run["records"][warmup:]]
 
 
+MODES = ("without", "state", "grad")
+STAGES = ("pack_ms", "seal_ms", "exchange_ms", "verify_ms", "wait_ms")
+
+
 def mirror_stats(events_path: str) -> dict:
     with open(events_path) as f:
         events = [json.loads(line) for line in f]
@@ -89,11 +95,12 @@ def mirror_stats(events_path: str) -> dict:
     snaps = [e for e in events if e["event"] == "mirror_snapshot" and e["iteration"] > 2]
     stages = {
         k: statistics.median(e[k] for e in snaps if k in e)
-        for k in ("pack_ms", "seal_ms", "exchange_ms", "verify_ms", "wait_ms")
+        for k in STAGES
         if any(k in e for e in snaps)
     }
     return {
         "snapshot_bytes": ready["snapshot_bytes"],
+        "sent_bytes": statistics.median(e["bytes"] for e in snaps),
         "extra_bytes": ready["extra_bytes"],
         **stages,
     }
@@ -101,55 +108,66 @@ def mirror_stats(events_path: str) -> dict:
 
 def bench_config(name: str, pairs: int, iters: int, warmup: int) -> dict:
     ranks, base, mirror_flags = CONFIGS[name]
-    times = {"without": [], "with": []}
-    stats = None
+    times = {mode: [] for mode in MODES}
+    stats = {}
     for _ in range(pairs):
-        for mode in ("without", "with"):
+        for mode in MODES:
             with tempfile.TemporaryDirectory() as workdir:
                 events = os.path.join(workdir, "events.jsonl")
-                extra = mirror_flags + ["--deadpool-events", events] if mode == "with" else []
+                extra = []
+                if mode != "without":
+                    extra = mirror_flags + ["--deadpool-mirror-mode", mode]
+                    extra += ["--deadpool-events", events]
                 run = run_once(ranks, iters, extra, workdir, base=base())
                 times[mode] += steady_seconds(run, warmup)
-                if mode == "with":
-                    stats = mirror_stats(events)
+                if mode != "without":
+                    stats[mode] = mirror_stats(events)
             print(
                 f"  {name} {mode}: median {statistics.median(times[mode]) * 1e3:.1f} ms", flush=True
             )
-    without, with_ = (statistics.median(times[m]) for m in ("without", "with"))
+    medians = {mode: statistics.median(times[mode]) * 1e3 for mode in MODES}
     return {
         "config": name,
         "ranks": ranks,
-        "without_ms": without * 1e3,
-        "with_ms": with_ * 1e3,
-        "ratio": with_ / without,
-        **stats,
-        "floor": floor(stats["snapshot_bytes"]),
+        "ms": medians,
+        "ratio": {m: medians[m] / medians["without"] for m in MODES[1:]},
+        "stats": stats,
+        "floor": {m: floor(stats["state"]["snapshot_bytes"], m) for m in MODES[1:]},
     }
 
 
 # ----- the floor: the mirror's work alone, on two processes -----
-def _floor_worker(rank: int, nbytes: int, init: str, repeats: int, out) -> None:
+def _floor_worker(rank: int, nbytes: int, mode: str, init: str, repeats: int, out) -> None:
     from deadpool_ext.state import snapshot as snap
 
     torch.set_num_threads(1)
+    torch.optim.AdamW([torch.zeros(1)])  # imports what a trainer's optimizer already has
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     layout = snap.ShardLayout([], (nbytes - snap.HEADER_BYTES - 4096) // 12, 4096)
-    source = torch.randn(3 * layout.numel)
-    own, held = snap.allocate(layout), snap.allocate(layout)
+    source, grad = torch.randn(3 * layout.numel), torch.randn(layout.numel)
+    own, held, replica = (snap.allocate(layout) for _ in range(3))
+    outgoing, incoming = own, held
+    if mode == "grad":  # the packet: gradients and the header's room
+        outgoing, incoming = (torch.zeros(4 * layout.numel + 8192, dtype=torch.uint8) for _ in "io")
     samples = []
     for i in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
         floats = own[snap.HEADER_BYTES : snap.HEADER_BYTES + 12 * layout.numel].view(torch.float32)
         floats.copy_(source)
+        if mode == "grad":
+            outgoing[: 4 * layout.numel].view(torch.float32).copy_(grad)
         t1 = time.perf_counter()
         snap.seal(own, layout, i, rank, bytes(2048))  # a sidecar's typical size
         t2 = time.perf_counter()
-        requests = [dist.isend(own, 1 - rank), dist.irecv(held, 1 - rank)]
+        requests = [dist.isend(outgoing, 1 - rank), dist.irecv(incoming, 1 - rank)]
         for request in requests:
             request.wait()
         t3 = time.perf_counter()
-        snap.verify(held, layout, iteration=i, owner=1 - rank)
+        if mode == "grad":
+            _replay_floor(layout, held, replica, incoming, i)
+        else:
+            snap.verify(held, layout, iteration=i, owner=1 - rank)
         t4 = time.perf_counter()
         samples.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
     if rank == 0:
@@ -157,10 +175,27 @@ def _floor_worker(rank: int, nbytes: int, init: str, repeats: int, out) -> None:
     dist.destroy_process_group()
 
 
-def floor(nbytes: int, repeats: int = 5) -> dict:
+def _replay_floor(layout, source, target, packet, iteration) -> None:
+    """What the buddy does with a packet: copy its replica, one Adam step of
+    torch's (as on CPU) on it, seal it."""
+    from deadpool_ext.state import snapshot as snap
+
+    target.copy_(source)
+    param, exp_avg, exp_avg_sq = snap.regions(target, layout)
+    param.grad = packet[: 4 * layout.numel].view(torch.float32)
+    adam = torch.optim.AdamW([param], lr=1e-4)
+    step = torch.tensor(float(iteration))
+    adam.state[param] = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    adam.step()
+    param.grad = None
+    snap.seal(target, layout, iteration + 1, 0, bytes(2048))
+
+
+def floor(nbytes: int, mode: str, repeats: int = 5) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(_floor_worker, args=(nbytes, f"file://{workdir}/store", repeats, queue), nprocs=2)
+        args = (nbytes, mode, f"file://{workdir}/store", repeats, queue)
+        mp.spawn(_floor_worker, args=args, nprocs=2)
         copy, seal, exchange, verify, total = queue.get()
     return {
         "copy_ms": copy,
@@ -173,34 +208,37 @@ def floor(nbytes: int, repeats: int = 5) -> dict:
 
 def report(result: dict) -> None:
     mb = 2**20
-    f = result["floor"]
     print(f"\n### {result['config']} ({result['ranks']} ranks)")
     print(
-        "| without --deadpool (ms) | with (ms) | ratio | snapshot sent per rank per "
-        "iteration (MB) | extra memory per rank (MB) |"
+        "| mode | median iteration (ms) | ratio to without | sent per rank per iteration (MB) "
+        "| extra memory per rank (MB) | floor (ms) |"
     )
-    print("|---|---|---|---|---|")
-    print(
-        f"| {result['without_ms']:.1f} | {result['with_ms']:.1f} | {result['ratio']:.4f} | "
-        f"{result['snapshot_bytes'] / mb:.1f} | {result['extra_bytes'] / mb:.1f} |"
-    )
-    stages = ", ".join(
-        f"{k[:-3]} {result[k]:.1f} ms"
-        for k in ("pack_ms", "seal_ms", "exchange_ms", "verify_ms", "wait_ms")
-        if k in result
-    )
-    print(f"\nMirror stages inside training (medians): {stages}.")
-    print(
-        f"Floor (2 processes, nothing else running): copy {f['copy_ms']:.1f} ms, checksum "
-        f"{f['seal_ms']:.1f} ms, exchange {f['exchange_ms']:.1f} ms, verify "
-        f"{f['verify_ms']:.1f} ms, total {f['total_ms']:.1f} ms."
-    )
+    print("|---|---|---|---|---|---|")
+    print(f"| without --deadpool | {result['ms']['without']:.1f} | | | | |")
+    for mode in MODES[1:]:
+        stats, f = result["stats"][mode], result["floor"][mode]
+        print(
+            f"| {mode} | {result['ms'][mode]:.1f} | {result['ratio'][mode]:.4f} | "
+            f"{stats['sent_bytes'] / mb:.1f} | {stats['extra_bytes'] / mb:.1f} | "
+            f"{f['total_ms']:.1f} |"
+        )
+    for mode in MODES[1:]:
+        stats, f = result["stats"][mode], result["floor"][mode]
+        stages = ", ".join(f"{k[:-3]} {stats[k]:.1f} ms" for k in STAGES if k in stats)
+        print(f"\n{mode}: stages inside training (medians): {stages}.")
+        print(
+            f"{mode}: floor (2 processes, nothing else running): copy {f['copy_ms']:.1f} ms, "
+            f"checksum {f['seal_ms']:.1f} ms, exchange {f['exchange_ms']:.1f} ms, "
+            f"verify/replay {f['verify_ms']:.1f} ms, total {f['total_ms']:.1f} ms."
+        )
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=["demo", "large", "moe", "both"], default="both")
-    parser.add_argument("--pairs", type=int, default=2, help="(without, with) run pairs")
+    parser.add_argument(
+        "--pairs", type=int, default=2, help="rounds of (without, state, grad) runs"
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=4, help="iterations left out")
     opts = parser.parse_args(argv)

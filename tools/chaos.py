@@ -99,6 +99,7 @@ class Trial:
     expect: Optional[str] = None  # swap, shrink or stop; default from the draw
     iters: int = ITERS
     virtual_stages: int = 1  # model chunks per pipeline rank (the interleaved schedule)
+    mirror_mode: str = "state"  # --deadpool-mirror-mode
 
     @property
     def dp(self) -> int:
@@ -124,6 +125,7 @@ class Trial:
         vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return (
             f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
+            f"mirror={self.mirror_mode} "
             f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
             f"+{self.delay_ms}ms"
         )
@@ -154,6 +156,9 @@ def draw(seed: int, index: int) -> Trial:
     # multiple of 2 microbatches at DP 4 and 2).
     if pp == 2 and rng.random() < 0.5:
         trial = dataclasses.replace(trial, virtual_stages=2)
+    # Then the mirror mode, half and half.
+    if rng.random() < 0.5:
+        trial = dataclasses.replace(trial, mirror_mode="grad")
     return trial
 
 
@@ -246,6 +251,7 @@ def job_args(trial: Trial, out: str) -> List[str]:
         args += ["--hidden-dropout", "0", "--attention-dropout", "0"]
     if trial.virtual_stages > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(trial.virtual_stages)]
+    args += ["--deadpool-mirror-mode", trial.mirror_mode]
     if trial.spare_wait is not None:
         args += ["--deadpool-spare-wait", str(trial.spare_wait)]
     return args

@@ -87,7 +87,15 @@ class MirrorHook(Hook):
             )
             self.events.emit("mirror_local", reason="one data-parallel replica left")
             self.mirror = Mirror(
-                trainer.state.optimizer, self.layout, rank, rank, rank, group, self.events, device
+                trainer.state.optimizer,
+                self.layout,
+                rank,
+                rank,
+                rank,
+                group,
+                self.events,
+                device,
+                dp.deadpool_mirror_mode,
             )
             self.mirror.allocate("device" if in_device else "cpu")
             return
@@ -101,6 +109,7 @@ class MirrorHook(Hook):
             group,
             self.events,
             device,
+            dp.deadpool_mirror_mode,
         )
         self.mirror.allocate("device" if in_device else "cpu")
         if buddies.same_node:
@@ -109,12 +118,14 @@ class MirrorHook(Hook):
                 "their owner; losing that node loses their state"
             )
         logger.info(
-            "deadpool mirror: buddy %d, owner %d, snapshot %.1f MB, %.1f MB extra (%s memory)",
+            "deadpool mirror: buddy %d, owner %d, snapshot %.1f MB, %.1f MB extra (%s memory), "
+            "sends %s",
             buddies.buddy[rank],
             buddies.owner[rank],
             self.layout.nbytes / 2**20,
             self.mirror.extra_bytes / 2**20,
             dp.deadpool_mirror_memory,
+            "the whole shard" if dp.deadpool_mirror_mode == "state" else "the step's gradients",
         )
         self.events.emit(
             "mirror_ready",
@@ -124,6 +135,7 @@ class MirrorHook(Hook):
             snapshot_bytes=self.layout.nbytes,
             extra_bytes=self.mirror.extra_bytes,
             memory=dp.deadpool_mirror_memory,
+            mode=dp.deadpool_mirror_mode,
             same_node=buddies.same_node,
         )
 
@@ -135,6 +147,7 @@ class MirrorHook(Hook):
             raise snap.SnapshotError("the rebuilt optimizer has another shard layout")
         self.layout = self.mirror.layout = layout
         self.mirror.optimizer = trainer.state.optimizer
+        self.mirror.resync()
 
     def before_step(self, trainer: Trainer) -> None:
         if self.mirror is not None:
@@ -143,6 +156,7 @@ class MirrorHook(Hook):
     def before_optimizer_step(self, trainer: Trainer) -> None:
         if self.mirror is not None:
             self.mirror.wait_exchanged()
+            self.mirror.note_step()
 
     def log_fields(self, trainer: Trainer) -> List[str]:
         if self.mirror is None:

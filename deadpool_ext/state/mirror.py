@@ -14,6 +14,14 @@ Buffers: two own snapshots (the last two iteration starts, so survivors can
 roll back to whichever one the buddies hold) and two held ones (the last
 verified snapshot is never the one being received into, so the buddy always
 holds a whole snapshot of iteration t or t-1, never a torn one).
+
+Two modes (--deadpool-mirror-mode). ``state`` sends the whole snapshot
+every iteration. ``grad`` sends it once (at the start and after every
+recovery), then only the last step's gradients (``replay``): the buddy
+advances its replica by the owner's step, and its seal must give the
+owner's checksum. A second, tiny message goes back the other way with the
+verdict; on a mismatch both sides fall back to a whole snapshot at the next
+iteration, and the held copy stays the last one that matched.
 """
 
 import queue
@@ -24,6 +32,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from deadpool_ext.state import replay
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.events import EventLog
 
@@ -39,6 +48,9 @@ class MirrorError(RuntimeError):
 # pending and posted operations, not of unbound sends in its transmit
 # queue), and waits out the group's timeout. The thread is then abandoned.
 HALT_GRACE_S = 2.0
+# The verdict message (grad mode) travels with its own tag.
+VERDICT_TAG = 1
+MATCHED, DIVERGED = 1, 2
 
 
 class Mirror:
@@ -52,13 +64,21 @@ class Mirror:
         group,
         events: EventLog,
         device: Optional[torch.device] = None,
+        mode: str = "state",
     ):
         """device: None on CPU; on GPU the CUDA device (``allocate`` then puts
-        the buffers in pinned host memory or in device memory)."""
+        the buffers in pinned host memory or in device memory). mode: state
+        or grad (see the module doc)."""
         self.optimizer, self.layout = optimizer, layout
         self.rank, self.buddy, self.owner = rank, buddy, owner
         # A job shrunk to one replica: own snapshots only (for a grow).
         self.local = buddy == rank
+        self.replaying = mode == "grad" and not self.local
+        # Whether the buddy's replica (and ours of the owner) can advance by a
+        # packet: after one whole snapshot went across, until a mismatch.
+        self.send_synced = self.receive_synced = False
+        self._step_groups = None  # the optimizer's parameter groups at the last step
+        self._table = None  # segment table of the layout, for packets
         self.group, self.events = group, events
         self.cuda = device is not None and device.type == "cuda"
         self.device = device
@@ -101,11 +121,28 @@ class Mirror:
         where = self.device if buffer_device == "device" else "cpu"
         self.own = [snap.allocate(self.layout, where, pin) for _ in range(2)]
         self.held = [] if self.local else [snap.allocate(self.layout, where, pin) for _ in range(2)]
+        if self.replaying:
+            self.packets = [replay.allocate(self.layout, where, pin) for _ in range(2)]
+            self.verdicts = [torch.zeros(1, dtype=torch.int64, device=where) for _ in range(2)]
         self._thread.start()
 
     @property
     def extra_bytes(self) -> int:
-        return sum(b.numel() for b in self.own + self.held)
+        packets = self.packets if self.replaying else []
+        return sum(b.numel() for b in self.own + self.held + packets)
+
+    def note_step(self) -> None:
+        """Before the optimizer step: its parameter groups as the step will
+        use them (the scheduler changes them after it), for the packet the
+        next iteration sends."""
+        if self.replaying:
+            self._step_groups = replay.param_groups(self.optimizer)
+
+    def resync(self) -> None:
+        """The next exchange sends and receives whole snapshots (training
+        objects were rebuilt or restored)."""
+        self.send_synced = self.receive_synced = False
+        self._table = None
 
     # ----- main thread -----
     def start(self, iteration: int, sidecar: dict) -> None:
@@ -113,6 +150,10 @@ class Mirror:
         ``iteration``-1) and mirror it; returns at once."""
         self.raise_if_failed()
         index = 0 if self.own_index is None else 1 - self.own_index
+        kinds = self._kinds()
+        if kinds[0] == "grad":
+            # Now, on the main thread: the next iteration zeroes the gradients.
+            replay.pack_grads(self.optimizer, self.layout, self.packets[0])
         event = None
         if self.cuda:
             # Queue the copy behind the optimizer step on a side stream; the
@@ -127,8 +168,21 @@ class Mirror:
             self._packed.clear()
         with self._lock:
             self._pending += 1
-        self._jobs.put((iteration, index, sidecar, event))
+        self._jobs.put((iteration, index, sidecar, event, kinds, self._step_groups))
         self._last_event = event
+
+    def _kinds(self):
+        """What this iteration sends to the buddy and receives from the owner:
+        a whole snapshot ("state") or a packet ("grad"). Both ends of each
+        direction decide alike: they reset together and change only on a
+        verdict both see."""
+        if not self.replaying:
+            return ("state", "state")
+        self.wait_idle()  # the flags are the last exchange's outcome
+        return (
+            "grad" if self.send_synced else "state",
+            "grad" if self.receive_synced else "state",
+        )
 
     def wait_packed(self) -> None:
         """Before the optimizer step: the shard must be copied out first."""
@@ -210,6 +264,7 @@ class Mirror:
             if i != source_index:
                 snap.header(buffer)[snap.H_MAGIC] = 0
         self.own_index, self.held_index = source_index, None
+        self.resync()
         self.error, self._pending = None, 0
         self._packed.set()
         self._jobs = queue.Queue()
@@ -265,7 +320,7 @@ class Mirror:
             if self.error is not None:
                 return
 
-    def _run(self, iteration: int, index: int, sidecar: dict, event) -> None:
+    def _run(self, iteration: int, index: int, sidecar: dict, event, kinds, groups) -> None:
         t0 = time.perf_counter()
         buffer = self.own[index]
         if event is not None:
@@ -281,15 +336,29 @@ class Mirror:
             self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3)
             return
         target = 0 if self.held_index is None else 1 - self.held_index
+        send, receive = kinds
+        outgoing = buffer
+        if send == "grad":
+            if self._table is None:
+                self._table = replay.segment_table(self.optimizer, self.layout)
+            outgoing = self.packets[0]
+            replay.seal_packet(
+                outgoing, self.layout, buffer, replay.extras_for(self._table, groups)
+            )
+        incoming = self.packets[1] if receive == "grad" else self.held[target]
         for hook in self._exchange_hooks:
             hook(iteration)
-        self.exchange(buffer, self.held[target])
+        self.exchange(outgoing, incoming)
         if self._abandoned():
             return
         t3 = time.perf_counter()
-        snap.verify(self.held[target], self.layout, iteration=iteration, owner=self.owner)
-        with self._lock:
-            self.held_index = target
+        matched = self._take(incoming, receive, iteration, target)
+        if "grad" in kinds:
+            self._exchange_verdicts(send, receive, matched, iteration)
+        if send == "state":  # the buddy verified it, or its mirror stopped
+            self.send_synced = self.replaying
+        if self._abandoned():
+            return
         t4 = time.perf_counter()
         self.last.update(
             pack_ms=(t1 - t0) * 1e3,
@@ -302,9 +371,55 @@ class Mirror:
             iteration=iteration,
             buddy=self.buddy,
             owner=self.owner,
-            bytes=buffer.numel(),
+            bytes=outgoing.numel(),
+            sent=send,
+            received=receive,
             **{k: round(v, 3) for k, v in self.last.items()},
         )
+
+    def _take(self, incoming: torch.Tensor, kind: str, iteration: int, target: int) -> bool:
+        """Verify the owner's snapshot, or advance the replica by its packet;
+        the held copy moves on only to a whole, matching one."""
+        if kind == "state":
+            snap.verify(incoming, self.layout, iteration=iteration, owner=self.owner)
+            self.receive_synced = self.replaying
+        else:
+            source = self.held[self.held_index]
+            try:
+                replay.apply(
+                    incoming,
+                    source,
+                    self.held[target],
+                    self.layout,
+                    replay.optimizer_classes(self.optimizer),
+                    self.owner,
+                )
+            except replay.ReplayMismatch as error:
+                self.receive_synced = False
+                self.events.emit(
+                    "mirror_diverged", iteration=iteration, owner=self.owner, error=str(error)
+                )
+                return False
+        with self._lock:
+            self.held_index = target
+        return True
+
+    def _exchange_verdicts(self, send: str, receive: str, matched: bool, iteration: int) -> None:
+        """Tell the owner whether its packet reproduced its state, and learn
+        the same from the buddy; a mismatch means a whole snapshot next."""
+        mine, theirs = self.verdicts
+        requests = []
+        if receive == "grad":
+            mine.fill_(MATCHED if matched else DIVERGED)
+            requests.append(dist.isend(mine, self.owner, group=self.group, tag=VERDICT_TAG))
+        if send == "grad":
+            theirs.zero_()
+            requests.append(dist.irecv(theirs, self.buddy, group=self.group, tag=VERDICT_TAG))
+        for request in requests:
+            request.wait()
+        if send == "grad" and int(theirs.item()) != MATCHED:
+            self.send_synced = False
+            self.events.emit("mirror_resync", iteration=iteration, buddy=self.buddy)
 
     def exchange(
         self,

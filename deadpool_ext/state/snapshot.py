@@ -131,6 +131,9 @@ def pack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor) -> List[flo
             views[1][seg.offset : end].copy_(state["exp_avg"].view(-1), non_blocking=True)
             views[2][seg.offset : end].copy_(state["exp_avg_sq"].view(-1), non_blocking=True)
             steps.append(float(state["step"]))
+        else:  # no state yet: Adam's zeros, whatever the buffer held before
+            views[1][seg.offset : end].zero_()
+            views[2][seg.offset : end].zero_()
     return steps
 
 

@@ -130,6 +130,13 @@ def assert_same_state(a, b, path: str = "") -> None:
     assert difference is None, difference
 
 
+def mirror_mode_args() -> List[str]:
+    """DEADPOOL_TEST_MIRROR_MODE=grad runs every launched test in that mirror
+    mode (the default mode's runs are CI's)."""
+    mode = os.environ.get("DEADPOOL_TEST_MIRROR_MODE")
+    return ["--deadpool-mirror-mode", mode] if mode else []
+
+
 def deadpool_args(
     tmp,
     layout: List[str],
@@ -161,6 +168,7 @@ def deadpool_args(
             "--tensorboard-dir",
             str(tmp / "tb"),
         ]
+        + mirror_mode_args()
         + [f"--deadpool-inject={f}" for f in faults]
     )
 

@@ -7,6 +7,10 @@
   --restore-at K       after iteration K, throw the model and optimizer away,
                        build fresh (perturbed) ones, fetch this rank's
                        snapshot back from its buddy, restore it and finish.
+  --corrupt-packet-at T R
+                       (--deadpool-mirror-mode grad) rank R flips one bit of
+                       the gradients it sends at the start of iteration T, as
+                       a link or a replay gone wrong would.
 
 Everything else is pretrain_gpt.py's flags.
 """
@@ -24,6 +28,7 @@ import pretrain_gpt  # noqa: E402
 from megatron.training.model_setup import setup_model_and_optimizer  # noqa: E402
 from megatron.training.training import Hook, Trainer, build_trainer  # noqa: E402
 
+from deadpool_ext.state import replay  # noqa: E402
 from deadpool_ext.state import snapshot as snap  # noqa: E402
 from deadpool_ext.config import parse_args  # noqa: E402
 from deadpool_ext.rank.hooks import MirrorHook  # noqa: E402
@@ -81,11 +86,23 @@ def restore_into_fresh_objects(trainer: Trainer, mirror_hook: MirrorHook) -> Non
     restore_snapshot(trainer, mirror_hook.layout, buffer)
 
 
+def corrupt_packet(mirror_hook: MirrorHook, iteration: int, rank: int) -> None:
+    mirror = mirror_hook.mirror
+
+    def flip(t: int) -> None:
+        if t == iteration and mirror.rank == rank:
+            grads = replay.grad_region(mirror.packets[0], mirror.layout)
+            grads.view(torch.int32)[grads.numel() // 3] ^= 1 << 3
+
+    mirror.register_exchange_hook(flip)
+
+
 def main() -> None:
     probe = argparse.ArgumentParser()
     probe.add_argument("--dump-at", type=int, nargs="*", default=[])
     probe.add_argument("--dump-dir")
     probe.add_argument("--restore-at", type=int)
+    probe.add_argument("--corrupt-packet-at", type=int, nargs=2)
     opts, rest = probe.parse_known_args()
     config = parse_args(rest)
     mirror_hook = MirrorHook(config)
@@ -94,6 +111,8 @@ def main() -> None:
         hooks.append(DumpHook(mirror_hook, opts.dump_at, opts.dump_dir))
     trainer = build_trainer(config, pretrain_gpt.model_provider, pretrain_gpt.forward_step, hooks)
     trainer.setup()
+    if opts.corrupt_packet_at:
+        corrupt_packet(mirror_hook, *opts.corrupt_packet_at)
     if opts.restore_at is not None:
         trainer.loop(until=opts.restore_at)
         restore_into_fresh_objects(trainer, mirror_hook)

@@ -53,7 +53,8 @@ RUNS = {
         phase="forward",
         delay_ms=0,
     ),
-    # An 8-rank pipeline, a rank killed 30 ms into its backward.
+    # An 8-rank pipeline, a rank killed 30 ms into its backward; the buddies
+    # replay gradients (--deadpool-mirror-mode grad).
     "pipeline-backward": chaos.Trial(
         0,
         0,
@@ -66,11 +67,12 @@ RUNS = {
         iteration=5,
         phase="backward",
         delay_ms=30,
+        mirror_mode="grad",
     ),
     # The interleaved schedule (PP2, two virtual stages) at DP 4, 2
     # microbatches per replica, no spare: rank 3 is lost and DP 3 would
     # give a replica 3 (a group of 2 and 1 left over), so the job shrinks
-    # to DP 2.
+    # to DP 2. The buddies replay gradients.
     "interleaved-shrink": chaos.Trial(
         0,
         0,
@@ -84,6 +86,7 @@ RUNS = {
         phase="backward",
         delay_ms=0,
         virtual_stages=2,
+        mirror_mode="grad",
     ),
 }
 
@@ -150,6 +153,7 @@ def test_the_draws_are_replayable_and_cover_the_space():
     assert {(t.tp, t.pp) for t in draws} == set(chaos.SHAPES)
     assert {t.virtual_stages for t in draws if t.pp == 2} == {1, 2}
     assert {t.virtual_stages for t in draws if t.pp != 2} == {1}
+    assert {t.mirror_mode for t in draws} == {"state", "grad"}
     assert {t.target for t in draws} == {"rank", "node", "rank+buddy"}
     assert {t.phase for t in draws} == set(chaos.PHASES)
     assert {t.spares for t in draws} == {0, 1} and {t.model for t in draws} == set(

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from megatron.training import arguments
 from megatron.training.arguments import ConfigError, parse_args
 
 from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
@@ -111,6 +112,17 @@ def test_device_memory_needs_a_gpu():
         2,
     )
     assert "--deadpool-mirror-memory" in message and "host" in message
+
+
+def test_gradient_replay_on_a_gpu_needs_the_replica_in_device_memory(monkeypatch):
+    """The host's Adam differs from the GPU's in the last bits (measured:
+    docs/benchmarks.md), so a host replica could never match its owner."""
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    grad = DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-mode", "grad"]
+    message = error(grad, 2)
+    assert "--deadpool-mirror-memory device" in message and "state" in message
+    assert parse(grad + ["--deadpool-mirror-memory", "device"], 2)
+    assert parse(grad + ["--cpu"], 2)
 
 
 def test_mirror_timeout_must_be_positive():

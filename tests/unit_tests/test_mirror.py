@@ -1,11 +1,13 @@
 """Buddy mirroring (--deadpool) on real gloo processes.
 
-For each topology and precision: a failure-free run without the mirror is the
-reference; a run with the mirror (tests/unit_tests/mirror_worker.py) dumps,
-at several iterations, every rank's live optimizer state and the snapshot it
-holds for its owner, and at iteration K throws its model and optimizer away,
-fetches each rank's snapshot back from its buddy into freshly built (and
-perturbed) objects and trains on. The buddy's copy must equal the owner's
+For each topology, precision and mirror mode (state: the whole shard every
+iteration; grad: the step's gradients, replayed by the buddy): a failure-free
+run without the mirror is the reference; a run with the mirror
+(tests/unit_tests/mirror_worker.py) dumps, at several iterations, every
+rank's live optimizer state and the snapshot it holds for its owner, and
+at iteration K throws its model and optimizer away, fetches each rank's
+snapshot back from its buddy into freshly built (and perturbed) objects and
+trains on. The buddy's copy must equal the owner's
 state bit for bit; the curve (the redone iteration included) and the final
 state must equal the reference's bit for bit.
 """
@@ -53,7 +55,12 @@ TOPOLOGIES = {
     ),
     "dp4": (4, [], 1),
 }
-CASES = [("tp2pp2dp2", "fp32"), ("tp2pp2dp2", "bf16"), ("dp4", "fp32"), ("dp4", "bf16")]
+CASES = [
+    (topology, precision, mode)
+    for mode in ("state", "grad")
+    for topology in ("tp2pp2dp2", "dp4")
+    for precision in ("fp32", "bf16")
+]
 
 
 def base_args(topology, precision, corpus, directory):
@@ -78,9 +85,11 @@ def base_args(topology, precision, corpus, directory):
     )
 
 
-def deadpool_args(topology, directory):
+def deadpool_args(topology, directory, mode="state"):
     return [
         "--deadpool",
+        "--deadpool-mirror-mode",
+        mode,
         "--deadpool-ranks-per-node",
         str(TOPOLOGIES[topology][2]),
         "--deadpool-events",
@@ -105,19 +114,35 @@ def run_worker(nproc, args, timeout=300):
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, corpus_prefix):
+    """Failure-free runs without the mirror, by (topology, precision), made
+    when a case first asks (both modes share them)."""
+    made = {}
+
+    def reference(topology, precision):
+        if (topology, precision) not in made:
+            directory = tmp_path_factory.mktemp(f"reference-{topology}-{precision}")
+            ranks = TOPOLOGIES[topology][0]
+            run_pretrain(ranks, base_args(topology, precision, corpus_prefix, directory))
+            made[topology, precision] = directory
+        return made[topology, precision]
+
+    return reference
+
+
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
-def case(request, tmp_path_factory, corpus_prefix):
-    """Reference and mirrored runs of one (topology, precision)."""
-    topology, precision = request.param
+def case(request, tmp_path_factory, corpus_prefix, references):
+    """Reference and mirrored runs of one (topology, precision, mode)."""
+    topology, precision, mode = request.param
     ranks = TOPOLOGIES[topology][0]
-    reference = tmp_path_factory.mktemp(f"reference-{topology}-{precision}")
-    run_pretrain(ranks, base_args(topology, precision, corpus_prefix, reference))
-    mirrored = tmp_path_factory.mktemp(f"mirrored-{topology}-{precision}")
+    reference = references(topology, precision)
+    mirrored = tmp_path_factory.mktemp(f"mirrored-{topology}-{precision}-{mode}")
     (mirrored / "dumps").mkdir()
     run_worker(
         ranks,
         base_args(topology, precision, corpus_prefix, mirrored)
-        + deadpool_args(topology, mirrored)
+        + deadpool_args(topology, mirrored, mode)
         + [
             "--dump-at",
             *map(str, DUMP_AT),
@@ -130,6 +155,7 @@ def case(request, tmp_path_factory, corpus_prefix):
     return {
         "topology": topology,
         "precision": precision,
+        "mode": mode,
         "ranks": ranks,
         "reference": reference,
         "mirrored": mirrored,
@@ -219,13 +245,25 @@ def test_events_record_what_the_mirror_did(case):
     # 0..RESTORE_AT-1, then again from the restored RESTORE_AT-1, then the end.
     expected = list(range(RESTORE_AT)) + list(range(RESTORE_AT - 1, ITERS + 1))
     assert all(its == expected for its in per_rank.values()), per_rank
-    assert not [e for e in events if e["event"] == "mirror_failed"]
+    assert not [e for e in events if e["event"] in ("mirror_failed", "mirror_diverged")]
+    # grad mode: a whole snapshot at the start and after the restore, packets
+    # otherwise, each one replayed to the owner's digest.
+    starts = (0, RESTORE_AT)
+    kinds = ["state" if i in starts else case["mode"] for i in range(len(expected))]
+    for r in range(case["ranks"]):
+        mine = [e for e in snapshots if e["rank"] == r]
+        assert [e["sent"] for e in mine] == kinds
+        assert [e["received"] for e in mine] == kinds
+    sizes = {e["sent"]: e["bytes"] for e in snapshots}
+    if case["mode"] == "grad":  # 4 bytes per element instead of 12 (up to the padding)
+        numel = load_dump(case, DUMP_AT[0], 0)["numel"]
+        assert abs(sizes["state"] - sizes["grad"] - 8 * numel) < snap.CHUNK_WORDS * 8
 
 
 def test_pretrain_gpt_with_deadpool_trains_the_same_curve(case, tmp_path, corpus_prefix):
     """Through the user's entry point: the mirror changes nothing in training,
     the log line shows what is held, and the buddies end holding the last state."""
-    if (case["topology"], case["precision"]) != ("dp4", "fp32"):
+    if (case["topology"], case["precision"], case["mode"]) != ("dp4", "fp32", "state"):
         pytest.skip("one entry-point run is enough; the worker covers the rest")
     args = base_args("dp4", "fp32", corpus_prefix, tmp_path) + deadpool_args("dp4", tmp_path)
     stdout = run_pretrain(case["ranks"], args)
@@ -239,3 +277,58 @@ def test_pretrain_gpt_with_deadpool_trains_the_same_curve(case, tmp_path, corpus
     done = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "mirror_done"]
     assert sorted(e["rank"] for e in done) == list(range(4))
     assert all(e["held"] == ITERS for e in done)
+
+
+CORRUPT_AT, CORRUPT_RANK = 3, 0
+
+
+@pytest.fixture(scope="module")
+def corrupted(tmp_path_factory, corpus_prefix, references):
+    """grad mode, DP=4: rank 0's packet at the start of iteration 3 carries a
+    flipped bit; dumps before and after."""
+    directory = tmp_path_factory.mktemp("corrupted-packet")
+    (directory / "dumps").mkdir()
+    run_worker(
+        4,
+        base_args("dp4", "fp32", corpus_prefix, directory)
+        + deadpool_args("dp4", directory, "grad")
+        + ["--dump-at", "2", "6", "--dump-dir", str(directory / "dumps")]
+        + ["--corrupt-packet-at", str(CORRUPT_AT), str(CORRUPT_RANK)],
+    )
+    return {
+        "topology": "dp4",
+        "ranks": 4,
+        "mirrored": directory,
+        "reference": references("dp4", "fp32"),
+    }
+
+
+def test_a_diverged_replica_is_caught_and_sent_again_whole(corrupted):
+    events = read_events(corrupted["mirrored"] / "events.jsonl")
+    buddy = expected_buddies(corrupted).buddy[CORRUPT_RANK]
+    diverged = [e for e in events if e["event"] == "mirror_diverged"]
+    assert [(e["rank"], e["owner"], e["iteration"]) for e in diverged] == [
+        (buddy, CORRUPT_RANK, CORRUPT_AT)
+    ]
+    assert "digest" in diverged[0]["error"]
+    resync = [e for e in events if e["event"] == "mirror_resync"]
+    assert [(e["rank"], e["buddy"], e["iteration"]) for e in resync] == [
+        (CORRUPT_RANK, buddy, CORRUPT_AT)
+    ]
+    snapshots = [e for e in events if e["event"] == "mirror_snapshot"]
+    sent = [e["sent"] for e in snapshots if e["rank"] == CORRUPT_RANK]
+    received = [e["received"] for e in snapshots if e["rank"] == buddy]
+    # whole at the start, packets, whole again right after the mismatch
+    expected = ["state"] + ["grad"] * CORRUPT_AT + ["state"] + ["grad"] * (ITERS - CORRUPT_AT - 1)
+    assert sent == received == expected
+    # the replica matches its owner again, bit for bit; training never noticed
+    mine, held = load_dump(corrupted, 6, CORRUPT_RANK), load_dump(corrupted, 6, buddy)["held"]
+    layout = dump_layout(mine)
+    assert snap.verify(held, layout, iteration=6, owner=CORRUPT_RANK) == 6
+    regions = snap.regions(held, layout)
+    for entry in mine["live"]:
+        where = slice(entry["offset"], entry["offset"] + entry["numel"])
+        for index, name in enumerate(snap.STATES):
+            assert torch.equal(regions[index][where], entry[name].float())
+    reference = curve(read_metrics(corrupted["reference"] / "metrics.jsonl"))
+    assert curve(read_metrics(corrupted["mirrored"] / "metrics.jsonl")) == reference

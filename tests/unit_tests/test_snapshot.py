@@ -125,7 +125,7 @@ def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
     )
     stuck, ran = threading.Event(), []
 
-    def run(iteration, index, sidecar, event):
+    def run(iteration, *job):
         ran.append(iteration)
         if iteration == 1:
             stuck.wait()  # the queued send, until the group's timeout
