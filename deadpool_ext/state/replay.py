@@ -42,13 +42,11 @@ class ReplayMismatch(RuntimeError):
 
 
 def packet_bytes(layout: snap.ShardLayout) -> int:
-    raw = snap.HEADER_BYTES + layout.numel * 4 + layout.sidecar_capacity
-    chunk = snap.CHUNK_WORDS * 8
-    return -(-raw // chunk) * chunk
+    return snap.whole_chunks(snap.HEADER_BYTES + layout.numel * 4 + layout.sidecar_capacity)
 
 
 def allocate(layout: snap.ShardLayout, device="cpu", pin: bool = False) -> torch.Tensor:
-    return torch.zeros(packet_bytes(layout), dtype=torch.uint8, device=device, pin_memory=pin)
+    return snap.zeros(packet_bytes(layout), device, pin)
 
 
 def grad_region(packet: torch.Tensor, layout: snap.ShardLayout) -> torch.Tensor:
@@ -127,7 +125,6 @@ def seal_packet(
     ``own`` of the same iteration), and the extras."""
     own_header = snap.header(own)
     sidecar_len = int(own_header[snap.H_SIDECAR])
-    side_start = snap.HEADER_BYTES + len(snap.STATES) * layout.numel * 4
     encoded = snap.encode_sidecar(extras)
     if sidecar_len + len(encoded) > layout.sidecar_capacity:
         raise snap.SnapshotError(
@@ -135,7 +132,7 @@ def seal_packet(
             f"reserved {layout.sidecar_capacity}"
         )
     blob = _blob(packet, layout)
-    blob[:sidecar_len].copy_(own[side_start : side_start + sidecar_len])
+    blob[:sidecar_len].copy_(snap.sidecar_area(own, layout)[:sidecar_len])
     blob[sidecar_len : sidecar_len + len(encoded)].copy_(
         torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
     )

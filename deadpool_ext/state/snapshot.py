@@ -62,9 +62,13 @@ class ShardLayout:
 
     @property
     def nbytes(self) -> int:
-        raw = HEADER_BYTES + len(STATES) * self.numel * 4 + self.sidecar_capacity
-        chunk = CHUNK_WORDS * 8
-        return -(-raw // chunk) * chunk
+        return whole_chunks(HEADER_BYTES + len(STATES) * self.numel * 4 + self.sidecar_capacity)
+
+
+def whole_chunks(nbytes: int) -> int:
+    """A buffer's size: whole checksum chunks (the device checksum sums them)."""
+    chunk = CHUNK_WORDS * 8
+    return -(-nbytes // chunk) * chunk
 
 
 def build_layout(optimizer) -> ShardLayout:
@@ -105,7 +109,17 @@ def main_param_and_state(optimizer, segment: Segment) -> Tuple[torch.Tensor, dic
 
 
 def allocate(layout: ShardLayout, device="cpu", pin: bool = False) -> torch.Tensor:
-    return torch.zeros(layout.nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+    return zeros(layout.nbytes, device, pin)
+
+
+def zeros(nbytes: int, device="cpu", pin: bool = False) -> torch.Tensor:
+    return torch.zeros(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+
+
+def sidecar_area(buffer: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+    """The bytes reserved for the sidecar, after the state regions."""
+    start = HEADER_BYTES + len(STATES) * layout.numel * 4
+    return buffer[start : start + layout.sidecar_capacity]
 
 
 def regions(buffer: torch.Tensor, layout: ShardLayout) -> List[torch.Tensor]:
@@ -209,8 +223,7 @@ def seal(
         raise SnapshotError(
             f"sidecar of {len(sidecar)} bytes exceeds the reserved {layout.sidecar_capacity}"
         )
-    start = HEADER_BYTES + len(STATES) * layout.numel * 4
-    side = buffer[start : start + layout.sidecar_capacity]
+    side = sidecar_area(buffer, layout)
     if sidecar:
         side[: len(sidecar)].copy_(torch.frombuffer(bytearray(sidecar), dtype=torch.uint8))
     side[len(sidecar) :].zero_()
@@ -254,6 +267,5 @@ def snapshot_iteration(buffer: torch.Tensor) -> int:
 
 
 def read_sidecar(buffer: torch.Tensor, layout: ShardLayout) -> dict:
-    start = HEADER_BYTES + len(STATES) * layout.numel * 4
     length = int(header(buffer)[H_SIDECAR])
-    return decode_sidecar(buffer[start : start + length].cpu().numpy().tobytes())
+    return decode_sidecar(sidecar_area(buffer, layout)[:length].cpu().numpy().tobytes())
