@@ -214,14 +214,14 @@ def checkpoint_restart_command(args: List[str], workdir: str, save_interval: int
 
 
 # ----- deadpool-launch on two emulated 4-rank nodes -----
-def launcher(args: List[str], spare_nodes: int) -> List[str]:
+def launcher(args: List[str], spare_nodes: int, nnodes: int = 2) -> List[str]:
     return [
         sys.executable,
         "-m",
         "deadpool_ext.launch",
         "--standalone",
         "--nnodes",
-        "2",
+        str(nnodes),
         "--spare-nodes",
         str(spare_nodes),
         "--nproc-per-node",

@@ -23,21 +23,37 @@ iteration it was in, iterations lost (redone), and total time to finish.
 
 ``--moe`` runs the same four on the demo made a mixture of experts
 (``bench_common.MOE_FLAGS``): the MoE row of docs/benchmarks.md.
+
+``--scale 8 16 32`` runs only the hot swap, on the demo's model at each of
+those world sizes (TP2 PP2, DP = size / 4: one replica per emulated 4-rank
+node, one spare node), node 1 killed in iteration --fail-at, and reports
+what the rebuild costs as the job grows: the rebuild stage, and each rank's
+``groups_rebuilt`` (the groups it created, held and connected, and the
+time they took). Every group is rebuilt (full rebuild). After each size,
+the groups' floor: one group's cost to a rank on that many gloo processes
+with nothing else running, the constants of docs/scale.md's time model.
 """
 
 import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from deadpool_ext.control.launch import free_port
 from deadpool_ext.events import read_events
 from tools.bench_common import (
     checkpoint_restart_command,
     MetricsWatch,
     demo_workload,
+    iteration_seconds,
     launcher,
     one_shrink,
     print_shrink,
@@ -49,14 +65,14 @@ from tools.recovery_timeline import recoveries, stage_seconds
 NODE_RANKS = (4, 5, 6, 7)  # node 1 of two 4-rank nodes
 
 
-def hot_swap(opts, workdir: str, fault: bool) -> dict:
+def hot_swap(opts, workdir: str, fault: bool, nnodes: int = 2) -> dict:
     events = os.path.join(workdir, "events.jsonl")
     args = demo_workload(opts.iters, workdir, opts.moe)
     args += ["--deadpool", "--deadpool-events", events]
     if fault:
         args.append(f"--deadpool-inject=kill:node=1:iter={opts.fail_at}")
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
-    total = run(launcher(args, spare_nodes=1), watch)
+    total = run(launcher(args, spare_nodes=1, nnodes=nnodes), watch)
     result = {"total_s": total}
     if fault:
         record = recoveries(read_events(events))[0]
@@ -98,6 +114,125 @@ def checkpoint_restart(opts, workdir: str) -> dict:
     }
 
 
+# ----- --scale: the rebuild as the job grows -----
+REBUILT = ("ms", "arrive_ms", "groups_ms", "attach_ms")
+COUNTED = ("groups_created", "groups_held", "connections")
+
+
+def rebuild_at_scale(opts, workdir: str, ranks: int) -> dict:
+    """One hot swap at ``ranks`` ranks: the timeline, and the rebuild as
+    every rank of the new generation saw it (medians, and the slowest)."""
+    result = hot_swap(opts, workdir, fault=True, nnodes=ranks // 4)
+    events = read_events(os.path.join(workdir, "events.jsonl"))
+    gen = recoveries(events)[0]["gen"]
+    rebuilt = [e for e in events if e["event"] == "groups_rebuilt" and e["gen"] == gen]
+    survivors = [e for e in rebuilt if e["rank"] not in NODE_RANKS]
+    result.update(
+        ranks=ranks,
+        iteration_s=iteration_seconds(workdir, 2, opts.fail_at - 1),
+        rebuilt_ranks=len(rebuilt),
+        median={k: statistics.median(e[k] for e in rebuilt) for k in REBUILT + COUNTED},
+        slowest={k: max(e[k] for e in rebuilt) for k in REBUILT},
+        survivors_arrive_ms=statistics.median(e["arrive_ms"] for e in survivors),
+    )
+    return result
+
+
+# The groups' floor: what one group costs a rank, on ``ranks`` gloo processes
+# with nothing else running. Groups of 2, ranks / 2 and all ranks (the
+# first ranks): their members' cost per member, and everyone else's cost of
+# a call for a group they are not in.
+FLOOR_GROUPS = 8
+
+
+def _groups_worker(rank: int, ranks: int, init: str, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
+    made, seconds = [], {}
+    for size in sorted({2, ranks // 2, ranks}):
+        dist.barrier()
+        start = time.perf_counter()
+        made += [dist.new_group(list(range(size)), backend="gloo") for _ in range(FLOOR_GROUPS)]
+        seconds[size] = (time.perf_counter() - start) / FLOOR_GROUPS
+    out.put((rank, seconds))
+    dist.barrier()
+    del made
+    dist.destroy_process_group()
+
+
+def group_floor(ranks: int) -> dict:
+    """Per-rank costs of one group, in seconds: ``per_call`` (a group the
+    rank is not in: the ranks outside the pairs), ``member`` (size -> a
+    member's cost of a group of that size, median over members) and
+    ``per_member`` (least squares through zero of those on the size)."""
+    queue = mp.get_context("spawn").SimpleQueue()
+    # A TCP store, as in a job (the coordinator's): rendezvous cost included.
+    init = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_groups_worker, args=(ranks, init, queue), nprocs=ranks)
+    seen = dict(queue.get() for _ in range(ranks))
+    sizes = sorted(seen[0])
+    member = {n: statistics.median(seen[r][n] for r in range(n)) for n in sizes}
+    return {
+        "ranks": ranks,
+        "per_call": statistics.median(seen[r][2] for r in range(2, ranks)),
+        "member": member,
+        "per_member": sum(n * member[n] for n in sizes) / sum(n * n for n in sizes),
+    }
+
+
+def print_scale(rows: list) -> None:
+    print(
+        "\n| ranks | groups created per rank | held | connections | megatron's + mirror's "
+        "groups, median (slowest) | re-point objects | survivors' arrival | rebuild stage "
+        "(timeline) | fault to first iteration | iteration |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m, s, stages = r["median"], r["slowest"], dict(r["breakdown_ms"])
+        print(
+            f"| {r['ranks']} | {m['groups_created']:.0f} | {m['groups_held']:.0f} | "
+            f"{m['connections']:.0f} | {m['groups_ms']:.0f} ms ({s['groups_ms']:.0f}) | "
+            f"{m['attach_ms']:.0f} ms | {r['survivors_arrive_ms']:.0f} ms | "
+            f"{stages['rebuild groups']} ms | {r['to_first_iteration_s']:.2f} s | "
+            f"{r['iteration_s']:.2f} s |"
+        )
+
+
+def print_floor(floors: list) -> None:
+    print("\n| ranks | a group the rank is not in | a member, per group size | per member (fit) |")
+    print("|---|---|---|---|")
+    for f in floors:
+        sizes = ", ".join(f"{n}: {t * 1e3:.1f} ms" for n, t in f["member"].items())
+        print(
+            f"| {f['ranks']} | {f['per_call'] * 1e3:.3f} ms | {sizes} | "
+            f"{f['per_member'] * 1e3:.2f} ms |"
+        )
+
+
+def scale(opts) -> int:
+    bad = [n for n in opts.scale if n % 4 or n < 8 or 8 % (n // 4)]
+    if bad:
+        raise SystemExit(
+            f"--scale {bad}: each size must be 4 x a data-parallel size that divides the "
+            "demo's 8 micro-batches (8, 16 or 32)"
+        )
+    rows, floors = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in opts.scale:
+            workdir = os.path.join(tmp, str(ranks))
+            os.makedirs(workdir)
+            rows.append(rebuild_at_scale(opts, workdir, ranks))
+            print(ranks, json.dumps(rows[-1]), flush=True)
+            floors.append(group_floor(ranks))
+            print(ranks, json.dumps(floors[-1]), flush=True)
+    print_scale(rows)
+    print_floor(floors)
+    if opts.output:
+        with open(opts.output, "w") as f:
+            json.dump({"options": vars(opts), "scale": rows, "floor": floors}, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=40)
@@ -111,7 +246,16 @@ def main(argv=None) -> int:
         choices=["failure_free", "hot_swap", "checkpoint_restart", "shrink"],
         help="A subset.",
     )
+    p.add_argument(
+        "--scale",
+        nargs="+",
+        type=int,
+        metavar="RANKS",
+        help="Only the hot swap, at each of these world sizes (8 16 32).",
+    )
     opts = p.parse_args(argv)
+    if opts.scale:
+        return scale(opts)
     results = {}
     runs = [
         ("failure_free", lambda d: hot_swap(opts, d, fault=False)),

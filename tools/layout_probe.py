@@ -1,6 +1,7 @@
 """The real snapshot layout of any rank of any job, built in one process.
 
     python -m tools.layout_probe --world-size 8 --ranks 0 7 -- <pretrain_gpt.py model flags>
+    python -m tools.layout_probe --groups --world-size 16384 --ranks 0 -- <flags>
 
 For each asked rank this builds that rank's GPT stage, megatron-core's DDP
 buffers and the distributed optimizer exactly as training would, against
@@ -15,6 +16,10 @@ tests compare the two. Prints one JSON list.
 The vocabulary is given as a size (``--vocab-size``, default 512 as the
 byte-level tokenizer has) and padded like training pads it; no tokenizer or
 data is read (``--mock-data`` is added when no data flag is given).
+
+``--groups`` reports each asked rank's process groups instead (role and
+member ranks) and how many groups it took part in creating: what a rebuild
+of the groups costs at that size (docs/scale.md's recovery time model).
 """
 
 import argparse
@@ -77,6 +82,36 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
         dist.destroy_process_group()
 
 
+def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
+    """The process groups megatron-core builds for ``rank`` (and the one
+    group the mirror adds): each held group's role and member ranks, and
+    how many groups the rank took part in creating (torch's count: every
+    rank calls ``new_group`` for every group of the world). No model."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg as fake_pg
+    from megatron.core import parallel_state
+
+    from deadpool_ext.rank.generation import open_training_groups
+    from deadpool_ext.rank.regroup import groups_by_role
+
+    config = _config(argv, world_size)
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+    try:
+        mirror = open_training_groups(config)
+        held: dict = {}
+        for role, group in groups_by_role({"mirror": mirror}).items():
+            held.setdefault(id(group), (role, dist.get_process_group_ranks(group)))
+        return {
+            "rank": rank,
+            "world_size": world_size,
+            "groups_created": dist.distributed_c10d._world.group_count,
+            "held": {role: ranks for role, ranks in held.values()},
+        }
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 def probe(
     argv: Sequence[str], world_size: int, ranks: Sequence[int], vocab_size: int = 512
 ) -> List[dict]:
@@ -90,10 +125,17 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--vocab-size", type=int, default=512, help="unpadded vocabulary (ByteLevelTokenizer: 512)"
     )
+    parser.add_argument(
+        "--groups", action="store_true", help="each rank's process groups instead (no model)"
+    )
     opts, rest = parser.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    print(json.dumps(probe(rest, opts.world_size, opts.ranks, opts.vocab_size)))
+    if opts.groups:
+        found = [probe_groups(rest, opts.world_size, rank) for rank in opts.ranks]
+    else:
+        found = probe(rest, opts.world_size, opts.ranks, opts.vocab_size)
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":

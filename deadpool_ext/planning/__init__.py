@@ -6,10 +6,12 @@
 - ``goodput``: the goodput model, closed forms and a discrete-event
   simulation of a long run under failures, per recovery strategy;
 - ``slurm``: the layout of a Slurm job under deadpool-launch (ranks per
-  node, warm spares, buddies, the #SBATCH header), the sbatch scripts' dry run.
+  node, warm spares, buddies, the #SBATCH header), the sbatch scripts' dry run;
+- ``regroup``: what rebuilding the process groups after a failure costs a
+  rank, every group (what recovery does) or only those with a changed member.
 
 The command lines are thin scripts in tools/ (plan_scale.py, goodput.py,
-slurm_plan.py, scale_report.py). Nothing here imports torch or megatron, and
-nothing of deadpool_ext outside its pure modules, so planning runs on any
-machine in a fraction of a second.
+slurm_plan.py, scale_report.py with scale_rebuild.py). Nothing here imports
+torch or megatron, and nothing of deadpool_ext outside its pure modules, so
+planning runs on any machine in a fraction of a second.
 """

@@ -360,6 +360,7 @@ class Recovery:
             arrive_ms=ms[0],
             groups_ms=ms[1],
             attach_ms=ms[2],
+            **self.ctx.generation.size(),
         )
 
     def restore(self, decision: Decision) -> None:

@@ -227,6 +227,13 @@ def test_events_tell_the_recovery(recovered):
         "first_iteration_after_recovery",
     ):
         assert kind in kinds, kind
+    # Every rank takes part in creating every group of a generation; what it
+    # holds and connects to is its own.
+    for gen in {e["gen"] for e in events if e["event"] == "groups_rebuilt"}:
+        rebuilt = [e for e in events if e["event"] == "groups_rebuilt" and e["gen"] == gen]
+        assert len({e["groups_created"] for e in rebuilt}) == 1, rebuilt
+        assert all(0 < e["groups_held"] <= e["groups_created"] for e in rebuilt), rebuilt
+        assert all(e["connections"] > 0 for e in rebuilt), rebuilt
     restored = [e for e in events if e["event"] == "state_restored"]
     if name == "nan":  # a rollback: every rank from its own snapshot
         assert {e["source"] for e in restored} == {"own"} and len(restored) == 4

@@ -1,0 +1,77 @@
+"""The group-rebuild time model (deadpool_ext/planning/regroup.py) and the
+groups it is fed (tools/layout_probe.py --groups: megatron-core's own, in a
+fake world), checked against the rank arithmetic of deadpool_ext/topology."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from deadpool_ext.planning import regroup as rg
+from deadpool_ext.topology import Grid, dp_rings
+from tests.unit_tests.dist_utils import REPO, worker_env
+from tools import scale_rebuild
+
+HELD = {"tp": [0, 1], "dp": [0, 2, 4, 6], "WORLD": list(range(8)), "alone": [0]}
+COSTS = rg.GroupCosts(per_call=1.0, per_member=10.0)
+
+
+def test_a_group_is_rebuilt_only_with_a_changed_member():
+    assert rg.rebuilt_roles(HELD, {3}) == ["WORLD"]
+    assert rg.rebuilt_roles(HELD, {1, 6}) == ["tp", "dp", "WORLD"]
+    assert rg.rebuilt_roles(HELD, set()) == []
+
+
+def test_full_rebuild_pays_every_call_and_its_own_groups_by_size():
+    # 20 groups created, 4 held (2 + 4 + 8 + 1 members): 16 calls.
+    assert rg.members(HELD) == 15
+    assert rg.full_rebuild_s(HELD, 20, COSTS) == 16 * 1.0 + 15 * 10.0
+
+
+def test_partial_rebuild_pays_only_the_groups_with_a_changed_member():
+    assert rg.partial_rebuild_s(HELD, {3}, COSTS) == 8 * 10.0
+    assert rg.partial_rebuild_s(HELD, set(), COSTS) == 0.0
+    # A spare (every member changed for it) pays what a full rebuild pays
+    # for its own groups, and none of the calls for others' groups.
+    everything = set(range(8))
+    assert rg.partial_rebuild_s(HELD, everything, COSTS) == rg.full_rebuild_s(HELD, 4, COSTS)
+
+
+def test_a_replica_is_the_ranks_of_one_data_parallel_index():
+    for grid in (Grid(2, 2, 3), Grid(2, 2, 3, tp_pp_dp=True), Grid(4, 8, 4)):
+        rings = dp_rings(grid.world_size, grid.tp, grid.pp, grid.tp_pp_dp)
+        for dp in range(grid.dp):
+            assert sorted(scale_rebuild.replica_ranks(grid, dp)) == sorted(r[dp] for r in rings)
+
+
+@pytest.fixture(scope="module")
+def demo_groups():
+    """megatron-core's groups of every rank of the demo's layout (8 ranks)."""
+    command = [sys.executable, "-m", "tools.layout_probe", "--groups", "--world-size", "8"]
+    command += ["--ranks", *map(str, range(8)), "--"] + scale_rebuild.flags(scale_rebuild.DEMO, 8)
+    proc = subprocess.run(
+        command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.integration
+def test_the_probe_reads_megatron_cores_groups(demo_groups):
+    grid = Grid(2, 2, 2, tp_pp_dp=True)
+    rings = dp_rings(8, 2, 2, tp_pp_dp=True)
+    assert len({p["groups_created"] for p in demo_groups}) == 1  # every rank makes every group
+    for found in demo_groups:
+        rank, held = found["rank"], found["held"]
+        tp, dp, pp = grid.coords(rank)
+        assert held["_TENSOR_MODEL_PARALLEL_GROUP"] == [grid.rank(t, dp, pp) for t in range(2)]
+        assert held["_PIPELINE_MODEL_PARALLEL_GROUP"] == [grid.rank(tp, dp, p) for p in range(2)]
+        assert held["_DATA_PARALLEL_GROUP"] == next(r for r in rings if rank in r)
+        assert held["WORLD"] == held["mirror"] == list(range(8))
+    # A hot swap of node 1 (ranks 4-7, replica 1): rank 0 keeps its tensor-
+    # and pipeline-parallel groups, rebuilds those shared with replica 1.
+    again = rg.rebuilt_roles(demo_groups[0]["held"], {4, 5, 6, 7})
+    assert "_TENSOR_MODEL_PARALLEL_GROUP" not in again
+    assert "_PIPELINE_MODEL_PARALLEL_GROUP" not in again
+    assert {"_DATA_PARALLEL_GROUP", "WORLD", "mirror"} <= set(again)
