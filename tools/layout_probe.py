@@ -118,6 +118,22 @@ def probe(
     return [probe_rank(argv, world_size, rank, vocab_size) for rank in ranks]
 
 
+def in_subprocess(options: Sequence[str], flags: Sequence[str], timeout: float = 900) -> list:
+    """This tool's JSON for ``options`` and model ``flags``, run in a
+    subprocess, so that megatron-core's global state stays out of the caller."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-m", "tools.layout_probe", *options, "--", *flags]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=repo, check=True, timeout=timeout
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, required=True)

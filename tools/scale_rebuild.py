@@ -15,12 +15,11 @@ Called by ``tools.scale_report``, which writes the page.
 import functools
 import json
 import os
-import subprocess
-import sys
 from typing import Dict, List, Sequence
 
 from deadpool_ext.planning import regroup as rg
 from deadpool_ext.topology import Grid
+from tools import layout_probe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURED_FILE = os.path.join(REPO, "docs", "bench_recovery_scale.json")
@@ -51,21 +50,9 @@ def flags(grid: Grid, world: int) -> List[str]:
 
 
 def probe(grid: Grid, world: int, ranks: Sequence[int]) -> List[dict]:
-    """megatron-core's groups of ``ranks`` in a ``world``-rank job (a
-    subprocess: megatron-core's global state stays out of this one)."""
-    command = [sys.executable, "-m", "tools.layout_probe", "--groups"]
-    command += ["--world-size", str(world), "--ranks", *map(str, ranks), "--"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    out = subprocess.run(
-        command + flags(grid, world),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        check=True,
-        timeout=900,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """megatron-core's groups of ``ranks`` in a ``world``-rank job."""
+    options = ["--groups", "--world-size", str(world), "--ranks", *map(str, ranks)]
+    return layout_probe.in_subprocess(options, flags(grid, world))
 
 
 @functools.lru_cache(maxsize=None)

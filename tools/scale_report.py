@@ -16,14 +16,12 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence
 
 from deadpool_ext.planning import goodput as gp
 from deadpool_ext.planning import scale as ps
-from tools import scale_rebuild
+from tools import layout_probe, scale_rebuild
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -391,24 +389,9 @@ PROBED = {
 
 
 def probe_layouts(flags: List[str], world: int) -> List[dict]:
-    """Real layouts of every rank, from megatron-core (a subprocess, so its
-    global state stays out of this one)."""
-    command = [
-        sys.executable,
-        "-m",
-        "tools.layout_probe",
-        "--world-size",
-        str(world),
-        "--ranks",
-        *map(str, range(world)),
-        "--",
-        *flags,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    out = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=REPO, check=True, timeout=600
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """Real layouts of every rank, from megatron-core."""
+    ranks = [str(r) for r in range(world)]
+    return layout_probe.in_subprocess(["--world-size", str(world), "--ranks", *ranks], flags)
 
 
 def crosscheck_table(probe: bool) -> str:
