@@ -491,7 +491,19 @@ def test_shrink_keeps_the_global_batch_and_the_curve(tmp_path, reference):
     )
     assert decision["released"] == ["1.0"]
     shrunk = [e for e in events if e["event"] == "shrunk"]
-    assert len(shrunk) == 6 and all(e["rollback_to"] == 3 for e in shrunk)
+    rollbacks = {e["rollback_to"] for e in shrunk}
+    assert len(shrunk) == 6 and len(rollbacks) == 1
+    # Back to the interrupted iteration's start (3), or to the one before
+    # only where the kill came before every rank had exchanged and verified
+    # iteration 3's snapshot (README, hot swap step 3): under load rank 5
+    # can reach its backward while another pair's exchange is still going.
+    killed = next(e["time"] for e in events if e["event"] == "fault_injected")
+    exchanged = {
+        e["rank"]
+        for e in events
+        if e["event"] == "mirror_snapshot" and e["iteration"] == 3 and e["time"] < killed
+    }
+    assert rollbacks == {3} or (rollbacks == {2} and len(exchanged) < 8), (rollbacks, exchanged)
     assert any(e["event"] == "released" for e in events)
     assert any(e["event"] == "spare_ready" or e["event"] == "recovered" for e in events)
 
