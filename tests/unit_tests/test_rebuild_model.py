@@ -2,15 +2,10 @@
 groups it is fed (tools/layout_probe.py --groups: megatron-core's own, in a
 fake world), checked against the rank arithmetic of deadpool_ext/topology."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from deadpool_ext.planning import regroup as rg
 from deadpool_ext.topology import Grid, dp_rings
-from tests.unit_tests.dist_utils import REPO, worker_env
 from tools import scale_rebuild
 
 HELD = {"tp": [0, 1], "dp": [0, 2, 4, 6], "WORLD": list(range(8)), "alone": [0]}
@@ -48,13 +43,7 @@ def test_a_replica_is_the_ranks_of_one_data_parallel_index():
 @pytest.fixture(scope="module")
 def demo_groups():
     """megatron-core's groups of every rank of the demo's layout (8 ranks)."""
-    command = [sys.executable, "-m", "tools.layout_probe", "--groups", "--world-size", "8"]
-    command += ["--ranks", *map(str, range(8)), "--"] + scale_rebuild.flags(scale_rebuild.DEMO, 8)
-    proc = subprocess.run(
-        command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return scale_rebuild.probe(scale_rebuild.DEMO.with_dp(2), 8, range(8))
 
 
 @pytest.mark.integration
