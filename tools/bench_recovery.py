@@ -190,7 +190,7 @@ def print_scale(rows: list) -> None:
     for r in rows:
         m, s, stages = r["median"], r["slowest"], dict(r["breakdown_ms"])
         print(
-            f"| {r['ranks']} | {m['groups_created']:.0f} | {m['groups_held']:.0f} | "
+            f"| {r['ranks']} | {m['groups_created']:.0f} | {m['groups_held']:g} | "
             f"{m['connections']:.0f} | {m['groups_ms']:.0f} ms ({s['groups_ms']:.0f}) | "
             f"{m['attach_ms']:.0f} ms | {r['survivors_arrive_ms']:.0f} ms | "
             f"{stages['rebuild groups']} ms | {r['to_first_iteration_s']:.2f} s | "

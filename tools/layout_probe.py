@@ -23,6 +23,7 @@ of the groups costs at that size (docs/scale.md's recovery time model).
 """
 
 import argparse
+import contextlib
 import json
 from typing import List, Sequence
 
@@ -40,12 +41,25 @@ def _config(argv: Sequence[str], world_size: int):
     return parse_args(argv + ["--cpu"], world_size=world_size)
 
 
-def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int) -> dict:
-    """Build ``rank``'s model and optimizer in a fake world; its layout."""
+@contextlib.contextmanager
+def _fake_world(rank: int, world_size: int):
+    """A world whose collectives do nothing (a warm spare's), as ``rank``;
+    megatron-core's groups and the default group are gone after it."""
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg as fake_pg
     from megatron.core import parallel_state
 
+    from deadpool_ext.rank.generation import open_fake_world
+
+    open_fake_world(rank, world_size)
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int) -> dict:
+    """Build ``rank``'s model and optimizer in a fake world; its layout."""
     import pretrain_gpt
     from deadpool_ext.state import snapshot as snap
     from megatron.training.initialize import initialize
@@ -53,8 +67,7 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
     from megatron.training.training import padded_vocab_size
 
     config = _config(argv, world_size)
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
-    try:
+    with _fake_world(rank, world_size):
         runtime = initialize(config)
         config.extra["on_cpu"] = runtime.on_cpu
         config.extra["padded_vocab_size"] = padded_vocab_size(vocab_size, config)
@@ -77,9 +90,6 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
             "params": params,
             "padded_vocab_size": config.extra["padded_vocab_size"],
         }
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
@@ -88,15 +98,12 @@ def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
     how many groups the rank took part in creating (torch's count: every
     rank calls ``new_group`` for every group of the world). No model."""
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg as fake_pg
-    from megatron.core import parallel_state
 
-    from deadpool_ext.rank.generation import open_training_groups
+    from deadpool_ext.rank.generation import groups_created, open_training_groups
     from deadpool_ext.rank.regroup import groups_by_role
 
     config = _config(argv, world_size)
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
-    try:
+    with _fake_world(rank, world_size):
         mirror = open_training_groups(config)
         held: dict = {}
         for role, group in groups_by_role({"mirror": mirror}).items():
@@ -104,12 +111,9 @@ def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
         return {
             "rank": rank,
             "world_size": world_size,
-            "groups_created": dist.distributed_c10d._world.group_count,
+            "groups_created": groups_created(),
             "held": {role: ranks for role, ranks in held.values()},
         }
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 def probe(

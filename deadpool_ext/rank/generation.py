@@ -91,14 +91,12 @@ class Generation:
     def size(self) -> dict:
         """What building the generation made in this process: the groups it
         is a member of, the groups it took part in creating (every rank
-        calls ``new_group`` for every group; torch's own count, private,
-        hence None where a torch lacks it) and the connections it opened.
+        calls ``new_group`` for every group) and the connections it opened.
         A rebuild's cost grows with these (docs/scale.md)."""
         with self._lock:
             held = len({id(ref()) for ref in self._groups if ref() is not None})
             connections = len(self._inodes)
-        created = getattr(dist.distributed_c10d._world, "group_count", None)
-        return {"groups_held": held, "groups_created": created, "connections": connections}
+        return {"groups_held": held, "groups_created": groups_created(), "connections": connections}
 
     def release_if_older(self, newer: int, by: str) -> int:
         """Release this generation if it is older than ``newer``."""
@@ -143,6 +141,12 @@ class Generation:
             if peer is not None:
                 found.append({"inode": inode, "peer": peer, "released": inode in known})
         return found
+
+
+def groups_created() -> Optional[int]:
+    """Groups this process took part in creating since its default group
+    (torch's own count, private: None where a torch lacks it)."""
+    return getattr(dist.distributed_c10d._world, "group_count", None)
 
 
 def abort_nccl(groups: Iterable[Optional[object]]) -> None:
