@@ -305,13 +305,17 @@ def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> Non
         )
 
 
-def parse_args(argv=None, environ=os.environ) -> Config:
+def parse_args(argv=None, environ=os.environ, world_size: Optional[int] = None) -> Config:
     """Megatron's flags plus the --deadpool ones, all checked before any
     process group starts. Under deadpool-launch a refusal is also written
-    where the agent reads it, so the launcher says why the job stopped."""
+    where the agent reads it, so the launcher says why the job stopped.
+    ``world_size``: a job of that size (the tools' probes), not this one."""
     try:
         return arguments.parse_args(
-            argv, extra_sections={"deadpool": DeadpoolConfig}, extra_validators=[validate_deadpool]
+            argv,
+            extra_sections={"deadpool": DeadpoolConfig},
+            extra_validators=[validate_deadpool],
+            world_size=world_size,
         )
     except ConfigError as error:
         if environ.get(ERROR_FILE_ENV):

@@ -29,7 +29,7 @@ from typing import List, Sequence
 
 
 def _config(argv: Sequence[str], world_size: int):
-    from megatron.training.arguments import parse_args
+    from deadpool_ext.config import parse_args
 
     argv = list(argv)
     if "--data-path" not in argv and "--mock-data" not in argv:
@@ -93,20 +93,23 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
 
 
 def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
-    """The process groups megatron-core builds for ``rank`` (and the one
-    group the mirror adds): each held group's role and member ranks, and
+    """The process groups megatron-core builds for ``rank`` (and the two
+    pair groups the mirror adds, with ``--deadpool`` among the flags): each
+    held group's role and member ranks, and
     how many groups the rank took part in creating (torch's count: every
     rank calls ``new_group`` for every group of the world). No model."""
     import torch.distributed as dist
 
+    from deadpool_ext.config import plan_buddies, section
     from deadpool_ext.rank.generation import groups_created, open_training_groups
     from deadpool_ext.rank.regroup import groups_by_role
 
     config = _config(argv, world_size)
+    buddies = plan_buddies(config) if section(config).deadpool else None
     with _fake_world(rank, world_size):
-        mirror = open_training_groups(config)
+        mirror = open_training_groups(config, buddies)
         held: dict = {}
-        for role, group in groups_by_role({"mirror": mirror}).items():
+        for role, group in groups_by_role(mirror.roles()).items():
             held.setdefault(id(group), (role, dist.get_process_group_ranks(group)))
         return {
             "rank": rank,

@@ -46,7 +46,8 @@ def flags(grid: Grid, world: int) -> List[str]:
     order = ["--use-tp-pp-dp-mapping"] if grid.tp_pp_dp else []
     parallel = ["--tensor-model-parallel-size", str(grid.tp)]
     parallel += ["--pipeline-model-parallel-size", str(grid.pp)]
-    return parallel + order + shape + batch + ["--train-iters", "1", "--lr", "1e-3"]
+    mirror = ["--deadpool", "--deadpool-ranks-per-node", str(NODE_GPUS)]
+    return parallel + order + shape + batch + ["--train-iters", "1", "--lr", "1e-3"] + mirror
 
 
 def probe(grid: Grid, world: int, ranks: Sequence[int]) -> List[dict]:
@@ -262,7 +263,9 @@ SECTION = """## 3. Recovery time: rebuilding the groups (`deadpool_ext/planning/
 A hot swap, a shrink and a grow each rebuild every process group of every rank: each rank
 takes part in creating every group of the world (torch's `new_group` is called by all ranks,
 in the same order, members or not), and for each group it holds reads every member's address
-from the store and connects to each (gloo connects a full mesh when a group is made).
+from the store and connects to each (gloo connects a full mesh when a group is made). The
+mirror's groups are pairs, a rank with its buddy and with its owner: a rank holds two, with
+one peer each, at any size.
 Measured on this machine (**our measurement**, `{command}`: the demo's model on TP2·PP2 with
 one replica per emulated 4-rank node and one spare node, node 1 killed in iteration 8; the
 2 cores serve every process, so the iteration grows with the ranks; medians over ranks, and
@@ -288,9 +291,11 @@ the spares, agents and store on the same cores):
 
 Which groups a partial rebuild would create again, per kind, for LLaMA-65B's layout (TP 4, PP
 8, Megatron's default rank order) at 128 GPUs (DP 4) on 4-GPU nodes, node 1 lost (megatron-
-core's groups of every rank, in a fake world; `mirror` is our mirror's group, `WORLD` the
-default group). A group is kept where no member changed: a hot swap replaces node 1's ranks,
-a shrink removes node 1's whole replica, a grow adds a replica:
+core's groups of every rank, in a fake world; `deadpool_mirror_to_buddy` is the mirror's
+pair group of a rank and its buddy, which with DP 4 is not the one of its owner,
+`deadpool_mirror_from_owner`; `WORLD` the default group). A group is kept where no member
+changed: a hot swap replaces node 1's ranks, a shrink removes node 1's whole replica, a grow
+adds a replica:
 
 {kinds}
 
@@ -299,8 +304,8 @@ with the costs above (gloo on this machine's cores: the absolute seconds are not
 cluster's, the shape is the model's point). A partial rebuild's slowest rank is the spare,
 which holds no group and builds every group of its position; the world-spanning groups
 (`WORLD`, megatron-core's `_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP` with one optimizer
-instance, our `mirror`) contain the spare in every rebuild and cost a member per rank of the
-job, so they set both lines. The last column prices each of them as a two-rank group (what
+instance) contain the spare in every rebuild and cost a member per rank of the job, so they
+set both lines. The last column prices each of them as a two-rank group (what
 connecting lazily or editing them in place would buy: a rendezvous and the peers a rank
 talks to):
 

@@ -6,7 +6,8 @@ generation, whatever it is blocked in.
 Entering: everyone arrives first (a store barrier, so a failure now is
 seen by polling), then generation N's default group is created under its
 own prefix in the coordinator's store; megatron's groups and the mirror's
-follow (``rebuild``), and ``regroup.attach`` re-points live objects to them.
+(two-rank groups, ``open_mirror_groups``) follow (``rebuild``), and
+``regroup.attach`` re-points live objects to them.
 
 Leaving:
 
@@ -41,7 +42,7 @@ import datetime
 import threading
 import time
 import weakref
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -51,6 +52,8 @@ from megatron.training.initialize import init_process_groups
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Decision, Joining, join_key
 from deadpool_ext.sockets import peer_of, shut_down, socket_descriptors
+from deadpool_ext.state.mirror import MirrorGroups
+from deadpool_ext.topology import BuddyMap
 
 
 class Generation:
@@ -181,7 +184,7 @@ def open_default_group(ctx, config, gen: int, rank: int, world_size: int) -> Non
     """Generation ``gen``'s default group (the one place a real one is made):
     its rendezvous under its own prefix, on a store connection the
     generation owns, so that releasing the generation frees a rank waiting
-    there for a peer that died. Megatron's and the mirror's groups follow."""
+    there for a peer that died. Megatron's groups and the mirror's pairs follow."""
     p = config.parallel
     ctx.generation.begin(gen)
     dist.init_process_group(
@@ -203,24 +206,44 @@ def open_fake_world(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
 
 
-def open_training_groups(config: Config):
+def open_training_groups(config: Config, buddies: Optional[BuddyMap]) -> MirrorGroups:
     """Megatron's groups (megatron-core's parallel state) and the mirror's,
     in the generation whose default group exists; returns the mirror's."""
     init_process_groups(config)
-    return open_mirror_group(config)
+    return open_mirror_groups(config, buddies)
 
 
-def open_mirror_group(config: Config):
-    """The group only mirror traffic uses (all ranks must call it), so it
-    never interleaves with training collectives: gloo for host-memory
-    mirrors, NCCL for device-memory ones. In a spare's fake world it is fake
-    too, until the real one replaces it."""
+def open_mirror_groups(config: Config, buddies: Optional[BuddyMap]) -> MirrorGroups:
+    """The two-rank groups only mirror traffic uses, {rank, buddy} and
+    {owner, rank}: mirror traffic never interleaves with training
+    collectives, and a rank connects to two peers, not to the whole job (a
+    rebuild's cost grows with each group's members: docs/scale.md).
+    Collective: every rank creates every pair, in owner order (torch names
+    a group by how many the process made before it, so only the members
+    creating it would give the two ends of a pair different names in a
+    ring). gloo for host-memory mirrors, NCCL for device-memory ones; in a
+    spare's fake world they are fake too, until the real ones replace them.
+    ``buddies`` None: a job shrunk to one replica, no pairs."""
+    if buddies is None:
+        return MirrorGroups(None, None)
     dp = section(config)
     backend = "nccl" if dp.deadpool_mirror_memory == "device" else "gloo"
     if dist.get_backend() == "fake":
         backend = None
     timeout = datetime.timedelta(seconds=dp.deadpool_mirror_timeout)
-    return dist.new_group(backend=backend, timeout=timeout)
+    pairs: Dict[Tuple[int, int], object] = {}
+    for owner in sorted(buddies.buddy):
+        pair = mirror_pair(owner, buddies.buddy[owner])
+        if pair not in pairs:
+            pairs[pair] = dist.new_group(list(pair), backend=backend, timeout=timeout)
+    me = dist.get_rank()
+    return MirrorGroups(
+        pairs[mirror_pair(me, buddies.buddy[me])], pairs[mirror_pair(buddies.owner[me], me)]
+    )
+
+
+def mirror_pair(owner: int, buddy: int) -> Tuple[int, int]:
+    return (owner, buddy) if owner < buddy else (buddy, owner)
 
 
 def position_groups(grid, holders: Set[int]) -> Tuple[Optional[object], object]:

@@ -30,7 +30,7 @@ from deadpool_ext.inject import Fault, Injector, fire, free_disk
 from deadpool_ext.protocol import WorkerState
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
-from deadpool_ext.rank.generation import open_mirror_group
+from deadpool_ext.rank.generation import open_mirror_groups
 from deadpool_ext.state.mirror import Mirror
 from deadpool_ext.topology import BuddyMap
 
@@ -77,7 +77,6 @@ class MirrorHook(Hook):
             None if trainer.runtime.on_cpu else torch.device("cuda", torch.cuda.current_device())
         )
         in_device = dp.deadpool_mirror_memory == "device"
-        group = open_mirror_group(self.config)
         if self.config.data_parallel_size < 2:
             # Only a job shrunk to one replica gets here (parse_args refuses
             # DP=1): there is no peer to mirror to, and a lost rank ends the
@@ -92,7 +91,7 @@ class MirrorHook(Hook):
                 rank,
                 rank,
                 rank,
-                group,
+                open_mirror_groups(self.config, None),
                 self.events,
                 device,
                 dp.deadpool_mirror_mode,
@@ -106,7 +105,7 @@ class MirrorHook(Hook):
             rank,
             buddies.buddy[rank],
             buddies.owner[rank],
-            group,
+            open_mirror_groups(self.config, buddies),
             self.events,
             device,
             dp.deadpool_mirror_mode,

@@ -13,7 +13,7 @@ snapshots and the copy it holds for its owner. After a failure it
   4. joins generation N: default group, megatron's groups and the mirror
      group, and re-points its objects to them (``regroup.attach``);
   5. restores: survivors from their own snapshot of R, a spare from the
-     copy its buddy holds (sent over the mirror group, checksum verified);
+     copy its buddy holds (sent over their mirror pair group, checksum verified);
      the parameters are rebuilt from the shards, then training goes on
      at R, redoing at most the interrupted iteration.
 
@@ -38,8 +38,6 @@ from deadpool_ext.rank.errors import Failure, classify, summary
 from deadpool_ext.rank.generation import enter_generation, open_fake_world, open_training_groups
 from deadpool_ext.rank.restore import restore_snapshot
 from deadpool_ext.state.mirror import MirrorError
-
-MIRROR_ROLE = "deadpool_mirror"
 
 
 class WorkerExit(Exception):
@@ -258,7 +256,7 @@ class Recovery:
         if self.slots is None:
             # No local may hold a group (detach checks that none is left alive).
             self.slots = regroup.detach(
-                self.roots(), {} if self.mirror is None else {MIRROR_ROLE: self.mirror.group}
+                self.roots(), {} if self.mirror is None else self.mirror.groups.roles()
             )
         else:
             regroup.reset()
@@ -273,7 +271,7 @@ class Recovery:
         a release shuts down (NCCL groups among them are aborted)."""
         groups = list(regroup.groups_by_role().values())
         if self.mirror is not None:
-            groups.append(self.mirror.group)
+            groups += self.mirror.groups.roles().values()
         self.ctx.generation.built(groups)
 
     def _mirror_step(self, name: str, step) -> None:
@@ -346,9 +344,10 @@ class Recovery:
         marks = [time.monotonic()]
         self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
         marks.append(time.monotonic())
-        group = open_training_groups(self.config)
+        # A hot swap keeps the world, so the buddies are the ones planned at setup.
+        groups = open_training_groups(self.config, self.mirror_hook.buddies)
         marks.append(time.monotonic())
-        regroup.attach(self.roots(), self.slots, {MIRROR_ROLE: group})
+        regroup.attach(self.roots(), self.slots, groups.roles())
         self.slots = None
         self.generation_built()
         self.ctx.gen = decision.gen
@@ -370,10 +369,11 @@ class Recovery:
         for lost in decision.from_buddy:  # the buddy sends its copy to the new process
             if mirror.owner == lost and rank != lost:
                 held = mirror.held[mirror.find("held", R)]
-                requests.append(dist.isend(held, lost, group=mirror.group))
+                requests.append(dist.isend(held, lost, group=mirror.group_with(lost)))
         if rank in decision.from_buddy:
             source, index = "buddy", 0
-            requests.append(dist.irecv(mirror.own[0], mirror.buddy, group=mirror.group))
+            buddy = mirror.buddy
+            requests.append(dist.irecv(mirror.own[0], buddy, group=mirror.group_with(buddy)))
         else:
             source, index = "own", mirror.find("own", R)
         for request in requests:
@@ -454,7 +454,7 @@ def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
     if rec.mirror is None:
         raise RuntimeError("a spare cannot take a rank in a job without a mirror")
     rec.mirror.halt()
-    rec.slots = regroup.detach(rec.roots(), {MIRROR_ROLE: rec.mirror.group})
+    rec.slots = regroup.detach(rec.roots(), rec.mirror.groups.roles())
     rec.emit("spare_built", rank=rank, slot=ctx.slot, ms=round((time.monotonic() - start) * 1e3, 1))
     return rec
 

@@ -6,7 +6,7 @@ point at process groups. Rather than list them, ``swap_groups`` walks the
 objects and replaces groups by identity, which also covers layers this
 module has never heard of. Groups are named by their *role*: the
 ``parallel_state`` global that holds them, ``WORLD``, or a role the caller
-adds (the mirror's group).
+adds (the mirror's pair groups).
 
 A rebuild has two halves because the new groups can only be created once
 every old one is gone (gloo closes a group's sockets only when its last

@@ -3,8 +3,10 @@ the snapshot its owner sends, off the training's critical path.
 
 One worker thread per rank runs the jobs in order: pack (CPU; on GPU the
 main thread queues the copy on a side stream), seal with a checksum, then one
-send to the buddy and one receive from the owner on a process group of its
-own, so mirror traffic never interleaves with training collectives. The
+send to the buddy and one receive from the owner, each on a two-rank
+process group of the pair's own (``MirrorGroups``), so mirror traffic
+never interleaves with training collectives and a rank connects to its
+buddy and its owner only, not to the whole job. The
 snapshot of iteration t is taken before its forward and exchanged while
 forward and backward run; step t waits until that exchange is done, so the
 buddies always hold the state survivors would roll back to (at most one
@@ -27,7 +29,7 @@ iteration, and the held copy stays the last one that matched.
 import queue
 import threading
 import time
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,21 @@ VERDICT_TAG = 1
 MATCHED, DIVERGED = 1, 2
 
 
+class MirrorGroups(NamedTuple):
+    """A rank's two mirror groups: {rank, buddy} and {owner, rank} (the
+    same group where buddy and owner are one peer, a ring of two; None
+    where the rank mirrors to itself)."""
+
+    to_buddy: Optional[object]
+    from_owner: Optional[object]
+
+    def roles(self) -> dict:
+        """The groups by role, for re-pointing them (``rank/regroup.py``)."""
+        roles = {"deadpool_mirror_to_buddy": self.to_buddy}
+        roles["deadpool_mirror_from_owner"] = self.from_owner
+        return {role: group for role, group in roles.items() if group is not None}
+
+
 class Mirror:
     def __init__(
         self,
@@ -61,7 +78,7 @@ class Mirror:
         rank: int,
         buddy: int,
         owner: int,
-        group,
+        groups: MirrorGroups,
         events: EventLog,
         device: Optional[torch.device] = None,
         mode: str = "state",
@@ -79,7 +96,7 @@ class Mirror:
         self.send_synced = self.receive_synced = False
         self._step_groups = None  # the optimizer's parameter groups at the last step
         self._table = None  # segment table of the layout, for packets
-        self.group, self.events = group, events
+        self.groups, self.events = groups, events
         self.cuda = device is not None and device.type == "cuda"
         self.device = device
         self.own = []
@@ -411,15 +428,27 @@ class Mirror:
         requests = []
         if receive == "grad":
             mine.fill_(MATCHED if matched else DIVERGED)
-            requests.append(dist.isend(mine, self.owner, group=self.group, tag=VERDICT_TAG))
+            requests.append(
+                dist.isend(mine, self.owner, group=self.group_with(self.owner), tag=VERDICT_TAG)
+            )
         if send == "grad":
             theirs.zero_()
-            requests.append(dist.irecv(theirs, self.buddy, group=self.group, tag=VERDICT_TAG))
+            requests.append(
+                dist.irecv(theirs, self.buddy, group=self.group_with(self.buddy), tag=VERDICT_TAG)
+            )
         for request in requests:
             request.wait()
         if send == "grad" and int(theirs.item()) != MATCHED:
             self.send_synced = False
             self.events.emit("mirror_resync", iteration=iteration, buddy=self.buddy)
+
+    def group_with(self, peer: int):
+        """The pair group this rank shares with its buddy or its owner."""
+        if peer == self.buddy:
+            return self.groups.to_buddy
+        if peer == self.owner:
+            return self.groups.from_owner
+        raise ValueError(f"rank {peer} is neither rank {self.rank}'s buddy nor its owner")
 
     def exchange(
         self,
@@ -436,8 +465,8 @@ class Mirror:
             receive.copy_(send)
             return
         requests = [
-            dist.isend(send, to, group=self.group),
-            dist.irecv(receive, source, group=self.group),
+            dist.isend(send, to, group=self.group_with(to)),
+            dist.irecv(receive, source, group=self.group_with(source)),
         ]
         for request in requests:
             request.wait()

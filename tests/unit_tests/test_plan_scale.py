@@ -237,7 +237,7 @@ def test_snapshot_constants_follow_deadpool_ext():
     import torch
 
     from deadpool_ext.state import snapshot as snap
-    from deadpool_ext.state.mirror import Mirror
+    from deadpool_ext.state.mirror import Mirror, MirrorGroups
 
     assert ps.HEADER_BYTES == snap.HEADER_BYTES and ps.CHUNK_BYTES == snap.CHUNK_WORDS * 8
     assert ps.SNAPSHOT_BYTES_PER_ELEMENT == 4 * len(snap.STATES)
@@ -245,7 +245,9 @@ def test_snapshot_constants_follow_deadpool_ext():
         layout = snap.ShardLayout([], numel, ps.SIDECAR_BASE + ps.SIDECAR_PER_PARAM * tensors)
         assert ps.snapshot_bytes(numel, tensors) == layout.nbytes
     layout = snap.ShardLayout([], 5000, 4096)
-    mirror = Mirror(None, layout, rank=0, buddy=1, owner=1, group=None, events=None)
+    mirror = Mirror(
+        None, layout, rank=0, buddy=1, owner=1, groups=MirrorGroups(None, None), events=None
+    )
     mirror.allocate("cpu")
     try:
         assert mirror.extra_bytes == ps.MIRROR_BUFFERS * layout.nbytes

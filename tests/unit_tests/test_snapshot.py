@@ -111,7 +111,7 @@ def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
     import time
 
     from deadpool_ext.events import EventLog, read_events
-    from deadpool_ext.state.mirror import Mirror, MirrorError
+    from deadpool_ext.state.mirror import Mirror, MirrorError, MirrorGroups
 
     layout = snap.ShardLayout(segments=[], numel=4, sidecar_capacity=64)
     mirror = Mirror(
@@ -120,7 +120,7 @@ def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
         rank=0,
         buddy=1,
         owner=1,
-        group=None,
+        groups=MirrorGroups(None, None),
         events=EventLog(str(tmp_path / "events.jsonl"), 0),
     )
     stuck, ran = threading.Event(), []
