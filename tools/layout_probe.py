@@ -95,9 +95,9 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
 def probe_groups(argv: Sequence[str], world_size: int, rank: int) -> dict:
     """The process groups megatron-core builds for ``rank`` (and the two
     pair groups the mirror adds, with ``--deadpool`` among the flags): each
-    held group's role and member ranks, and
-    how many groups the rank took part in creating (torch's count: every
-    rank calls ``new_group`` for every group of the world). No model."""
+    held group's role and member ranks, and how many groups the rank took
+    part in creating (torch's count: every rank calls ``new_group`` for
+    every group of the world). No model."""
     import torch.distributed as dist
 
     from deadpool_ext.config import plan_buddies, section

@@ -10,8 +10,8 @@ snapshots and the copy it holds for its owner. After a failure it
      generation the coordinator announced;
   3. gets the decision: the rollback iteration R, and which spare takes
      which lost rank (or the reason the job must stop);
-  4. joins generation N: default group, megatron's groups and the mirror
-     group, and re-points its objects to them (``regroup.attach``);
+  4. joins generation N: default group, megatron's groups and the mirror's
+     pair groups, and re-points its objects to them (``regroup.attach``);
   5. restores: survivors from their own snapshot of R, a spare from the
      copy its buddy holds (sent over their mirror pair group, checksum verified);
      the parameters are rebuilt from the shards, then training goes on

@@ -65,8 +65,10 @@ class MirrorGroups(NamedTuple):
 
     def roles(self) -> dict:
         """The groups by role, for re-pointing them (``rank/regroup.py``)."""
-        roles = {"deadpool_mirror_to_buddy": self.to_buddy}
-        roles["deadpool_mirror_from_owner"] = self.from_owner
+        roles = {
+            "deadpool_mirror_to_buddy": self.to_buddy,
+            "deadpool_mirror_from_owner": self.from_owner,
+        }
         return {role: group for role, group in roles.items() if group is not None}
 
 
