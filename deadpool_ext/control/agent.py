@@ -2,9 +2,10 @@
 spares), reports their exits at once, beats for the node, and carries out
 the coordinator's commands (kill a hung worker, stop).
 
-Run by the launcher; ``python -m deadpool_ext.control.agent`` takes its settings
-from the environment the launcher sets (the secret never goes on a command
-line, where other users could read it).
+Run by the launcher, ``python -m deadpool_ext.control.agent --command JSON``
+(the workers' command, which ps then shows for the node), with its other
+settings in the environment the launcher sets (the secret never goes on a
+command line, where other users could read it).
 """
 
 import json
@@ -48,13 +49,13 @@ class Agent:
         join: bool = False,
         standby: Optional[str] = None,
         takeover_wait_s: float = 0.0,
-        fork: bool = False,
+        zygote: Optional[Zygote] = None,
     ):
         """``standby``: host:port of the standby coordinator's store, which
         this agent turns to when it loses the primary, waiting up to
-        ``takeover_wait_s`` for the takeover. ``fork``: workers are forked
-        from a zygote (control/zygote.py) rather than started each with the
-        command."""
+        ``takeover_wait_s`` for the takeover. ``zygote``: the node's zygote
+        (control/zygote.py), which forks the workers; without one each is
+        started with the command."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -70,7 +71,7 @@ class Agent:
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.standby_in_sync = False  # as the last generation read said
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
-        self.zygote = Zygote(command) if fork else None
+        self.zygote = zygote
         self.last_beat = 0.0
 
     def error_file(self, slot: str) -> str:
@@ -240,7 +241,13 @@ class Agent:
         return True
 
 
-def main() -> NoReturn:
+def main(command: Optional[List[str]] = None) -> NoReturn:
+    """``command``: the workers' (else this process's ``--command``)."""
+    if command is None:
+        command = json.loads(sys.argv[sys.argv.index("--command") + 1])
+    # First: forked before this process connects anywhere or starts a
+    # thread, the zygote inherits only the imports (see Zygote.fork).
+    zygote = Zygote.fork(command) if forks_workers() else None
     settings = json.loads(os.environ[P.AGENT_ENV])
     host, port = settings["store"].rsplit(":", 1)
     store = control_connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
@@ -250,12 +257,12 @@ def main() -> NoReturn:
         settings["nproc"],
         settings["active"],
         settings["world_size"],
-        settings["command"],
+        command,
         settings["store"],
         join=settings.get("join", False),
         standby=settings.get("standby"),
         takeover_wait_s=settings.get("takeover_wait", 0.0),
-        fork=forks_workers(),
+        zygote=zygote,
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

@@ -156,8 +156,11 @@ def agent_settings(opts, node: int, store: str) -> dict:
         "join": opts.join,
         "world_size": opts.nnodes * opts.nproc_per_node,
         "store": store,
-        "command": [sys.executable, "-u", opts.script, *opts.script_args],
     }
+
+
+def worker_command(opts) -> List[str]:
+    return [sys.executable, "-u", opts.script, *opts.script_args]
 
 
 def start_agent(opts, node: int, store: str) -> subprocess.Popen:
@@ -167,8 +170,9 @@ def start_agent(opts, node: int, store: str) -> subprocess.Popen:
     # its process group, which is then the whole node. The agent outlives
     # its launcher: losing the coordinator (or the standby) alone, the node
     # goes on training under the standby (or the coordinator).
+    command = json.dumps(worker_command(opts))
     return subprocess.Popen(
-        [sys.executable, "-m", "deadpool_ext.control.agent"],
+        [sys.executable, "-m", "deadpool_ext.control.agent", "--command", command],
         env=env,
         start_new_session=opts.standalone,
     )
@@ -340,7 +344,7 @@ def main(argv=None) -> int:
     os.environ[AGENT_ENV] = json.dumps(settings)
     from deadpool_ext.control import agent
 
-    return agent.main()
+    return agent.main(worker_command(opts))
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ CUDA was initialised hands its children a broken CUDA context, and on a
 GPU node Transformer Engine's and megatron-core's imports may initialise it.
 There the agent starts each worker with its command, as before.
 
-Run by the agent, ``python -m deadpool_ext.control.zygote COMMAND_JSON``
-(the command as one argument: the worker's own command line must fit in
-the zygote's, and must not be read as the zygote's), with the socket the
-agent talks over and the agent's pid in ``ZYGOTE_FD_ENV`` (``FD:PID``).
-Requests and answers are JSON lines: ``{"env": {...}}`` -> ``{"pid": N}``,
-and ``{"exited": N, "code": C}`` for each worker that ends (C as
+The zygote is the agent forked (``Zygote.fork``, first thing in the agent's
+``main``): the agent has imported torch for the store's client, so the
+zygote imports only megatron-core on top, about 2.3 s of CPU less per node
+than a zygote started as a process of its own. Requests and answers over
+their socket pair are JSON lines: ``{"env": {...}}`` -> ``{"pid": N}``, and
+``{"exited": N, "code": C}`` for each worker that ends (C as
 ``subprocess.Popen.returncode``).
 """
 
@@ -32,13 +32,11 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 from typing import Callable, Dict, List, Optional
 
 from deadpool_ext.lifetime import die_with_parent
 
-ZYGOTE_FD_ENV = "DEADPOOL_ZYGOTE_FD"
 FORK_WORKERS_ENV = "DEADPOOL_FORK_WORKERS"
 # What a rank imports before its first iteration, beyond megatron-core's
 # package: imported once here. (A module missing here is the worker's to
@@ -53,7 +51,6 @@ PRELOAD = (
     "megatron.core.optimizer",
     "megatron.core.pipeline_parallel",
     "megatron.core.datasets.gpt_dataset",
-    "megatron.core.tokenizers.text",  # transformers, sentencepiece, tiktoken
     "deadpool_ext.rank.main",
     # torch's optimizers import TorchDynamo when the first one is built (a
     # decorator of their __init__): 1.3 s of a spare's build after a failure.
@@ -78,12 +75,15 @@ def script_of(command: List[str]) -> int:
     return index
 
 
-def preload(script: str) -> None:
+def preload(command: List[str]) -> None:
+    script = script_of(command)
     # As ``python script``: the script's folder first on the path.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    from megatron.training import cpu_compat
+    sys.path[0] = os.path.dirname(os.path.abspath(command[script]))
+    from megatron.training import cpu_compat, tokenizer
 
     cpu_compat.import_megatron_core_without_cuda()
+    # Its tokenizers, with transformers only if a rank may build Hugging Face's.
+    tokenizer.import_for_script_args(command[script + 1 :])
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -98,8 +98,10 @@ def preload(script: str) -> None:
 
 def rename(command: List[str]) -> None:
     """Make ``/proc/self/cmdline`` the command's: rewrite the argument area
-    the kernel shows (its bounds are fields 48 and 49 of /proc/self/stat).
-    The zygote's own arguments hold the command, so it fits."""
+    the kernel shows (its bounds are fields 48 and 49 of /proc/self/stat),
+    cut to fit. The agent's arguments hold the command as JSON (its
+    ``--command``), longer than the command and the zygote's own line; a
+    node launcher's hold its script's arguments, longer than a worker's."""
     import ctypes
 
     with open("/proc/self/stat") as f:
@@ -206,21 +208,47 @@ class ForkedWorker:
         self.send_signal(signal.SIGTERM)
 
 
-class Zygote:
-    """Starts a node's zygote for ``command`` and forks workers from it."""
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the agent uses of its zygote."""
 
-    def __init__(self, command: List[str]):
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, ZYGOTE_FD_ENV: f"{theirs.fileno()}:{os.getpid()}"}
-        python = command[: script_of(command)]
-        self.process = subprocess.Popen(
-            [*python, "-m", __spec__.name, json.dumps(command)],
-            env=env,
-            pass_fds=[theirs.fileno()],
-        )
-        theirs.close()
-        self.channel, self.pending = ours, b""
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+class Zygote:
+    """A node's zygote for ``command``, seen from its agent: forks workers."""
+
+    def __init__(self, process: ForkedProcess, channel: socket.socket):
+        self.process, self.channel, self.pending = process, channel, b""
         self.workers: Dict[int, ForkedWorker] = {}
+
+    @classmethod
+    def fork(cls, command: List[str]) -> "Zygote":
+        """Fork this process into its node's zygote; returns in the parent
+        only. Call it before the process has threads of its own or
+        connections a worker must not inherit, and outside any ``try``: in
+        the zygote, and in each worker forked from it, the script's end
+        (``SystemExit``, an exception) unwinds the caller's stack to the
+        interpreter, as from ``python script``."""
+        ours, theirs = socket.socketpair()
+        agent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            be_zygote(theirs, command, agent)
+            raise SystemExit(0)  # the agent hung up
+        theirs.close()
+        return cls(ForkedProcess(pid), ours)
 
     def spawn(self, env: dict, while_waiting: Callable[[], None]) -> ForkedWorker:
         """A worker with ``env``; ``while_waiting`` is called every 0.1 s
@@ -269,15 +297,11 @@ class Zygote:
         self.process.wait()
 
 
-def main() -> None:
-    command = json.loads(sys.argv[1])
-    fd, agent_pid = map(int, os.environ.pop(ZYGOTE_FD_ENV).split(":"))
-    channel = socket.socket(fileno=fd)
-    if not die_with_parent(agent_pid):
+def be_zygote(channel: socket.socket, command: List[str], agent: int) -> None:
+    """The forked zygote's life: import, then fork workers until the agent
+    hangs up (the workers then die with it)."""
+    if not die_with_parent(agent):
         return  # the agent is gone already
-    preload(command[script_of(command)])
+    rename([sys.executable, "-m", __spec__.name, json.dumps(command)])
+    preload(command)
     serve(channel, command)
-
-
-if __name__ == "__main__":
-    main()

@@ -15,12 +15,14 @@ token ids, vocabulary size and end-of-document id:
 while parsing arguments, before any process group exists.
 """
 
+import argparse
 import copy
 import dataclasses
 import importlib.util
 import json
 import os
 import sys
+from typing import List
 
 from megatron.training.config import TokenizerConfig
 
@@ -220,6 +222,24 @@ def import_for_rank(t) -> None:
         import megatron.core.tokenizers.text  # noqa: F401
     finally:
         del sys.modules["transformers"]
+
+
+def import_for_script_args(args: List[str]) -> None:
+    """``import_for_rank`` for the ranks of ``args`` (the script's flags),
+    read before any config is built: a node's zygote imports for all its
+    ranks (deadpool_ext/control/zygote.py)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--tokenizer-type", default=DEFAULT_TOKENIZER_TYPE)
+    parser.add_argument("--use-checkpoint-args", action="store_true")
+    known = parser.parse_known_args(args)[0]
+    # Hugging Face's, or one the checkpoint may name: the whole package, as
+    # build_tokenizer imports it (offline first).
+    if known.use_checkpoint_args or known.tokenizer_type == "HuggingFaceTokenizer":
+        _force_hf_offline()
+        import megatron.core.tokenizers.text  # noqa: F401
+
+        return
+    import_for_rank(known)
 
 
 def build_tokenizer(t):

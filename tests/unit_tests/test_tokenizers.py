@@ -242,3 +242,37 @@ def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus)
     ]
     config = parse_args(argv, world_size=1)
     assert vocabulary(config) == build("GPT2BPETokenizer", vocabularies).vocab_size
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "flags, with_transformers",
+    [
+        (["--tokenizer-type", "ByteLevelTokenizer"], False),
+        (["--tokenizer-type=HuggingFaceTokenizer"], True),
+        (["--tokenizer-type", "NullTokenizer", "--use-checkpoint-args"], True),
+    ],
+)
+def test_a_zygote_imports_transformers_only_for_ranks_that_may_need_it(flags, with_transformers):
+    """A node's zygote imports the tokenizers for all its ranks: transformers
+    (about 1.3 s of CPU) only where a rank may build Hugging Face's, and then
+    offline, as build_tokenizer would."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, os; from megatron.training import cpu_compat; "
+        "cpu_compat.import_megatron_core_without_cuda(); "  # as the zygote
+        "from megatron.training.tokenizer import import_for_script_args; "
+        f"import_for_script_args({['--lr', '1e-3', *flags]!r}); "
+        "print(sys.modules.get('transformers') is not None, "
+        "'megatron.core.tokenizers.text' in sys.modules, os.environ.get('HF_HUB_OFFLINE'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    imported, package, offline = out.stdout.split()
+    assert (imported, package) == (str(with_transformers), "True")
+    assert offline == ("1" if with_transformers else "None")
