@@ -212,10 +212,15 @@ def import_for_rank(t) -> None:
     transformers alone is about 2 s of a rank's start on 2 cores: a rank
     whose tokenizer is not Hugging Face's imports the package without it
     (megatron-core's Hugging Face wrapper is then unavailable in that
-    process, which never builds one). Nothing once the package is imported,
-    or transformers is."""
-    needed = t.tokenizer_type == "HuggingFaceTokenizer"
-    if needed or {"megatron.core.tokenizers.text", "transformers"} & set(sys.modules):
+    process, which never builds one); one whose tokenizer is imports it
+    whole, offline first, as ``build_tokenizer`` would. Nothing once the
+    package is imported, or transformers is."""
+    if {"megatron.core.tokenizers.text", "transformers"} & set(sys.modules):
+        return
+    if t.tokenizer_type == "HuggingFaceTokenizer":
+        _force_hf_offline()
+        import megatron.core.tokenizers.text  # noqa: F401
+
         return
     sys.modules["transformers"] = None  # `import transformers` raises ModuleNotFoundError
     try:
@@ -227,18 +232,14 @@ def import_for_rank(t) -> None:
 def import_for_script_args(args: List[str]) -> None:
     """``import_for_rank`` for the ranks of ``args`` (the script's flags),
     read before any config is built: a node's zygote imports for all its
-    ranks (deadpool_ext/control/zygote.py)."""
+    ranks (deadpool_ext/control/zygote.py). With --use-checkpoint-args the
+    checkpoint may name Hugging Face's: imported as for it."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--tokenizer-type", default=DEFAULT_TOKENIZER_TYPE)
     parser.add_argument("--use-checkpoint-args", action="store_true")
     known = parser.parse_known_args(args)[0]
-    # Hugging Face's, or one the checkpoint may name: the whole package, as
-    # build_tokenizer imports it (offline first).
-    if known.use_checkpoint_args or known.tokenizer_type == "HuggingFaceTokenizer":
-        _force_hf_offline()
-        import megatron.core.tokenizers.text  # noqa: F401
-
-        return
+    if known.use_checkpoint_args:
+        known.tokenizer_type = "HuggingFaceTokenizer"
     import_for_rank(known)
 
 
