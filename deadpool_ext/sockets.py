@@ -6,7 +6,7 @@ long it may wait on a peer that went silent (``wire.connect``).
 import contextlib
 import os
 import socket
-from typing import List, Optional
+from typing import Dict, Optional
 
 # /proc/self/fd links of sockets read "socket:[INODE]".
 _SOCKET_PREFIX = "socket:["
@@ -66,14 +66,14 @@ def peer_of(fd: int) -> Optional[str]:
         return peer
 
 
-def connected_to(port: int, inodes: set) -> List[int]:
-    """Descriptors of the connected TCP sockets among ``inodes`` whose peer
-    listens on ``port``."""
-    found = []
+def connected_to(port: int, inodes: set) -> Dict[int, int]:
+    """Inode -> descriptor of the connected TCP sockets among ``inodes``
+    whose peer listens on ``port``."""
+    found = {}
     for inode, fd in socket_descriptors().items():
         peer = peer_of(fd) if inode in inodes else None
         if peer is not None and int(peer.rsplit(":", 1)[1]) == port:
-            found.append(fd)
+            found[inode] = fd
     return found
 
 

@@ -25,6 +25,7 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, NoReturn, Optional, Set, Tuple
@@ -79,28 +80,48 @@ def connect(
     """A client of the store at host:port, waiting up to ``timeout_s`` for
     its server. With ``silent_after_s``, a request its server leaves
     unanswered that long fails the connection (a dead host sends no reset:
-    torch's client would wait on it for good). With ``is_master``, the
+    torch's client would wait on it for good), and the connection is the
+    control plane's (``control_sockets``). With ``is_master``, the
     server too, listening on ``host`` alone (torch's TCPStore would listen
     on every interface: loopback for --standalone keeps the job's store off
     the network)."""
-    before = set(socket_descriptors()) if silent_after_s is not None else set()
-    listener = listen(host, port) if is_master else None
-    store = dist.TCPStore(
-        host,
-        port,
-        is_master=is_master,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        use_libuv=True,
-        master_listen_fd=None if listener is None else listener.fileno(),
-    )
-    if listener is not None:
-        _LISTENERS.append(listener)  # the server's socket lives as long as the process
-    if silent_after_s is not None:
-        store.set_timeout(datetime.timedelta(seconds=silent_after_s))
-        for fd in connected_to(port, set(socket_descriptors()) - before):
-            give_up_on_silence(fd, silent_after_s)
+    with _CONNECTING:  # so that the sockets new since ``before`` are this call's
+        before = set(socket_descriptors())
+        listener = listen(host, port) if is_master else None
+        store = dist.TCPStore(
+            host,
+            port,
+            is_master=is_master,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            use_libuv=True,
+            master_listen_fd=None if listener is None else listener.fileno(),
+        )
+        if listener is not None:
+            _LISTENERS.append(listener)  # the server's socket lives as long as the process
+        if silent_after_s is not None:
+            store.set_timeout(datetime.timedelta(seconds=silent_after_s))
+            mine = connected_to(port, set(socket_descriptors()) - before)
+            for fd in mine.values():
+                give_up_on_silence(fd, silent_after_s)
+            with _CONTROL_LOCK:
+                _CONTROL_SOCKETS.update(mine)
     return store
+
+
+# Our own connects, one at a time (a worker's heartbeat thread may connect
+# to a standby while its main thread connects for a rendezvous).
+_CONNECTING = threading.Lock()
+_CONTROL_SOCKETS: Set[int] = set()
+_CONTROL_LOCK = threading.Lock()
+
+
+def control_sockets() -> Set[int]:
+    """Inodes of this process's control-plane connections still open: the
+    sockets a generation's release must leave alone (``rank/generation.py``)."""
+    with _CONTROL_LOCK:
+        _CONTROL_SOCKETS.intersection_update(socket_descriptors())
+        return set(_CONTROL_SOCKETS)
 
 
 def control_connect(host: str, port: int, timeout_s: float = 60.0):

@@ -24,11 +24,14 @@ acts on the connection, not on one descriptor: the peer reads the end of
 the stream whatever else holds a copy, and this rank's own operations on
 it fail at once ("Connection closed by peer"), which the trainer turns
 into a recovery. A generation's connections are the TCP sockets the
-process opened while building it: its own store connection (the
-rendezvous, so a rank stuck waiting for a dead peer's address is freed
-too) and the full mesh gloo connects when each group is created. The
-control plane's connections are older and never touched. NCCL groups of
-the generation are aborted, which releases their kernels.
+process opened since it began: its own store connection (the rendezvous,
+so a rank stuck waiting for a dead peer's address is freed too) and the
+pairs its groups connected, read at each release: a connection made after
+the groups (gloo's pairs under torch's TORCH_GLOO_LAZY_INIT=1, connected on
+first use; a communicator's sockets made on first use) is shut down too.
+The control plane's connections (``wire.control_sockets``) are never
+touched. NCCL groups of the generation are aborted, which releases their
+kernels.
 
 Two callers: ``tear_down`` (the rank stops using the generation; peers
 blocked on it are released), and the heartbeat thread, as soon as the
@@ -54,6 +57,7 @@ from deadpool_ext.protocol import Decision, Joining, join_key
 from deadpool_ext.sockets import peer_of, shut_down, socket_descriptors
 from deadpool_ext.state.mirror import MirrorGroups
 from deadpool_ext.topology import BuddyMap
+from deadpool_ext.wire import control_sockets
 
 
 class Generation:
@@ -64,8 +68,8 @@ class Generation:
     def __init__(self):
         self._lock = threading.Lock()
         self.number: Optional[int] = None
-        self._baseline: Optional[Set[int]] = None  # sockets open before it began
-        self._inodes: Set[int] = set()  # recorded once built
+        self._baseline: Set[int] = set()  # sockets open before it began (or last released)
+        self._at_built = 0  # its connections once every group existed (events)
         self._building = False
         self._done = False  # released since it began (it is built again only anew)
         self._groups: List[weakref.ref] = []
@@ -78,27 +82,34 @@ class Generation:
         with self._lock:
             self.number, self._building = number, True
             self._baseline = set(socket_descriptors())
-            self._inodes, self._groups = set(), []
+            self._groups, self._at_built = [], 0
             self.released, self._done = None, False
 
+    def _mine(self, open_now: dict) -> Set[int]:
+        """The generation's sockets: every one this process opened since it
+        began, the control plane's aside. A group may connect a pair when it
+        first uses it (gloo under TORCH_GLOO_LAZY_INIT=1), so the set may grow
+        while the generation trains: only a release knows it whole."""
+        return set(open_now) - self._baseline - control_sockets()
+
     def built(self, groups: Iterable[object] = ()) -> None:
-        """Every group of the generation exists: fix its set of connections,
-        so sockets the process opens later (not ours) are never touched."""
+        """Every group of the generation exists: keep them, to abort the
+        NCCL ones at release, and count the connections made so far."""
         with self._lock:
             if not self._building:
                 return
-            self._inodes = set(socket_descriptors()) - self._baseline
+            self._at_built = len(self._mine(socket_descriptors()))
             self._groups = [weakref.ref(g) for g in groups]
             self._building = False
 
     def size(self) -> dict:
         """What building the generation made in this process: the groups it
         is a member of, the groups it took part in creating (every rank
-        calls ``new_group`` for every group) and the connections it opened.
-        A rebuild's cost grows with these (docs/scale.md)."""
+        calls ``new_group`` for every group) and the sockets it opened while
+        building them. A rebuild's cost grows with these (docs/scale.md)."""
         with self._lock:
             held = len({id(ref()) for ref in self._groups if ref() is not None})
-            connections = len(self._inodes)
+            connections = self._at_built
         return {"groups_held": held, "groups_created": groups_created(), "connections": connections}
 
     def release_if_older(self, newer: int, by: str) -> int:
@@ -110,26 +121,21 @@ class Generation:
 
     def release(self, by: str) -> int:
         """Shut every connection of the generation down and abort its NCCL
-        groups; returns the number of connections shut down. Idempotent."""
+        groups; returns the number of connections shut down. Idempotent:
+        a second release shuts down what the groups connected since."""
         with self._lock:
             if self.number is None:
                 return 0
             open_now = socket_descriptors()
-            inodes = (set(open_now) - self._baseline) if self._building else self._inodes
+            inodes = self._mine(open_now)
             groups, self._groups = self._groups, []
-            still_open = [i for i in inodes if i in open_now]
-            count = sum(shut_down(open_now[i]) for i in still_open)
-            self._inodes, self._baseline = set(), set(open_now)
+            count = sum(shut_down(open_now[i]) for i in inodes)
+            self._baseline = set(open_now)
             if inodes:  # a second release finds nothing new
                 self._last_released = set(inodes)
             self._done = not self._building
             if count and self.released is None:
-                self.released = {
-                    "by": by,
-                    "connections": count,
-                    "known": len(inodes),
-                    "open": len(still_open),
-                }
+                self.released = {"by": by, "connections": count, "open": len(inodes)}
         abort_nccl([ref() for ref in groups])
         return count
 

@@ -18,6 +18,8 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -25,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from deadpool_ext.wire import connect
+from deadpool_ext.wire import connect, control_connect, listening
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.rank.generation import Generation
 from deadpool_ext.sockets import shut_down, socket_descriptors
@@ -49,7 +51,10 @@ def built_generation(rank: int, port: int, world_size: int, timeout_s: float) ->
     return generation
 
 
-def _rank(rank: int, port: int, release: bool, results) -> None:
+def _rank(rank: int, port: int, how: str, results) -> None:
+    release = how != "drop-only"
+    if how == "release-lazy":  # torch's option: each pair connected on first use
+        os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
     generation = built_generation(rank, port, 3, GROUP_TIMEOUT_S)
     child = os.fork()
     if child == 0:  # holds every socket, like a data-loader worker
@@ -97,17 +102,20 @@ def run_ranks(target, ranks: int, wanted: int, limit_s: float, *args) -> dict:
     return out
 
 
-def run_three(release: bool) -> dict:
-    return run_ranks(_rank, 3, 3, GROUP_TIMEOUT_S + 20, release)
+def run_three(how: str) -> dict:
+    return run_ranks(_rank, 3, 3, GROUP_TIMEOUT_S + 20, how)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("release", [True, False], ids=["release", "drop-only"])
-def test_a_live_rank_that_leaves_releases_its_blocked_peers(release):
-    results = run_three(release)
+@pytest.mark.parametrize("how", ["release", "release-lazy", "drop-only"])
+def test_a_live_rank_that_leaves_releases_its_blocked_peers(how):
+    """release-lazy: rank 2 accepted its peers' connections after its
+    groups were built (a pair connects when first used), and its release
+    shuts those down too."""
+    results = run_three(how)
     assert results[2] == "left"
     for rank in (0, 1):
-        if release:
+        if how != "drop-only":
             assert "Connection closed" in results[rank] or "Connection reset" in results[rank], (
                 results
             )
@@ -188,26 +196,47 @@ def test_shut_down_touches_only_connected_tcp_sockets(listener):
             s.close()
 
 
-def test_a_generation_releases_only_what_it_opened(listener):
+def serve_store(port: int) -> subprocess.Popen:
+    """A store's server in a process of its own, as the coordinator's is."""
+    code = "from deadpool_ext.wire import connect; import time; "
+    code += f"store = connect('127.0.0.1', {port}, is_master=True); time.sleep(60)"
+    server = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while not listening("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return server
+
+
+@pytest.mark.integration  # the store's server runs in a process of its own, as in a job
+def test_a_generation_releases_what_it_opened_but_the_control_plane(listener):
     before = connected(listener)
+    port = free_port()
+    server = serve_store(port)
     generation = Generation()
     generation.begin(3)
     ours = connected(listener)
     generation.built()
-    after = connected(listener)
+    later = connected(listener)  # a pair its groups connected on first use
+    control = control_connect("127.0.0.1", port, timeout_s=30)  # a fail-over's
     try:
+        assert generation.size()["connections"] == 2  # made while building
         assert generation.release_if_older(3, by="test") == 0  # not older: kept
-        # both ends of ours (the test opened both while building)
-        assert generation.release_if_older(4, by="test") == 2
-        assert ours[1].recv(1) == b""
-        for sock in (before[1], after[1]):
-            sock.setblocking(False)
-            with pytest.raises(BlockingIOError):  # still connected, nothing sent
-                sock.recv(1)
-        assert generation.released == {"by": "test", "connections": 2, "known": 2, "open": 2}
+        # both ends of ours and of later (the test opened both)
+        assert generation.release_if_older(4, by="test") == 4
+        assert ours[1].recv(1) == b"" and later[1].recv(1) == b""
+        before[1].setblocking(False)
+        with pytest.raises(BlockingIOError):  # still connected, nothing sent
+            before[1].recv(1)
+        control.set("still", "there")  # the control plane's connection is left alone
+        assert control.get("still") == b"there"
+        assert generation.released == {"by": "test", "connections": 4, "open": 4}
         assert generation.release_if_older(5, by="test") == 0  # once
+        again = connected(listener)  # opened after the release: a second one shuts it
+        assert generation.release(by="tear_down") == 2
+        assert again[1].recv(1) == b""
     finally:
-        for s in before + ours + after:
+        server.kill()
+        for s in before + ours + later + again:
             s.close()
 
 
