@@ -324,9 +324,11 @@ What this says, and what partial rebuild needs (issue 22; it is not built):
   (`TORCH_GLOO_LAZY_INIT=1`: an 8-rank world group took 2-4 ms per rank instead of 19-24 ms
   on this machine), and NCCL communicators can be split, shrunk (`torch.distributed.
   shrink_group`, NCCL 2.27+) or grown (NCCL 2.29) from a live one. Our release of a generation
-  (every connection opened while building it is shut down, so that no rank stays blocked in
-  it) records the connections when the groups are made; a connection made later would
-  escape it, so lazy connections come only with a release that tracks them.
+  now reads its connections at each release (every socket opened since it began, the
+  control plane's aside), so pairs connected on first use are released too; with lazy
+  pairs the rebuild stage fell by 40-58% at 16 and 32 ranks (docs/benchmarks.md). They are
+  not used: torch 2.13's gloo sometimes never completes a lazily connected pair (`python -m
+  tools.gloo_lazy_pairs`: 4 trials of 20 hung lazily, none of 14 with the full mesh).
 - In torch 2.13 gloo cannot shrink (`supports_shrinking` is false), and shrinking the default
   group destroys every other group: keeping groups means keeping the default group and
   editing it, not making it again.
