@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, NoReturn, Optional, Set, Tuple
+from typing import Dict, Iterable, List, NoReturn, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -86,7 +86,7 @@ def connect(
     on every interface: loopback for --standalone keeps the job's store off
     the network)."""
     with _CONNECTING:  # so that the sockets new since ``before`` are this call's
-        before = set(socket_descriptors())
+        before = set(socket_descriptors()) if silent_after_s is not None else set()
         listener = listen(host, port) if is_master else None
         store = dist.TCPStore(
             host,
@@ -116,11 +116,12 @@ _CONTROL_SOCKETS: Set[int] = set()
 _CONTROL_LOCK = threading.Lock()
 
 
-def control_sockets() -> Set[int]:
-    """Inodes of this process's control-plane connections still open: the
-    sockets a generation's release must leave alone (``rank/generation.py``)."""
+def control_sockets(open_now: Iterable[int]) -> Set[int]:
+    """Inodes of this process's control-plane connections among ``open_now``
+    (the inodes open now): the sockets a generation's release must leave
+    alone (``rank/generation.py``). Closed ones are forgotten."""
     with _CONTROL_LOCK:
-        _CONTROL_SOCKETS.intersection_update(socket_descriptors())
+        _CONTROL_SOCKETS.intersection_update(open_now)
         return set(_CONTROL_SOCKETS)
 
 

@@ -74,8 +74,18 @@ def trial(opts, lazy: bool) -> int:
         )
         for rank in range(opts.ranks)
     ]
-    outcomes = [p.communicate(timeout=opts.wait_s + 120)[0].strip() for p in procs]
-    return sum(outcome != "done" for outcome in outcomes)
+    return sum(outcome(p, opts.wait_s + 120) != "done" for p in procs)
+
+
+def outcome(proc: subprocess.Popen, timeout_s: float) -> str:
+    """What a rank printed; "hung" when its main thread never got to say
+    (killed then, so that no rank of a trial outlives it)."""
+    try:
+        return proc.communicate(timeout=timeout_s)[0].strip()
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return "hung"
 
 
 def vars_of(opts) -> list:
@@ -90,6 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--wait-s", type=float, default=60.0)
     p.add_argument("--worker", nargs=2, type=int, metavar=("RANK", "PORT"), help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
+    if not 0 < opts.step < opts.ranks:
+        p.error(f"--step {opts.step}: a buddy is another rank, so 0 < step < --ranks")
     if opts.worker:
         worker(opts.worker[0], opts.ranks, opts.worker[1], opts.step, opts.wait_s)
         os._exit(0)  # a hung exchange's thread would hold the exit

@@ -90,7 +90,7 @@ class Generation:
         began, the control plane's aside. A group may connect a pair when it
         first uses it (gloo under TORCH_GLOO_LAZY_INIT=1), so the set may grow
         while the generation trains: only a release knows it whole."""
-        return set(open_now) - self._baseline - control_sockets()
+        return set(open_now) - self._baseline - control_sockets(open_now)
 
     def built(self, groups: Iterable[object] = ()) -> None:
         """Every group of the generation exists: keep them, to abort the

@@ -218,6 +218,7 @@ def test_a_generation_releases_what_it_opened_but_the_control_plane(listener):
     generation.built()
     later = connected(listener)  # a pair its groups connected on first use
     control = control_connect("127.0.0.1", port, timeout_s=30)  # a fail-over's
+    again = ()
     try:
         assert generation.size()["connections"] == 2  # made while building
         assert generation.release_if_older(3, by="test") == 0  # not older: kept
