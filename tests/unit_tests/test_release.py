@@ -53,9 +53,10 @@ def built_generation(rank: int, port: int, world_size: int, timeout_s: float) ->
 
 def _rank(rank: int, port: int, how: str, results) -> None:
     release = how != "drop-only"
-    if how == "release-lazy":  # torch's option: each pair connected on first use
-        os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
     generation = built_generation(rank, port, 3, GROUP_TIMEOUT_S)
+    group = None  # the default group
+    if how == "release-late":  # made after the generation was built, as mid-training
+        group = dist.new_group([0, 1, 2], timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     child = os.fork()
     if child == 0:  # holds every socket, like a data-loader worker
         time.sleep(GROUP_TIMEOUT_S + 10)
@@ -72,7 +73,7 @@ def _rank(rank: int, port: int, how: str, results) -> None:
             return
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(8))
+            dist.all_reduce(torch.ones(8), group=group)
             results[rank] = "completed"
         except RuntimeError as error:
             results[rank] = f"{time.monotonic() - start:.1f}s {error}"
@@ -107,11 +108,11 @@ def run_three(how: str) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("how", ["release", "release-lazy", "drop-only"])
+@pytest.mark.parametrize("how", ["release", "release-late", "drop-only"])
 def test_a_live_rank_that_leaves_releases_its_blocked_peers(how):
-    """release-lazy: rank 2 accepted its peers' connections after its
-    groups were built (a pair connects when first used), and its release
-    shuts those down too."""
+    """release-late: ranks 0 and 1 are blocked in a group made after the
+    generation was built (its connections opened after ``built``), and rank
+    2's release shuts those down too."""
     results = run_three(how)
     assert results[2] == "left"
     for rank in (0, 1):
