@@ -5,13 +5,14 @@ their time on the link, and whether the mirror hides inside one iteration.
         --tp 4 --pp 8 --dp 16 --global-batch 2048
     python -m tools.plan_scale --model mixtral-8x7b --tp 4 --pp 1 --dp 128 --ep 8 \
         --global-batch 1024
+    python -m tools.plan_scale --model llama-65b --mirror-mode grad --mirror-memory device
 
 The arithmetic and its sources are in deadpool_ext/planning/scale.py.
 """
 
 import argparse
 
-from deadpool_ext.planning.scale import HARDWARE, MODELS, Parallel, describe, plan
+from deadpool_ext.planning.scale import HARDWARE, MIRROR_MODES, MODELS, Parallel, describe, plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mfu", type=float, default=0.45)
     parser.add_argument("--recompute", choices=["none", "selective", "full"], default="selective")
     parser.add_argument("--mirror-memory", choices=["host", "device"], default="host")
+    parser.add_argument(
+        "--mirror-mode",
+        choices=MIRROR_MODES,
+        default=Parallel.mirror_mode,
+        help="what travels to the buddy each iteration (--deadpool-mirror-mode)",
+    )
     return parser
 
 
@@ -43,7 +50,14 @@ def main(argv=None) -> None:
         recompute=opts.recompute,
         ep=opts.ep,
         etp=opts.etp,
+        mirror_mode=opts.mirror_mode,
     )
+    if opts.mirror_mode == "grad" and opts.mirror_memory == "host":
+        raise SystemExit(
+            "--mirror-mode grad replays the optimizer step where the replica lies, which "
+            "on a GPU must be device memory (as --deadpool-mirror-mode grad): add "
+            "--mirror-memory device"
+        )
     if MODELS[opts.model].num_experts is None and (opts.ep != 1 or opts.etp is not None):
         raise SystemExit(f"--ep and --etp split experts: {opts.model} has none")
     print(

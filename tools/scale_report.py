@@ -277,8 +277,9 @@ def hardware_rows() -> List[ps.Plan]:
     }
     out = []
     for key, par in layouts.items():
-        for device in (False, True):
-            out.append(ps.plan(shape, par, ps.HARDWARE[key], 0.45, device))
+        for mode, device in (("state", False), ("state", True), ("grad", True)):
+            mirrored = replace(par, mirror_mode=mode)
+            out.append(ps.plan(shape, mirrored, ps.HARDWARE[key], 0.45, device))
     return out
 
 
@@ -291,6 +292,7 @@ def hardware_table(items: List[ps.Plan]) -> str:
                 p.hardware.name,
                 f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}",
                 "device" if m.mirror_in_device else "host",
+                p.parallel.mirror_mode,
                 f"{m.total / GiB:.1f} / {p.hardware.gpu_memory_gib:.0f}",
                 "yes" if p.fits else "NO",
                 f"{p.host_mirror_per_node / GiB:.1f} / {p.hardware.host_memory_gib:.0f}"
@@ -310,6 +312,7 @@ def hardware_table(items: List[ps.Plan]) -> str:
             "hardware",
             "TP·PP·DP",
             "mirror in",
+            "mode",
             "GPU GiB used / total",
             "fits",
             "host GiB for mirrors / node",
@@ -1134,8 +1137,11 @@ the GPT models (tested against the closed forms) and {llama_activation_coefficie
 for LLaMA-65B, times the {x512.scenario.parallel.pp} microbatches 1F1B keeps in flight on
 the first stage.
 
-LLaMA-65B on the three presets, mirror in host or in device memory (GH200 has one GPU per
-node, so TP stays 1):
+LLaMA-65B on the three presets, mirror in host or in device memory, and in device memory
+with `--deadpool-mirror-mode grad` too, which sends the step's gradients (a third of the
+bytes) and keeps two packets beside the four snapshots; grad mode keeps the replica in
+device memory on a GPU, where the buddy replays the step (GH200 has one GPU per node, so TP
+stays 1):
 
 {table_note()}
 

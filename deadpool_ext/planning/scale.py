@@ -21,7 +21,12 @@ multiple of 64 elements, each bucket ends at a multiple of lcm(DP, 128), a
 shared embedding gets a bucket of its own). Each rank keeps two own
 snapshots and two received ones (deadpool_ext/state/mirror.py), so the mirror's
 memory is four snapshots, and one snapshot is sent and one received per
-iteration.
+iteration. In grad mode (--deadpool-mirror-mode grad, deadpool_ext/state/replay.py)
+a *packet* travels instead: a 64-byte header, the shard's fp32 gradients (4
+bytes per element) and the same sidecar reserve, rounded up to 32 KiB; each
+rank keeps one packet to send and one to receive beside its four snapshots.
+The buddy's replay of the owner's optimizer step (one more step over the
+shard, where the replica lies) is not modelled.
 """
 
 import math
@@ -41,6 +46,9 @@ SIDECAR_BASE = 256 * 1024
 SIDECAR_PER_PARAM = 64
 SNAPSHOT_BYTES_PER_ELEMENT = 12  # fp32 main param + exp_avg + exp_avg_sq
 MIRROR_BUFFERS = 4  # two own snapshots + two held ones
+PACKET_BYTES_PER_ELEMENT = 4  # grad mode: each main parameter's fp32 gradient
+PACKET_BUFFERS = 2  # grad mode: the packet sent and the one received
+MIRROR_MODES = ("state", "grad")  # --deadpool-mirror-mode's choices
 
 # The mirror's CPU work per byte, from our own floor measurement
 # (docs/benchmarks.md, issue 3: checksum 9.1 ms and verify 9.2 ms of one
@@ -103,6 +111,7 @@ class Parallel:
     bucket_size: Optional[int] = None  # None: megatron-core's default
     ep: int = 1  # expert-parallel size (MoE)
     etp: Optional[int] = None  # expert tensor-parallel size; None: tp
+    mirror_mode: str = "state"  # --deadpool-mirror-mode (its default: deadpool_ext/config.py)
 
     @property
     def world(self) -> int:
@@ -317,9 +326,17 @@ def ddp_bucket_size(par: Parallel, stage: int) -> Optional[int]:
 
 def snapshot_bytes(shard_numel: int, num_tensors: int) -> int:
     """deadpool_ext.state.snapshot.ShardLayout.nbytes for a shard of this size."""
+    return _buffer_bytes(SNAPSHOT_BYTES_PER_ELEMENT, shard_numel, num_tensors)
+
+
+def packet_bytes(shard_numel: int, num_tensors: int) -> int:
+    """deadpool_ext.state.replay.packet_bytes for a shard of this size."""
+    return _buffer_bytes(PACKET_BYTES_PER_ELEMENT, shard_numel, num_tensors)
+
+
+def _buffer_bytes(per_element: int, shard_numel: int, num_tensors: int) -> int:
     sidecar = SIDECAR_BASE + SIDECAR_PER_PARAM * num_tensors
-    raw = HEADER_BYTES + SNAPSHOT_BYTES_PER_ELEMENT * shard_numel + sidecar
-    return _round_up(raw, CHUNK_BYTES)
+    return _round_up(HEADER_BYTES + per_element * shard_numel + sidecar, CHUNK_BYTES)
 
 
 @dataclass(frozen=True)
@@ -330,11 +347,17 @@ class Layout:
     params: int  # unpadded parameters on this rank
     buffer_numel: int  # DDP buffer elements, with padding
     shard_numel: int  # distributed-optimizer shard: elements per state
-    snapshot_bytes: int  # one snapshot (sent once per iteration)
+    snapshot_bytes: int  # one snapshot
+    packet_bytes: int = 0  # one grad-mode packet; 0 in state mode
+
+    @property
+    def sent_bytes(self) -> int:
+        """What a rank sends its buddy per iteration (and receives from its owner)."""
+        return self.packet_bytes or self.snapshot_bytes
 
     @property
     def mirror_bytes(self) -> int:
-        return MIRROR_BUFFERS * self.snapshot_bytes
+        return MIRROR_BUFFERS * self.snapshot_bytes + PACKET_BUFFERS * self.packet_bytes
 
 
 def rank_layout(shape: ModelShape, par: Parallel, stage: int) -> Layout:
@@ -347,12 +370,16 @@ def rank_layout(shape: ModelShape, par: Parallel, stage: int) -> Layout:
     expert_buckets = bucket_sizes(experts, par.edp, ddp_bucket_size(par, stage)) if experts else []
     shard = sum(b // par.dp for b in buckets) + sum(b // par.edp for b in expert_buckets)
     buckets += expert_buckets
+    if par.mirror_mode not in MIRROR_MODES:
+        raise ValueError(f"mirror mode {par.mirror_mode!r}: one of {', '.join(MIRROR_MODES)}")
+    packet = packet_bytes(shard, len(tensors)) if par.mirror_mode == "grad" else 0
     return Layout(
         len(tensors),
         sum(t.numel for t in tensors),
         sum(buckets),
         shard,
         snapshot_bytes(shard, len(tensors)),
+        packet,
     )
 
 
@@ -496,9 +523,10 @@ def iteration_seconds(shape: ModelShape, par: Parallel, hw: Hardware, mfu: float
 class MirrorTime:
     """Per rank and iteration; all in seconds."""
 
-    link: float  # the snapshot on the NIC (send and receive overlap: full duplex)
-    copy: float  # device-to-host copy of the shard (host mirror only)
+    link: float  # what is sent on the NIC (send and receive overlap: full duplex)
+    copy: float  # device-to-host copy of what is sent (host mirror only)
     cpu: float  # checksum of the own snapshot + verification of the received one
+    # (grad mode: the seal of the replica the buddy advanced, as many bytes)
     training_link: float  # DP reduce-scatter + all-gather and PP sends, same NIC
     iteration: float
 
@@ -553,11 +581,11 @@ def mirror_time(
     stage: int = 0,
 ) -> MirrorTime:
     layout = rank_layout(shape, par, stage)
-    nbytes = layout.snapshot_bytes
+    sent = layout.sent_bytes
     return MirrorTime(
-        link=nbytes / (hw.nic_gbps * 1e9),
-        copy=0.0 if mirror_in_device else nbytes / (hw.d2h_gbps * 1e9),
-        cpu=2 * nbytes / MEASURED_CHECKSUM_BYTES_PER_S,
+        link=sent / (hw.nic_gbps * 1e9),
+        copy=0.0 if mirror_in_device else sent / (hw.d2h_gbps * 1e9),
+        cpu=2 * layout.snapshot_bytes / MEASURED_CHECKSUM_BYTES_PER_S,
         training_link=training_link_bytes(shape, par, layout) / (hw.nic_gbps * 1e9),
         iteration=iteration_seconds(shape, par, hw, mfu),
     )
@@ -696,7 +724,8 @@ def describe(p: Plan) -> str:
         + f" GiB; total {m.total / GiB:.1f} of {p.hardware.gpu_memory_gib} GiB"
         + (" (fits)" if p.fits else " (does NOT fit)"),
         f"  shard {p.layout.shard_numel / 1e6:.1f} M elements; snapshot "
-        f"{p.layout.snapshot_bytes / MiB:.1f} MiB; mirror {m.mirror_bytes / GiB:.2f} GiB "
+        f"{p.layout.snapshot_bytes / MiB:.1f} MiB; {par.mirror_mode} mode sends "
+        f"{p.layout.sent_bytes / MiB:.1f} MiB per iteration; mirror {m.mirror_bytes / GiB:.2f} GiB "
         f"per GPU in {'device' if m.mirror_in_device else 'host'} memory "
         f"({p.host_mirror_per_node / GiB:.1f} GiB per node)",
         f"  iteration {t.iteration:.2f} s; mirror on the link {t.link * 1e3:.1f} ms "

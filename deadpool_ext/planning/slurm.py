@@ -140,7 +140,7 @@ def shape_differences(shape: scale.ModelShape, model: str) -> List[str]:
 
 
 def parallel_of(config: Config) -> scale.Parallel:
-    p, b = config.parallel, config.batch
+    p, b, t = config.parallel, config.batch, config.training
     return scale.Parallel(
         p.tensor_model_parallel_size,
         p.pipeline_model_parallel_size,
@@ -148,11 +148,25 @@ def parallel_of(config: Config) -> scale.Parallel:
         b.micro_batch_size,
         b.global_batch_size,
         sequence_parallel=p.sequence_parallel,
-        precision="bf16" if config.training.bf16 else "fp32",
+        recompute=t.recompute_granularity or "none",
+        precision="bf16" if t.bf16 else "fp32",
         overlap_grad_reduce=p.overlap_grad_reduce,
         ep=p.expert_model_parallel_size,
         etp=p.expert_tensor_parallel_size,
+        **mirror_mode_of(config),
     )
+
+
+def mirror_mode_of(config: Config) -> dict:
+    """The script's --deadpool-mirror-mode, where it has --deadpool flags."""
+    dp = config.extra.get("deadpool")
+    return {} if dp is None else {"mirror_mode": dp.deadpool_mirror_mode}
+
+
+def mirror_in_device(config: Config) -> bool:
+    """--deadpool-mirror-memory device: the mirror counts against the GPU's memory."""
+    dp = config.extra.get("deadpool")
+    return dp is not None and dp.deadpool_mirror_memory == "device"
 
 
 # ----- the script's #SBATCH header -----
@@ -284,7 +298,9 @@ def make_plan(
     shape = model_shape(config, model or "this script's model")
     memory = None
     if hardware is not None and shape is not None:
-        memory = scale.plan(shape, parallel_of(config), scale.HARDWARE[hardware], mfu)
+        memory = scale.plan(
+            shape, parallel_of(config), scale.HARDWARE[hardware], mfu, mirror_in_device(config)
+        )
     plan = JobPlan(
         script,
         model,
@@ -415,6 +431,8 @@ def to_json(plan: JobPlan) -> dict:
             "limit_gib": m.hardware.gpu_memory_gib,
             "fits": m.fits,
             "mirror_gib_per_gpu": m.memory.mirror_bytes / 2**30,
+            "mirror_in_device": m.memory.mirror_in_device,
+            "sent_mib_per_iteration": m.layout.sent_bytes / 2**20,
             "iteration_s": m.time.iteration,
         }
     return out

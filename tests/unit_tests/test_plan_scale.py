@@ -256,6 +256,60 @@ def test_snapshot_constants_follow_deadpool_ext():
         mirror.close()
 
 
+def test_grad_mode_constants_follow_deadpool_ext():
+    """The planner's packet and grad-mode buffers are the replay's and the
+    mirror's, and its mode names and default are the flag's."""
+    from deadpool_ext.config import DeadpoolConfig
+    from deadpool_ext.state import replay
+    from deadpool_ext.state import snapshot as snap
+    from deadpool_ext.state.mirror import Mirror, MirrorGroups
+
+    assert ps.PACKET_BYTES_PER_ELEMENT == 4
+    for numel, tensors in ((1, 1), (123_457, 26), (10_000_000, 300)):
+        layout = snap.ShardLayout([], numel, ps.SIDECAR_BASE + ps.SIDECAR_PER_PARAM * tensors)
+        assert ps.packet_bytes(numel, tensors) == replay.packet_bytes(layout)
+    numel, tensors = 5000, 3
+    layout = snap.ShardLayout([], numel, ps.SIDECAR_BASE + ps.SIDECAR_PER_PARAM * tensors)
+    planned = ps.Layout(tensors, numel, numel, numel, layout.nbytes, replay.packet_bytes(layout))
+    mirror = Mirror(
+        None,
+        layout,
+        rank=0,
+        buddy=1,
+        owner=1,
+        groups=MirrorGroups(None, None),
+        events=None,
+        mode="grad",
+    )
+    mirror.allocate("cpu")
+    try:
+        assert mirror.extra_bytes == planned.mirror_bytes
+    finally:
+        mirror.close()
+    default = DeadpoolConfig()
+    assert ps.Parallel(1, 1, 1).mirror_mode == default.deadpool_mirror_mode
+    flag = DeadpoolConfig.__dataclass_fields__["deadpool_mirror_mode"]
+    assert tuple(flag.metadata["choices"]) == ps.MIRROR_MODES
+
+
+def test_grad_mode_sends_a_third_and_keeps_two_packets_more():
+    shape, par = ps.MODELS["llama-65b"], ps.paper_layouts(512)["llama-65b"]
+    hw = ps.HARDWARE["perlmutter-a100-40"]
+    grad = replace(par, mirror_mode="grad")
+    state, replayed = ps.rank_layout(shape, par, 0), ps.rank_layout(shape, grad, 0)
+    assert (state.packet_bytes, state.sent_bytes) == (0, state.snapshot_bytes)
+    assert replayed.snapshot_bytes == state.snapshot_bytes
+    assert replayed.sent_bytes == replayed.packet_bytes
+    assert replayed.sent_bytes / state.sent_bytes == pytest.approx(1 / 3, rel=0.01)
+    assert replayed.mirror_bytes == state.mirror_bytes + 2 * replayed.packet_bytes
+    slow, fast = ps.mirror_time(shape, par, hw, 0.45), ps.mirror_time(shape, grad, hw, 0.45, True)
+    assert fast.link == pytest.approx(replayed.packet_bytes / 25e9)
+    assert fast.link == pytest.approx(slow.link / 3, rel=0.01) and fast.copy == 0
+    assert fast.cpu == slow.cpu  # both seal a whole snapshot and check one
+    with pytest.raises(ValueError, match="one of state, grad"):
+        ps.rank_layout(shape, replace(par, mirror_mode="full"), 0)
+
+
 def test_buckets_split_at_the_bucket_size_and_around_a_shared_embedding():
     tensors = [ps.Tensor("a", 100), ps.Tensor("b", 200), ps.Tensor("c", 300)]
     # Reverse order: c closes the first bucket (300 >= 250, padded to 384);
@@ -393,7 +447,16 @@ def test_paper_layouts_are_the_first_to_leave_a_third_of_the_memory_free():
 def test_the_cli_prints_a_plan(capsys):
     plan_scale_cli.main(["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128"])
     out = capsys.readouterr().out
-    assert "GPT 13B on 512" in out and "hides" in out
+    assert "GPT 13B on 512" in out and "hides" in out and "state mode sends" in out
+
+
+def test_the_cli_plans_grad_mode_in_device_memory_only(capsys):
+    args = ["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128", "--mirror-mode", "grad"]
+    with pytest.raises(SystemExit, match="add --mirror-memory device"):
+        plan_scale_cli.main(args)
+    plan_scale_cli.main(args + ["--mirror-memory", "device"])
+    out = capsys.readouterr().out
+    assert "grad mode sends" in out and "in device memory" in out
 
 
 def test_mixtral_on_512_a100s_mirrors_dense_and_expert_shards():

@@ -56,30 +56,35 @@ def dry_run(script: str, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def plans():
-    """Every script's dry run as JSON, run side by side (one Python start each)."""
-    names = list(GPU_SCRIPTS) + ["cpu_demo.sh"]
+def dry_runs_as_json(runs: dict) -> dict:
+    """{key: (script, extra training flags)}: each dry run's JSON plan, run
+    side by side (one Python start each)."""
     # The CPU script's data check reads the corpus with megatron-core (seconds
     # of imports); the layout does not depend on the data.
     cpu_env = dict(script_env(), DATA="--mock-data --tokenizer-type ByteLevelTokenizer")
     procs = {
-        n: subprocess.Popen(
-            ["bash", os.path.join(SLURM, n), "--dry-run", "--json"],
+        key: subprocess.Popen(
+            ["bash", os.path.join(SLURM, script), "--dry-run", "--json", *extra],
             cwd=REPO,
-            env=cpu_env if n == "cpu_demo.sh" else script_env(),
+            env=cpu_env if script == "cpu_demo.sh" else script_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for n in names
+        for key, (script, extra) in runs.items()
     }
     out = {}
-    for name, proc in procs.items():
+    for key, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"{name}: {stderr[-3000:]}"
-        out[name] = json.loads(stdout)
+        assert proc.returncode == 0, f"{key}: {stderr[-3000:]}"
+        out[key] = json.loads(stdout)
     return out
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """Every script's dry run as JSON."""
+    return dry_runs_as_json({n: (n, ()) for n in list(GPU_SCRIPTS) + ["cpu_demo.sh"]})
 
 
 gpu_script = pytest.mark.parametrize("name", list(GPU_SCRIPTS))
@@ -134,6 +139,38 @@ def test_shape_is_the_papers_model(plans, name):
 def test_memory_fits_the_gpu(plans, name):
     memory = plans[name]["memory"]
     assert memory["fits"] and memory["total_gib"] <= memory["limit_gib"]
+
+
+@pytest.mark.integration
+def test_the_memory_plan_follows_the_scripts_mirror_and_recompute_flags(plans):
+    """Flags added to a script's command line reach the plan: the mirror in
+    device memory counts against the GPU, grad mode adds its two packets and
+    sends a packet instead of a snapshot, full recompute keeps less."""
+    script = "llama_65b.sh"
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    runs = dry_runs_as_json(
+        {
+            "device": (script, ["--deadpool-mirror-memory", "device"]),
+            "grad": (
+                script,
+                ["--deadpool-mirror-memory", "device", "--deadpool-mirror-mode", "grad"],
+            ),
+            "full": (script, full + ["--recompute-num-layers", "1"]),
+        }
+    )
+    host, device, grad = plans[script]["memory"], runs["device"]["memory"], runs["grad"]["memory"]
+    assert (host["mirror_in_device"], device["mirror_in_device"]) == (False, True)
+    assert device["total_gib"] == pytest.approx(host["total_gib"] + host["mirror_gib_per_gpu"])
+    par = plan_scale.paper_layouts(512)["llama-65b"]
+    layout = plan_scale.rank_layout(plan_scale.MODELS["llama-65b"], par, host["worst_stage"])
+    assert host["sent_mib_per_iteration"] == layout.snapshot_bytes / plan_scale.MiB
+    packet = plan_scale.packet_bytes(layout.shard_numel, layout.tensors) / plan_scale.MiB
+    assert grad["sent_mib_per_iteration"] == packet < host["sent_mib_per_iteration"] / 2.9
+    assert grad["mirror_gib_per_gpu"] * 1024 == pytest.approx(
+        host["mirror_gib_per_gpu"] * 1024 + 2 * packet
+    )
+    assert grad["total_gib"] == pytest.approx(device["total_gib"] + 2 * packet / 1024)
+    assert runs["full"]["memory"]["total_gib"] < host["total_gib"] - 5  # activations: 10 GiB
 
 
 @pytest.mark.integration
