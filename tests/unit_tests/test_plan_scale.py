@@ -234,10 +234,7 @@ def test_planner_reproduces_the_sizes_real_runs_logged():
 
 
 def test_snapshot_constants_follow_deadpool_ext():
-    import torch
-
     from deadpool_ext.state import snapshot as snap
-    from deadpool_ext.state.mirror import Mirror, MirrorGroups
 
     assert ps.HEADER_BYTES == snap.HEADER_BYTES and ps.CHUNK_BYTES == snap.CHUNK_WORDS * 8
     assert ps.SNAPSHOT_BYTES_PER_ELEMENT == 4 * len(snap.STATES)
@@ -245,13 +242,21 @@ def test_snapshot_constants_follow_deadpool_ext():
         layout = snap.ShardLayout([], numel, ps.SIDECAR_BASE + ps.SIDECAR_PER_PARAM * tensors)
         assert ps.snapshot_bytes(numel, tensors) == layout.nbytes
     layout = snap.ShardLayout([], 5000, 4096)
-    mirror = Mirror(
-        None, layout, rank=0, buddy=1, owner=1, groups=MirrorGroups(None, None), events=None
-    )
+    assert mirror_buffer_bytes(layout, "state") == ps.MIRROR_BUFFERS * layout.nbytes
+
+
+def mirror_buffer_bytes(layout, mode: str) -> int:
+    """What a Mirror of this layout allocates (rank 0 mirroring to rank 1)."""
+    import torch
+
+    from deadpool_ext.state.mirror import Mirror, MirrorGroups
+
+    groups = MirrorGroups(None, None)
+    mirror = Mirror(None, layout, rank=0, buddy=1, owner=1, groups=groups, events=None, mode=mode)
     mirror.allocate("cpu")
     try:
-        assert mirror.extra_bytes == ps.MIRROR_BUFFERS * layout.nbytes
         assert all(b.dtype == torch.uint8 for b in mirror.own + mirror.held)
+        return mirror.extra_bytes
     finally:
         mirror.close()
 
@@ -262,7 +267,6 @@ def test_grad_mode_constants_follow_deadpool_ext():
     from deadpool_ext.config import DeadpoolConfig
     from deadpool_ext.state import replay
     from deadpool_ext.state import snapshot as snap
-    from deadpool_ext.state.mirror import Mirror, MirrorGroups
 
     assert ps.PACKET_BYTES_PER_ELEMENT == 4
     for numel, tensors in ((1, 1), (123_457, 26), (10_000_000, 300)):
@@ -271,21 +275,7 @@ def test_grad_mode_constants_follow_deadpool_ext():
     numel, tensors = 5000, 3
     layout = snap.ShardLayout([], numel, ps.SIDECAR_BASE + ps.SIDECAR_PER_PARAM * tensors)
     planned = ps.Layout(tensors, numel, numel, numel, layout.nbytes, replay.packet_bytes(layout))
-    mirror = Mirror(
-        None,
-        layout,
-        rank=0,
-        buddy=1,
-        owner=1,
-        groups=MirrorGroups(None, None),
-        events=None,
-        mode="grad",
-    )
-    mirror.allocate("cpu")
-    try:
-        assert mirror.extra_bytes == planned.mirror_bytes
-    finally:
-        mirror.close()
+    assert mirror_buffer_bytes(layout, "grad") == planned.mirror_bytes
     default = DeadpoolConfig()
     assert ps.Parallel(1, 1, 1).mirror_mode == default.deadpool_mirror_mode
     flag = DeadpoolConfig.__dataclass_fields__["deadpool_mirror_mode"]
