@@ -113,6 +113,10 @@ class Parallel:
     etp: Optional[int] = None  # expert tensor-parallel size; None: tp
     mirror_mode: str = "state"  # --deadpool-mirror-mode (its default: deadpool_ext/config.py)
 
+    def __post_init__(self):
+        if self.mirror_mode not in MIRROR_MODES:
+            raise ValueError(f"mirror mode {self.mirror_mode!r}: one of {', '.join(MIRROR_MODES)}")
+
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
@@ -370,8 +374,6 @@ def rank_layout(shape: ModelShape, par: Parallel, stage: int) -> Layout:
     expert_buckets = bucket_sizes(experts, par.edp, ddp_bucket_size(par, stage)) if experts else []
     shard = sum(b // par.dp for b in buckets) + sum(b // par.edp for b in expert_buckets)
     buckets += expert_buckets
-    if par.mirror_mode not in MIRROR_MODES:
-        raise ValueError(f"mirror mode {par.mirror_mode!r}: one of {', '.join(MIRROR_MODES)}")
     packet = packet_bytes(shard, len(tensors)) if par.mirror_mode == "grad" else 0
     return Layout(
         len(tensors),

@@ -153,20 +153,15 @@ def parallel_of(config: Config) -> scale.Parallel:
         overlap_grad_reduce=p.overlap_grad_reduce,
         ep=p.expert_model_parallel_size,
         etp=p.expert_tensor_parallel_size,
-        **mirror_mode_of(config),
+        mirror_mode=deadpool_flags(config).deadpool_mirror_mode,
     )
 
 
-def mirror_mode_of(config: Config) -> dict:
-    """The script's --deadpool-mirror-mode, where it has --deadpool flags."""
-    dp = config.extra.get("deadpool")
-    return {} if dp is None else {"mirror_mode": dp.deadpool_mirror_mode}
-
-
-def mirror_in_device(config: Config) -> bool:
-    """--deadpool-mirror-memory device: the mirror counts against the GPU's memory."""
-    dp = config.extra.get("deadpool")
-    return dp is not None and dp.deadpool_mirror_memory == "device"
+def deadpool_flags(config: Config):
+    """The job's --deadpool* flags: the training flags are parsed with
+    deadpool_ext.config.parse_args (tools/slurm_plan.py), which always
+    fills this section."""
+    return config.extra["deadpool"]
 
 
 # ----- the script's #SBATCH header -----
@@ -298,9 +293,8 @@ def make_plan(
     shape = model_shape(config, model or "this script's model")
     memory = None
     if hardware is not None and shape is not None:
-        memory = scale.plan(
-            shape, parallel_of(config), scale.HARDWARE[hardware], mfu, mirror_in_device(config)
-        )
+        in_device = deadpool_flags(config).deadpool_mirror_memory == "device"
+        memory = scale.plan(shape, parallel_of(config), scale.HARDWARE[hardware], mfu, in_device)
     plan = JobPlan(
         script,
         model,
