@@ -89,7 +89,8 @@ def worker_env() -> Dict[str, str]:
     return env
 
 
-def torchrun_command(nproc: int, args: List[str]) -> List[str]:
+def torchrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:
+    """``script`` (relative to the repository) under torchrun."""
     return [
         sys.executable,
         "-m",
@@ -97,15 +98,45 @@ def torchrun_command(nproc: int, args: List[str]) -> List[str]:
         "--standalone",
         "--nproc-per-node",
         str(nproc),
-        os.path.join(REPO, "pretrain_gpt.py"),
+        os.path.join(REPO, script),
         *args,
     ]
 
 
-def torchrun(nproc: int, args: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """pretrain_gpt.py on ``nproc`` ranks, run to its end; output captured."""
+def torchrun(
+    nproc: int, args: List[str], timeout: float = 300, script: str = "pretrain_gpt.py"
+) -> subprocess.CompletedProcess:
+    """``script`` on ``nproc`` ranks, run to its end; output captured."""
     return subprocess.run(
-        torchrun_command(nproc, args),
+        torchrun_command(nproc, args, script),
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def forkrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:
+    """What torchrun_command runs (``script``: relative to the repository),
+    the ranks forked from one zygote (forkrun.py: a quarter of the start)."""
+    here = os.path.join(REPO, "tests", "unit_tests")
+    return [
+        sys.executable,
+        "-u",
+        os.path.join(here, "forkrun.py"),
+        str(nproc),
+        os.path.join(REPO, script),
+        *args,
+    ]
+
+
+def forkrun(
+    nproc: int, args: List[str], timeout: float = 300, script: str = "pretrain_gpt.py"
+) -> subprocess.CompletedProcess:
+    """``script`` on ``nproc`` forked ranks, run to its end; output captured."""
+    return subprocess.run(
+        forkrun_command(nproc, args, script),
         env=worker_env(),
         cwd=REPO,
         capture_output=True,
@@ -115,8 +146,9 @@ def torchrun(nproc: int, args: List[str], timeout: float = 300) -> subprocess.Co
 
 
 def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
-    """Run to completion; fail the test with the output if it fails."""
-    proc = torchrun(nproc, args, timeout)
+    """Run to completion on forked ranks; fail the test with the output if
+    it fails."""
+    proc = forkrun(nproc, args, timeout)
     if proc.returncode != 0:
         raise AssertionError(
             f"run failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"

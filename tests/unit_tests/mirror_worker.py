@@ -1,5 +1,5 @@
-"""Run under torchrun by test_mirror.py: pretrain_gpt.py's training with
---deadpool, plus two probes the user's entry point does not have.
+"""Run on forked ranks (forkrun.py) by test_mirror.py: pretrain_gpt.py's
+training with --deadpool, plus two probes the user's entry point does not have.
 
   --dump-at T [T ...]  at the start of iteration T wait for the mirror, then
                        write this rank's live optimizer state and the snapshot

@@ -1,6 +1,6 @@
-"""Run under torchrun by test_saving.py: three saves of a small sharded
-state through saving.py, the second with one local write failing on one
-rank at one step; each rank prints its outcomes as a JSON line.
+"""Run on forked ranks (forkrun.py) by test_saving.py: three saves of a
+small sharded state through saving.py, the second with one local write
+failing on one rank at one step; each rank prints its outcomes as a JSON line.
 
   python save_worker.py DIRECTORY STEP RANK OUTPUT [--async]
 

@@ -14,7 +14,7 @@ import pytest
 
 from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics, state_difference
-from dist_utils import REPO, run_pretrain, torchrun_command, worker_env
+from dist_utils import REPO, forkrun_command, run_pretrain, worker_env
 from megatron.training.checkpointing import NON_PERSISTENT, tracked_iteration
 
 # Every test here starts real processes.
@@ -199,7 +199,7 @@ def kill_when(tmp_path, corpus, args, ready, delay: random.Random = None) -> boo
     """Starts the 8-rank run and SIGKILLs all of it once ``ready()`` (after
     a random delay of up to 50 ms); whether it was ready before it ended."""
     job = subprocess.Popen(
-        torchrun_command(8, train_args(tmp_path, corpus, args)),
+        forkrun_command(8, train_args(tmp_path, corpus, args)),
         env=worker_env(),
         cwd=REPO,
         stdout=subprocess.DEVNULL,

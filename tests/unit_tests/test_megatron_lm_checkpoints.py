@@ -30,10 +30,10 @@ from dist_utils import (
     REPO,
     assert_same_state,
     checkpoint_state,
+    forkrun,
     model_tensors,
     read_metrics,
     run_pretrain,
-    torchrun,
     torchrun_command,
     worker_env,
 )
@@ -150,7 +150,7 @@ def test_finetune_takes_the_weights_only_even_into_bf16(written, tmp_path, fmt):
 
 def failed_run(nproc: int, args) -> str:
     """A run that must fail; its output."""
-    proc = torchrun(nproc, args)
+    proc = forkrun(nproc, args)
     assert proc.returncode != 0, "the run should have failed"
     return proc.stdout + proc.stderr
 

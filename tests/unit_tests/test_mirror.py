@@ -12,23 +12,18 @@ state bit for bit; the curve (the redone iteration included) and the final
 state must equal the reference's bit for bit.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from dist_utils import (
-    REPO,
     TINY_GPT,
     assert_same_state,
     saved_args,
     checkpoint_state,
     curve,
+    forkrun,
     read_metrics,
     run_pretrain,
-    worker_env,
 )
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.topology import buddy_map, nodes_by_block
@@ -98,19 +93,7 @@ def deadpool_args(topology, directory, mode="state"):
 
 
 def run_worker(nproc, args, timeout=300):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        os.path.join(REPO, "tests", "unit_tests", "mirror_worker.py"),
-        *args,
-    ]
-    proc = subprocess.run(
-        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+    proc = forkrun(nproc, args, timeout, script="tests/unit_tests/mirror_worker.py")
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 

@@ -1,17 +1,15 @@
 """A save whose local write fails on one rank, at any step, is reported
 as failed on every rank without a hang; the tracker keeps naming the save
 before, no staged directory is left, and the next save succeeds. Real
-processes (torchrun, gloo) and real write errors (a full disk: the rank's
+processes (forkrun.py, gloo) and real write errors (a full disk: the rank's
 file size limit at 0) where the step writes a file."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from dist_utils import REPO, worker_env
+from dist_utils import REPO, forkrun
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +28,8 @@ STEPS = {
 def run(tmp_path, step: str, rank: int, *extra) -> list:
     root, output = tmp_path / "ckpt", tmp_path / "out"
     output.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", WORKER, str(root), step, str(rank), str(output), *extra]
-    proc = subprocess.run(
-        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    args = [str(root), step, str(rank), str(output), *extra]
+    proc = forkrun(2, args, timeout=120, script=WORKER)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((output / f"rank{r}.json").read_text()) for r in (0, 1)]
 
