@@ -89,60 +89,39 @@ def worker_env() -> Dict[str, str]:
     return env
 
 
+# What starts ``nproc`` ranks of a script: torchrun, or the ranks forked
+# from one zygote (forkrun.py: a quarter of the start) with torchrun's variables.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+FORKRUN = [sys.executable, "-u", os.path.join(REPO, "tests", "unit_tests", "forkrun.py")]
+
+
 def torchrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:
-    """``script`` (relative to the repository) under torchrun."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        os.path.join(REPO, script),
-        *args,
-    ]
+    """``script`` (relative to the repository) on ``nproc`` ranks, under torchrun."""
+    return TORCHRUN + [str(nproc), os.path.join(REPO, script), *args]
+
+
+def forkrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:
+    """What torchrun_command runs, on forked ranks."""
+    return FORKRUN + [str(nproc), os.path.join(REPO, script), *args]
+
+
+def captured(command: List[str], timeout: float) -> subprocess.CompletedProcess:
+    """``command`` run to its end in the repository; output captured."""
+    return subprocess.run(
+        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def torchrun(
     nproc: int, args: List[str], timeout: float = 300, script: str = "pretrain_gpt.py"
 ) -> subprocess.CompletedProcess:
-    """``script`` on ``nproc`` ranks, run to its end; output captured."""
-    return subprocess.run(
-        torchrun_command(nproc, args, script),
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def forkrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:
-    """What torchrun_command runs (``script``: relative to the repository),
-    the ranks forked from one zygote (forkrun.py: a quarter of the start)."""
-    here = os.path.join(REPO, "tests", "unit_tests")
-    return [
-        sys.executable,
-        "-u",
-        os.path.join(here, "forkrun.py"),
-        str(nproc),
-        os.path.join(REPO, script),
-        *args,
-    ]
+    return captured(torchrun_command(nproc, args, script), timeout)
 
 
 def forkrun(
     nproc: int, args: List[str], timeout: float = 300, script: str = "pretrain_gpt.py"
 ) -> subprocess.CompletedProcess:
-    """``script`` on ``nproc`` forked ranks, run to its end; output captured."""
-    return subprocess.run(
-        forkrun_command(nproc, args, script),
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return captured(forkrun_command(nproc, args, script), timeout)
 
 
 def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
