@@ -4,9 +4,9 @@
 
 runs ``script.py ARGS`` on NPROC ranks of this host with the variables
 ``torchrun --standalone --nproc-per-node NPROC`` gives a rank for
-torch.distributed's ``env://`` rendezvous (rank 0 hosts the store), and
-ends as torchrun does: 0 when every rank ended with 0, else 1 once the
-others are stopped.
+torch.distributed's ``env://`` rendezvous (rank 0 hosts the store, where
+torchrun's own process does), and ends as torchrun does: 0 when every rank
+ended with 0, else 1 once the others are stopped.
 
 Why: a rank spends about 6 s of CPU importing torch and megatron-core, so
 an 8-rank run on 2 cores spends some 25 s of its start on imports. Forked
