@@ -14,7 +14,7 @@ from deadpool-launch's zygote (``deadpool_ext.control.zygote``) the ranks
 share one import, and train bit for bit as started ones do (test_hot_swap
 compares a started job with forked references; test_forkrun compares this
 with torchrun). Tests that check what torchrun itself does (its exit on a
-signal, Megatron-LM's example launch lines) run torchrun.
+signal) run torchrun.
 """
 
 import os

@@ -5,8 +5,9 @@ sets are upstream's; a flag refused on CPU is refused with its reason, which
 the test reads before it runs the script without that flag.
 
 The launcher is replaced by a stand-in that records what the script hands
-it, so the flags are exactly the script's; the run itself is torchrun with
-those arguments."""
+it, so the flags are exactly the script's; torchrun's own parser reads the
+launch line, and the run has as many ranks as it says, forked as torchrun
+would start them (forkrun.py)."""
 
 import json
 import math
@@ -18,9 +19,10 @@ from typing import List, Tuple
 
 import pytest
 
-from dist_utils import REPO, tensorboard_scalars, worker_env
+from dist_utils import REPO, forkrun, tensorboard_scalars, worker_env
 from deadpool_ext.control.launch import free_port
 from megatron.training.arguments import ConfigError, parse_args
+from torch.distributed.run import get_args_parser
 from test_flag_parity import GPT3_175B, LLAMA3_8B_FP8, MIXTRAL_8X7B
 
 pytestmark = pytest.mark.integration
@@ -83,11 +85,12 @@ def refusals(argv: List[str], expected: dict) -> List[str]:
             argv = without(argv, *expected[match[0]][1])
 
 
-def torchrun(launcher: List[str], argv: List[str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", *launcher, "pretrain_gpt.py", *argv]
-    proc = subprocess.run(
-        command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600
-    )
+def launch(launcher: List[str], argv: List[str]) -> subprocess.CompletedProcess:
+    """The script's launch line read by torchrun's own parser (one node),
+    its ranks forked as torchrun would start them (forkrun.py)."""
+    line = get_args_parser().parse_args([*launcher, "pretrain_gpt.py"])
+    assert line.nnodes == "1", line.nnodes
+    proc = forkrun(int(line.nproc_per_node), argv, timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
@@ -110,7 +113,7 @@ def test_the_gpt3_175b_script_scaled_down_trains_with_gpt2_bpe(corpus_prefix, tm
     with pytest.raises(ConfigError, match="--rampup-batch-size goes with --train-samples"):
         parse_args(original, world_size=8)
 
-    output = torchrun(launcher, argv).stdout
+    output = launch(launcher, argv).stdout
     assert "iteration       18/      18 |" in output and "global batch size:    12 |" in output
     scalars = tensorboard_scalars(str(tb))
     assert [step for step, _ in scalars["lm loss"]] == list(range(1, 19))
@@ -174,7 +177,7 @@ def test_the_llama3_8b_fp8_script_scaled_down_trains_with_hugging_face(corpus_pr
             world_size=8,
         )
 
-    output = torchrun(launcher, left).stdout
+    output = launch(launcher, left).stdout
     assert (
         "iteration       10/      10 |" in output and "throughput per GPU (TFLOP/s/GPU)" in output
     )
@@ -199,7 +202,7 @@ def test_the_mixtral_8x7b_script_scaled_down_trains_its_moe_with_sentencepiece(
     left, refused = refusals(argv, {"--moe-grouped-gemm": ("GPU kernel", ("--moe-grouped-gemm",))})
     assert refused == ["--moe-grouped-gemm"]
 
-    output = torchrun(launcher, left).stdout
+    output = launch(launcher, left).stdout
     lines = [line for line in output.splitlines() if "consumed samples:" in line]
     assert len(lines) == 8 and all("load_balancing_loss:" in line for line in lines)
     assert "validation loss at iteration 8 on test set" in output
