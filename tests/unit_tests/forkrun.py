@@ -18,21 +18,15 @@ signal) run torchrun.
 """
 
 import os
-import socket
 import sys
 import time
 from typing import Dict, List
 
+from deadpool_ext.control.launch import free_port
 from deadpool_ext.control.zygote import Zygote
 
 # How long the other ranks get to end after SIGTERM when one has failed.
 STOP_GRACE_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rank_env(rank: int, nproc: int, port: int) -> Dict[str, str]:
