@@ -1,0 +1,221 @@
+"""Can a hot swap keep the groups it did not break? What torch 2.13's gloo
+allows, without our code (issue 22, partial rebuild; docs/scale.md
+section 3).
+
+``--ranks`` gloo processes make a default group and every pair of
+neighbours {r, r+1} as a group. Then rank ``--replace`` exits and a new
+process takes its rank. The survivors take every group without it out of
+torch's registry, destroy the default group (which destroys the rest),
+make the next generation's default group under a new store prefix, put
+the kept groups back and make the others again: every rank calls
+``new_group`` for every group that is not kept, in the same order, as
+megatron-core does. Checked: each group's all-reduce gives its members'
+sum, kept or made again, and a kept group is the same object.
+
+Then what tells a kept group is safe to use (no member has an operation
+on it that another member has not): gloo's per-group sequence number,
+which counts the collectives and the sends and receives a member issued.
+Two members agree after matching operations and disagree after a send
+that was never received.
+
+    python -m tools.keep_groups --ranks 8 --replace 3
+
+Prints one line per rank and "kept groups work" when every check passed;
+exits 1 otherwise.
+"""
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from deadpool_ext.control.launch import free_port
+
+
+def pairs(world: int) -> list:
+    return [(r, r + 1) for r in range(world - 1)]
+
+
+def open_store(port: int, master: bool):
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        None,
+        master,
+        timeout=datetime.timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+
+
+def open_world(store, gen: int, rank: int, world: int) -> None:
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"gen{gen}/", store),
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=30),
+    )
+
+
+def take_out(group) -> dict:
+    """The group leaves torch's registry (not destroyed): what putting it back needs."""
+    entry = {
+        "backend": c10d._world.pg_map[group][0],
+        "store": c10d._world.pg_map[group][1],
+        "name": c10d._world.pg_names[group],
+        "config": c10d._world.pg_backend_config.get(group, ""),
+        "ranks": dict(c10d._world.pg_group_ranks[group]),
+    }
+    c10d._cleanup_process_group_global_state(group)
+    return entry
+
+
+def put_back(group, entry: dict, gen: int) -> None:
+    """Register a kept group in the new world, under a name the new
+    generation's groups (numbered from 0 again) cannot take."""
+    name = f"kept{gen}/{entry['name']}"
+    group._set_group_name(name)
+    c10d._register_pg_in_world(
+        group, entry["backend"], entry["store"], name, entry["config"], entry["ranks"]
+    )
+
+
+def check_groups(groups: dict, rank: int) -> list:
+    """Every group this rank is in all-reduces its members' ranks and
+    answers torch's questions megatron-core asks (its ranks, this rank's
+    place), which only a registered group can."""
+    wrong = []
+    for ranks, group in groups.items():
+        if rank in ranks:
+            value = torch.tensor([float(rank)])
+            dist.all_reduce(value, group=group)
+            try:
+                registered = dist.get_process_group_ranks(group) == list(ranks)
+                registered &= dist.get_rank(group) == ranks.index(rank)
+            except (ValueError, RuntimeError):
+                registered = False
+            if value.item() != float(sum(ranks)) or not registered:
+                wrong.append(ranks)
+    return wrong
+
+
+def worker(args, rank: int, fresh: bool) -> Optional[int]:
+    world = args.ranks
+    store = open_store(args.port, master=False)
+    kept, wrong_before = {}, []
+    if not fresh:
+        open_world(store, 0, rank, world)
+        groups = {p: dist.new_group(list(p)) for p in pairs(world)}
+        wrong_before = check_groups(groups, rank)
+        if rank == args.replace:  # lost: leaves without a word to its groups
+            store.set(f"gone/{rank}", "x")
+            return None
+        kept = {p: groups[p] for p in groups if args.replace not in p and rank in p}
+        entries = {p: take_out(g) for p, g in kept.items()}
+        seqs = {p: g._get_sequence_number_for_group() for p, g in kept.items()}
+        groups = {}  # the others go with the default group
+        dist.destroy_process_group()
+        store.set(f"left/{rank}", "x")
+    store.wait([f"left/{r}" for r in range(world) if r != args.replace])
+    open_world(store, 1, rank, world)
+    keep = [p for p in pairs(world) if args.replace not in p]  # every rank knows the set
+    for p in kept:
+        put_back(kept[p], entries[p], 1)
+    made = {p: dist.new_group(list(p)) for p in pairs(world) if p not in keep}
+    current = {**made, **kept}
+    wrong = check_groups(current, rank)
+    same = all(current[p] is kept[p] for p in kept)
+    after = {p: g._get_sequence_number_for_group() for p, g in kept.items()}
+    counted = all(after[p] == seqs[p] + 1 for p in kept) if not fresh else True
+    ok = not wrong_before and not wrong and same and counted
+    print(
+        f"rank {rank}{' (new)' if fresh else ''}: kept {sorted(kept)}, made again "
+        f"{sorted(p for p in made if rank in p)}, all-reduces {'right' if not wrong else wrong}, "
+        f"sequence numbers {'counted' if counted else 'off'}",
+        flush=True,
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def sequence_probe(args, rank: int) -> int:
+    """Two ranks: the counts after matching and unmatched operations."""
+    store = open_store(args.port, master=rank == 0)
+    open_world(store, 0, rank, 2)
+    group = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1), group=group)
+    tensor = torch.zeros(1)
+    if rank == 0:
+        dist.send(tensor, 1, group=group)
+    else:
+        dist.recv(tensor, 0, group=group)
+    counts = torch.tensor([float(group._get_sequence_number_for_group())])
+    if rank == 0:
+        dist.isend(tensor, 1, group=group)  # never received
+    counts = torch.cat([counts, torch.tensor([float(group._get_sequence_number_for_group())])])
+    everyone = [torch.zeros(2), torch.zeros(2)]
+    dist.all_gather(everyone, counts)
+    matched = everyone[0][0] == everyone[1][0]
+    unmatched = everyone[0][1] != everyone[1][1]
+    if rank == 0:
+        print(
+            f"sequence numbers after matching operations {everyone[0][0]:.0f} and "
+            f"{everyone[1][0]:.0f}, after an unreceived send {everyone[0][1]:.0f} and "
+            f"{everyone[1][1]:.0f}",
+            flush=True,
+        )
+    return 0 if matched and unmatched else 1
+
+
+def run(args) -> bool:
+    """The replacement, then the sequence probe; True when all passed."""
+    me = [sys.executable, "-m", "tools.keep_groups", "--ranks", str(args.ranks)]
+    me += ["--replace", str(args.replace)]
+    store = open_store(0, master=True)
+    port = ["--port", str(store.port)]
+    old = [subprocess.Popen(me + port + ["--rank", str(r)]) for r in range(args.ranks)]
+    store.wait([f"gone/{args.replace}"])
+    new = subprocess.Popen(me + port + ["--rank", str(args.replace), "--fresh"])
+    codes = [p.wait(timeout=120) for p in old if p.args[-1] != str(args.replace)]
+    codes.append(new.wait(timeout=120))
+    two = free_port()
+    probe = [me + ["--port", str(two), "--rank", str(r), "--sequence"] for r in (0, 1)]
+    codes += [p.wait(timeout=60) for p in [subprocess.Popen(cmd) for cmd in probe]]
+    return not any(codes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--replace", type=int, default=3)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sequence", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sequence or args.rank is not None:
+        code = (
+            sequence_probe(args, args.rank)
+            if args.sequence
+            else worker(args, args.rank, args.fresh)
+        )
+        # A rank leaves at once, groups and all, as a lost one does: torch's
+        # teardown at exit would wait on the unreceived send.
+        sys.stdout.flush()
+        os._exit(0 if code is None else code)
+    if not 0 <= args.replace < args.ranks or args.ranks < 2:
+        parser.error("--ranks must be 2 or more and --replace one of its ranks")
+    ok = run(args)
+    print("kept groups work" if ok else "kept groups FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
