@@ -50,12 +50,16 @@ class Agent:
         standby: Optional[str] = None,
         takeover_wait_s: float = 0.0,
         zygote: Optional[Zygote] = None,
+        scratch: Optional[str] = None,
     ):
         """``standby``: host:port of the standby coordinator's store, which
         this agent turns to when it loses the primary, waiting up to
         ``takeover_wait_s`` for the takeover. ``zygote``: the node's zygote
         (control/zygote.py), which forks the workers; without one each is
-        started with the command."""
+        started with the command. ``scratch``: where to make the folder of
+        the workers' error files (default: the system's temporary folder);
+        a standalone launcher gives its own, which it removes whatever
+        became of the agent."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -70,7 +74,7 @@ class Agent:
         self.stopping = False
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.standby_in_sync = False  # as the last generation read said
-        self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-")
+        self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
         self.zygote = zygote
         self.last_beat = 0.0
 
@@ -263,6 +267,7 @@ def main(command: Optional[List[str]] = None) -> NoReturn:
         standby=settings.get("standby"),
         takeover_wait_s=settings.get("takeover_wait", 0.0),
         zygote=zygote,
+        scratch=settings.get("scratch"),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Optional
 
@@ -146,8 +147,9 @@ def standby_address(opts) -> Optional[str]:
     return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
 
 
-def agent_settings(opts, node: int, store: str) -> dict:
+def agent_settings(opts, node: int, store: str, scratch: Optional[str] = None) -> dict:
     return {
+        "scratch": scratch,
         "standby": standby_address(opts),
         "takeover_wait": heartbeat_timeout(opts) + TAKEOVER_WAIT_S,
         "node": node,
@@ -163,8 +165,9 @@ def worker_command(opts) -> List[str]:
     return [sys.executable, "-u", opts.script, *opts.script_args]
 
 
-def start_agent(opts, node: int, store: str) -> subprocess.Popen:
-    env = dict(os.environ, **{AGENT_ENV: json.dumps(agent_settings(opts, node, store))})
+def start_agent(opts, node: int, store: str, scratch: Optional[str] = None) -> subprocess.Popen:
+    settings = agent_settings(opts, node, store, scratch)
+    env = dict(os.environ, **{AGENT_ENV: json.dumps(settings)})
     # Standalone, an emulated node is its agent's session: killing the node
     # kills the agent and its workers only. A node launcher's agent stays in
     # its process group, which is then the whole node. The agent outlives
@@ -223,8 +226,11 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     address = f"{opts.master_addr}:{port}"
     channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
     coordinator = new_coordinator(opts, channel, replica=replica_channel(opts))
-    agents = {node: start_agent(opts, node, address) for node in local_nodes}
-    return run_coordinator(opts, coordinator, agents)
+    # A killed emulated node leaves its agent no time to clean up: its
+    # scratch folder lies in this launcher's, removed when the job ends.
+    with tempfile.TemporaryDirectory(prefix="deadpool-job-") as scratch:
+        agents = {node: start_agent(opts, node, address, scratch) for node in local_nodes}
+        return run_coordinator(opts, coordinator, agents)
 
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
