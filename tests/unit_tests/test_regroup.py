@@ -1,11 +1,14 @@
 """Re-pointing process groups by identity, wherever objects hold them."""
 
 import functools
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg as fake_pg
+from dist_utils import REPO
 
 from deadpool_ext.rank import regroup
 
@@ -97,3 +100,22 @@ def test_a_group_kept_out_of_reach_is_named_with_its_holder(fake_world):
     with pytest.raises(regroup.RegroupError, match="untracked dict in _GatherBackward"):
         regroup.detach({"root": {}}, settle_s=0.2)
     del hidden
+
+
+@pytest.mark.integration
+def test_torch_lets_a_gloo_group_outlive_its_default_group():
+    """What a partial rebuild would rest on (docs/scale.md section 3), held
+    to the installed torch: rank 2 of 4 replaced by a new process, the
+    groups without it kept and registered in the next generation's world,
+    the others made again, and gloo's per-group sequence numbers equal
+    after matching operations and unequal after an unreceived send."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tools.keep_groups", "--ranks", "4", "--replace", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0 and "kept groups work" in run.stdout, run.stdout + run.stderr
+    assert "rank 0: kept [(0, 1)], made again []" in run.stdout
+    assert "rank 2 (new): kept [], made again [(1, 2), (2, 3)]" in run.stdout
