@@ -54,6 +54,13 @@ class DeadpoolConfig:
         "with the owner's optimizer and checks against the owner's digest.",
         choices=["state", "grad"],
     )
+    deadpool_rebuild_groups: str = arg(
+        "all",
+        help="Which process groups a hot swap makes again: all of them (default), or only "
+        "those with a replaced member (changed): a group whose members all survived, each "
+        "between two of its operations, keeps its connections. A shrink or grow makes all.",
+        choices=["all", "changed"],
+    )
     deadpool_allow_same_node_buddy: bool = arg(
         False,
         help="Accept buddies on the same node when no other-node buddy exists "

@@ -33,7 +33,7 @@ restored at, from the snapshot of the rank that contributes it.
 
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from deadpool_ext.protocol import Action, Decision, Report, Source, parse_slot
+from deadpool_ext.protocol import Action, Decision, Report, Source, group_members, parse_slot
 from deadpool_ext.topology import Grid
 
 
@@ -147,6 +147,25 @@ def decide(
         replaced=replaced,
         from_buddy=sorted(needs_buddy),
         warnings=warnings,
+        kept=kept_groups(reports, needs_buddy),
+    )
+
+
+def kept_groups(reports: Dict[int, Report], changed: Set[int]) -> List[str]:
+    """The groups a hot swap keeps: every member reported it with its
+    connections open and the same count of issued operations (none is in
+    the middle of one the others are not), and no member changed process
+    or restores from its buddy."""
+    counts: Dict[str, Dict[int, int]] = {}
+    for rank, report in reports.items():
+        for key, issued in report.groups.items():
+            counts.setdefault(key, {})[rank] = issued
+    return sorted(
+        key
+        for key, issued in counts.items()
+        if set(issued) == set(group_members(key))
+        and len(set(issued.values())) == 1
+        and not set(issued) & changed
     )
 
 

@@ -282,6 +282,10 @@ class Report(Message):
     own: List[int]  # iterations of its own verified snapshots
     held: List[int]  # iterations of its owner's verified snapshots it holds
     gen: int = 0
+    # --deadpool-rebuild-groups changed: each group without a lost member
+    # whose connections this rank kept open, by group_key, with the number
+    # of operations it issued on it (gloo's sequence number).
+    groups: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -386,6 +390,7 @@ class Decision:
     released: List[str] = field(default_factory=list)  # live slots that leave
     old_dp: int = 0
     new_dp: int = 0
+    kept: List[str] = field(default_factory=list)  # group_keys every member keeps
 
     def __post_init__(self):
         self.action = Action(self.action)
@@ -510,3 +515,15 @@ def _pid(environ: Mapping[str, str], name: str) -> Optional[int]:
 def host_port(address: str) -> Tuple[str, int]:
     host, port = address.rsplit(":", 1)
     return host, int(port)
+
+
+# ----- process groups across generations -----
+def group_key(ranks, occurrence: int) -> str:
+    """A process group as every rank can name it: its members and how many
+    groups of the same members were made before it in the generation (every
+    rank makes every group, in the same order)."""
+    return ",".join(map(str, ranks)) + f"#{occurrence}"
+
+
+def group_members(key: str) -> List[int]:
+    return [int(r) for r in key.split("#")[0].split(",")]

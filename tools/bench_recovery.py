@@ -29,7 +29,9 @@ those world sizes (TP2 PP2, DP = size / 4: one replica per emulated 4-rank
 node, one spare node), node 1 killed in iteration --fail-at, and reports
 what the rebuild costs as the job grows: the rebuild stage, and each rank's
 ``groups_rebuilt`` (the groups it created, held and connected, and the
-time they took). Every group is rebuilt (full rebuild). After each size,
+time they took), once making every group again (full rebuild) and once
+only those with a replaced member (``--deadpool-rebuild-groups changed``,
+partial rebuild). After each size,
 the groups' floor: one group's cost to a rank on that many gloo processes
 with nothing else running, the constants of docs/scale.md's time model.
 """
@@ -65,10 +67,10 @@ from tools.recovery_timeline import recoveries, stage_seconds
 NODE_RANKS = (4, 5, 6, 7)  # node 1 of two 4-rank nodes
 
 
-def hot_swap(opts, workdir: str, fault: bool, nnodes: int = 2) -> dict:
+def hot_swap(opts, workdir: str, fault: bool, nnodes: int = 2, rebuild: str = "all") -> dict:
     events = os.path.join(workdir, "events.jsonl")
     args = demo_workload(opts.iters, workdir, opts.moe)
-    args += ["--deadpool", "--deadpool-events", events]
+    args += ["--deadpool", "--deadpool-events", events, "--deadpool-rebuild-groups", rebuild]
     if fault:
         args.append(f"--deadpool-inject=kill:node=1:iter={opts.fail_at}")
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
@@ -116,19 +118,21 @@ def checkpoint_restart(opts, workdir: str) -> dict:
 
 # ----- --scale: the rebuild as the job grows -----
 REBUILT = ("ms", "arrive_ms", "groups_ms", "attach_ms")
-COUNTED = ("groups_created", "groups_held", "connections")
+COUNTED = ("groups_created", "groups_held", "groups_kept", "connections")
+REBUILDS = ("all", "changed")  # --deadpool-rebuild-groups: full and partial rebuild
 
 
-def rebuild_at_scale(opts, workdir: str, ranks: int) -> dict:
+def rebuild_at_scale(opts, workdir: str, ranks: int, rebuild: str) -> dict:
     """One hot swap at ``ranks`` ranks: the timeline, and the rebuild as
     every rank of the new generation saw it (medians, and the slowest)."""
-    result = hot_swap(opts, workdir, fault=True, nnodes=ranks // 4)
+    result = hot_swap(opts, workdir, fault=True, nnodes=ranks // 4, rebuild=rebuild)
     events = read_events(os.path.join(workdir, "events.jsonl"))
     gen = recoveries(events)[0]["gen"]
     rebuilt = [e for e in events if e["event"] == "groups_rebuilt" and e["gen"] == gen]
     survivors = [e for e in rebuilt if e["rank"] not in NODE_RANKS]
     result.update(
         ranks=ranks,
+        rebuild=rebuild,
         iteration_s=iteration_seconds(workdir, 2, opts.fail_at - 1),
         rebuilt_ranks=len(rebuilt),
         median={k: statistics.median(e[k] for e in rebuilt) for k in REBUILT + COUNTED},
@@ -182,15 +186,16 @@ def group_floor(ranks: int) -> dict:
 
 def print_scale(rows: list) -> None:
     print(
-        "\n| ranks | groups created per rank | held | connections | megatron's + mirror's "
-        "groups, median (slowest) | re-point objects | survivors' arrival | rebuild stage "
-        "(timeline) | fault to first iteration | iteration |"
+        "\n| ranks | groups made again | groups created per rank | held | kept | connections "
+        "| megatron's + mirror's groups, median (slowest) | re-point objects | survivors' "
+        "arrival | rebuild stage (timeline) | fault to first iteration | iteration |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         m, s, stages = r["median"], r["slowest"], dict(r["breakdown_ms"])
         print(
-            f"| {r['ranks']} | {m['groups_created']:.0f} | {m['groups_held']:g} | "
+            f"| {r['ranks']} | {r['rebuild']} | {m['groups_created']:.0f} | "
+            f"{m['groups_held']:g} | {m['groups_kept']:g} | "
             f"{m['connections']:.0f} | {m['groups_ms']:.0f} ms ({s['groups_ms']:.0f}) | "
             f"{m['attach_ms']:.0f} ms | {r['survivors_arrive_ms']:.0f} ms | "
             f"{stages['rebuild groups']} ms | {r['to_first_iteration_s']:.2f} s | "
@@ -219,10 +224,11 @@ def scale(opts) -> int:
     rows, floors = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in opts.scale:
-            workdir = os.path.join(tmp, str(ranks))
-            os.makedirs(workdir)
-            rows.append(rebuild_at_scale(opts, workdir, ranks))
-            print(ranks, json.dumps(rows[-1]), flush=True)
+            for rebuild in REBUILDS:  # side by side, in one run
+                workdir = os.path.join(tmp, f"{ranks}-{rebuild}")
+                os.makedirs(workdir)
+                rows.append(rebuild_at_scale(opts, workdir, ranks, rebuild))
+                print(ranks, json.dumps(rows[-1]), flush=True)
             floors.append(group_floor(ranks))
             print(ranks, json.dumps(floors[-1]), flush=True)
     print_scale(rows)

@@ -100,6 +100,7 @@ class Trial:
     iters: int = ITERS
     virtual_stages: int = 1  # model chunks per pipeline rank (the interleaved schedule)
     mirror_mode: str = "state"  # --deadpool-mirror-mode
+    rebuild_groups: str = "all"  # --deadpool-rebuild-groups (a campaign's, not drawn)
 
     @property
     def dp(self) -> int:
@@ -123,9 +124,10 @@ class Trial:
 
     def describe(self) -> str:
         vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        keep = "keep " if self.rebuild_groups == "changed" else ""
         return (
             f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
-            f"mirror={self.mirror_mode} "
+            f"mirror={self.mirror_mode} {keep}"
             f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
             f"+{self.delay_ms}ms"
         )
@@ -252,6 +254,7 @@ def job_args(trial: Trial, out: str) -> List[str]:
     if trial.virtual_stages > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(trial.virtual_stages)]
     args += ["--deadpool-mirror-mode", trial.mirror_mode]
+    args += ["--deadpool-rebuild-groups", trial.rebuild_groups]
     if trial.spare_wait is not None:
         args += ["--deadpool-spare-wait", str(trial.spare_wait)]
     return args
@@ -571,6 +574,12 @@ def main(argv=None) -> int:
         default="drawn",
         help="coordinator: kill node 0 with the coordinator in every trial",
     )
+    parser.add_argument(
+        "--rebuild-groups",
+        choices=["all", "changed"],
+        default="all",
+        help="--deadpool-rebuild-groups of every trial (the draws stay the same)",
+    )
     args = parser.parse_args(argv)
     indices = args.only if args.only else range(args.first, args.first + args.trials)
     os.makedirs(args.workdir, exist_ok=True)
@@ -582,6 +591,7 @@ def main(argv=None) -> int:
         trial = draw(args.seed, index)
         if args.target == "coordinator":
             trial = aimed_at_coordinator(trial)
+        trial = dataclasses.replace(trial, rebuild_groups=args.rebuild_groups)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)
         verdict = ("pass*" if result["stuck"] else "pass") if result["passed"] else "FAIL"

@@ -991,6 +991,7 @@ class Coordinator:
             rollback_to=decision.rollback_to,
             warnings=decision.warnings,
             spares_left=len(self.view.spares),
+            groups_kept=len(decision.kept),
             **details,
         )
         self.publish()

@@ -41,11 +41,12 @@ announcement. Neither touches the state: snapshots live in tensors that
 no group owns.
 """
 
+import contextlib
 import datetime
 import threading
 import time
 import weakref
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Collection, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -53,7 +54,7 @@ from megatron.training.config import Config
 from megatron.training.initialize import init_process_groups
 
 from deadpool_ext.config import section
-from deadpool_ext.protocol import Decision, Joining, join_key
+from deadpool_ext.protocol import Decision, Joining, group_key, join_key
 from deadpool_ext.sockets import peer_of, shut_down, socket_descriptors
 from deadpool_ext.state.mirror import MirrorGroups
 from deadpool_ext.topology import BuddyMap
@@ -76,14 +77,63 @@ class Generation:
         # Who shut the generation's connections down, and how many (events).
         self.released: Optional[dict] = None
         self._last_released: Set[int] = set()  # inodes of the last release
+        # Groups made while recording (--deadpool-rebuild-groups changed), by
+        # group_key: the group and the sockets it connected.
+        self._made: Dict[str, Tuple[weakref.ref, frozenset]] = {}
+        self._held = False  # the main thread keeps some groups: no release of all
+        self._carried: Set[int] = set()  # the sockets of groups carried over
+        self._released_all = False
 
-    def begin(self, number: int) -> None:
-        """Before the generation's first connection (its store) is opened."""
+    def begin(self, number: int, keep: Collection[str] = ()) -> None:
+        """Before the generation's first connection (its store) is opened.
+        ``keep``: group keys of the last generation that carry over, with
+        their connections (a later release shuts them down too)."""
         with self._lock:
+            carried = {k: v for k, v in self._made.items() if k in keep and v[0]() is not None}
+            carried_sockets = set().union(*(v[1] for v in carried.values()))
             self.number, self._building = number, True
-            self._baseline = set(socket_descriptors())
+            self._baseline = set(socket_descriptors()) - carried_sockets
+            self._carried = carried_sockets
             self._groups, self._at_built = [], 0
             self.released, self._done = None, False
+            self._made, self._held, self._released_all = carried, False, False
+
+    def record(self, key: str, group, sockets: Iterable[int]) -> None:
+        with self._lock:
+            self._made[key] = (weakref.ref(group), frozenset(sockets))
+
+    def made(self) -> Dict[str, object]:
+        """The recorded groups still alive, by group_key."""
+        with self._lock:
+            entries = list(self._made.items())
+        return {k: v[0]() for k, v in entries if v[0]() is not None}
+
+    def sockets_of(self, keys: Collection[str]) -> Set[int]:
+        """The sockets the groups of ``keys`` connected."""
+        with self._lock:
+            return set().union(*(self._made[k][1] for k in keys if k in self._made))
+
+    def kept_group(self, key: str):
+        """The group of ``key`` carried over from the last generation, if any."""
+        with self._lock:
+            entry = self._made.get(key)
+        return None if entry is None else entry[0]()
+
+    def hold(self, candidates: Collection[str], by: str) -> Dict[str, object]:
+        """The main thread stops using the generation but may keep the groups
+        of ``candidates``: every other connection is shut down now, theirs
+        stay open, and the heartbeat thread's release no longer applies.
+        Returns the candidates still intact (none once everything was released)."""
+        with self._lock:
+            if self.number is None or self._released_all:
+                intact = {}
+            else:
+                intact = {k: self._made[k] for k in candidates if k in self._made}
+                intact = {k: v for k, v in intact.items() if v[0]() is not None}
+            self._held = True
+        keep = set().union(*(v[1] for v in intact.values()))
+        self.release(by, keep=keep)
+        return {k: v[0]() for k, v in intact.items()}
 
     def _mine(self, open_now: dict) -> Set[int]:
         """The generation's sockets: every one this process opened since it
@@ -98,7 +148,7 @@ class Generation:
         with self._lock:
             if not self._building:
                 return
-            self._at_built = len(self._mine(socket_descriptors()))
+            self._at_built = len(self._mine(socket_descriptors()) - self._carried)
             self._groups = [weakref.ref(g) for g in groups]
             self._building = False
 
@@ -113,31 +163,42 @@ class Generation:
         return {"groups_held": held, "groups_created": groups_created(), "connections": connections}
 
     def release_if_older(self, newer: int, by: str) -> int:
-        """Release this generation if it is older than ``newer``."""
+        """Release this generation if it is older than ``newer`` and the main
+        thread does not hold it (``hold``)."""
         with self._lock:
-            if self.number is None or self.number >= newer or self._done:
+            if self.number is None or self.number >= newer or self._done or self._held:
                 return 0
-        return self.release(by)
+            count, groups = self._release_locked(by, frozenset())
+        abort_nccl(groups)
+        return count
 
-    def release(self, by: str) -> int:
-        """Shut every connection of the generation down and abort its NCCL
-        groups; returns the number of connections shut down. Idempotent:
-        a second release shuts down what the groups connected since."""
+    def release(self, by: str, keep: Collection[int] = frozenset()) -> int:
+        """Shut every connection of the generation down (but the sockets in
+        ``keep``) and abort its NCCL groups (but those owning them); returns
+        the number of connections shut down. Idempotent: a second release
+        shuts down what the groups connected since."""
         with self._lock:
             if self.number is None:
                 return 0
-            open_now = socket_descriptors()
-            inodes = self._mine(open_now)
-            groups, self._groups = self._groups, []
-            count = sum(shut_down(open_now[i]) for i in inodes)
-            self._baseline = set(open_now)
-            if inodes:  # a second release finds nothing new
-                self._last_released = set(inodes)
-            self._done = not self._building
-            if count and self.released is None:
-                self.released = {"by": by, "connections": count, "open": len(inodes)}
-        abort_nccl([ref() for ref in groups])
+            count, groups = self._release_locked(by, frozenset(keep))
+        abort_nccl(groups)
         return count
+
+    def _release_locked(self, by: str, keep: frozenset) -> Tuple[int, list]:
+        open_now = socket_descriptors()
+        inodes = self._mine(open_now) - keep
+        kept_groups = {id(v[0]()) for v in self._made.values() if v[1] & keep}
+        groups = [ref() for ref in self._groups if id(ref()) not in kept_groups]
+        self._groups = [ref for ref in self._groups if id(ref()) in kept_groups]
+        count = sum(shut_down(open_now[i]) for i in inodes)
+        self._baseline = set(open_now) - keep
+        if inodes:  # a second release finds nothing new
+            self._last_released = set(inodes)
+        self._done = not self._building and not keep
+        self._released_all = self._released_all or not keep
+        if count and self.released is None:
+            self.released = {"by": by, "connections": count, "open": len(inodes)}
+        return count, groups
 
     def open_connections(self) -> List[dict]:
         """The TCP connections this process has open now, and whether the
@@ -150,6 +211,51 @@ class Generation:
             if peer is not None:
                 found.append({"inode": inode, "peer": peer, "released": inode in known})
         return found
+
+
+@contextlib.contextmanager
+def recording_groups(generation: Generation, kept: Collection[str] = (), enabled: bool = True):
+    """While megatron-core and the mirror make a generation's groups: name
+    each by its group_key, note the sockets it connected (a release can then
+    spare a kept group's), and hand back the group carried over for each
+    key in ``kept`` instead of making it (every rank skips the same ones, so
+    the groups made keep one order and torch's names everywhere). Torch has
+    no hook on group creation and megatron-core calls
+    ``torch.distributed.new_group``; the wrapper is in place for the call alone.
+    Not ``enabled``: groups are made as they always are."""
+    if not enabled:
+        yield
+        return
+    make = dist.new_group
+    seen: Dict[Tuple[int, ...], int] = {}
+
+    def new_group(*args, **kwargs):
+        ranks = kwargs["ranks"] if "ranks" in kwargs else (args[0] if args else None)
+        if ranks is None:
+            return make(*args, **kwargs)
+        members = tuple(sorted(ranks))
+        key = group_key(members, seen.get(members, 0))
+        seen[members] = seen.get(members, 0) + 1
+        if key in kept:
+            group = generation.kept_group(key)
+            return dist.GroupMember.NON_GROUP_MEMBER if group is None else group
+        before = socket_descriptors() if dist.get_rank() in members else None
+        group = make(*args, **kwargs)
+        if before is not None:
+            generation.record(key, group, set(socket_descriptors()) - set(before))
+        return group
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = make
+
+
+def records_groups(config: Config) -> bool:
+    """Whether a rank names and records its groups as they are made, so
+    that a hot swap may keep some (--deadpool-rebuild-groups changed)."""
+    return section(config).deadpool_rebuild_groups == "changed"
 
 
 def groups_created() -> Optional[int]:
@@ -183,16 +289,19 @@ def enter_generation(ctx, config, decision: Decision, rank: int, world_size: int
         if ctx.current()["gen"] != decision.gen:
             raise FailureAnnounced("another failure before the rebuild")
         time.sleep(0.01)
-    open_default_group(ctx, config, decision.gen, rank, world_size)
+    open_default_group(ctx, config, decision.gen, rank, world_size, keep=decision.kept)
 
 
-def open_default_group(ctx, config, gen: int, rank: int, world_size: int) -> None:
+def open_default_group(
+    ctx, config, gen: int, rank: int, world_size: int, keep: Collection[str] = ()
+) -> None:
     """Generation ``gen``'s default group (the one place a real one is made):
     its rendezvous under its own prefix, on a store connection the
     generation owns, so that releasing the generation frees a rank waiting
-    there for a peer that died. Megatron's groups and the mirror's pairs follow."""
+    there for a peer that died. Megatron's groups and the mirror's pairs
+    follow; ``keep``: the groups of the last generation that carry over."""
     p = config.parallel
-    ctx.generation.begin(gen)
+    ctx.generation.begin(gen, keep)
     dist.init_process_group(
         p.distributed_backend,
         store=dist.PrefixStore(f"gen{gen}/", ctx.generation_store()),

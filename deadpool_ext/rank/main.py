@@ -31,7 +31,12 @@ from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.protocol import Action, Decision, ExitCode, Role, WorkerEnv, WorkerState
 from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
-from deadpool_ext.rank.generation import Generation, open_default_group
+from deadpool_ext.rank.generation import (
+    Generation,
+    open_default_group,
+    recording_groups,
+    records_groups,
+)
 from deadpool_ext.rank.hooks import FaultHook, MirrorHook, RecoveryHook
 from deadpool_ext.wire import (
     Channel,
@@ -279,8 +284,9 @@ def start_active(ctx: ControlClient, config: Config, builders: tuple):
     open_default_group(ctx, config, 0, ctx.env.rank, config.world_size)
     model_provider, forward_step, make_hooks = builders
     hooks = make_hooks(config, ctx)
-    trainer = build_trainer(config, model_provider, forward_step, list(hooks))
-    trainer.setup()
+    with recording_groups(ctx.generation, enabled=records_groups(config)):
+        trainer = build_trainer(config, model_provider, forward_step, list(hooks))
+        trainer.setup()
     rec = recovery.Recovery(ctx, trainer, hooks, builders=builders)
     rec.generation_built()
     return rec

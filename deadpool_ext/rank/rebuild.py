@@ -20,7 +20,12 @@ from megatron.training.training import Trainer, build_trainer
 
 from deadpool_ext.config import experts_of, section
 from deadpool_ext.protocol import Action, Decision
-from deadpool_ext.rank.generation import enter_generation, position_groups
+from deadpool_ext.rank.generation import (
+    enter_generation,
+    position_groups,
+    recording_groups,
+    records_groups,
+)
 from deadpool_ext.rank.restore import contributions, grid_of, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
@@ -61,10 +66,11 @@ def rebuild_for(ctx, config: Config, builders, datasets, decision: Decision, ran
     enter_generation(ctx, config, decision, rank, decision.world_size)
     model_provider, forward_step, make_hooks = builders
     hooks = make_hooks(config, ctx)
-    trainer = build_trainer(
-        config, model_provider, forward_step, list(hooks), datasets=datasets, joining=True
-    )
-    trainer.setup()
+    with recording_groups(ctx.generation, enabled=records_groups(config)):
+        trainer = build_trainer(
+            config, model_provider, forward_step, list(hooks), datasets=datasets, joining=True
+        )
+        trainer.setup()
     return trainer, hooks
 
 

@@ -32,10 +32,16 @@ from megatron.training.training import Trainer, build_trainer
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
-from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState
+from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState, group_members
 from deadpool_ext.rank import rebuild, regroup
 from deadpool_ext.rank.errors import Failure, classify, summary
-from deadpool_ext.rank.generation import enter_generation, open_fake_world, open_training_groups
+from deadpool_ext.rank.generation import (
+    enter_generation,
+    open_fake_world,
+    open_training_groups,
+    recording_groups,
+    records_groups,
+)
 from deadpool_ext.rank.restore import restore_snapshot
 from deadpool_ext.state.mirror import MirrorError
 
@@ -88,6 +94,12 @@ class Recovery:
         self.ctx = ctx
         self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
+        # --deadpool-rebuild-groups changed: between tear-down and decision,
+        # the groups that may be kept (by group_key), their connections open;
+        # then the kept ones, set aside from torch's registry until the next
+        # generation's default group exists.
+        self.intact: Optional[Dict[str, object]] = None
+        self.set_aside: Optional[regroup.SetAside] = None
         self.completed = False  # the loop reached --train-iters
         self.failure_seen_at = None  # when this rank saw the failure it recovers from
         self.stage_ms = {}  # the recovery's stages, by event, as this rank timed them
@@ -233,6 +245,7 @@ class Recovery:
             self.emit("failure_seen", error=message, during="recovery")
 
     def carry_out(self, decision: Decision) -> None:
+        self.finish_tear_down(decision)
         if decision.action.resizes:
             rebuild.resize(self, decision)
         else:
@@ -249,22 +262,72 @@ class Recovery:
         # Shut this generation's connections down (the heartbeat thread may
         # have done it already): every peer blocked on this rank, and the
         # mirror's exchange, fail at once instead of waiting on sockets
-        # that forked processes or live objects keep open.
-        self.ctx.generation.release(by="tear_down")
+        # that forked processes or live objects keep open. Groups that may
+        # be kept stay connected until the decision.
+        if self.slots is None and self.may_keep_groups():
+            self.intact = self.ctx.generation.hold(self.keepable(), by="tear_down")
+        else:
+            self.ctx.generation.release(by="tear_down")
         if self.mirror is not None:
             self._mirror_step("halt", self.mirror.halt)
-        if self.slots is None:
-            # No local may hold a group (detach checks that none is left alive).
-            self.slots = regroup.detach(
-                self.roots(), {} if self.mirror is None else self.mirror.groups.roles()
-            )
-        else:
+        if self.slots is not None:
+            self.set_aside = None  # kept groups of the failed rebuild go too
             regroup.reset()
+        elif not self.intact:
+            self.intact = None
+            self.detach()
         self.emit(
             "groups_torn_down",
             ms=round((time.monotonic() - start) * 1e3, 1),
             released=self.ctx.generation.released,
         )
+
+    def detach(self, keep: Optional[Dict[str, object]] = None) -> None:
+        """Every group but those of ``keep`` swapped for a placeholder and
+        destroyed (no local may hold one: detach checks none is left alive)."""
+        keep = keep or {}
+        self.set_aside = regroup.set_aside(keep.values())
+        self.slots = regroup.detach(
+            self.roots(),
+            {} if self.mirror is None else self.mirror.groups.roles(),
+            keep=keep.values(),
+        )
+
+    def may_keep_groups(self) -> bool:
+        """--deadpool-rebuild-groups changed, a failure (a grow resizes), and
+        groups recorded as they were made."""
+        return (
+            records_groups(self.config)
+            and self.mirror is not None
+            and not self.ctx.grow_announced()
+        )
+
+    def keepable(self):
+        """This rank's groups without a lost member, but those that carry
+        point-to-point traffic (pipeline stages' sends and receives, the
+        mirror's pairs): equal counts of issued operations prove only
+        collectives matched, not which peer a send was for."""
+        lost = set(self.ctx.current().get("lost", []))
+        roles = regroup.groups_by_role(self.mirror.groups.roles())
+        p2p = {id(g) for role, g in roles.items() if role.startswith(P2P_ROLES)}
+        p2p |= {id(g) for g in self.mirror.groups.roles().values()}
+        return [
+            key
+            for key, group in self.ctx.generation.made().items()
+            if not set(group_members(key)) & lost and id(group) not in p2p
+        ]
+
+    def finish_tear_down(self, decision: Decision) -> None:
+        """After the decision: the groups it keeps stay, every other one
+        goes (its connections shut down first)."""
+        if self.intact is None:
+            return
+        keep = {}
+        if decision.action == Action.RECOVER:
+            keep = {k: g for k, g in self.intact.items() if k in decision.kept}
+        self.intact = None
+        self.ctx.generation.release(by="rebuild", keep=self.ctx.generation.sockets_of(keep))
+        self.detach(keep)
 
     def generation_built(self) -> None:
         """Every group of the generation exists: fix the set of connections
@@ -292,7 +355,7 @@ class Recovery:
         )
         while True:
             gen = ctx.current()["gen"]
-            mirror = self.mirror
+            mirror, intact = self.mirror, self.intact or {}
             ctx.post(
                 P.Report(
                     gen=gen,
@@ -300,9 +363,10 @@ class Recovery:
                     slot=ctx.slot,
                     own=mirror.iterations(Source.OWN) if mirror else [],
                     held=mirror.iterations(Source.HELD) if mirror else [],
+                    groups={k: g._get_sequence_number_for_group() for k, g in intact.items()},
                 )
             )
-            self.emit("reported", for_gen=gen)
+            self.emit("reported", for_gen=gen, groups=len(intact))
             self.fault_hook.at("recovery")
             while ctx.current()["gen"] == gen:
                 decision = ctx.decision(gen)
@@ -343,9 +407,12 @@ class Recovery:
         rank (a spare still building), the rest is the groups' cost."""
         marks = [time.monotonic()]
         self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
+        kept = regroup.put_back(self.set_aside, decision.gen)
+        self.set_aside = None
         marks.append(time.monotonic())
         # A hot swap keeps the world, so the buddies are the ones planned at setup.
-        groups = open_training_groups(self.config, self.mirror_hook.buddies)
+        with self.recording(decision.kept):
+            groups = open_training_groups(self.config, self.mirror_hook.buddies)
         marks.append(time.monotonic())
         regroup.attach(self.roots(), self.slots, groups.roles())
         self.slots = None
@@ -359,8 +426,14 @@ class Recovery:
             arrive_ms=ms[0],
             groups_ms=ms[1],
             attach_ms=ms[2],
+            groups_kept=kept,
             **self.ctx.generation.size(),
         )
+
+    def recording(self, kept=()):
+        """Group creation named and recorded, so that a later failure can
+        keep groups (--deadpool-rebuild-groups changed)."""
+        return recording_groups(self.ctx.generation, kept, records_groups(self.config))
 
     def restore(self, decision: Decision) -> None:
         start = time.monotonic()
@@ -426,6 +499,9 @@ class Recovery:
             line += f", data-parallel size {decision.old_dp} -> {decision.new_dp}"
         return values, line
 
+
+# Roles (megatron-core's parallel_state names) of groups with point-to-point traffic.
+P2P_ROLES = ("_PIPELINE_MODEL_PARALLEL_GROUP",)
 
 # Recovery stages on the dashboards: event -> name.
 DASHBOARD_STAGES = {

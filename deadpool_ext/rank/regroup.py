@@ -45,8 +45,19 @@ class GroupSlot:
     role: str
 
 
-# Values that never hold a process group: not worth walking into.
+class SetAside:
+    """Groups out of torch's registry between two generations
+    (``set_aside``), with what registering them again needs. The walk
+    never enters it: these groups must survive the swap."""
+
+    def __init__(self, entries: List[dict]):
+        self.entries = entries
+
+
+# Values that never hold a process group (or hold only set-aside ones): not
+# worth walking into.
 _LEAVES = (
+    SetAside,
     torch.Tensor,
     str,
     bytes,
@@ -231,13 +242,57 @@ def _swap_out(roots: Dict[str, object], extra_roles) -> tuple:
     return slots, alive
 
 
+def set_aside(groups: Iterable[object]) -> SetAside:
+    """Take groups out of torch's registry without destroying them, so that
+    they outlive the default group (destroying it destroys every registered
+    group). What ``put_back`` needs to register them in the next world.
+    Torch's private registry helpers: the ones its own ``shrink_group`` uses
+    (``python -m tools.keep_groups`` checks them)."""
+    world = dist.distributed_c10d._world
+    entries = []
+    for group in groups:
+        backend, store = world.pg_map[group]
+        entries.append(
+            {
+                "group": group,
+                "backend": backend,
+                "store": store,
+                "name": world.pg_names[group],
+                "config": world.pg_backend_config.get(group, ""),
+                "ranks": dict(world.pg_group_ranks[group]),
+            }
+        )
+        dist.distributed_c10d._cleanup_process_group_global_state(group)
+    return SetAside(entries)
+
+
+def put_back(aside: Optional[SetAside], gen: int) -> int:
+    """Register set-aside groups in generation ``gen``'s world, under names
+    its own groups (numbered from 0 again) cannot take; returns how many."""
+    entries = [] if aside is None else aside.entries
+    for entry in entries:
+        name = f"kept{gen}/{entry['name']}"  # unique: its old name was
+        entry["group"]._set_group_name(name)
+        dist.distributed_c10d._register_pg_in_world(
+            entry["group"], entry["backend"], entry["store"], name, entry["config"], entry["ranks"]
+        )
+    return len(entries)
+
+
 def detach(
-    roots: Dict[str, object], extra_roles: Optional[Dict[str, object]] = None, settle_s: float = 5.0
+    roots: Dict[str, object],
+    extra_roles: Optional[Dict[str, object]] = None,
+    settle_s: float = 5.0,
+    keep: Iterable[object] = (),
 ) -> Dict[str, GroupSlot]:
     """Swap every group under ``roots`` for a GroupSlot, destroy the groups
-    and wait until no old group object is alive. Returns the slots by role."""
+    but those in ``keep`` (set aside first: the next generation's
+    megatron-core finds them again, and ``attach`` puts them back) and wait
+    until no other old group object is alive. Returns the slots by role."""
     slots, alive = _swap_out(roots, extra_roles)
-    extra_roles = None
+    kept = {id(group) for group in keep}
+    alive = {role: ref for role, ref in alive.items() if id(ref()) not in kept}
+    extra_roles = keep = None
     _forget_parallel_state()
     if dist.is_initialized():
         dist.destroy_process_group()

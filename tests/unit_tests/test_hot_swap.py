@@ -125,7 +125,37 @@ SCENARIOS = {
     # Two failures in a row: rank 7 dies in forward, rank 2 while the job
     # recovers from it.
     "moe-twice": (MOE, 4, 1, 2, ["kill:rank=7:iter=3:phase=forward", "kill:rank=2:phase=recovery"]),
+    # --deadpool-rebuild-groups changed: the survivors keep the groups no
+    # replaced rank was in. Node 1 (the second pipeline stage) is lost.
+    "keep-pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
+    # Two failures in a row, each keeping what the other left.
+    "keep-forward+grad-reduce": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["kill:rank=0:iter=2:phase=forward", "kill:rank=3:iter=5:phase=grad-reduce"],
+    ),
+    # A failure during the recovery: the kept groups of the interrupted
+    # rebuild go too.
+    "keep-mirror+recovery": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["kill:rank=3:iter=3:phase=mirror", "kill:rank=0:phase=recovery"],
+    ),
+    # A survivor blocked where no failure reaches it (rank 1 stalls): its
+    # heartbeat thread releases all it holds, and its groups are made again.
+    "keep-stuck": (
+        SMALL,
+        2,
+        1,
+        2,
+        ["stall:rank=1:iter=4:phase=forward", "kill:rank=2:iter=4:phase=forward"],
+    ),
 }
+KEEP = ["--deadpool-rebuild-groups", "changed"]
 # Workers started each from its command (as on a GPU node) rather than
 # forked from their node's zygote: the agent kills the hung one.
 STARTED = {"hang"}
@@ -137,6 +167,7 @@ EXTRA = {
     "recompute-full": ["--recompute-granularity", "full", "--recompute-method", "uniform"]
     + ["--recompute-num-layers", "1"],
     "recompute-selective": ["--recompute-activations"],
+    **{name: KEEP for name in SCENARIOS if name.startswith("keep-")},
 }
 
 
@@ -213,7 +244,7 @@ def test_events_tell_the_recovery(recovered):
     # that recovery absorbs (a stuck rank's kill among them).
     faults = [f for f in SCENARIOS[name][4] if not f.startswith("disk-full")]
     during = sum(
-        "phase=recovery" in f or (f.startswith("stall") and name == "stuck") for f in faults
+        "phase=recovery" in f or (f.startswith("stall") and name.endswith("stuck")) for f in faults
     )
     assert kinds.count("recovered") == len(faults) - during
     assert kinds.count("failure_detected") >= len(faults)
@@ -232,8 +263,18 @@ def test_events_tell_the_recovery(recovered):
     for gen in {e["gen"] for e in events if e["event"] == "groups_rebuilt"}:
         rebuilt = [e for e in events if e["event"] == "groups_rebuilt" and e["gen"] == gen]
         assert len({e["groups_created"] for e in rebuilt}) == 1, rebuilt
-        assert all(0 < e["groups_held"] <= e["groups_created"] for e in rebuilt), rebuilt
+        assert all(
+            0 < e["groups_held"] <= e["groups_created"] + e["groups_kept"] for e in rebuilt
+        ), rebuilt
         assert all(e["connections"] > 0 for e in rebuilt), rebuilt
+    rebuilt = [e for e in events if e["event"] == "groups_rebuilt"]
+    if name == "keep-pp-node":
+        # Node 0's ranks (the first stage) keep their tensor- and data-parallel
+        # groups and the like; the spares, in node 1's place, keep none.
+        assert all(e["groups_kept"] > 0 for e in rebuilt if e["rank"] < 4), rebuilt
+        assert all(e["groups_kept"] == 0 for e in rebuilt if e["rank"] >= 4), rebuilt
+    if not name.startswith("keep-"):  # by default every group is made again
+        assert all(e["groups_kept"] == 0 for e in rebuilt), rebuilt
     restored = [e for e in events if e["event"] == "state_restored"]
     if name == "nan":  # a rollback: every rank from its own snapshot
         assert {e["source"] for e in restored} == {"own"} and len(restored) == 4
@@ -266,7 +307,7 @@ def test_events_tell_the_recovery(recovered):
     if name == "stall":
         assert "no progress for 6 s while computing" in detected[0]["reason"]
         assert detected[0]["ranks"] == [1]
-    if name == "stuck":
+    if name.endswith("stuck"):
         # Rank 1 wrote where it was blocked before the coordinator killed it.
         stuck = [e for e in events if e["event"] == "stuck"]
         assert [e["rank"] for e in stuck] == [1] and "inject.py" in stuck[0]["stacks"]

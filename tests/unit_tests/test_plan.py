@@ -3,8 +3,8 @@ spare placement, and the failures that must stop the job."""
 
 import pytest
 
-from deadpool_ext.policy import choose_spares, decide, newest_common
-from deadpool_ext.protocol import Decision, Report, Source
+from deadpool_ext.policy import choose_spares, decide, kept_groups, newest_common
+from deadpool_ext.protocol import Decision, Report, Source, group_key, group_members
 
 # 4 ranks on 2 nodes of 2 (TP2 x DP2, tp-pp-dp order): DP peers 0<->2, 1<->3.
 MEMBERS = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
@@ -122,16 +122,51 @@ def test_rollback_ignores_ranks_that_need_their_buddy():
 
 
 def test_decisions_survive_the_wire():
-    got = decide(
-        1,
-        MEMBERS,
-        {3},
-        reports({0: [5], 1: [5], 2: [5]}, {0: [5], 1: [5], 2: [5]}, skip={3}),
-        SPARES,
-        BUDDY,
-        OWNER,
-    )
+    survivors = reports({0: [5], 1: [5], 2: [5]}, {0: [5], 1: [5], 2: [5]}, skip={3})
+    for rank in (0, 1):
+        survivors[rank].groups = {group_key((0, 1), 0): 7}
+    got = decide(1, MEMBERS, {3}, survivors, SPARES, BUDDY, OWNER)
+    assert got.kept == ["0,1#0"]
     assert Decision.from_message(got.to_message()) == got
+
+
+# ----- groups a hot swap keeps (--deadpool-rebuild-groups changed) -----
+def groups_report(rank, groups):
+    return Report(rank, MEMBERS[rank], [5], [5], groups=groups)
+
+
+def test_a_group_key_names_its_members_and_its_place_among_their_groups():
+    assert group_key((0, 2), 1) == "0,2#1"
+    assert group_members(group_key((0, 2, 3), 0)) == [0, 2, 3]
+
+
+def test_a_group_is_kept_where_every_member_reported_the_same_count():
+    tp, dp = group_key((0, 1), 0), group_key((0, 2), 0)
+    got = kept_groups(
+        {
+            0: groups_report(0, {tp: 4, dp: 9}),
+            1: groups_report(1, {tp: 4}),
+            2: groups_report(2, {}),
+        },
+        changed={3},
+    )
+    # {0, 2}: rank 2 did not report it (released, or it holds no such group).
+    assert got == [tp]
+
+
+def test_a_member_one_operation_ahead_makes_the_group_new():
+    tp = group_key((0, 1), 0)
+    reports_ = {0: groups_report(0, {tp: 5}), 1: groups_report(1, {tp: 4})}
+    assert kept_groups(reports_, changed=set()) == []
+
+
+def test_a_group_with_a_member_restored_from_its_buddy_is_made_again():
+    # Rank 1's process is new (a spare of an interrupted recovery): even if it
+    # reported the key, the group is not the one its peers hold.
+    tp = group_key((0, 1), 0)
+    reports_ = {0: groups_report(0, {tp: 5}), 1: groups_report(1, {tp: 5})}
+    assert kept_groups(reports_, changed={1}) == []
+    assert kept_groups(reports_, changed={3}) == [tp]
 
 
 def test_missing_reports_are_a_caller_error():
