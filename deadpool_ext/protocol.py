@@ -48,6 +48,12 @@ STUCK_KILL_TIMEOUTS = 3
 # groups' timeout (docs/reliability.md). Ranks blocked on a lost peer wait
 # this much longer; a rank that notices the failure itself releases at once.
 RELEASE_GRACE_S = 1.0
+# Under --deadpool-rebuild-groups changed the grace's release spares the
+# groups a hot swap may keep (only groups with a lost member are shut down:
+# a main thread blocked in one is freed); a main thread still not stopped
+# this long after the announcement is blocked in a group that could be
+# kept, and everything is released then.
+RELEASE_ALL_AFTER_S = 2 * RELEASE_GRACE_S
 # After an abort, how long the ranks that reported may take to read it and
 # stop on their own before their agents are told to stop them.
 ABORT_GRACE_S = 10.0

@@ -6,24 +6,39 @@ long it may wait on a peer that went silent (``wire.connect``).
 import contextlib
 import os
 import socket
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Set
 
 # /proc/self/fd links of sockets read "socket:[INODE]".
 _SOCKET_PREFIX = "socket:["
 
 
-def socket_descriptors() -> dict:
-    """Inode -> a descriptor of it, for every socket this process has open."""
+_FD_DIR = "/proc/self/fd"
+
+
+def socket_descriptors(names: Optional[Iterable[str]] = None) -> dict:
+    """Inode -> a descriptor of it, for every socket this process has open
+    (among the descriptors ``names``, if given: reading each link is what
+    costs, about 0.1 ms)."""
     found = {}
-    fd_dir = "/proc/self/fd"
-    for name in os.listdir(fd_dir):
+    for name in os.listdir(_FD_DIR) if names is None else names:
         try:
-            target = os.readlink(os.path.join(fd_dir, name))
+            target = os.readlink(os.path.join(_FD_DIR, name))
         except OSError:  # closed since the listing
             continue
         if target.startswith(_SOCKET_PREFIX):
             found.setdefault(int(target[len(_SOCKET_PREFIX) : -1]), int(name))
     return found
+
+
+def open_descriptors() -> Set[str]:
+    """The descriptors open now, by name: a cheap listing to diff against."""
+    return set(os.listdir(_FD_DIR))
+
+
+def sockets_opened_since(before: Set[str]) -> Set[int]:
+    """The inodes of the sockets on descriptors opened since ``before``
+    (``open_descriptors``), e.g. the connections one group made."""
+    return set(socket_descriptors(open_descriptors() - before))
 
 
 @contextlib.contextmanager

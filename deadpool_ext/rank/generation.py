@@ -55,7 +55,13 @@ from megatron.training.initialize import init_process_groups
 
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Decision, Joining, group_key, join_key
-from deadpool_ext.sockets import peer_of, shut_down, socket_descriptors
+from deadpool_ext.sockets import (
+    open_descriptors,
+    peer_of,
+    shut_down,
+    socket_descriptors,
+    sockets_opened_since,
+)
 from deadpool_ext.state.mirror import MirrorGroups
 from deadpool_ext.topology import BuddyMap
 from deadpool_ext.wire import control_sockets
@@ -162,13 +168,13 @@ class Generation:
             connections = self._at_built
         return {"groups_held": held, "groups_created": groups_created(), "connections": connections}
 
-    def release_if_older(self, newer: int, by: str) -> int:
-        """Release this generation if it is older than ``newer`` and the main
-        thread does not hold it (``hold``)."""
+    def release_if_older(self, newer: int, by: str, keep: Collection[int] = frozenset()) -> int:
+        """Release this generation (but the sockets in ``keep``) if it is
+        older than ``newer`` and the main thread does not hold it (``hold``)."""
         with self._lock:
             if self.number is None or self.number >= newer or self._done or self._held:
                 return 0
-            count, groups = self._release_locked(by, frozenset())
+            count, groups = self._release_locked(by, frozenset(keep))
         abort_nccl(groups)
         return count
 
@@ -239,10 +245,10 @@ def recording_groups(generation: Generation, kept: Collection[str] = (), enabled
         if key in kept:
             group = generation.kept_group(key)
             return dist.GroupMember.NON_GROUP_MEMBER if group is None else group
-        before = socket_descriptors() if dist.get_rank() in members else None
+        before = open_descriptors() if dist.get_rank() in members else None
         group = make(*args, **kwargs)
         if before is not None:
-            generation.record(key, group, set(socket_descriptors()) - set(before))
+            generation.record(key, group, sockets_opened_since(before))
         return group
 
     dist.new_group = new_group

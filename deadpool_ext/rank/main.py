@@ -13,7 +13,7 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Callable, NoReturn, Optional, Tuple
+from typing import Callable, Collection, List, NoReturn, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -71,6 +71,9 @@ class ControlClient:
         # stuck where a release cannot reach: its stacks go to on_stuck once.
         self.stuck_after_s: Optional[float] = None
         self.on_stuck: Optional[Callable[[int, str], None]] = None
+        # --deadpool-rebuild-groups changed: the keys of the groups a release
+        # spares, given the lost ranks (set by the rank's Recovery).
+        self.keepable: Optional[Callable[[Collection[int]], List[str]]] = None
         self._announced: Optional[tuple] = None  # (generation, when seen)
         self._superseded: Optional[tuple] = None  # (newer generation, when seen)
         # The heartbeat thread has its own connection.
@@ -189,16 +192,22 @@ class ControlClient:
         are dead: RELEASE_GRACE_S later, shut their connections down, so a
         main thread blocked in a collective (and every peer blocked on this
         rank) is released then, not when its peers' sockets happen to close.
-        A grow lets the iteration finish; ranks release at the boundary."""
+        Groups a hot swap may keep are spared until RELEASE_ALL_AFTER_S (a
+        main thread blocked in a group with a lost member is freed without
+        them). A grow lets the iteration finish; ranks release at the boundary."""
         if latest.get("grow"):
             return
         gen = int(latest["gen"])
         if self._superseded is None or self._superseded[0] != gen:
             self._superseded = (gen, time.monotonic())
-        if time.monotonic() - self._superseded[1] < P.RELEASE_GRACE_S:
+        waited = time.monotonic() - self._superseded[1]
+        if waited < P.RELEASE_GRACE_S:
             return
         try:
-            self.generation.release_if_older(gen, by="heartbeat thread")
+            keep = set()
+            if self.keepable is not None and waited < P.RELEASE_ALL_AFTER_S:
+                keep = self.generation.sockets_of(self.keepable(latest.get("lost", [])))
+            self.generation.release_if_older(gen, by="heartbeat thread", keep=keep)
         except Exception as error:  # noqa: BLE001 - the thread must go on beating
             # tear_down releases again, from the main thread, and reports it.
             self.release_error = summary(error)

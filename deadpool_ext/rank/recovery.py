@@ -23,7 +23,7 @@ position against a fake world (no collectives), re-pointed the same way.
 """
 
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -113,6 +113,8 @@ class Recovery:
         timeout = section(self.config).deadpool_heartbeat_timeout
         self.ctx.stuck_after_s = P.STUCK_REPORT_TIMEOUTS * timeout
         self.ctx.on_stuck = self._report_stuck
+        keeps = records_groups(self.config) and self.mirror is not None
+        self.ctx.keepable = self.keepable if keeps else None
 
     def _report_stuck(self, gen: int, stacks: str) -> None:
         """The heartbeat thread saw generation ``gen`` announced and released
@@ -265,7 +267,8 @@ class Recovery:
         # that forked processes or live objects keep open. Groups that may
         # be kept stay connected until the decision.
         if self.slots is None and self.may_keep_groups():
-            self.intact = self.ctx.generation.hold(self.keepable(), by="tear_down")
+            keepable = self.keepable(self.ctx.current().get("lost", []))
+            self.intact = self.ctx.generation.hold(keepable, by="tear_down")
         else:
             self.ctx.generation.release(by="tear_down")
         if self.mirror is not None:
@@ -302,12 +305,13 @@ class Recovery:
             and not self.ctx.grow_announced()
         )
 
-    def keepable(self):
-        """This rank's groups without a lost member, but those that carry
+    def keepable(self, lost) -> List[str]:
+        """This rank's groups without a ``lost`` member, but those that carry
         point-to-point traffic (pipeline stages' sends and receives, the
         mirror's pairs): equal counts of issued operations prove only
-        collectives matched, not which peer a send was for."""
-        lost = set(self.ctx.current().get("lost", []))
+        collectives matched, not which peer a send was for. (The heartbeat
+        thread asks too.)"""
+        lost = set(lost)
         roles = regroup.groups_by_role(self.mirror.groups.roles())
         p2p = {id(g) for role, g in roles.items() if role.startswith(P2P_ROLES)}
         p2p |= {id(g) for g in self.mirror.groups.roles().values()}

@@ -272,12 +272,14 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
     class Recorded:
         calls = []
 
-        def release_if_older(self, newer, by):
+        def release_if_older(self, newer, by, keep=frozenset()):
+            assert not keep  # nothing may be kept: every group goes
             self.calls.append((newer, by))
 
     monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
     ctx = object.__new__(worker.ControlClient)  # the watch alone, no store
     ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
+    ctx.keepable = None
     ctx._release_if_superseded({"gen": 1, "grow": True})  # a grow: at the boundary
     ctx._release_if_superseded({"gen": 1})
     assert Recorded.calls == []
@@ -286,6 +288,37 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
     assert Recorded.calls == [(1, "heartbeat thread")]
     ctx._release_if_superseded({"gen": 2})  # a newer failure: a grace of its own
     assert Recorded.calls == [(1, "heartbeat thread")]
+
+
+def test_with_groups_to_keep_the_heartbeat_spares_them_first_and_releases_all_later(monkeypatch):
+    """--deadpool-rebuild-groups changed: after the grace only groups with a
+    lost member are shut down (a main thread blocked in one is freed, the
+    groups that may be kept stay whole); a main thread still not stopped
+    RELEASE_ALL_AFTER_S after the announcement has everything released."""
+    from deadpool_ext.rank import main as worker
+
+    class Recorded:
+        calls = []
+
+        def sockets_of(self, keys):
+            return {101, 102} if keys == ["0,1#0"] else set()
+
+        def release_if_older(self, newer, by, keep=frozenset()):
+            self.calls.append(sorted(keep))
+
+    monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
+    monkeypatch.setattr(worker.P, "RELEASE_ALL_AFTER_S", 0.3)
+    ctx = object.__new__(worker.ControlClient)
+    ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
+    asked = []
+    ctx.keepable = lambda lost: asked.append(list(lost)) or ["0,1#0"]
+    ctx._release_if_superseded({"gen": 1, "lost": [3]})
+    time.sleep(0.15)
+    ctx._release_if_superseded({"gen": 1, "lost": [3]})
+    assert Recorded.calls == [[101, 102]] and asked == [[3]]
+    time.sleep(0.2)
+    ctx._release_if_superseded({"gen": 1, "lost": [3]})
+    assert Recorded.calls == [[101, 102], []] and ctx.release_error is None
 
 
 def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which_leaves():
