@@ -1,5 +1,6 @@
 """Can a hot swap keep the groups it did not break? What torch 2.13's gloo
-allows, without our code (issue 22, partial rebuild; docs/scale.md
+allows, with nothing of ours but the registry helpers partial rebuild uses
+(``rank.regroup.set_aside`` and ``put_back``; issue 22, docs/scale.md
 section 3).
 
 ``--ranks`` gloo processes make a default group and every pair of
@@ -33,9 +34,8 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
-
 from deadpool_ext.control.launch import free_port
+from deadpool_ext.rank import regroup
 
 
 def pairs(world: int) -> list:
@@ -63,29 +63,6 @@ def open_world(store, gen: int, rank: int, world: int) -> None:
     )
 
 
-def take_out(group) -> dict:
-    """The group leaves torch's registry (not destroyed): what putting it back needs."""
-    entry = {
-        "backend": c10d._world.pg_map[group][0],
-        "store": c10d._world.pg_map[group][1],
-        "name": c10d._world.pg_names[group],
-        "config": c10d._world.pg_backend_config.get(group, ""),
-        "ranks": dict(c10d._world.pg_group_ranks[group]),
-    }
-    c10d._cleanup_process_group_global_state(group)
-    return entry
-
-
-def put_back(group, entry: dict, gen: int) -> None:
-    """Register a kept group in the new world, under a name the new
-    generation's groups (numbered from 0 again) cannot take."""
-    name = f"kept{gen}/{entry['name']}"
-    group._set_group_name(name)
-    c10d._register_pg_in_world(
-        group, entry["backend"], entry["store"], name, entry["config"], entry["ranks"]
-    )
-
-
 def check_groups(groups: dict, rank: int) -> list:
     """Every group this rank is in all-reduces its members' ranks and
     answers torch's questions megatron-core asks (its ranks, this rank's
@@ -108,7 +85,7 @@ def check_groups(groups: dict, rank: int) -> list:
 def worker(args, rank: int, fresh: bool) -> Optional[int]:
     world = args.ranks
     store = open_store(args.port, master=False)
-    kept, wrong_before = {}, []
+    kept, wrong_before, aside = {}, [], None
     if not fresh:
         open_world(store, 0, rank, world)
         groups = {p: dist.new_group(list(p)) for p in pairs(world)}
@@ -117,7 +94,7 @@ def worker(args, rank: int, fresh: bool) -> Optional[int]:
             store.set(f"gone/{rank}", "x")
             return None
         kept = {p: groups[p] for p in groups if args.replace not in p and rank in p}
-        entries = {p: take_out(g) for p, g in kept.items()}
+        aside = regroup.set_aside(kept.values())
         seqs = {p: g._get_sequence_number_for_group() for p, g in kept.items()}
         groups = {}  # the others go with the default group
         dist.destroy_process_group()
@@ -125,8 +102,7 @@ def worker(args, rank: int, fresh: bool) -> Optional[int]:
     store.wait([f"left/{r}" for r in range(world) if r != args.replace])
     open_world(store, 1, rank, world)
     keep = [p for p in pairs(world) if args.replace not in p]  # every rank knows the set
-    for p in kept:
-        put_back(kept[p], entries[p], 1)
+    regroup.put_back(aside, 1)
     made = {p: dist.new_group(list(p)) for p in pairs(world) if p not in keep}
     current = {**made, **kept}
     wrong = check_groups(current, rank)

@@ -137,8 +137,7 @@ class Generation:
                 intact = {k: self._made[k] for k in candidates if k in self._made}
                 intact = {k: v for k, v in intact.items() if v[0]() is not None}
             self._held = True
-        keep = set().union(*(v[1] for v in intact.values()))
-        self.release(by, keep=keep)
+        self.release(by, keep=self.sockets_of(intact))
         return {k: v[0]() for k, v in intact.items()}
 
     def _mine(self, open_now: dict) -> Set[int]:

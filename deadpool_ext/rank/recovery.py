@@ -297,13 +297,9 @@ class Recovery:
         )
 
     def may_keep_groups(self) -> bool:
-        """--deadpool-rebuild-groups changed, a failure (a grow resizes), and
-        groups recorded as they were made."""
-        return (
-            records_groups(self.config)
-            and self.mirror is not None
-            and not self.ctx.grow_announced()
-        )
+        """Groups are kept (``adopt`` gave the heartbeat thread ``keepable``)
+        and this is a failure (a grow resizes)."""
+        return self.ctx.keepable is not None and not self.ctx.grow_announced()
 
     def keepable(self, lost) -> List[str]:
         """This rank's groups without a ``lost`` member, but those that carry
@@ -312,7 +308,7 @@ class Recovery:
         collectives matched, not which peer a send was for. (The heartbeat
         thread asks too.)"""
         lost = set(lost)
-        roles = regroup.groups_by_role(self.mirror.groups.roles())
+        roles = regroup.groups_by_role()
         p2p = {id(g) for role, g in roles.items() if role.startswith(P2P_ROLES)}
         p2p |= {id(g) for g in self.mirror.groups.roles().values()}
         return [
