@@ -19,7 +19,6 @@ Figures: docs/benchmarks.md ("Destroying the old groups").
 """
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -43,10 +42,8 @@ def on_shared_device(count: int, store, rank: int) -> list:
     device = ProcessGroupGloo.create_default_device()
     groups = []
     for number in range(count):
-        options = ProcessGroupGloo._Options()
+        options = ProcessGroupGloo._Options()  # torch's defaults (2 threads, 30 min)
         options._devices = [device]
-        options._timeout = datetime.timedelta(seconds=60)
-        options._threads = 2  # torch's own default
         prefixed = dist.PrefixStore(f"shared/{number}/", store)
         groups.append(ProcessGroupGloo(prefixed, rank, 2, options))
     return groups
