@@ -30,10 +30,11 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    from megatron.training.model_setup import use_transformer_engine
+    from megatron.training.model_setup import use_transformer_engine, with_run_attention
 
     m = config.model
-    use_te = use_transformer_engine(config, on_cpu=config.extra.get("on_cpu", False))
+    on_cpu = config.extra.get("on_cpu", False)
+    use_te = use_transformer_engine(config, on_cpu)
     if config.moe.num_experts:  # MoE layers in the block, as Megatron-LM's builder
         spec = get_gpt_decoder_block_spec(
             tf_config,
@@ -47,7 +48,7 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
         spec = get_gpt_layer_local_spec(normalization=m.normalization)
     return GPTModel(
         config=tf_config,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=with_run_attention(spec, config, on_cpu),
         vocab_size=config.extra["padded_vocab_size"],
         max_sequence_length=m.max_position_embeddings,
         pre_process=pre_process,

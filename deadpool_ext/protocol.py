@@ -54,6 +54,10 @@ RELEASE_GRACE_S = 1.0
 # this long after the announcement is blocked in a group that could be
 # kept, and everything is released then.
 RELEASE_ALL_AFTER_S = 2 * RELEASE_GRACE_S
+# How often an agent reads its workers' GPUs through NVML (and at once when a
+# failure is announced): a spare whose GPU went bad is taken out of the ready
+# spares within this (control/gpu_health.py).
+GPU_HEALTH_INTERVAL_S = 10.0
 # After an abort, how long the ranks that reported may take to read it and
 # stop on their own before their agents are told to stop them.
 ABORT_GRACE_S = 10.0
@@ -207,6 +211,7 @@ class Kind(str, Enum):
     DONE = "done"
     NUMERIC = "numeric"
     LOST_PRIMARY = "lost_primary"
+    GPU_HEALTH = "gpu_health"
 
 
 class Message:
@@ -341,6 +346,17 @@ class LostPrimary(Message):
     node: int
 
 
+@dataclass
+class GpuHealth(Message):
+    """An agent's reading of its workers' GPUs (control/gpu_health.py's
+    ``GpuReading`` as a dict, by slot): sent when a node starts and whenever
+    a GPU's verdict changes."""
+
+    KIND: ClassVar[Kind] = Kind.GPU_HEALTH
+    node: int
+    readings: Dict[str, dict]
+
+
 MESSAGES = {
     cls.KIND: cls
     for cls in (
@@ -354,6 +370,7 @@ MESSAGES = {
         Done,
         NumericFault,
         LostPrimary,
+        GpuHealth,
     )
 }
 
@@ -397,6 +414,10 @@ class Decision:
     old_dp: int = 0
     new_dp: int = 0
     kept: List[str] = field(default_factory=list)  # group_keys every member keeps
+    # The GPUs of the spares it takes (slot -> their agent's last reading),
+    # and the ready spares it left out because their GPU has a problem.
+    gpus: Dict[str, str] = field(default_factory=dict)
+    withheld: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.action = Action(self.action)

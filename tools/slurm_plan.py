@@ -38,7 +38,11 @@ def parse_training(
     Transformer Engine and Apex, does not matter (the job's nodes do: a GPU
     job installs setup.py's gpu extra), and asking would import torch, so
     the answers are given."""
-    env = {"WORLD_SIZE": str(world_size), "DEADPOOL_RANKS_PER_NODE": str(ranks_per_node)}
+    env = {
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(ranks_per_node),
+        "DEADPOOL_RANKS_PER_NODE": str(ranks_per_node),
+    }
     importable = arguments._importable
 
     def job_has(module: str) -> bool:
@@ -47,6 +51,7 @@ def parse_training(
     with (
         mock.patch.dict(os.environ, env),
         mock.patch.object(arguments, "_cuda_available", lambda: gpu),
+        mock.patch.object(arguments, "_gpu_count", lambda: ranks_per_node if gpu else 0),
         mock.patch.object(arguments, "_importable", job_has),
     ):
         try:

@@ -23,6 +23,7 @@ from typing import Dict, List, NoReturn, Optional
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control.gpu_health import NvmlReader, NvmlUnavailable
 from deadpool_ext.control.zygote import Zygote, forks_workers
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
 from deadpool_ext.wire import (
@@ -51,6 +52,7 @@ class Agent:
         takeover_wait_s: float = 0.0,
         zygote: Optional[Zygote] = None,
         scratch: Optional[str] = None,
+        gpus: Optional[NvmlReader] = None,
     ):
         """``standby``: host:port of the standby coordinator's store, which
         this agent turns to when it loses the primary, waiting up to
@@ -59,7 +61,8 @@ class Agent:
         started with the command. ``scratch``: where to make the folder of
         the workers' error files (default: the system's temporary folder);
         a standalone launcher gives its own, which it removes whatever
-        became of the agent."""
+        became of the agent. ``gpus``: NVML, to read the health of the
+        workers' GPUs (None where there is none)."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -77,6 +80,8 @@ class Agent:
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
         self.zygote = zygote
         self.last_beat = 0.0
+        self.gpus, self.gpu_verdicts = gpus, None
+        self.next_gpu_check, self.checked_failure_gen = 0.0, None
 
     def error_file(self, slot: str) -> str:
         return os.path.join(self.error_dir, f"{slot}.error")
@@ -130,8 +135,25 @@ class Agent:
                 world_size=self.world_size,
             ),
         )
+        self.check_gpus(now=True)  # before any spare can say it is ready
         for local in range(self.nproc):
             self.start_worker(local, self.active)
+
+    def check_gpus(self, now: bool = False) -> None:
+        """Read the workers' GPUs when due (or ``now``) and tell the
+        coordinator when a verdict changed (control/gpu_health.py)."""
+        if self.gpus is None or (not now and time.monotonic() < self.next_gpu_check):
+            return
+        self.next_gpu_check = time.monotonic() + P.GPU_HEALTH_INTERVAL_S
+        readings = {
+            slot_name(self.node, local): reading
+            for local, reading in self.gpus.read_workers(list(range(self.nproc))).items()
+        }
+        verdicts = {slot: reading.problems() for slot, reading in readings.items()}
+        if verdicts != self.gpu_verdicts:
+            self.gpu_verdicts = verdicts
+            body = {slot: reading.to_dict() for slot, reading in readings.items()}
+            self.channel.post(P.COORDINATOR_TOPIC, P.GpuHealth(node=self.node, readings=body))
 
     def beat_when_due(self) -> None:
         if time.monotonic() - self.last_beat >= self.heartbeat_s:
@@ -141,8 +163,14 @@ class Agent:
     def beat(self) -> None:
         # The channel numbers every put: each is a new beat.
         self.channel.put(P.node_heartbeat_key(self.node), time=time.time())
+        latest = self.channel.get(P.GEN_KEY) or {}
         # Whether the standby holds the coordinator's copy (fail_over).
-        self.standby_in_sync = bool((self.channel.get(P.GEN_KEY) or {}).get("standby"))
+        self.standby_in_sync = bool(latest.get("standby"))
+        failing = latest.get("state") == P.JobState.RECOVERING
+        if failing and latest["gen"] != self.checked_failure_gen:
+            # A failure: spares are about to be used, so read their GPUs now.
+            self.checked_failure_gen = latest["gen"]
+            self.check_gpus(now=True)
 
     def watch_once(self) -> None:
         for slot, proc in list(self.workers.items()):
@@ -212,6 +240,7 @@ class Agent:
         while self.workers:
             self.beat_when_due()
             self.watch_once()
+            self.check_gpus()
             time.sleep(0.02)
 
     def fail_over(self) -> bool:
@@ -245,6 +274,15 @@ class Agent:
         return True
 
 
+def open_nvml(node: int) -> Optional[NvmlReader]:
+    """NVML for the GPU health checks, or None with a line saying why not."""
+    try:
+        return NvmlReader.open()
+    except NvmlUnavailable as why:
+        print(f"deadpool agent {node}: GPU health not checked ({why})", file=sys.stderr, flush=True)
+        return None
+
+
 def main(command: Optional[List[str]] = None) -> NoReturn:
     """``command``: the workers' (else this process's ``--command``)."""
     if command is None:
@@ -268,6 +306,7 @@ def main(command: Optional[List[str]] = None) -> NoReturn:
         takeover_wait_s=settings.get("takeover_wait", 0.0),
         zygote=zygote,
         scratch=settings.get("scratch"),
+        gpus=open_nvml(settings["node"]),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

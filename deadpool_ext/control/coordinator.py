@@ -67,6 +67,7 @@ from deadpool_ext.protocol import (
     parse_slot,
     slot_name,
 )
+from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.topology import Grid
 from deadpool_ext.wire import Channel
 
@@ -95,6 +96,14 @@ class Membership:
     members: Dict[int, str]  # rank -> slot
     spares: List[str] = field(default_factory=list)  # ready spare slots, in order
     lost_slots: Set[str] = field(default_factory=set)
+    # Each slot's GPU as its agent last read it, and the ready spares kept
+    # out of ``spares`` because their GPU has a problem (gpu_health.py).
+    gpus: Dict[str, GpuReading] = field(default_factory=dict)
+    withheld: Set[str] = field(default_factory=set)
+
+    def gpu_problems(self, slot: str) -> List[str]:
+        reading = self.gpus.get(slot)
+        return reading.problems() if reading is not None else []
 
     def rank_of(self, slot: str) -> Optional[int]:
         return next((r for r, s in self.members.items() if s == slot), None)
@@ -296,6 +305,7 @@ class Coordinator:
             return  # finished normally
         if rank is None and m.slot in self.view.spares:
             self.view.spares.remove(m.slot)
+        self.view.withheld.discard(m.slot)
         if m.code == ExitCode.USAGE and not self.finished:
             # Every process runs the same flags: a spare would refuse them too.
             self.end(
@@ -360,10 +370,42 @@ class Coordinator:
             or self.view.rank_of(slot) is not None
         ):
             return
+        if self.view.gpu_problems(slot):
+            self.withhold(slot)
+            return
         self.view.spares.append(slot)
         self.events.emit("spare_ready", gen=self.gen, slot=slot, spares=len(self.view.spares))
         if self.state == S.RECOVERING:
             self.publish(self.likely_spares())  # it may build while we wait
+
+    def on_gpu_health(self, m: P.GpuHealth) -> None:
+        """An agent read its workers' GPUs: a spare whose GPU has a problem
+        is kept out of the ready spares until a later reading is clean."""
+        for slot, body in m.readings.items():
+            reading = GpuReading.from_dict(body)
+            before = self.view.gpus.get(slot)
+            self.view.gpus[slot] = reading
+            if before is None or before.problems() != reading.problems():
+                self.events.emit(
+                    "gpu_health",
+                    gen=self.gen,
+                    slot=slot,
+                    gpu=reading.summary(),
+                    problems=reading.problems(),
+                    reading=body,
+                )
+            if reading.problems() and slot in self.view.spares:
+                self.view.spares.remove(slot)
+                self.withhold(slot)
+            elif not reading.problems() and slot in self.view.withheld:
+                self.view.withheld.discard(slot)
+                self.on_spare_ready(P.SpareReady(slot=slot))
+
+    def withhold(self, slot: str) -> None:
+        self.view.withheld.add(slot)
+        self.events.emit(
+            "spare_withheld", gen=self.gen, slot=slot, problems=self.view.gpu_problems(slot)
+        )
 
     def on_report(self, m: P.Report) -> None:
         if m.gen == self.gen and self.state in COLLECTING:
@@ -455,6 +497,7 @@ class Coordinator:
             return
         self.view.lost_slots.update(slots)
         self.view.spares = [s for s in self.view.spares if s not in slots]
+        self.view.withheld -= set(slots)
         ranks = {r for r in map(self.view.rank_of, slots) if r is not None}
         if not ranks:
             self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
@@ -668,6 +711,8 @@ class Coordinator:
             "members": {str(r): slot for r, slot in v.members.items()},
             "spares": list(v.spares),
             "lost_slots": sorted(v.lost_slots),
+            "gpus": {slot: reading.to_dict() for slot, reading in v.gpus.items()},
+            "withheld": sorted(v.withheld),
             "gen": self.gen,
             "state": self.state.value,
             "lost": sorted(self.lost),
@@ -699,6 +744,8 @@ class Coordinator:
             {int(r): slot for r, slot in snap["members"].items()},
             list(snap["spares"]),
             set(snap["lost_slots"]),
+            {slot: GpuReading.from_dict(body) for slot, body in snap["gpus"].items()},
+            set(snap["withheld"]),
         )
         self.gen, self.state = snap["gen"], JobState(snap["state"])
         self.lost, self.done = set(snap["lost"]), set(snap["done"])
@@ -977,6 +1024,9 @@ class Coordinator:
     def commit(self, decision: Decision, state: JobState, **details) -> None:
         """The decision's members form the generation: publish it and rebuild."""
         self.note_clean_redos(done=decision.rollback_to)
+        taken = decision.replaced.values()
+        decision.gpus = {s: self.view.gpus[s].summary() for s in taken if s in self.view.gpus}
+        decision.withheld = sorted(self.view.withheld)
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
@@ -992,6 +1042,8 @@ class Coordinator:
             warnings=decision.warnings,
             spares_left=len(self.view.spares),
             groups_kept=len(decision.kept),
+            gpus=decision.gpus,
+            withheld=decision.withheld,
             **details,
         )
         self.publish()

@@ -497,6 +497,14 @@ class Recovery:
         line += f", training goes on after iteration {decision.rollback_to}"
         if decision.action.resizes:
             line += f", data-parallel size {decision.old_dp} -> {decision.new_dp}"
+        if decision.gpus or decision.withheld:
+            values["deadpool/spares-withheld"] = len(decision.withheld)
+        for slot, gpu in sorted(decision.gpus.items()):
+            line += f"; spare {slot}'s {gpu}"
+        if decision.withheld:
+            line += (
+                f"; spares not used, their GPU failing its check: {', '.join(decision.withheld)}"
+            )
         return values, line
 
 

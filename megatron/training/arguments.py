@@ -10,6 +10,8 @@ import os
 import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from megatron.training import gpu_sharing
+from megatron.training.attention import attention_problem
 from megatron.training.config import SECTIONS, TRACKER, Config
 from megatron.training.schedule import GlobalBatch, interleaving_problem_at, schedule_in_samples
 
@@ -261,6 +263,14 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _gpu_count() -> int:
+    """GPUs this process sees (a planning tool or test that parses for a GPU
+    host elsewhere replaces this, with ``_cuda_available``)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def _require_with(anchor: str, present: bool, dependents: List[Tuple[str, bool]]) -> List[str]:
     """Flags that only mean something with ``anchor``: refused when set
     (``dependents``: flag, whether set) and ``anchor`` is not given.
@@ -278,6 +288,7 @@ def _require(ok: bool, message: str) -> None:
 def validate(config: Config) -> None:
     """Every check a run needs before it starts; each names what to change."""
     for check in (
+        _check_gpus,
         _check_parallel_layout,
         _check_model_shape,
         _check_model_features,
@@ -294,6 +305,23 @@ def validate(config: Config) -> None:
         _check_logging,
     ):
         check(config)
+
+
+def _check_gpus(config: Config) -> None:
+    """A rank per GPU, or the sharing a test job asks for (gpu_sharing.py)."""
+    if config.parallel.distributed_backend != "nccl":
+        return
+    import torch
+
+    try:
+        mode = gpu_sharing.sharing_mode()
+        gpu_sharing.memory_fraction()
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        gpu_sharing.device_index(local_ranks - 1, _gpu_count(), mode)
+        if mode == gpu_sharing.MULTI_RANK:
+            gpu_sharing.nccl_environment(mode, torch.cuda.nccl.version())
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_parallel_layout(config: Config) -> None:
@@ -395,12 +423,14 @@ def _check_model_features(config: Config) -> None:
         "--cross-entropy-fusion-impl te is Transformer Engine's kernel, which needs a GPU "
         "with the transformer_engine package: use native here",
     )
-    _require(
-        m.attention_backend in ("auto", "local") or uses_te,
-        f"--attention-backend {m.attention_backend} is Transformer Engine's attention, "
-        "which needs a GPU with the transformer_engine package: use --attention-backend "
-        "auto or local here",
+    problem = attention_problem(
+        m.attention_backend,
+        uses_te,
+        on_cpu=not on_gpu,
+        dropout=m.attention_dropout,
+        masked=config.data.reset_attention_mask and config.data.create_attention_mask_in_dataloader,
     )
+    _require(problem is None, problem or "")
 
 
 def _uses_transformer_engine(config: Config) -> bool:

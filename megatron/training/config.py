@@ -53,8 +53,9 @@ class ModelConfig:
     )
     attention_backend: str = arg(
         "auto",
-        help="Attention implementation: auto, local (megatron-core's), or Transformer "
-        "Engine's flash, fused or unfused.",
+        help="Core attention: Transformer Engine's flash, fused or unfused where it is "
+        "used, else torch's scaled_dot_product_attention with those kernels; local is "
+        "megatron-core's; auto lets TE or torch choose (megatron-core's on a CPU).",
         choices=["flash", "fused", "unfused", "local", "auto"],
     )
     cross_entropy_loss_fusion: bool = arg(

@@ -15,7 +15,7 @@ from megatron.core.rerun_state_machine import (
     initialize_rerun_state_machine,
 )
 
-from megatron.training import cpu_compat
+from megatron.training import cpu_compat, gpu_sharing
 from megatron.training.config import Config
 
 
@@ -43,7 +43,8 @@ def setup_device(config: Config) -> bool:
     if on_cpu:
         cpu_compat.enable(force=True)
     else:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # One GPU per rank, unless a test job shares GPUs (gpu_sharing.py).
+        gpu_sharing.apply(int(os.environ.get("LOCAL_RANK", "0")))
     return on_cpu
 
 

@@ -16,7 +16,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from megatron.training import layout_invariant_init
+from megatron.training import attention, layout_invariant_init
 from megatron.training.config import Config
 from megatron.training.schedule import schedule_in_samples
 
@@ -32,6 +32,20 @@ def use_transformer_engine(config: Config, on_cpu: bool) -> bool:
     if impl == "auto":
         return not on_cpu and importlib.util.find_spec("transformer_engine") is not None
     return impl == "transformer_engine"
+
+
+def with_run_attention(spec, config: Config, on_cpu: bool):
+    """The layer (or block) spec with the core attention this run gets
+    (megatron/training/attention.py): torch's SDPA in place of megatron-core's
+    where Transformer Engine is absent and --attention-backend asks for it."""
+    kind = attention.core_attention_kind(
+        config.model.attention_backend, use_transformer_engine(config, on_cpu), on_cpu
+    )
+    if kind != attention.SDPA:
+        return spec
+    from megatron.training.sdpa import TorchSdpaAttention, with_core_attention
+
+    return with_core_attention(spec, TorchSdpaAttention)
 
 
 def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:

@@ -737,6 +737,13 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
     return progress
 
 
+def core_attention_name(model) -> str:
+    """The class that computes a built model's attention (megatron/training/
+    attention.py says which a run gets), as the log shows it."""
+    cores = (m for name, m in model.named_modules() if name.endswith(".core_attention"))
+    return type(next(cores, None)).__name__
+
+
 def build_trainer(
     config: Config,
     model_provider,
@@ -759,6 +766,12 @@ def build_trainer(
             flush=True,
         )
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
+    if runtime.rank == 0:
+        print(
+            f" > core attention: {core_attention_name(state.model[0])} "
+            f"(--attention-backend {config.model.attention_backend})",
+            flush=True,
+        )
     if datasets is None:
         datasets = data.build_datasets(config, tokenizer)
     trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)

@@ -200,6 +200,7 @@ def test_backend_is_gloo_without_cuda(monkeypatch):
 
 def test_backend_is_nccl_with_cuda_unless_cpu(monkeypatch):
     monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
     assert parse_args(argv(), world_size=1).parallel.distributed_backend == "nccl"
     assert parse_args(argv("--cpu"), world_size=1).parallel.distributed_backend == "gloo"
 
@@ -733,6 +734,7 @@ def test_sequence_parallel_needs_the_norm_layers_of_te_or_apex(monkeypatch):
     args = argv("--sequence-parallel", "--tensor-model-parallel-size", "2")
     _names_all(_config_error(args, world_size=2), "--sequence-parallel", "Apex")
     monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
     monkeypatch.setattr(arguments, "_importable", lambda name: name == "apex")
     assert parse_args(args, world_size=2).parallel.sequence_parallel is True
 
@@ -876,10 +878,35 @@ def test_help_lists_every_flag():
     assert "--exit-interval" in proc.stdout and "--deadpool-spare-wait" in proc.stdout
 
 
-def test_transformer_engines_attention_is_refused_where_it_cannot_run(monkeypatch):
+def test_attention_backends_that_cannot_run_on_a_cpu_are_refused(monkeypatch):
+    """Without Transformer Engine the backends are torch's SDPA kernels
+    (megatron/training/attention.py): fused has none on a CPU, and the CPU
+    flash kernel has no dropout."""
     monkeypatch.setattr(arguments, "_cuda_available", lambda: False)
+    message = _config_error(argv("--attention-backend", "fused"))
+    _names_all(message, "--attention-backend fused", "needs a GPU", "unfused")
     message = _config_error(argv("--attention-backend", "flash"))
-    _names_all(message, "--attention-backend flash", "transformer_engine", "auto or local")
+    _names_all(message, "--attention-backend flash", "--attention-dropout 0")
+    for accepted in (["flash", "--attention-dropout", "0"], ["unfused"], ["local"], ["auto"]):
+        parse_args(argv("--attention-backend", *accepted), world_size=1)
+
+
+def test_attention_backends_on_a_gpu_without_transformer_engine(monkeypatch):
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(arguments, "_importable", lambda module: False)
+    for backend in ("auto", "flash", "fused", "unfused", "local"):
+        parse_args(argv("--attention-backend", backend), world_size=1)
+    message = _config_error(argv("--attention-backend", "flash", "--reset-attention-mask"))
+    _names_all(message, "--attention-backend flash", "--reset-attention-mask")
+
+
+def test_local_attention_is_refused_with_transformer_engines_layers(monkeypatch):
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(arguments, "_importable", lambda module: module == "transformer_engine")
+    message = _config_error(argv("--attention-backend", "local"))
+    _names_all(message, "--attention-backend local", "--transformer-impl local")
 
 
 def test_no_position_embedding_goes_with_rope_only():

@@ -754,5 +754,54 @@ def test_an_agent_announces_its_node_before_any_worker_starts():
     )
     agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
     agent.start_worker = lambda local, active: order.append(f"worker {local}")
+    agent.check_gpus = lambda now: order.append("gpus")
     Agent.start(agent)
-    assert order == ["node", "worker 0", "worker 1"]
+    # Its GPUs' health too: a spare whose GPU fails is never counted ready.
+    assert order == ["node", "gpus", "worker 0", "worker 1"]
+
+
+def gpu_readings(worker, node: int, ecc_errors: dict) -> None:
+    """Node ``node``'s agent read its GPUs: slot -> uncorrectable ECC errors."""
+    from deadpool_ext.control.gpu_health import GpuReading
+
+    readings = {
+        slot: GpuReading(index=i, name="GPU", ecc_uncorrected=n).to_dict()
+        for i, (slot, n) in enumerate(ecc_errors.items())
+    }
+    worker.post("coordinator", kind="gpu_health", node=node, readings=readings)
+
+
+def test_a_spare_whose_gpu_fails_its_check_is_not_used(job):
+    """Spare 2.0's GPU has uncorrectable ECC errors: the decision takes 2.1,
+    says which GPU it took and which spare it left out."""
+    coordinator, worker, _ = job
+    gpu_readings(worker, 2, {"2.0": 2, "2.1": 0})
+    coordinator.step()
+    assert coordinator.view.spares == ["2.1"] and coordinator.view.withheld == {"2.0"}
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert worker.get("gen")["assign"] == {"3": "2.1"}
+    report_all(worker, 1, [0, 1, 2])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.replaced == {3: "2.1"} and decision.withheld == ["2.0"]
+    assert decision.gpus == {"2.1": "GPU 1 (GPU, memory unknown, 0 ECC): healthy"}
+
+
+def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
+    coordinator, worker, _ = job
+    gpu_readings(worker, 2, {"2.0": 1, "2.1": 1})
+    worker.post("coordinator", kind="spare_ready", slot="2.0")  # repeated: still out
+    coordinator.step()
+    assert coordinator.view.spares == [] and coordinator.view.withheld == {"2.0", "2.1"}
+    snapshot = coordinator.snapshot()
+    assert (
+        snapshot["withheld"] == ["2.0", "2.1"] and snapshot["gpus"]["2.0"]["ecc_uncorrected"] == 1
+    )
+    gpu_readings(worker, 2, {"2.0": 0, "2.1": 1})
+    coordinator.step()
+    assert coordinator.view.spares == ["2.0"] and coordinator.view.withheld == {"2.1"}
+    # A withheld spare that dies is forgotten.
+    worker.post("coordinator", kind="exit", slot="2.1", code=-9)
+    coordinator.step()
+    assert coordinator.view.withheld == set()

@@ -118,6 +118,7 @@ def test_gradient_replay_on_a_gpu_needs_the_replica_in_device_memory(monkeypatch
     """The host's Adam differs from the GPU's in the last bits (measured:
     docs/benchmarks.md), so a host replica could never match its owner."""
     monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
     grad = DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-mode", "grad"]
     message = error(grad, 2)
     assert "--deadpool-mirror-memory device" in message and "state" in message

@@ -128,7 +128,7 @@ LLAMA3_REFUSED_ON_CPU = {
         "Transformer Engine's FP8",
         ("--fp8-format", "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-param-gather"),
     ),
-    "--attention-backend": ("Transformer Engine's attention", ("--attention-backend",)),
+    "--attention-backend": ("fused is torch's memory-efficient", ("--attention-backend",)),
     "--apply-layernorm-1p": ("zero-centred", ("--apply-layernorm-1p",)),
     "--profile": ("nsys", ("--profile", "--profile-step-start", "--profile-step-end")),
 }

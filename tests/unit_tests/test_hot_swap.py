@@ -7,6 +7,7 @@ rank's final checkpoint (model, optimizer shard, scheduler, RNG) must be
 identical. Runs are shared between tests through module fixtures.
 """
 
+import json
 import os
 import re
 
@@ -26,6 +27,7 @@ from dist_utils import (
     leftovers,
     must_succeed,
     read_metrics,
+    worker_env,
 )
 from deadpool_ext.control.zygote import FORK_WORKERS_ENV
 from deadpool_ext.events import read_events
@@ -119,6 +121,9 @@ SCENARIOS = {
     # recompute equals bit for bit (test_recompute.py).
     "recompute-full": (SMALL, 2, 1, 2, ["kill:rank=2:iter=3:phase=backward"]),
     "recompute-selective": (SMALL, 2, 1, 2, ["kill:node=1:iter=4:phase=backward"]),
+    # Spare node 2's GPUs report uncorrectable ECC errors to its agent (a
+    # fake NVML): node 1's ranks go to spare node 3.
+    "unhealthy-spare": (SMALL, 2, 2, 2, ["kill:node=1:iter=3:phase=backward"]),
     # MoE: node 1 holds ranks 2 and 3, one expert-parallel group of the
     # first stage; their expert shards come back from ranks 0 and 1.
     "moe-node": (MOE, 4, 1, 2, ["kill:node=1:iter=4:phase=backward"]),
@@ -207,13 +212,30 @@ def references(tmp_path_factory, corpus):
     return out
 
 
+def failing_gpus_on_node_2(tmp) -> dict:
+    """The agents' NVML is tests/unit_tests/fake_nvml: node 2's GPUs have
+    uncorrectable ECC errors, every other node's are healthy."""
+    table = tmp / "nvml.json"
+    failing, healthy = [{"ecc_uncorrected": 4}] * 2, [{}] * 2  # a GPU per rank
+    table.write_text(json.dumps({"nodes": {"2": failing}, "default": healthy}))
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_nvml")
+    return {"FAKE_NVML": str(table), "PYTHONPATH": path + os.pathsep + worker_env()["PYTHONPATH"]}
+
+
+# Environment beside the workers' usual one, per scenario (tmp -> variables).
+ENVIRONMENTS = {
+    **{name: lambda tmp: {FORK_WORKERS_ENV: "0"} for name in STARTED},
+    "unhealthy-spare": failing_gpus_on_node_2,
+}
+
+
 @pytest.fixture(scope="module", params=list(SCENARIOS))
 def recovered(request, tmp_path_factory, references):
     layout, nodes, spares, per_node, faults = SCENARIOS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
-    started = {FORK_WORKERS_ENV: "0"} if request.param in STARTED else None
+    env = ENVIRONMENTS[request.param](tmp) if request.param in ENVIRONMENTS else None
     extra = EXTRA.get(request.param, ())
-    result = launch(tmp, layout, nodes, spares, per_node, faults, extra, env=started)
+    result = launch(tmp, layout, nodes, spares, per_node, faults, extra, env=env)
     (tmp / "output.log").write_text(result[0].stdout + result[0].stderr)
     must_succeed(result)
     reference = references[reference_of(layout)]
@@ -302,6 +324,18 @@ def test_events_tell_the_recovery(recovered):
     detected = [e for e in events if e["event"] == "failure_detected"]
     if name == "hang":
         assert "hung" in detected[0]["reason"]
+    if name == "unhealthy-spare":
+        health = [e for e in events if e["event"] == "gpu_health"]
+        assert {e["slot"] for e in health if e["problems"]} == {"2.0", "2.1"}, health
+        healthy = {e["slot"] for e in health if not e["problems"]}
+        assert healthy == {"0.0", "0.1", "1.0", "1.1", "3.0", "3.1"}
+        withheld = [e["slot"] for e in events if e["event"] == "spare_withheld"]
+        assert sorted(withheld) == ["2.0", "2.1"]
+        decision = next(e for e in events if e["event"] == "decision")
+        assert decision["replaced"] == {"2": "3.0", "3": "3.1"}
+        assert decision["withheld"] == ["2.0", "2.1"]
+        assert sorted(decision["gpus"]) == ["3.0", "3.1"]
+        assert all(g.endswith("healthy") for g in decision["gpus"].values())
     if name == "oom":
         assert detected[0]["ranks"] == [2] and "code 7 (LOCAL_FAILURE)" in detected[0]["reason"]
     if name == "stall":
@@ -337,6 +371,8 @@ def test_tensorboard_shows_the_recovered_curve_and_each_recovery(recovered):
     assert [s for s, _ in scalars["deadpool/data-parallel-size"]] == steps
     assert all(v > 0 for _, v in scalars["deadpool/first-iteration-seconds"])
     assert all(v > 0 for _, v in scalars["deadpool/restore-ms"])
+    if name == "unhealthy-spare":  # the spares left out for their GPUs
+        assert [v for _, v in scalars["deadpool/spares-withheld"]] == [2]
 
 
 def test_saves_that_fail_or_die_stop_nothing(recovered):

@@ -13,7 +13,7 @@ NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0", "--layout-inv
 
 def run_two_iterations(directory, name, nproc, layout, corpus):
     metrics = directory / f"{name}.jsonl"
-    run_pretrain(
+    output = run_pretrain(
         nproc,
         TINY_GPT
         + NO_DROPOUT
@@ -31,6 +31,8 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
             str(metrics),
         ],
     )
+    sdpa = "--attention-backend" in layout
+    assert ("core attention: TorchSdpaAttention" in output) == sdpa
     return [(m["lm_loss"], m["grad_norm"]) for m in read_metrics(metrics)]
 
 
@@ -51,6 +53,8 @@ def single_process(tmp_path_factory, corpus_prefix):
             ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
         ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
+        # torch's SDPA (math kernel) as the core attention: the same model.
+        ("tp2-sdpa", 2, ["--tensor-model-parallel-size", "2", "--attention-backend", "unfused"]),
     ],
 )
 def test_layout_matches_single_process(

@@ -1,0 +1,82 @@
+"""Which core attention a run gets: Transformer Engine's, megatron-core's,
+or torch's ``scaled_dot_product_attention`` (SDPA, megatron/training/sdpa.py).
+Pure: parsing imports it before megatron-core.
+
+megatron-core's own core attention (``DotProductAttention``, the local
+layer spec's) materialises the [batch, heads, s, s] score matrix and runs
+scaling, masking, softmax and dropout as separate kernels. On a GPU without
+Transformer Engine that is the attention a run got: a 1.3B GPT reached a
+fifth of an H200's bf16 peak with it. torch ships fused attention kernels
+(flash, memory-efficient, cuDNN) behind one function, so sdpa.py puts
+that function in the layer spec's ``core_attention`` slot: the same inputs
+and output as megatron-core's, dropout drawn from the same model-parallel
+RNG stream, and no package beyond torch. We write this small adapter
+because no library offers one: megatron-core's only SDPA path is NVIDIA
+Kitchen's (``use_kitchen_attention``), a package that is not public.
+
+Which core attention a run gets (``core_attention_kind``), by
+``--attention-backend``, Megatron-LM's flag:
+
+=========  ======================  =====================================
+backend    with Transformer Engine  without it
+=========  ======================  =====================================
+auto       TE's (it picks)          SDPA, torch picks the kernel, on a
+                                    GPU; megatron-core's on a CPU
+flash      TE's flash               SDPA's flash kernel
+fused      TE's fused (cuDNN)       SDPA's memory-efficient or cuDNN
+                                    kernel (GPU only)
+unfused    TE's unfused             SDPA's math kernel (torch's unfused)
+local      refused                  megatron-core's ``DotProductAttention``
+=========  ======================  =====================================
+
+On a CPU ``auto`` keeps megatron-core's attention, which the CPU test
+suite's references and Megatron-LM checkpoint tests were made with.
+"""
+
+from typing import Optional
+
+TE, LOCAL, SDPA = "transformer_engine", "local", "sdpa"
+
+
+def core_attention_kind(backend: str, uses_te: bool, on_cpu: bool) -> str:
+    """Whose core attention a run gets: Transformer Engine's, megatron-core's
+    (local) or torch's SDPA (the table in this module's docstring)."""
+    if uses_te:
+        return TE
+    if backend == "local" or (backend == "auto" and on_cpu):
+        return LOCAL
+    return SDPA
+
+
+def attention_problem(
+    backend: str, uses_te: bool, on_cpu: bool, dropout: float, masked: bool = False
+) -> Optional[str]:
+    """Why this backend cannot run here (a message naming what to change),
+    or None. ``masked``: the data loader gives attention masks
+    (--reset-attention-mask). Checked when the flags are parsed."""
+    if uses_te and backend == "local":
+        return (
+            "--attention-backend local is megatron-core's own attention, which goes with "
+            "its local layers: add --transformer-impl local, or choose auto, flash, fused "
+            "or unfused (Transformer Engine's)"
+        )
+    if core_attention_kind(backend, uses_te, on_cpu) != SDPA:
+        return None
+    if backend == "flash" and masked:
+        return (
+            "--attention-backend flash is torch's flash kernel without Transformer Engine, "
+            "which takes no attention mask: with --reset-attention-mask use auto or unfused"
+        )
+    if not on_cpu:
+        return None
+    if backend == "fused":
+        return (
+            "--attention-backend fused is torch's memory-efficient or cuDNN attention "
+            "without Transformer Engine, which needs a GPU: use unfused, flash or local here"
+        )
+    if backend == "flash" and dropout > 0:
+        return (
+            f"--attention-backend flash on a CPU is torch's CPU flash kernel, which has no "
+            f"dropout: add --attention-dropout 0 (now {dropout}), or use unfused"
+        )
+    return None
