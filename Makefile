@@ -31,7 +31,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo demo-reference lint test test-unit test-slurm bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
+.PHONY: setup data demo demo-reference lint test test-unit test-slurm gpu-wheels gpu-check-dry-run bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,18 @@ test-slurm: data
 	tools/slurm_local.sh start $(SLURM_NODES)
 	DEADPOOL_TEST_SLURM=1 DEADPOOL_SLURM_REPORT=runs/slurm-test.log OMP_NUM_THREADS=1 \
 		$(PY) -m pytest -q -p no:warnings tests/unit_tests/test_slurm_cluster.py
+
+# What the GPU check (tools/gpu_check.sh) installs on a lent GPU machine,
+# which has no network and Python 3.12 without megatron-core: their wheels,
+# in .whl/ (carried to the machine with the working tree).
+gpu-wheels: setup
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --abi cp312 --abi abi3 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 -d .whl megatron-core==0.16.1 psutil
+
+# The GPU check's every command built and parsed as on the GPU machine.
+gpu-check-dry-run: setup
+	PYTHON=$(PY) bash tools/gpu_check.sh runs/gpu-check --dry-run
 
 bench: data
 	OMP_NUM_THREADS=1 $(PY) -m tools.bench_training

@@ -17,6 +17,8 @@ setup(
         # 0.16.x is the last line on Python 3.11; newer wheels also ship a
         # megatron.training that would collide with ours.
         "megatron-core>=0.16.1,<0.17",
+        # NVML: the agents read their GPUs' health before a spare is used
+        # (deadpool_ext/control/gpu_health.py); on a CPU it finds no driver.
         "nvidia-ml-py",
         # dist_checkpointing's writer processes report their memory with it;
         # without it a torch_dist save waits forever for them.
@@ -34,7 +36,10 @@ setup(
     ],
     entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
     extras_require={
-        "gpu": ["transformer-engine[pytorch]", "apex"],
+        # NVIDIA's Apex is not on PyPI (PyPI's "apex" is another project,
+        # which megatron-core's "is apex importable" checks would take for
+        # it): it is built from source, docs/gpu.md says how.
+        "gpu": ["transformer-engine[pytorch]"],
         "wandb": ["wandb"],  # --wandb-project
         "test": ["pytest", "pytest-timeout", "ruff~=0.17.6", "wandb"],  # ruff: a minor release may reformat
     },

@@ -22,6 +22,47 @@ def curve(metrics: List[dict]) -> List[tuple]:
     ]
 
 
+# How far a shrunk run may drift from the failure-free one, relative, per
+# iteration, on loss and grad norm: the same samples and weights, with the
+# fp32 reductions over the replicas taken in another order.
+SHRINK_TOLERANCE = 1e-5
+
+
+def curve_difference(got: List[dict], want: List[dict]) -> Optional[str]:
+    """None when two runs' curves are equal bit for bit, else the first
+    iteration where they differ."""
+    if [m["iteration"] for m in got] != [m["iteration"] for m in want]:
+        return (
+            f"iterations {[m['iteration'] for m in got]} against {[m['iteration'] for m in want]}"
+        )
+    for ours, theirs in zip(curve(got), curve(want)):
+        if ours != theirs:
+            return f"iteration {ours[0]}: {ours[1:]} against {theirs[1:]}"
+    return None
+
+
+def shrink_difference(
+    got: List[dict], want: List[dict], fault_iteration: int, dropout: bool
+) -> Optional[str]:
+    """None when a shrunk run kept the failure-free one's course: the same
+    iterations, samples and lr, and loss and grad norm within
+    SHRINK_TOLERANCE; with dropout on (masks drawn by other replicas after
+    the shrink), equal up to the iteration before the fault and finite after."""
+    if [m["iteration"] for m in got] != [m["iteration"] for m in want]:
+        return f"iterations {[m['iteration'] for m in got]}"
+    for g, w in zip(got, want):
+        if g["consumed_samples"] != w["consumed_samples"] or g["lr"] != w["lr"]:
+            return f"iteration {g['iteration']}: samples or lr differ"
+        for key in ("lm_loss", "grad_norm"):
+            if dropout and g["iteration"] >= fault_iteration - 1:
+                bad = not abs(g[key]) < float("inf")
+            else:
+                bad = abs(g[key] - w[key]) > SHRINK_TOLERANCE * abs(w[key])
+            if bad:
+                return f"iteration {g['iteration']}: {key} {g[key]} vs {w[key]}"
+    return None
+
+
 def _aux_losses(line: dict) -> List[tuple]:
     return sorted((k, v) for k, v in line.items() if k.endswith("_loss") and k != "lm_loss")
 

@@ -236,6 +236,14 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "and the host's arithmetic differs from the GPU's in the last bits: add "
             "--deadpool-mirror-memory device, or use --deadpool-mirror-mode state"
         )
+    if dp.deadpool_rebuild_groups == "changed" and not on_cpu:
+        # A kept group is known intact by gloo's count of completed
+        # operations per group and the sockets it opened when made; NCCL
+        # counts operations enqueued, not completed, and connects lazily.
+        raise ConfigError(
+            "--deadpool-rebuild-groups changed keeps gloo groups only, and this run's "
+            "groups are NCCL's: use --deadpool-rebuild-groups all (the default)"
+        )
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:

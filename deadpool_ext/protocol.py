@@ -456,6 +456,12 @@ class Decision:
 
 
 # ----- the worker's environment, written by the agent, read by the worker -----
+# What a worker's environment holds unless the user set it. torch's NCCL
+# watchdog ends the process when a communicator fails (its default, 3):
+# a survivor of a lost peer would die with it, its buddy copies too. With 2
+# it aborts the communicator and the error reaches the rank, which recovers
+# (the heartbeat thread's abort frees a rank blocked in NCCL either way).
+WORKER_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 SECRET_ENV = "DEADPOOL_SECRET"
 AGENT_ENV = "DEADPOOL_AGENT"  # the agent's settings (JSON), from the launcher
 ERROR_FILE_ENV = "DEADPOOL_ERROR_FILE"  # why a worker stopped, for its agent

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
 from deadpool_ext.topology import buddy_map, nodes_by_block
-from deadpool_ext.compare import curve, read_metrics, state_difference
+from deadpool_ext.compare import curve, read_metrics, shrink_difference, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
@@ -60,7 +60,6 @@ NODES, PER_NODE, ITERS, HEARTBEAT_TIMEOUT = 2, 4, 8, 5.0
 # on a queued send that holds the only copy of a shard (docs/reliability.md);
 # a minute is plenty for these models' slowest collective.
 GROUP_TIMEOUT_MINUTES = 1
-TOLERANCE = 1e-5
 # (TP, PP) on 8 ranks; DP = 8 / (TP * PP) >= 2 so that buddies exist.
 SHAPES = [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]
 MODELS = {  # name: hidden, sequence, micro batch, global batch
@@ -418,26 +417,14 @@ def check_swap(out: str, ref: str) -> Optional[str]:
 
 
 def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
-    """Same samples and lr everywhere; loss and grad norm within the
-    tolerance, or, with dropout on (masks drawn by other replicas), equal
-    up to the iteration before the fault and finite after it."""
+    """The shrunk run kept the failure-free run's course (compare.py)."""
     got, want = (
         read_jsonl(os.path.join(out, "metrics.jsonl")),
         read_jsonl(os.path.join(ref, "metrics.jsonl")),
     )
     if [m["iteration"] for m in got] != list(range(1, trial.iters + 1)):
         return f"iterations {[m['iteration'] for m in got]}"
-    for g, w in zip(got, want):
-        if g["consumed_samples"] != w["consumed_samples"] or g["lr"] != w["lr"]:
-            return f"iteration {g['iteration']}: samples or lr differ"
-        for key in ("lm_loss", "grad_norm"):
-            if trial.dropout and g["iteration"] >= trial.iteration - 1:
-                bad = not abs(g[key]) < float("inf")
-            else:
-                bad = abs(g[key] - w[key]) > TOLERANCE * abs(w[key])
-            if bad:
-                return f"iteration {g['iteration']}: {key} {g[key]} vs {w[key]}"
-    return None
+    return shrink_difference(got, want, trial.iteration, trial.dropout)
 
 
 def stuck_survivors(events: List[dict]) -> List[int]:

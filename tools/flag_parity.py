@@ -29,7 +29,9 @@ DIFFERENCES = {
     "megatron-core's local layers otherwise (Megatron-LM: transformer_engine)",
     "--eval-interval": "default 1000 (Megatron-LM's parser: None)",
     "--split": "default 969,30,1, the value Megatron-LM fills in when --data-path is given",
-    "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend enum)",
+    "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend "
+    "enum); without Transformer Engine flash, fused and unfused are torch's SDPA kernels, and "
+    "auto is SDPA on a GPU (Megatron-LM: TE's backends only)",
     "--no-position-embedding": "stored as position_embedding (Megatron-LM: "
     "add_position_embedding); deprecated in both, accepted with rope only",
     "--apply-layernorm-1p": "stored as apply_layernorm_1p (Megatron-LM: "

@@ -119,7 +119,7 @@ class Agent:
             agent_pid=os.getpid(),
             parent_pid=parent_pid or os.getpid(),
         )
-        return {**os.environ, **worker.variables()}
+        return {**P.WORKER_ENV_DEFAULTS, **os.environ, **worker.variables()}
 
     def start(self) -> None:
         # Announced first: a joining node's spares were ignored as lost slots

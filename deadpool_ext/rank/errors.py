@@ -55,7 +55,16 @@ PEER_MESSAGES = (
     "NCCL error",
 )
 LOCAL_TYPES = (torch.OutOfMemoryError, MemoryError)
-LOCAL_MESSAGES = ("CUDA error", "out of memory", "uncorrectable ECC error")
+LOCAL_MESSAGES = (
+    "CUDA error",
+    "out of memory",
+    "uncorrectable ECC error",
+    "unhandled cuda error",  # NCCL's word for a CUDA call of its own that failed
+)
+# NCCL refusing how it is called (two ranks on one GPU, mismatched calls):
+# raised as a DistBackendError like a broken peer, but a spare would meet it
+# again, so it is a bug, not a failure to recover from.
+BUG_MESSAGES = ("ncclInvalidUsage", "invalid usage")
 
 
 # megatron-core's rerun state machine rejecting a result (disabled mode).
@@ -66,6 +75,8 @@ def classify(error: BaseException) -> Failure:
     text = str(error)
     if isinstance(error, LOCAL_TYPES) or any(m in text for m in LOCAL_MESSAGES):
         return Failure.LOCAL
+    if any(m in text for m in BUG_MESSAGES):
+        return Failure.BUG
     if isinstance(error, RuntimeError) and any(m in text for m in NUMERIC_MESSAGES):
         return Failure.NUMERIC
     if isinstance(error, PEER_TYPES):

@@ -173,9 +173,7 @@ class Generation:
         with self._lock:
             if self.number is None or self.number >= newer or self._done or self._held:
                 return 0
-            count, groups = self._release_locked(by, frozenset(keep))
-        abort_nccl(groups)
-        return count
+            return self._release_locked(by, frozenset(keep))
 
     def release(self, by: str, keep: Collection[int] = frozenset()) -> int:
         """Shut every connection of the generation down (but the sockets in
@@ -185,25 +183,33 @@ class Generation:
         with self._lock:
             if self.number is None:
                 return 0
-            count, groups = self._release_locked(by, frozenset(keep))
-        abort_nccl(groups)
-        return count
+            return self._release_locked(by, frozenset(keep))
 
-    def _release_locked(self, by: str, keep: frozenset) -> Tuple[int, list]:
+    def _release_locked(self, by: str, keep: frozenset) -> int:
+        """NCCL groups are aborted first, then the sockets are shut down:
+        NCCL's own connections are among them, and a communicator whose
+        sockets close under it fails in its own threads. Under the lock, so
+        that the main thread's tear-down (which releases before it destroys
+        the groups) never destroys a group while it is being aborted."""
+        kept_groups = {id(v[0]()) for v in self._made.values() if v[1] & keep}
+        groups = [ref() for ref in self._groups] + nccl_groups()
+        started = time.monotonic()
+        aborted = abort_nccl({id(g): g for g in groups if id(g) not in kept_groups}.values())
+        abort_ms = round((time.monotonic() - started) * 1e3, 1)
+        self._groups = [ref for ref in self._groups if id(ref()) in kept_groups]
         open_now = socket_descriptors()
         inodes = self._mine(open_now) - keep
-        kept_groups = {id(v[0]()) for v in self._made.values() if v[1] & keep}
-        groups = [ref() for ref in self._groups if id(ref()) not in kept_groups]
-        self._groups = [ref for ref in self._groups if id(ref()) in kept_groups]
         count = sum(shut_down(open_now[i]) for i in inodes)
         self._baseline = set(open_now) - keep
         if inodes:  # a second release finds nothing new
             self._last_released = set(inodes)
         self._done = not self._building and not keep
         self._released_all = self._released_all or not keep
-        if count and self.released is None:
+        if (count or aborted) and self.released is None:
             self.released = {"by": by, "connections": count, "open": len(inodes)}
-        return count, groups
+            if aborted:  # what the events show of an NCCL release
+                self.released.update(nccl_groups_aborted=aborted, abort_ms=abort_ms)
+        return count
 
     def open_connections(self) -> List[dict]:
         """The TCP connections this process has open now, and whether the
@@ -269,17 +275,36 @@ def groups_created() -> Optional[int]:
     return getattr(dist.distributed_c10d._world, "group_count", None)
 
 
-def abort_nccl(groups: Iterable[Optional[object]]) -> None:
+def nccl_groups() -> List[object]:
+    """Every NCCL group this process has, from torch's registry of groups
+    (private): those made while a generation was still being built too,
+    which ``built`` has not seen yet."""
+    registry = getattr(dist.distributed_c10d._world, "pg_map", {})
+    return [g for g in list(registry) if _backend(g) == "nccl"]
+
+
+def _backend(group) -> Optional[str]:
+    try:
+        return group._get_backend_name()
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def abort_nccl(groups: Iterable[Optional[object]]) -> int:
     """ncclCommAbort for every NCCL group still alive: kernels waiting on a
-    lost peer return, and the next use of the group raises."""
+    lost peer return, and the next use of the group raises. Returns how
+    many it aborted."""
+    aborted = 0
     for group in groups:
         if group is None or not isinstance(group, dist.ProcessGroup):
             continue
         try:
             if group._get_backend_name() == "nccl":
                 group.abort()
+                aborted += 1
         except RuntimeError:
             pass  # already aborted, or torn down meanwhile
+    return aborted
 
 
 class FailureAnnounced(RuntimeError):

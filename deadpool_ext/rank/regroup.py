@@ -333,8 +333,17 @@ def _holders(obj) -> str:
         elif isinstance(ref, types.CellType):
             found.append(f"a closure of {_closure_owners(ref)}")
         else:
-            found.append(f"{type(ref).__name__} {repr(ref)[:80]}")
+            found.append(f"{type(ref).__name__} {_safe_repr(ref)}")
     return ", ".join(found[:4]) or _untracked_holders(obj) or "nothing Python can see"
+
+
+def _safe_repr(obj) -> str:
+    """An object's repr for the message, or nothing where making it fails
+    (a P2POp's asks its group for the rank, whose default group is gone)."""
+    try:
+        return repr(obj)[:80]
+    except Exception:  # noqa: BLE001 - only words for a message
+        return ""
 
 
 def _untracked_holders(obj) -> str:

@@ -55,6 +55,28 @@ VERDICT_TAG = 1
 MATCHED, DIVERGED = 1, 2
 
 
+def send_and_receive(operations: list, tag: int = 0) -> None:
+    """Point-to-point operations (isend or irecv, tensor, peer, group), all
+    done when this returns. Those on one group are posted as one batch:
+    NCCL runs a group's operations in order on one stream, so in a ring of
+    two (buddy and owner one peer, one group) a send issued before the
+    receive on both sides would wait for a receive queued behind the
+    other's send. Batched, they pair up (megatron-core's pipeline batches
+    for the same reason). ``operations`` is emptied once they are posted: a
+    wait that never returns (a thread a halt abandons) must hold no group,
+    since a recovery drops every reference to the old ones."""
+    groups = {id(group) for _, _, _, group in operations}
+    if len(operations) > 1 and len(groups) == 1:
+        requests = dist.batch_isend_irecv(
+            [dist.P2POp(op, t, peer, group=group, tag=tag) for op, t, peer, group in operations]
+        )
+    else:
+        requests = [op(t, peer, group=group, tag=tag) for op, t, peer, group in operations]
+    operations.clear()
+    for request in requests:
+        request.wait()
+
+
 class MirrorGroups(NamedTuple):
     """A rank's two mirror groups: {rank, buddy} and {owner, rank} (the
     same group where buddy and owner are one peer, a ring of two; None
@@ -316,7 +338,14 @@ class Mirror:
     # ----- worker thread -----
     def _work(self, jobs: "queue.Queue") -> None:
         if self.cuda:
+            # A stream of its own: sealing, replay and the exchange's waits
+            # would otherwise queue on the stream training computes on.
             torch.cuda.set_device(self.device)
+            with torch.cuda.stream(torch.cuda.Stream(self.device)):
+                return self._serve(jobs)
+        return self._serve(jobs)
+
+    def _serve(self, jobs: "queue.Queue") -> None:
         while True:
             job = jobs.get()
             if job is None:
@@ -427,19 +456,14 @@ class Mirror:
         """Tell the owner whether its packet reproduced its state, and learn
         the same from the buddy; a mismatch means a whole snapshot next."""
         mine, theirs = self.verdicts
-        requests = []
+        operations = []
         if receive == "grad":
             mine.fill_(MATCHED if matched else DIVERGED)
-            requests.append(
-                dist.isend(mine, self.owner, group=self.group_with(self.owner), tag=VERDICT_TAG)
-            )
+            operations.append((dist.isend, mine, self.owner, self.group_with(self.owner)))
         if send == "grad":
             theirs.zero_()
-            requests.append(
-                dist.irecv(theirs, self.buddy, group=self.group_with(self.buddy), tag=VERDICT_TAG)
-            )
-        for request in requests:
-            request.wait()
+            operations.append((dist.irecv, theirs, self.buddy, self.group_with(self.buddy)))
+        send_and_receive(operations, tag=VERDICT_TAG)
         if send == "grad" and int(theirs.item()) != MATCHED:
             self.send_synced = False
             self.events.emit("mirror_resync", iteration=iteration, buddy=self.buddy)
@@ -466,12 +490,12 @@ class Mirror:
         if to == self.rank:  # a ring of one: nothing to send
             receive.copy_(send)
             return
-        requests = [
-            dist.isend(send, to, group=self.group_with(to)),
-            dist.irecv(receive, source, group=self.group_with(source)),
-        ]
-        for request in requests:
-            request.wait()
+        send_and_receive(
+            [
+                (dist.isend, send, to, self.group_with(to)),
+                (dist.irecv, receive, source, self.group_with(source)),
+            ]
+        )
 
     # ----- recovery -----
     def return_to_owners(self) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from megatron.training.optimizer_layout import inner_optimizers
+from megatron.training.optimizer_layout import inner_optimizers, steps_per_parameter
 from deadpool_ext.state import snapshot as snap
 
 PACKET_MAGIC = 0x44504752414450  # "DPGRADP"
@@ -214,20 +214,25 @@ def _step(
         param.grad = grads[where]
         stepped.setdefault(inner, {}).setdefault(group, []).append((param, where, old))
     for inner, groups in stepped.items():
-        hyper = extras["groups"][inner]
-        optimizer = optimizer_classes[inner](
-            [dict(hyper[g], params=[p for p, _, _ in entries]) for g, entries in groups.items()]
+        hyper, cls = extras["groups"][inner], optimizer_classes[inner]
+        per_parameter = steps_per_parameter(cls)
+        optimizer = cls(
+            [
+                dict(hyper[g], params=[p for p, _, _ in entries])
+                # FusedAdam's step is its group's: the group steps together
+                | ({} if per_parameter else {"step": int(entries[0][2])})
+                for g, entries in groups.items()
+            ]
         )
         for g, entries in groups.items():
             # fused and capturable kernels keep the step on the device
             on_device = hyper[g].get("fused") or hyper[g].get("capturable")
             for param, where, old in entries:
-                step = torch.tensor(old, dtype=torch.float32)
-                optimizer.state[param] = {
-                    "step": step.to(param.device) if on_device else step,
-                    "exp_avg": views[1][where],
-                    "exp_avg_sq": views[2][where],
-                }
+                state = {"exp_avg": views[1][where], "exp_avg_sq": views[2][where]}
+                if per_parameter:
+                    step = torch.tensor(old, dtype=torch.float32)
+                    state["step"] = step.to(param.device) if on_device else step
+                optimizer.state[param] = state
         optimizer.step()
         for entries in groups.values():
             for param, _, _ in entries:

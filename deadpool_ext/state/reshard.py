@@ -67,8 +67,8 @@ def gather_position(
         buffer = own.get(old_rank)
         if buffer is None:
             buffer = snap.allocate(old_layout)
-        else:
-            buffer = buffer.to("cpu", copy=True)  # device-memory mirrors too
+        else:  # device-memory mirrors too: resharding runs on the host
+            buffer = snap.to_host(buffer, old_layout)
         dist.broadcast(buffer, contributor, group=group)
         snap.verify(buffer, old_layout, iteration=iteration, owner=old_rank)
         buffers.append(buffer)

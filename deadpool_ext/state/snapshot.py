@@ -29,7 +29,12 @@ from typing import List, Optional, Tuple
 import torch
 import xxhash
 
-from megatron.training.optimizer_layout import REGIONS, inner_optimizers, walk_buckets
+from megatron.training.optimizer_layout import (
+    REGIONS,
+    inner_optimizers,
+    steps_per_parameter,
+    walk_buckets,
+)
 
 MAGIC = 0x44504D4952524F52  # "DPMIRROR"
 HEADER_WORDS = 8
@@ -102,10 +107,18 @@ def build_layout(optimizer) -> ShardLayout:
 
 
 def main_param_and_state(optimizer, segment: Segment) -> Tuple[torch.Tensor, dict]:
+    main, state, _, _ = _locate(optimizer, segment)
+    return main, state
+
+
+def _locate(optimizer, segment: Segment):
+    """A segment's main parameter, its Adam state, its parameter group and
+    whether its Adam keeps the step in the state (torch's) or the group."""
     opt = inner_optimizers(optimizer)[segment.optimizer_index]
     group, order = opt.model_param_group_index_map[segment.model_param]
-    main = opt.optimizer.param_groups[group]["params"][order]
-    return main, opt.optimizer.state[main]
+    group = opt.optimizer.param_groups[group]
+    main = group["params"][order]
+    return main, opt.optimizer.state[main], group, steps_per_parameter(opt.optimizer)
 
 
 def allocate(layout: ShardLayout, device="cpu", pin: bool = False) -> torch.Tensor:
@@ -138,13 +151,13 @@ def pack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor) -> List[flo
     (empty before the first step, when Adam has no state yet)."""
     views, steps = regions(buffer, layout), []
     for seg in layout.segments:
-        main, state = main_param_and_state(optimizer, seg)
+        main, state, group, per_parameter = _locate(optimizer, seg)
         end = seg.offset + seg.numel
         views[0][seg.offset : end].copy_(main.detach().view(-1), non_blocking=True)
         if "exp_avg" in state:
             views[1][seg.offset : end].copy_(state["exp_avg"].view(-1), non_blocking=True)
             views[2][seg.offset : end].copy_(state["exp_avg_sq"].view(-1), non_blocking=True)
-            steps.append(float(state["step"]))
+            steps.append(float(state["step"] if per_parameter else group["step"]))
         else:  # no state yet: Adam's zeros, whatever the buffer held before
             views[1][seg.offset : end].zero_()
             views[2][seg.offset : end].zero_()
@@ -161,11 +174,13 @@ def unpack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor, steps: Li
             f"{len(layout.segments)} parameters: another layout"
         )
     for i, seg in enumerate(layout.segments):
-        main, state = main_param_and_state(optimizer, seg)
+        main, state, group, per_parameter = _locate(optimizer, seg)
         end = seg.offset + seg.numel
         main.data.view(-1).copy_(views[0][seg.offset : end])
-        if not steps:
+        if not steps:  # a fresh optimizer's: no state, no step
             state.clear()
+            if not per_parameter:
+                group.pop("step", None)
             continue
         for name, view in zip(STATES[1:], views[1:]):
             source = view[seg.offset : end].view_as(main)
@@ -173,7 +188,10 @@ def unpack_shard(optimizer, layout: ShardLayout, buffer: torch.Tensor, steps: Li
                 state[name].copy_(source)
             else:
                 state[name] = source.to(main.device, copy=True)
-        state["step"] = torch.tensor(steps[i], dtype=torch.float32)
+        if per_parameter:
+            state["step"] = torch.tensor(steps[i], dtype=torch.float32)
+        else:  # every parameter of the group has stepped as often
+            group["step"] = int(steps[i])
 
 
 def encode_sidecar(sidecar: dict) -> bytes:
@@ -260,6 +278,16 @@ def verify(
     if owner is not None and int(h[H_OWNER]) != owner:
         raise SnapshotError(f"snapshot belongs to rank {int(h[H_OWNER])}, expected {owner}")
     return int(h[H_ITERATION])
+
+
+def to_host(buffer: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
+    """A copy in host memory of a snapshot verified where it lies, its
+    checksum the host's kind (XXH3): a device snapshot carries the
+    weighted sum, which a host copy would never verify against."""
+    verify(buffer, layout)
+    host = buffer.to("cpu", copy=True)
+    header(host)[H_CHECKSUM] = _signed(checksum(host))
+    return host
 
 
 def snapshot_iteration(buffer: torch.Tensor) -> int:

@@ -6,9 +6,9 @@ do no GPU work: it asks for ``torch.cuda.current_device()``, calls
 dispatches on ``Tensor.type()`` strings such as ``torch.cuda.FloatTensor``
 and keeps its dropout RNG streams in the CUDA generator; its all-to-all
 MoE dispatcher copies token counts to the host on a side CUDA stream. This
-module maps each of those to the CPU; and it fixes the one path where
-megatron-core mishandles torch's own Adam, which it runs on CPU (a fully
-reshardable optimizer load, ``_patch_adam_step_on_reshard``).
+module maps each of those to the CPU. (Where megatron-core mishandles
+torch's own Adam, which it runs without Apex or Transformer Engine on a GPU
+as on a CPU, optimizer_layout.py fixes it for both.)
 
 It is enabled explicitly (``enable()``) and only when CUDA is absent, or
 when a test asks for it with ``force=True``. A GPU run never touches it:
@@ -208,32 +208,6 @@ def _patch_tensor():
         setattr(torch, name, _wrap_factory(getattr(torch, name)))
 
 
-def _patch_adam_step_on_reshard():
-    """On CPU megatron-core runs torch's Adam (no Apex or Transformer Engine),
-    which keeps its step in every parameter's state. Loading a distributed
-    optimizer saved fully reshardable copies each state entry of a parameter
-    from the checkpoint's, which holds no step (megatron-core restores the
-    step from the parameter groups), and fails on the key. The step is left
-    out of that copy, and kept."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    original = DistributedOptimizer._set_main_param_and_optimizer_states
-
-    @functools.wraps(original)
-    def set_states(self, model_param, tensors):
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-        state = self.optimizer.state.get(main_param, {})
-        step = state.pop("step", None) if "step" not in tensors else None
-        try:
-            original(self, model_param, tensors)
-        finally:
-            if step is not None:
-                state["step"] = step
-
-    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
-
-
 def define_missing_te_names() -> None:
     """megatron-core 0.16's MoE router asks ``te_general_gemm is not None``,
     a name its module defines only when Transformer Engine imports: without
@@ -263,7 +237,6 @@ def enable(force: bool = False) -> bool:
         _patch_tensor()
         _patch_megatron_rng()
         _patch_moe_host_copies()
-        _patch_adam_step_on_reshard()
         _quiet_rng_warning()
         _ACTIVE = True
         return True

@@ -15,7 +15,7 @@ from megatron.core.rerun_state_machine import (
     initialize_rerun_state_machine,
 )
 
-from megatron.training import cpu_compat, gpu_sharing
+from megatron.training import cpu_compat, gpu_sharing, optimizer_layout
 from megatron.training.config import Config
 
 
@@ -40,6 +40,7 @@ def setup_device(config: Config) -> bool:
     """Pick the device before anything touches CUDA. Returns True on CPU."""
     on_cpu = config.parallel.cpu or not torch.cuda.is_available()
     cpu_compat.define_missing_te_names()
+    optimizer_layout.patch_reshardable_load()
     if on_cpu:
         cpu_compat.enable(force=True)
     else:

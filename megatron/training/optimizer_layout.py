@@ -16,6 +16,7 @@ dist_checkpointing); also the fixes megatron-core's distributed optimizer
 needs around a checkpoint when torch's Adam is used.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
@@ -27,6 +28,15 @@ REGIONS = ("param", "exp_avg", "exp_avg_sq")  # the fp32 main parameter and Adam
 def inner_optimizers(optimizer) -> list:
     """The megatron optimizers under a ChainedOptimizer (or the one given)."""
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def steps_per_parameter(torch_opt) -> bool:
+    """Where an Adam keeps its step: torch's in each parameter's state;
+    Apex's and Transformer Engine's FusedAdam (megatron-core's choice where
+    either is installed) one per parameter group, as an int."""
+    if isinstance(torch_opt, type):
+        return issubclass(torch_opt, (torch.optim.Adam, torch.optim.AdamW))
+    return isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW))
 
 
 def torch_adams(optimizer) -> Iterator[torch.optim.Optimizer]:
@@ -68,6 +78,36 @@ def restore_adam_steps(optimizer) -> None:
             for param in group["params"]:
                 if param in torch_opt.state:
                     torch_opt.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
+def patch_reshardable_load() -> None:
+    """Without Apex or Transformer Engine (any CPU run, and a GPU without
+    them) megatron-core runs torch's Adam, which keeps its step in every
+    parameter's state. Loading a distributed
+    optimizer saved fully reshardable copies each state entry of a parameter
+    from the checkpoint's, which holds no step (megatron-core restores the
+    step from the parameter groups), and fails on the key. The step is left
+    out of that copy, and kept."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_deadpool_patched", False):
+        return  # once per process
+
+    @functools.wraps(original)
+    def set_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        state = self.optimizer.state.get(main_param, {})
+        step = state.pop("step", None) if "step" not in tensors else None
+        try:
+            original(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    set_states._deadpool_patched = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
 @dataclass

@@ -805,3 +805,18 @@ def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
     worker.post("coordinator", kind="exit", slot="2.1", code=-9)
     coordinator.step()
     assert coordinator.view.withheld == set()
+
+
+def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp_path):
+    """torch's default ends a process whose NCCL communicator failed; a
+    worker's environment says otherwise unless the user set it."""
+    from deadpool_ext.control.agent import Agent
+
+    agent = Agent.__new__(Agent)
+    agent.node, agent.nproc, agent.world_size, agent.store_addr = 1, 2, 4, "h:1"
+    agent.standby, agent.takeover_wait_s, agent.error_dir = None, 0.0, str(tmp_path)
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    env = agent.worker_env(1, active=True)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["RANK"] == "3"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"

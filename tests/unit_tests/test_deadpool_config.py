@@ -126,6 +126,16 @@ def test_gradient_replay_on_a_gpu_needs_the_replica_in_device_memory(monkeypatch
     assert parse(grad + ["--cpu"], 2)
 
 
+def test_keeping_groups_across_a_swap_is_refused_on_nccl(monkeypatch):
+    """Whether a kept group is intact is read from gloo's counts of completed
+    operations; NCCL's count what was enqueued."""
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    keep = DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-rebuild-groups", "changed"]
+    assert "--deadpool-rebuild-groups all" in error(keep, 2)
+    assert parse(keep + ["--cpu"], 2)
+
+
 def test_mirror_timeout_must_be_positive():
     assert "--deadpool-mirror-timeout" in error(
         DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-timeout", "0"], 2

@@ -36,16 +36,40 @@ def test_peer_failures_are_recovered(error):
     assert classify(error) == Failure.PEER
 
 
+# NCCL's words, as torch's ProcessGroupNCCL raises them (DistBackendError).
+NCCL = "NCCL error in: ProcessGroupNCCL.cpp:3200, {}, NCCL version 2.28.9\n{}"
+NCCL_REMOTE = NCCL.format(
+    "remote process exited or there was a network error",
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process "
+    "exiting prematurely.",
+)
+NCCL_CUDA = NCCL.format("unhandled cuda error (run with NCCL_DEBUG=INFO for details)", "")
+NCCL_USAGE = NCCL.format(
+    "invalid usage (run with NCCL_DEBUG=WARN for details)",
+    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+)
+
+
 @pytest.mark.parametrize(
     "error",
     [
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
         RuntimeError("CUDA error: an illegal memory access was encountered"),
         MemoryError(),
+        dist.DistBackendError(NCCL_CUDA),
     ],
 )
 def test_the_ranks_own_resource_failures_are_local(error):
     assert classify(error) == Failure.LOCAL
+
+
+def test_nccl_errors_a_peer_causes_are_recovered_and_misuse_stops_the_job():
+    """A lost peer surfaces as NCCL's remote error; NCCL refusing its use
+    (two ranks on one GPU) would refuse a spare the same way: a bug."""
+    assert classify(dist.DistBackendError(NCCL_REMOTE)) == Failure.PEER
+    assert classify(RuntimeError("NCCL communicator was aborted on rank 3.")) == Failure.PEER
+    assert classify(dist.DistBackendError(NCCL_USAGE)) == Failure.BUG
 
 
 @pytest.mark.parametrize(

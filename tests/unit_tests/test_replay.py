@@ -15,13 +15,40 @@ OFFSETS = [0, 320, 352, 1376]  # as in buckets: gaps left between them
 NUMEL = 1408
 
 
+class GroupStepAdamW(torch.optim.Optimizer):
+    """AdamW kept as Apex's and Transformer Engine's FusedAdam keep it (what
+    megatron-core runs where either is installed): one step per parameter
+    group, an int; the moments in each parameter's state."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1
+            (b1, b2), t = group["betas"], group["step"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                denom = (v / (1 - b2**t)).sqrt_().add_(group["eps"])
+                p.addcdiv_(m, denom, value=-group["lr"] / (1 - b1**t))
+
+
 class Owner:
     """A shard of four main parameters in two parameter groups."""
 
-    def __init__(self):
+    def __init__(self, adam=torch.optim.AdamW):
         generator = torch.Generator().manual_seed(0)
         self.params = [torch.randn(n, generator=generator) for n in SIZES]
-        self.adam = torch.optim.AdamW(
+        self.adam = adam(
             [
                 {"params": self.params[:2], "weight_decay": 0.1},
                 {"params": self.params[2:], "weight_decay": 0.0},
@@ -51,7 +78,8 @@ class Owner:
             if state:
                 views[1][where].copy_(state["exp_avg"])
                 views[2][where].copy_(state["exp_avg_sq"])
-                steps.append(float(state["step"]))
+                group = next(g for g in self.adam.param_groups if any(q is p for q in g["params"]))
+                steps.append(float(state["step"] if "step" in state else group["step"]))
         side = snap.encode_sidecar({"steps": steps, "progress": {"iteration": iteration}})
         snap.seal(buffer, self.layout, iteration, 3, side)
         return buffer
@@ -68,12 +96,13 @@ class Owner:
 
 def advance(owner: Owner, replica: torch.Tensor, packet: torch.Tensor) -> torch.Tensor:
     target = snap.allocate(owner.layout)
-    replay.apply(packet, replica, target, owner.layout, [torch.optim.AdamW], owner=3)
+    replay.apply(packet, replica, target, owner.layout, [type(owner.adam)], owner=3)
     return target
 
 
-def test_the_replica_follows_its_owner_bit_for_bit_from_the_first_step():
-    owner = Owner()
+@pytest.mark.parametrize("adam", [torch.optim.AdamW, GroupStepAdamW], ids=["torch", "group-step"])
+def test_the_replica_follows_its_owner_bit_for_bit_from_the_first_step(adam):
+    owner = Owner(adam)
     replica = owner.snapshot(0)  # the whole snapshot, once
     for t in range(5):
         groups = owner.step(t)

@@ -149,3 +149,47 @@ def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
     mirror.wait_idle()
     assert ran == [1, 2, 3]
     mirror.close()
+
+
+class DistributedOptimizer:
+    """What the snapshot reads of megatron-core's: its inner optimizer and
+    where each model parameter's main parameter is (group, place)."""
+
+    def __init__(self, adam, places):
+        self.optimizer, self.model_param_group_index_map = adam, places
+
+
+@pytest.mark.parametrize("per_parameter", [True, False], ids=["torch-adam", "fused-adam"])
+def test_the_shard_and_adams_step_come_back_where_the_optimizer_keeps_them(per_parameter):
+    """torch's Adam keeps its step per parameter; Apex's and Transformer
+    Engine's FusedAdam per group (test_replay.GroupStepAdamW keeps it so)."""
+    from test_replay import GroupStepAdamW
+
+    cls = torch.optim.AdamW if per_parameter else GroupStepAdamW
+    sizes, model_params = [5, 3], [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
+    layout = snap.ShardLayout(
+        [snap.Segment(0, model_params[0], 0, 5), snap.Segment(0, model_params[1], 8, 3)], 16, 4096
+    )
+
+    def optimizer():
+        params = [torch.nn.Parameter(torch.arange(n, dtype=torch.float32)) for n in sizes]
+        adam = cls([{"params": params[:1]}, {"params": params[1:]}])
+        return DistributedOptimizer(adam, {model_params[0]: (0, 0), model_params[1]: (1, 0)})
+
+    trained = optimizer()
+    for _ in range(3):
+        for group in trained.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = torch.ones_like(p)
+        trained.optimizer.step()
+    buffer = snap.allocate(layout)
+    steps = snap.pack_shard(trained, layout, buffer)
+    assert steps == [3.0, 3.0]
+    fresh = optimizer()
+    snap.unpack_shard(fresh, layout, buffer, steps)
+    for got, want in zip(fresh.optimizer.param_groups, trained.optimizer.param_groups):
+        assert ("step" in got) == (not per_parameter) and got.get("step") == want.get("step")
+        for p, q in zip(got["params"], want["params"]):
+            assert torch.equal(p, q)
+            for name in ("exp_avg", "exp_avg_sq") + (("step",) if per_parameter else ()):
+                assert torch.equal(fresh.optimizer.state[p][name], trained.optimizer.state[q][name])
