@@ -67,9 +67,19 @@ def send_and_receive(operations: list, tag: int = 0) -> None:
     since a recovery drops every reference to the old ones."""
     groups = {id(group) for _, _, _, group in operations}
     if len(operations) > 1 and len(groups) == 1:
-        requests = dist.batch_isend_irecv(
-            [dist.P2POp(op, t, peer, group=group, tag=tag) for op, t, peer, group in operations]
-        )
+        group = operations[0][3]
+        try:
+            requests = dist.batch_isend_irecv(
+                [dist.P2POp(op, t, peer, group=g, tag=tag) for op, t, peer, g in operations]
+            )
+        except BaseException:
+            # An operation that fails inside torch's coalescing block (NCCL's:
+            # the group aborted meanwhile) leaves the group in torch's record
+            # of coalescing groups, which would keep it alive for good.
+            dist.distributed_c10d._world.pg_coalesce_state.pop(group, None)
+            raise
+        finally:
+            del group
     else:
         requests = [op(t, peer, group=group, tag=tag) for op, t, peer, group in operations]
     operations.clear()
