@@ -19,11 +19,11 @@ from functools import partial
 import torch
 
 
-def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_stage=None):
-    """This rank's stage of the GPT model (local layers, or Transformer
-    Engine's when it is there and wanted); with virtual pipeline stages,
-    its chunk ``vp_stage``."""
-    from megatron.core.models.gpt import GPTModel
+def layer_spec(config, tf_config, on_cpu: bool, vp_stage=None):
+    """The GPT layers' spec: Transformer Engine's layers when they are there
+    and wanted, else megatron-core's local ones (with torch's SDPA as the
+    core attention where --attention-backend asks for it); an MoE model's
+    block spec, as Megatron-LM's builder."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
@@ -33,9 +33,8 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
     from megatron.training.model_setup import use_transformer_engine, with_run_attention
 
     m = config.model
-    on_cpu = config.extra.get("on_cpu", False)
     use_te = use_transformer_engine(config, on_cpu)
-    if config.moe.num_experts:  # MoE layers in the block, as Megatron-LM's builder
+    if config.moe.num_experts:
         spec = get_gpt_decoder_block_spec(
             tf_config,
             use_transformer_engine=use_te,
@@ -43,12 +42,23 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
             vp_stage=vp_stage,
         )
     elif use_te:
-        spec = get_gpt_layer_with_transformer_engine_spec()
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=m.qk_layernorm)
     else:
-        spec = get_gpt_layer_local_spec(normalization=m.normalization)
+        spec = get_gpt_layer_local_spec(normalization=m.normalization, qk_layernorm=m.qk_layernorm)
+    return with_run_attention(spec, config, on_cpu)
+
+
+def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_stage=None):
+    """This rank's stage of the GPT model; with virtual pipeline stages, its
+    chunk ``vp_stage``."""
+    from megatron.core.models.gpt import GPTModel
+
+    m = config.model
     return GPTModel(
         config=tf_config,
-        transformer_layer_spec=with_run_attention(spec, config, on_cpu),
+        transformer_layer_spec=layer_spec(
+            config, tf_config, config.extra.get("on_cpu", False), vp_stage
+        ),
         vocab_size=config.extra["padded_vocab_size"],
         max_sequence_length=m.max_position_embeddings,
         pre_process=pre_process,

@@ -17,7 +17,6 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UPSTREAM = os.path.join(REPO, "docs", "megatron-lm-core_v0.16.1-flags.json")
 DOC = os.path.join(REPO, "docs", "megatron-lm-flags.md")
 
 # Shared flags whose destination or default differs from Megatron-LM's, and why.
@@ -32,6 +31,12 @@ DIFFERENCES = {
     "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend "
     "enum); without Transformer Engine flash, fused and unfused are torch's SDPA kernels, and "
     "auto is SDPA on a GPU (Megatron-LM: TE's backends only)",
+    "--no-rope-fusion": "same default; without Transformer Engine the rotary embeddings are "
+    "not fused (Megatron-LM stops: megatron-core has no other kernel)",
+    "--no-gradient-accumulation-fusion": "same default; fused only with Transformer Engine's "
+    "layers or Apex's kernel (Megatron-LM turns it off with a warning without them)",
+    "--use-checkpoint-opt_param-scheduler": "same default, but without either flag a loaded "
+    "checkpoint's schedule is taken (Megatron-LM asserts it equals the command line's)",
     "--no-position-embedding": "stored as position_embedding (Megatron-LM: "
     "add_position_embedding); deprecated in both, accepted with rope only",
     "--apply-layernorm-1p": "stored as apply_layernorm_1p (Megatron-LM: "
@@ -95,7 +100,9 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
 
 
 def load_upstream() -> Dict[str, dict]:
-    with open(UPSTREAM) as f:
+    from megatron.training.arguments import UPSTREAM_FLAGS
+
+    with open(UPSTREAM_FLAGS) as f:
         return {k: v for k, v in json.load(f).items() if k not in ("-h", "--help")}
 
 

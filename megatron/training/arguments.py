@@ -6,6 +6,7 @@ nothing and each message says which flag to change.
 
 import argparse
 import dataclasses
+import json
 import os
 import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -62,6 +63,44 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise ConfigError(message)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            raise ConfigError(unknown_flags_message(unknown, list(self._option_string_actions)))
+        return namespace
+
+
+# Megatron-LM's options at the tag of our megatron-core, with their defaults
+# (tools/flag_parity.py reads it too).
+UPSTREAM_FLAGS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "docs",
+    "megatron-lm-core_v0.16.1-flags.json",
+)
+
+
+def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """What is wrong with each flag not taken: one of Megatron-LM's that this
+    build lacks (its row in docs/megatron-lm-flags.md), or a typo of one of
+    ours (the nearest), or neither. Values after them are left out."""
+    import difflib
+
+    try:
+        with open(UPSTREAM_FLAGS) as f:
+            upstream = set(json.load(f))
+    except OSError:  # an installed package without the docs
+        upstream = set()
+    said = []
+    for flag in (u.split("=", 1)[0] for u in unknown if u.startswith("-")):
+        if flag in upstream:
+            said.append(
+                f"{flag} is Megatron-LM's, not supported here yet (docs/megatron-lm-flags.md)"
+            )
+            continue
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+        said.append(f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else ""))
+    return "; ".join(said) or f"unexpected arguments: {' '.join(unknown)}"
 
 
 def build_parser(sections: Dict[str, type]) -> argparse.ArgumentParser:
@@ -299,6 +338,8 @@ def validate(config: Config) -> None:
         _check_virtual_pipeline,
         _check_training,
         _check_precision,
+        _check_determinism,
+        _check_schedule_source,
         _check_fp8,
         _check_data,
         _check_checkpoint,
@@ -402,6 +443,10 @@ def _check_model_features(config: Config) -> None:
     m = config.model
     _check_sequence_parallel(config)
     _require(
+        not (m.squared_relu and m.swiglu),
+        "--squared-relu and --swiglu are two activations: give one",
+    )
+    _require(
         m.position_embedding or m.position_embedding_type == "rope",
         "--no-position-embedding is deprecated (as in Megatron-LM): use "
         "--position-embedding-type rope",
@@ -503,6 +548,15 @@ def _check_moe(config: Config) -> None:
         f"{etp} x expert-parallel size {ep} x pipeline-parallel size {pp}: change "
         "--expert-model-parallel-size or --expert-tensor-parallel-size",
     )
+    expert_dp = config.world_size // (etp * ep * pp)
+    _require(
+        not p.use_tp_pp_dp_mapping or pp == 1 or expert_dp == config.data_parallel_size,
+        f"--use-tp-pp-dp-mapping with --pipeline-model-parallel-size {pp} needs the experts' "
+        f"data-parallel size ({expert_dp}) to equal the model's ({config.data_parallel_size}) "
+        "(megatron-core's rule for rank orders that do not end with the pipeline): drop "
+        "--use-tp-pp-dp-mapping, or make --expert-model-parallel-size x "
+        "--expert-tensor-parallel-size equal --tensor-model-parallel-size",
+    )
     _require(
         tp == 1 or p.sequence_parallel,
         "MoE layers with --tensor-model-parallel-size > 1 need --sequence-parallel "
@@ -587,6 +641,33 @@ def _check_with_megatron_core(config: Config) -> None:
         transformer_config(config, on_cpu=config.parallel.distributed_backend == "gloo")
     except (ValueError, AssertionError) as error:
         raise ConfigError(f"megatron-core refuses these settings: {error}") from None
+
+
+def _check_determinism(config: Config) -> None:
+    """As Megatron-LM: a deterministic run uses no kernel known not to be, and
+    on a GPU NCCL's all-reduce algorithm is named."""
+    if not config.training.deterministic_mode:
+        return
+    _require(
+        not config.model.cross_entropy_loss_fusion,
+        "--deterministic-mode: the fused cross entropy is not deterministic: drop "
+        "--cross-entropy-loss-fusion",
+    )
+    algorithms = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")
+    _require(
+        config.parallel.distributed_backend != "nccl" or os.environ.get("NCCL_ALGO") in algorithms,
+        f"--deterministic-mode on GPUs: set NCCL_ALGO to one of {', '.join(algorithms)} "
+        f"(now {os.environ.get('NCCL_ALGO', 'unset')})",
+    )
+
+
+def _check_schedule_source(config: Config) -> None:
+    c = config.checkpoint
+    _require(
+        not (c.use_checkpoint_opt_param_scheduler and c.override_opt_param_scheduler),
+        "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler say opposite "
+        "things: give one",
+    )
 
 
 def _check_fp8(config: Config) -> None:

@@ -103,6 +103,35 @@ class ModelConfig:
         "(auto), or megatron-core's local layers.",
         choices=["auto", "local", "transformer_engine"],
     )
+    qk_layernorm: bool = arg(False, help="Normalize queries and keys (the --normalization kind).")
+    add_qkv_bias: bool = arg(
+        False, help="Bias in the query-key-value projection only (with --disable-bias-linear)."
+    )
+    squared_relu: bool = arg(
+        False, help="Squared ReLU as the MLP's activation (not with --swiglu)."
+    )
+    attention_softmax_in_fp32: bool = arg(
+        False, help="Attention softmax in fp32 where the scores are fp16 or bf16."
+    )
+    apply_query_key_layer_scaling: bool = arg(
+        False,
+        help="Scale Q x K^T by 1 / layer number (fp16; also turns on --attention-softmax-in-fp32).",
+    )
+    bias_gelu_fusion: bool = arg(
+        True,
+        flag="--no-bias-gelu-fusion",
+        help="Do not fuse the bias and GeLU (fused on a GPU, where the linear layers have bias).",
+    )
+    bias_swiglu_fusion: bool = arg(
+        True,
+        flag="--no-bias-swiglu-fusion",
+        help="Do not fuse the bias and SwiGLU (fused on a GPU).",
+    )
+    apply_rope_fusion: bool = arg(
+        True,
+        flag="--no-rope-fusion",
+        help="Do not fuse rotary embeddings (fused only with Transformer Engine on a GPU).",
+    )
 
 
 @dataclass(kw_only=True)
@@ -226,6 +255,9 @@ class MoEConfig:
     moe_per_layer_logging: bool = arg(
         False, help="Log each MoE layer's auxiliary losses to TensorBoard, not only their mean."
     )
+    moe_router_dtype: Optional[str] = arg(
+        help="The router's compute precision (default the model's).", choices=["fp32", "fp64"]
+    )
 
 
 @dataclass(kw_only=True)
@@ -285,6 +317,17 @@ class TrainingConfig:
     adam_eps: float = arg(1e-8, help="Adam epsilon.")
     sgd_momentum: float = arg(0.9, help="SGD momentum.")
     seed: int = arg(1234, help="Random seed.")
+    deterministic_mode: bool = arg(
+        False,
+        help="Deterministic kernels only (torch.use_deterministic_algorithms); on a GPU, "
+        "NCCL_ALGO must name a deterministic all-reduce (Tree, Ring, ...).",
+    )
+    gradient_accumulation_fusion: bool = arg(
+        True,
+        flag="--no-gradient-accumulation-fusion",
+        help="Do not fuse weight-gradient accumulation into the GEMMs (fused on a GPU with "
+        "Transformer Engine's layers or Apex's kernel).",
+    )
     bf16: bool = arg(False, help="Train in bfloat16 with fp32 main parameters.")
     fp16: bool = arg(False, help="Train in float16 with loss scaling.")
     loss_scale: Optional[float] = arg(help="Static loss scale (default dynamic).")
@@ -469,6 +512,17 @@ class CheckpointConfig:
     no_load_optim: Optional[bool] = arg(help="Do not load optimizer state.")
     no_load_rng: Optional[bool] = arg(help="Do not load RNG states.")
     finetune: bool = arg(False, help="Load weights only; start at iteration 0.")
+    use_checkpoint_opt_param_scheduler: bool = arg(
+        False,
+        flag="--use-checkpoint-opt_param-scheduler",
+        help="Take the learning-rate and weight-decay schedule from the checkpoint (what "
+        "this build does anyway, unless --override-opt_param-scheduler).",
+    )
+    override_opt_param_scheduler: bool = arg(
+        False,
+        flag="--override-opt_param-scheduler",
+        help="Take the schedule from the command line, not from the checkpoint.",
+    )
     exit_on_missing_checkpoint: bool = arg(
         False, help="Exit if --load has no checkpoint instead of starting fresh."
     )
@@ -554,6 +608,12 @@ class LoggingConfig:
 
     log_interval: int = arg(100, help="Iterations between log lines.")
     log_throughput: bool = arg(False, help="Add TFLOP/s per GPU to the log line.")
+    log_params_norm: bool = arg(
+        False, help="Add the parameters' L2 norm to the log line (computed every iteration)."
+    )
+    log_num_zeros_in_grad: bool = arg(
+        False, help="Add the number of zeros in the gradients to the log line."
+    )
     eval_interval: int = arg(1000, help="Iterations between validations.")
     eval_iters: int = arg(100, help="Iterations per validation (0 disables it).")
     exit_signal_handler: bool = arg(

@@ -42,6 +42,8 @@ def training_log_line(
     nans: int,
     tflops: Optional[float] = None,
     extra: Sequence[str] = (),
+    num_zeros: Optional[float] = None,
+    params_norm: Optional[float] = None,
 ) -> str:
     """The line users grep and plot; field order and widths as Megatron's."""
     parts = [
@@ -59,6 +61,10 @@ def training_log_line(
     parts.append(f" loss scale: {loss_scale:.1f} |")
     if grad_norm is not None:
         parts.append(f" grad norm: {grad_norm:.3f} |")
+    if num_zeros is not None:
+        parts.append(f" num zeros: {num_zeros} |")
+    if params_norm is not None:
+        parts.append(f" params norm: {params_norm:.3f} |")
     parts += [
         f" number of skipped iterations: {skipped:3d} |",
         f" number of nan iterations: {nans:3d} |",

@@ -10,6 +10,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.activations import squared_relu
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
@@ -54,6 +55,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
     fused = not on_cpu  # fused kernels need CUDA (and often apex)
     return TransformerConfig(
         **moe_settings(config),
+        **fusion_settings(config, on_cpu),
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
@@ -67,8 +69,13 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         normalization=m.normalization,
         layernorm_zero_centered_gamma=m.apply_layernorm_1p,
         gated_linear_unit=m.swiglu,
-        activation_func=F.silu if m.swiglu else F.gelu,
+        activation_func=activation(config),
         add_bias_linear=not m.disable_bias_linear,
+        add_qkv_bias=m.add_qkv_bias or not m.disable_bias_linear,  # as Megatron-LM
+        qk_layernorm=m.qk_layernorm,
+        attention_softmax_in_fp32=m.attention_softmax_in_fp32,
+        apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
+        deterministic_mode=t.deterministic_mode,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
@@ -80,13 +87,10 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         pipeline_dtype=params_dtype(config),
         bf16=t.bf16,
         fp16=t.fp16,
-        bias_activation_fusion=fused and not m.swiglu,
         bias_dropout_fusion=fused,
         masked_softmax_fusion=fused and m.masked_softmax_fusion and softmax_kernel_built(),
         attention_backend=AttnBackend[m.attention_backend],
-        apply_rope_fusion=False,
         persist_layer_norm=fused and layer_norm_can_persist(config),
-        gradient_accumulation_fusion=False,
         calculate_per_token_loss=t.calculate_per_token_loss,
         **recompute_settings(config),
         cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
@@ -97,6 +101,40 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
+    )
+
+
+def activation(config: Config):
+    m = config.model
+    return F.silu if m.swiglu else squared_relu if m.squared_relu else F.gelu
+
+
+def fusion_settings(config: Config, on_cpu: bool) -> dict:
+    """megatron-core's fusions a run asks for (Megatron-LM's --no-*-fusion
+    flags) where their kernels exist: none on a CPU.
+    - bias and GeLU: only where the linear layers have a bias (megatron-core
+      refuses the fusion without one, as Megatron-LM turns it off); bias and
+      SwiGLU with a bias or without; squared ReLU has no fused kernel.
+    - rotary embeddings: Transformer Engine's kernel.
+    - weight-gradient accumulation: Transformer Engine's layers, or Apex's
+      kernel under the local ones."""
+    m, t = config.model, config.training
+    if on_cpu:
+        return dict(
+            bias_activation_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+        )
+    te = use_transformer_engine(config, on_cpu)
+    if m.swiglu:
+        fuse_activation = m.bias_swiglu_fusion
+    else:
+        fuse_activation = not m.squared_relu and m.bias_gelu_fusion and not m.disable_bias_linear
+    return dict(
+        bias_activation_fusion=fuse_activation,
+        apply_rope_fusion=m.apply_rope_fusion and m.position_embedding_type == "rope" and te,
+        gradient_accumulation_fusion=t.gradient_accumulation_fusion
+        and (te or importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None),
     )
 
 
@@ -153,6 +191,7 @@ def moe_settings(config: Config) -> dict:
         moe_token_drop_policy=moe.moe_token_drop_policy,
         moe_shared_expert_intermediate_size=moe.moe_shared_expert_intermediate_size,
         moe_per_layer_logging=moe.moe_per_layer_logging,
+        moe_router_dtype=moe.moe_router_dtype,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.expert_tensor_parallel_size,
     )
@@ -235,6 +274,7 @@ def build_optimizer(model: List[DistributedDataParallel], config: Config):
         overlap_param_gather=p.overlap_param_gather,
         decoupled_lr=t.decoupled_lr,
         decoupled_min_lr=t.decoupled_min_lr,
+        log_num_zeros_in_grad=config.logging.log_num_zeros_in_grad,
     )
     return get_megatron_optimizer(opt_config, model, use_gloo_process_groups=False)
 
@@ -255,6 +295,9 @@ def build_scheduler(optimizer, config: Config) -> OptimizerParamScheduler:
         wd_incr_style="constant",
         wsd_decay_steps=steps["wsd"],
         lr_wsd_decay_style=t.lr_wsd_decay_style,
+        # A loaded checkpoint's schedule wins unless --override-opt_param-scheduler.
+        use_checkpoint_opt_param_scheduler=not config.checkpoint.override_opt_param_scheduler,
+        override_opt_param_scheduler=config.checkpoint.override_opt_param_scheduler,
     )
 
 

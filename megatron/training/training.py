@@ -25,6 +25,8 @@ from megatron.core.num_microbatches_calculator import (
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 
 from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
@@ -361,7 +363,7 @@ class Trainer:
         self.empty_unused_memory(level=1)
         self._call("before_optimizer_step")
         self.timers("optimizer", log_level=1).start(barrier=True)
-        update_successful, grad_norm, _ = state.optimizer.step()
+        update_successful, grad_norm, num_zeros = state.optimizer.step()
         self.timers("optimizer").stop()
         if update_successful:
             state.scheduler.step(increment=batch_size)
@@ -374,6 +376,8 @@ class Trainer:
             "aux_losses": aux_losses,  # MoE: in the log line, after the losses
             "aux_scalars": aux_scalars,  # MoE: to the dashboards every iteration
             "grad_norm": grad_norm,
+            "num_zeros": num_zeros,  # --log-num-zeros-in-grad (else None)
+            "params_norm": params_l2_norm(state.model) if cfg.logging.log_params_norm else None,
             "skipped": not update_successful,
             "batch_size": batch_size,
         }
@@ -557,6 +561,11 @@ class Trainer:
                     "skipped": metrics["skipped"],
                     "seconds": metrics["seconds"],
                     **metrics["aux_losses"],  # MoE: the routers' losses, by Megatron-LM's names
+                    **{
+                        k: metrics[k]
+                        for k in ("num_zeros", "params_norm")
+                        if metrics[k] is not None
+                    },
                 }
             )
         if metrics["aux_scalars"]:  # every iteration, as Megatron-LM
@@ -582,6 +591,9 @@ class Trainer:
             values["world-size"] = self.runtime.world_size
         if metrics["grad_norm"] is not None:
             values["grad-norm"] = metrics["grad_norm"]
+        for name, key in (("num-zeros", "num_zeros"), ("params-norm", "params_norm")):
+            if metrics[key] is not None:
+                values[name] = metrics[key]
         if log.log_memory_to_tensorboard:
             values.update(cuda_memory_scalars())
         return values
@@ -620,6 +632,8 @@ class Trainer:
                 window.nans,
                 tflops,
                 extra,
+                num_zeros=metrics["num_zeros"],
+                params_norm=metrics["params_norm"],
             ),
             flush=True,
         )
@@ -735,6 +749,30 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
     progress = trainer.train()
     dist.barrier()
     return progress
+
+
+def params_l2_norm(model: List[torch.nn.Module]) -> float:
+    """The L2 norm of the model's parameters, each counted once (Megatron-LM's
+    --log-params-norm): tensor-parallel copies and the tied output embedding
+    left out, the squares summed over the model-parallel group, an MoE
+    model's experts over theirs (replicas hold the same values)."""
+    dense, experts = [], []
+    for chunk in model:
+        for param in chunk.parameters():
+            if not param_is_not_tensor_parallel_duplicate(param) or not param_is_not_shared(param):
+                continue
+            (dense if getattr(param, "allreduce", True) else experts).append(param)
+    total = 0.0
+    for params, group in (
+        (dense, parallel_state.get_model_parallel_group()),
+        (experts, parallel_state.get_expert_tensor_model_pipeline_parallel_group(False)),
+    ):
+        squares = sum((p.detach().float().pow(2).sum() for p in params), torch.zeros(()))
+        squares = squares.to(torch.cuda.current_device()) if torch.cuda.is_available() else squares
+        if group is not None:
+            dist.all_reduce(squares, group=group)
+        total += squares.item()
+    return total**0.5
 
 
 def core_attention_name(model) -> str:

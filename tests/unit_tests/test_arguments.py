@@ -981,3 +981,40 @@ def test_dynamic_loss_scaling_turns_the_nan_check_off_as_megatron_lm(capsys):
     assert "dynamic loss scaling" in capsys.readouterr().out
     static = parse_args(argv("--fp16", "--loss-scale", "1024"), world_size=1)
     assert static.training.check_for_nan_in_loss_and_grad
+
+
+def test_moe_with_the_tp_pp_dp_order_is_refused_where_megatron_core_would_stop():
+    """EP 2 over PP 2 on 8 ranks with --use-tp-pp-dp-mapping: megatron-core's
+    assertion at group creation, said here before any group exists."""
+    moe = argv(
+        *("--num-experts", "4", "--expert-model-parallel-size", "2"),
+        *("--pipeline-model-parallel-size", "2", "--disable-bias-linear"),
+    )
+    message = _config_error(moe + ["--use-tp-pp-dp-mapping"], world_size=8)
+    _names_all(message, "--use-tp-pp-dp-mapping", "--expert-model-parallel-size")
+    parse_args(moe, world_size=8)  # Megatron's default order takes it
+
+
+def test_an_unknown_flag_is_told_apart_from_megatron_lms_that_are_not_here_yet():
+    message = _config_error(argv("--num-layer", "4", "--log-straggler", "--zzz"))
+    assert "unknown flag --num-layer: did you mean --num-layers?" in message
+    assert "--log-straggler is Megatron-LM's, not supported here yet" in message
+    assert "unknown flag --zzz" in message and "did you mean" not in message.split("--zzz")[1]
+
+
+def test_deterministic_mode_refuses_what_megatron_lm_refuses(monkeypatch):
+    _names_all(
+        _config_error(argv("--deterministic-mode", "--cross-entropy-loss-fusion")),
+        "--cross-entropy-loss-fusion",
+    )
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    _names_all(_config_error(argv("--deterministic-mode")), "NCCL_ALGO", "Ring")
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    assert parse_args(argv("--deterministic-mode"), world_size=1).training.deterministic_mode
+
+
+def test_the_schedules_source_is_one_or_the_other():
+    both = argv("--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler")
+    _names_all(_config_error(both), "--override-opt_param-scheduler")

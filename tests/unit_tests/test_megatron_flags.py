@@ -39,9 +39,22 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
             *("--profile", "--use-pytorch-profiler", "--profile-step-start", "1"),
             *("--profile-step-end", "3", "--tensorboard-dir", str(tmp_path / "tb")),
             *("--timing-log-level", "2", "--log-timers-to-tensorboard", "--log-interval", "2"),
+            # Fusions without a kernel on a CPU, fp32 softmax of fp32 scores, the
+            # schedule's source at a load.
+            *("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion"),
+            *("--no-gradient-accumulation-fusion", "--attention-softmax-in-fp32"),
+            *("--use-checkpoint-opt_param-scheduler", "--log-params-norm"),
+            "--log-num-zeros-in-grad",
         ],
+        # torch's deterministic kernels: some sum in another order than the
+        # default ones (measured: the grad norm 1e-7 relative apart).
+        "deterministic": ["--deterministic-mode"],
         "fused-cross-entropy": ["--cross-entropy-loss-fusion"],
         "half-rotary": ["--rotary-percent", "0.5"],
+        # Models these flags change (Nemotron-, Qwen- and OLMo-like): they train.
+        "no-bias": ["--disable-bias-linear"],
+        "qkv-bias-qk-norm": ["--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm"],
+        "squared-relu": ["--squared-relu"],
     }
     curves, outputs = {}, {}
     for name, flags in runs.items():
@@ -50,6 +63,23 @@ def test_megatron_lms_flags_run_and_change_only_what_they_say(corpus_prefix, tmp
         curves[name] = curve(read_metrics(metrics))
     assert len(curves["plain"]) == 4
     assert curves["same"] == curves["plain"]
+    # Megatron-LM's fields, after the grad norm, and on the dashboard.
+    line = re.search(
+        r"grad norm: [\d.]+ \| num zeros: ([\d.]+) \| params norm: ([\d.]+) \|", outputs["same"]
+    )
+    assert line and float(line.group(1)) >= 0 and float(line.group(2)) > 0, outputs["same"][-2000:]
+    scalars = tensorboard_scalars(str(tmp_path / "tb"))
+    assert [step for step, _ in scalars["params-norm"]] == [1, 2, 3, 4]
+    assert [step for step, _ in scalars["num-zeros"]] == [1, 2, 3, 4]
+    plain = curves["plain"]
+    for ours, theirs in zip(curves["deterministic"], plain, strict=True):
+        assert ours[0] == theirs[0] and ours[3] == theirs[3]  # iteration, lr
+        assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(ours[1:3], theirs[1:3]))
+    changed = [tuple(curves[name]) for name in ("no-bias", "qkv-bias-qk-norm", "squared-relu")]
+    assert len({tuple(curves["plain"]), *changed}) == 4  # each a model of its own
+    for run in changed:
+        assert len(run) == 4 and all(abs(loss) < float("inf") for _, loss, *_ in run)
+        assert run[-1][1] < run[0][1]  # it learns
     # Megatron-LM's timers after each log line, and on the dashboard.
     assert outputs["same"].count("(min, max) time across ranks (ms):") == 3  # iterations 1, 2, 4
     assert "forward-compute ....." in outputs["same"] and "optimizer ....." in outputs["same"]

@@ -9,6 +9,7 @@ from dist_utils import TINY_GPT, read_metrics, run_pretrain
 pytestmark = pytest.mark.integration
 
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0", "--layout-invariant-init"]
+NO_DROPOUT += ["--log-params-norm"]  # each parameter once, whatever the layout
 
 
 def run_two_iterations(directory, name, nproc, layout, corpus):
@@ -33,7 +34,7 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
     )
     sdpa = "--attention-backend" in layout
     assert ("core attention: TorchSdpaAttention" in output) == sdpa
-    return [(m["lm_loss"], m["grad_norm"]) for m in read_metrics(metrics)]
+    return [(m["lm_loss"], m["grad_norm"], m["params_norm"]) for m in read_metrics(metrics)]
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +62,21 @@ def test_layout_matches_single_process(
     tmp_path, corpus_prefix, single_process, name, nproc, layout
 ):
     parallel = run_two_iterations(tmp_path, name, nproc, layout, corpus_prefix)
-    (loss1, norm1), (lossp, normp) = single_process[0], parallel[0]
+    (loss1, norm1, params1), (lossp, normp, paramsp) = single_process[0], parallel[0]
     # Same weights and data: only the order of fp32 reductions differs, so
     # agreement to a few ulps of fp32 (~1e-7 relative) is expected.
     assert lossp == pytest.approx(loss1, rel=2e-6, abs=0)
     assert normp == pytest.approx(norm1, rel=2e-5, abs=0)
     # The step taken from there lands in the same place.
     assert parallel[1][0] == pytest.approx(single_process[1][0], rel=2e-5, abs=0)
+    # --log-params-norm counts each parameter once: tensor-parallel shards
+    # summed, the tied output embedding of the last stage left out.
+    assert paramsp == pytest.approx(params1, rel=2e-6, abs=0)
 
 
 def test_parallel_runs_are_not_trivially_equal(single_process):
-    """Guard against a vacuous pass: the two iterations really differ."""
+    """Guard against a vacuous pass: the two iterations really differ (the
+    params norm by more than its tolerance: a step moves the weights)."""
     assert single_process[0][0] != single_process[1][0]
+    first, second = single_process[0][2], single_process[1][2]
+    assert abs(second - first) > 2e-6 * first

@@ -1,0 +1,96 @@
+"""The megatron-core configuration and layer spec a GPU run builds
+(megatron/training/model_setup.py, pretrain_gpt.layer_spec), built here on
+a CPU: a model megatron-core refuses on a GPU (a GELU model without bias
+once was, its bias-activation fusion left on) is caught without one. The
+flags are parsed as on a GPU node without Transformer Engine or Apex, and
+as on one where Transformer Engine is importable (parsing is all that can
+tell here: the configuration is then built without its kernels)."""
+
+import dataclasses
+from unittest import mock
+
+import pytest
+import torch.nn.functional as F
+
+from megatron.training import arguments, cpu_compat
+from megatron.training.arguments import parse_args
+
+cpu_compat.import_megatron_core_without_cuda()  # import-time only
+
+from megatron.core.activations import squared_relu  # noqa: E402
+from megatron.core.transformer import TransformerConfig  # noqa: E402
+from megatron.core.transformer.identity_op import IdentityOp  # noqa: E402
+
+import pretrain_gpt  # noqa: E402
+from megatron.training.model_setup import transformer_config  # noqa: E402
+from megatron.training.sdpa import TorchSdpaAttention  # noqa: E402
+
+BASE = [
+    *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
+    *("--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"),
+    *("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--bf16"),
+]
+# Model shapes of Megatron-LM's CI and release configs (and the models its
+# flags build: Nemotron's squared ReLU, Qwen's QKV bias, OLMo's QK norm).
+MODELS = {
+    "gpt": [],
+    "gelu-no-bias": ["--disable-bias-linear"],
+    "swiglu-no-bias": ["--swiglu", "--disable-bias-linear"],
+    "squared-relu-no-bias": ["--squared-relu", "--disable-bias-linear"],
+    "qwen-like": ["--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm"],
+    "llama-like": [
+        *("--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm"),
+        *("--position-embedding-type", "rope", "--group-query-attention"),
+        *("--num-query-groups", "2", "--untie-embeddings-and-output-weights"),
+    ],
+    "qk-scaling": ["--apply-query-key-layer-scaling", "--attention-softmax-in-fp32"],
+    "moe-gelu-no-bias": [
+        *("--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"),
+        *("--moe-router-dtype", "fp32"),
+    ],
+}
+
+
+def gpu_config(flags, transformer_engine: bool):
+    importable = {"transformer_engine"} if transformer_engine else set()
+    with (
+        mock.patch.object(arguments, "_cuda_available", lambda: True),
+        mock.patch.object(arguments, "_gpu_count", lambda: 1),
+        mock.patch.object(arguments, "_importable", lambda module: module in importable),
+    ):
+        return parse_args(BASE + flags, world_size=1)
+
+
+@pytest.mark.parametrize("transformer_engine", [False, True], ids=["no-te", "te"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_gpu_run_builds_its_megatron_core_configuration(name, transformer_engine):
+    config = gpu_config(MODELS[name], transformer_engine)
+    tf = transformer_config(config, on_cpu=False)
+    m = config.model
+    # Fused where megatron-core can fuse (GeLU only with a bias), as Megatron-LM.
+    assert tf.bias_activation_fusion == (m.swiglu or not (m.disable_bias_linear or m.squared_relu))
+    assert tf.add_qkv_bias == (m.add_qkv_bias or not m.disable_bias_linear)
+    assert tf.qk_layernorm == m.qk_layernorm
+    assert tf.activation_func is (
+        F.silu if m.swiglu else squared_relu if m.squared_relu else F.gelu
+    )
+    if config.moe.num_experts is None:
+        spec = pretrain_gpt.layer_spec(config, tf, on_cpu=False)
+        # No Transformer Engine on this machine: local layers, torch's SDPA.
+        attention = spec.submodules.self_attention.submodules
+        assert attention.core_attention is TorchSdpaAttention
+        assert (attention.q_layernorm is not IdentityOp) == m.qk_layernorm
+
+
+def test_what_megatron_core_refuses_is_caught_here():
+    """Control: the configuration this build made before, a GELU model
+    without bias and its bias-activation fusion on, raises on a CPU too."""
+    tf = transformer_config(gpu_config(["--disable-bias-linear"], False), on_cpu=False)
+    fields = {f.name: getattr(tf, f.name) for f in dataclasses.fields(tf) if f.init}
+    with pytest.raises(ValueError, match="add_bias_linear must also be True"):
+        TransformerConfig(**dict(fields, bias_activation_fusion=True))
+
+
+def test_squared_relu_and_swiglu_are_one_activation_too_many():
+    with pytest.raises(arguments.ConfigError, match="--squared-relu and --swiglu"):
+        gpu_config(["--squared-relu", "--swiglu"], False)
