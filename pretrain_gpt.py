@@ -16,8 +16,6 @@ import os
 import sys
 from functools import partial
 
-import torch
-
 
 def layer_spec(config, tf_config, on_cpu: bool, vp_stage=None):
     """The GPT layers' spec: Transformer Engine's layers when they are there
@@ -74,6 +72,8 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
 
 def get_batch(data_iterator):
     """The next microbatch on this rank's device, or Nones on middle stages."""
+    import torch  # here, not at the top: --help answers before torch is imported
+
     if data_iterator is None:
         return None, None, None, None, None
     batch = next(data_iterator)
@@ -87,12 +87,13 @@ def get_batch(data_iterator):
     )
 
 
-def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, check_for_nan: bool = True):
+def loss_func(loss_mask, output_tensor, check_for_nan: bool = True):
     """Megatron-LM's: the microbatch's loss summed over its tokens, their
     count, and both for the log. megatron-core's schedule divides the sum by
     the count unless --calculate-per-token-loss (then the gradients are
     divided by the whole batch's tokens). With --check-for-nan-in-loss-and-grad
     (the default) a NaN or Inf local loss stops the run, as Megatron-LM."""
+    import torch
     from megatron.core.rerun_state_machine import get_rerun_state_machine
 
     losses = output_tensor.view(-1).float()
@@ -121,9 +122,9 @@ def forward_step(data_iterator, model, check_for_nan: bool = True):
 
 
 def main(argv=None) -> int:
-    from megatron.training import cpu_compat
-
-    cpu_compat.import_megatron_core_without_cuda()  # before anything imports it
+    # The flags first: --help and bad flags answer before torch and megatron-core
+    # are imported (parsing imports megatron-core itself, as below, only for the
+    # checks that need it, after every other).
     from megatron.training.arguments import ConfigError
 
     from deadpool_ext.config import parse_args
@@ -133,6 +134,9 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
         return 2
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()  # before anything else imports it
     from megatron.training.tokenizer import import_for_rank
 
     import_for_rank(config.tokenizer)

@@ -57,8 +57,6 @@ import threading
 from dataclasses import dataclass
 from typing import List, Optional
 
-import torch
-
 from deadpool_ext.protocol import WorkerEnv
 
 PHASES = ("forward", "backward", "grad-reduce", "optimizer", "mirror", "save", "recovery")
@@ -202,6 +200,8 @@ def fire(fault: Fault) -> None:
     if fault.action == "disk-full":
         fill_disk()
     elif fault.action == "oom":
+        import torch  # only a rank fires faults; parsing their specs needs no torch
+
         raise torch.OutOfMemoryError(
             "injected: CUDA out of memory (--deadpool-inject oom): this rank's own failure"
         )

@@ -31,12 +31,6 @@ DIFFERENCES = {
     "--attention-backend": "default auto, as Megatron-LM (whose default is the AttnBackend "
     "enum); without Transformer Engine flash, fused and unfused are torch's SDPA kernels, and "
     "auto is SDPA on a GPU (Megatron-LM: TE's backends only)",
-    "--no-rope-fusion": "same default; without Transformer Engine the rotary embeddings are "
-    "not fused (Megatron-LM stops: megatron-core has no other kernel)",
-    "--no-gradient-accumulation-fusion": "same default; fused only with Transformer Engine's "
-    "layers or Apex's kernel (Megatron-LM turns it off with a warning without them)",
-    "--use-checkpoint-opt_param-scheduler": "same default, but without either flag a loaded "
-    "checkpoint's schedule is taken (Megatron-LM asserts it equals the command line's)",
     "--no-position-embedding": "stored as position_embedding (Megatron-LM: "
     "add_position_embedding); deprecated in both, accepted with rope only",
     "--apply-layernorm-1p": "stored as apply_layernorm_1p (Megatron-LM: "
@@ -59,12 +53,26 @@ def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     return {o: a for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")}
 
 
+# Shared flags with Megatron-LM's destination and default that act otherwise
+# in some case, and how.
+BEHAVIOUR = {
+    "--no-rope-fusion": "without Transformer Engine the rotary embeddings are not fused "
+    "(Megatron-LM stops there: megatron-core has no other kernel)",
+    "--no-gradient-accumulation-fusion": "fused only with Transformer Engine's layers or "
+    "Apex's kernel",
+    "--use-checkpoint-opt_param-scheduler": "without it or --override-opt_param-scheduler a "
+    "loaded checkpoint's schedule is taken (Megatron-LM asserts it equals the command line's)",
+}
+
+
 def status(flag: str, upstream: dict, ours: Dict[str, argparse.Action]) -> str:
     if flag not in ours:
         return "not here"
     action = ours[flag]
     if flag in DIFFERENCES:
         return "differs: " + DIFFERENCES[flag]
+    if flag in BEHAVIOUR:
+        return "same name and default; here " + BEHAVIOUR[flag]
     if action.dest != upstream["dest"] or action.default != upstream["default"]:
         return f"differs (unexplained): dest {action.dest}, default {action.default!r}"
     return "same"
@@ -86,6 +94,8 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
         "",
         f"Megatron-LM: {len(upstream)} options; here: {len(shared)} of them "
         f"({sum(s == 'same' for s in rows.values())} the same, "
+        f"{sum(s.startswith('same name') for s in rows.values())} the same but acting "
+        "otherwise in some case, "
         f"{sum(s.startswith('differs') for s in rows.values())} differing), "
         f"{len(upstream) - len(shared)} not here.",
         "",

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron.training import gpu_sharing
 from megatron.training.attention import attention_problem
-from megatron.training.config import SECTIONS, TRACKER, Config
+from megatron.training.config import SECTIONS, TRACKER, Config, split_numbers
 from megatron.training.schedule import GlobalBatch, interleaving_problem_at, schedule_in_samples
 
 
@@ -209,9 +209,8 @@ def take_checkpoint_args(namespace: argparse.Namespace) -> None:
     if not namespace.use_checkpoint_args:
         return
     # Reading a checkpoint needs torch and megatron-core; parsing alone does not.
-    from megatron.training.legacy_checkpoint import saved_args
-
-    saved = saved_args(namespace.load) if namespace.load else None
+    legacy = _import_with_megatron_core("megatron.training.legacy_checkpoint")
+    saved = legacy.saved_args(namespace.load) if namespace.load else None
     if saved is None:
         _say(f"--use-checkpoint-args: no checkpoint in --load {namespace.load}; using the flags")
         return
@@ -333,7 +332,6 @@ def validate(config: Config) -> None:
         _check_model_features,
         _check_moe,
         _check_recompute,
-        _check_with_megatron_core,
         _check_batch,
         _check_virtual_pipeline,
         _check_training,
@@ -344,6 +342,9 @@ def validate(config: Config) -> None:
         _check_data,
         _check_checkpoint,
         _check_logging,
+        # megatron-core's own, last: they import it.
+        _check_with_megatron_core,
+        _check_data_index,
     ):
         check(config)
 
@@ -635,10 +636,9 @@ def _check_with_megatron_core(config: Config) -> None:
     TransformerConfig), run now rather than when the model is built."""
     if config.moe.num_experts is None and config.training.recompute_granularity is None:
         return
-    from megatron.training.model_setup import transformer_config
-
+    model_setup = _import_with_megatron_core("megatron.training.model_setup")
     try:
-        transformer_config(config, on_cpu=config.parallel.distributed_backend == "gloo")
+        model_setup.transformer_config(config, on_cpu=config.parallel.distributed_backend == "gloo")
     except (ValueError, AssertionError) as error:
         raise ConfigError(f"megatron-core refuses these settings: {error}") from None
 
@@ -907,8 +907,6 @@ def _check_data(config: Config) -> None:
         "`make data` prepares the embedded corpus) or --mock-data",
     )
     _require(not (d.mock_data and d.data_path), "give only one of --data-path and --mock-data")
-    from megatron.training.data import split_numbers
-
     parts = split_numbers(d.split)
     _require(
         all(p.replace(".", "", 1).isdigit() for p in parts)
@@ -927,16 +925,32 @@ def _check_data(config: Config) -> None:
         check_tokenizer(config.tokenizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    from megatron.training.data import check_index_cache, check_splits, index_cache_dirs
+    _require(d.num_workers >= 0, "--num-workers must be >= 0")
 
+
+def _check_data_index(config: Config) -> None:
+    """The splits and index caches megatron-core's datasets would build."""
+    data = _import_with_megatron_core("megatron.training.data")
     try:
-        if d.data_path:
-            check_splits(config)
-        for directory in index_cache_dirs(config):
-            check_index_cache(directory)
+        if config.data.data_path:
+            data.check_splits(config)
+        for directory in data.index_cache_dirs(config):
+            data.check_index_cache(directory)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    _require(d.num_workers >= 0, "--num-workers must be >= 0")
+
+
+def _import_with_megatron_core(module: str):
+    """A module of ours that imports megatron-core, imported the way a rank
+    imports it (cpu_compat: without CUDA, none of the costs a CPU run never
+    uses). The checks that need one run last: every other refusal comes
+    before megatron-core is imported (a second or more)."""
+    import importlib
+
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()
+    return importlib.import_module(module)
 
 
 def _data_prefixes(data_path: List[str]) -> List[str]:

@@ -8,11 +8,19 @@ A field marked ``required`` must be given; ``choices`` limit the values;
 ``flag`` overrides the generated name.
 """
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 # The file in a checkpoint directory that names its latest save (Megatron-LM's).
 TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def split_numbers(split: str) -> List[str]:
+    """The numbers of --split as megatron-core reads them: whatever stands
+    between them (commas, slashes, the quotes of Megatron-LM's Llama-3
+    script's '99,1,0') is a separator."""
+    return re.findall(r"[.0-9]+", split)
 
 
 def arg(default=None, help="", **meta):

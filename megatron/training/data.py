@@ -3,7 +3,6 @@ function of the number of samples consumed (so a run can resume, or redo an
 iteration, from nothing but that count)."""
 
 import os
-import re
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy
@@ -11,7 +10,7 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-from megatron.training.config import Config
+from megatron.training.config import Config, split_numbers
 from megatron.training.schedule import GlobalBatch
 
 
@@ -22,13 +21,6 @@ def dataset_sizes(config: Config) -> List[int]:
     t, log, gbs = config.training, config.logging, config.batch.global_batch_size
     evals = (t.train_iters // log.eval_interval + 1) * log.eval_iters
     return [t.train_samples or t.train_iters * gbs, evals * gbs, log.eval_iters * gbs]
-
-
-def split_numbers(split: str) -> List[str]:
-    """The numbers of --split as megatron-core reads them: whatever stands
-    between them (commas, slashes, the quotes of Megatron-LM's Llama-3
-    script's '99,1,0') is a separator."""
-    return re.findall(r"[.0-9]+", split)
 
 
 def split_weights(split: str) -> List[float]:
