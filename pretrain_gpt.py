@@ -12,7 +12,6 @@ This file holds only the GPT-specific providers; the loop is in
 megatron/training.
 """
 
-import os
 import sys
 from functools import partial
 
@@ -140,26 +139,14 @@ def main(argv=None) -> int:
     from megatron.training.tokenizer import import_for_rank
 
     import_for_rank(config.tokenizer)
-    from deadpool_ext.config import section
+    from deadpool_ext.entry import run_training
 
     step = partial(forward_step, check_for_nan=config.training.check_for_nan_in_loss_and_grad)
-    if "DEADPOOL_SLOT" in os.environ:  # started by deadpool-launch: recovery on
-        if not section(config).deadpool:
-            print(
-                "pretrain_gpt.py: error: deadpool-launch runs training with recovery: "
-                "add --deadpool",
-                file=sys.stderr,
-            )
-            return 2
-        from deadpool_ext.rank.main import run
-
-        return run(config, model_provider, step)
-    from megatron.training.training import pretrain
-
-    from deadpool_ext.rank.hooks import deadpool_hooks
-
-    pretrain(config, model_provider, step, hooks=deadpool_hooks(config))
-    return 0
+    try:
+        return run_training(config, model_provider, step)
+    except ConfigError as error:
+        print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

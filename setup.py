@@ -34,7 +34,12 @@ setup(
         "tensorboard",  # --tensorboard-dir (torch's SummaryWriter)
         "xxhash",  # the mirror's snapshot checksum (XXH3)
     ],
-    entry_points={"console_scripts": ["deadpool-launch = deadpool_ext.launch:main"]},
+    entry_points={
+        "console_scripts": ["deadpool-launch = deadpool_ext.launch:main"],
+        # megatron.training.pretrain (a script written against Megatron-LM's
+        # API) runs with recovery through it; megatron/training never imports it.
+        "megatron.training.runners": ["deadpool = deadpool_ext.entry"],
+    },
     extras_require={
         # NVIDIA's Apex is not on PyPI (PyPI's "apex" is another project,
         # which megatron-core's "is apex importable" checks would take for

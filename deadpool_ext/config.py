@@ -320,17 +320,27 @@ def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> Non
         )
 
 
-def parse_args(argv=None, environ=os.environ, world_size: Optional[int] = None) -> Config:
+def parse_args(
+    argv=None,
+    environ=os.environ,
+    world_size: Optional[int] = None,
+    defaults: Optional[dict] = None,
+    extra_args_provider=None,
+) -> Config:
     """Megatron's flags plus the --deadpool ones, all checked before any
     process group starts. Under deadpool-launch a refusal is also written
     where the agent reads it, so the launcher says why the job stopped.
-    ``world_size``: a job of that size (the tools' probes), not this one."""
+    ``world_size``: a job of that size (the tools' probes), not this one;
+    ``defaults``, ``extra_args_provider``: a Megatron-LM script's
+    (arguments.parse_args)."""
     try:
         return arguments.parse_args(
             argv,
             extra_sections={"deadpool": DeadpoolConfig},
             extra_validators=[validate_deadpool],
             world_size=world_size,
+            defaults=defaults,
+            extra_args_provider=extra_args_provider,
         )
     except ConfigError as error:
         if environ.get(ERROR_FILE_ENV):

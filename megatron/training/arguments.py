@@ -135,16 +135,30 @@ def parse_args(
     extra_sections: Optional[Dict[str, type]] = None,
     extra_validators: Sequence[Validator] = (),
     world_size: Optional[int] = None,
+    defaults: Optional[Dict[str, object]] = None,
+    extra_args_provider: Optional[Callable] = None,
 ) -> Config:
     """Parse flags into a Config, fill derived defaults and validate it.
 
     ``extra_sections`` lets an extension (deadpool) add its own dataclass of
-    flags; its parsed section lands in ``config.extra[name]``. Raises
+    flags; its parsed section lands in ``config.extra[name]``. ``defaults``
+    and ``extra_args_provider`` are what a script written against
+    Megatron-LM's ``pretrain`` gives (megatron_lm.py): defaults by flag
+    destination, and a function that adds the script's own flags to the
+    parser (their values land in ``config.extra["script_args"]``). Raises
     ConfigError with a message naming the flag to change.
     """
     extra_sections = extra_sections or {}
     sections = {**SECTIONS, **extra_sections}
-    namespace = build_parser(sections).parse_args(argv)
+    parser = build_parser(sections)
+    ours = {f.name for cls in sections.values() for f in dataclasses.fields(cls)}
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser) or parser
+    theirs = {a.dest for a in parser._actions if a.dest not in ours and a.dest != "help"}
+    unknown = sorted(set(defaults or {}) - ours - theirs)
+    _require(not unknown, f"args_defaults names {', '.join(unknown)}: no flag here has that name")
+    parser.set_defaults(**(defaults or {}))
+    namespace = parser.parse_args(argv)
     take_checkpoint_args(namespace)
     _check_required(sections, namespace)
     parsed = {name: _section_from_namespace(cls, namespace) for name, cls in sections.items()}
@@ -155,6 +169,8 @@ def parse_args(
         world_size=world_size,
         extra={name: parsed[name] for name in extra_sections},
     )
+    if theirs:
+        config.extra["script_args"] = {dest: getattr(namespace, dest) for dest in theirs}
     fill_defaults(config)
     validate(config)
     for check in extra_validators:
@@ -347,6 +363,14 @@ def validate(config: Config) -> None:
         _check_data_index,
     ):
         check(config)
+
+
+def core_transformer_config_from_args(args, config_class=None):
+    """Megatron-LM's name for the run's megatron-core TransformerConfig
+    (a script written against its API imports it from here)."""
+    from megatron.training.megatron_lm import core_transformer_config_from_args as build
+
+    return build(args, config_class)
 
 
 def _check_gpus(config: Config) -> None:

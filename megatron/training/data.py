@@ -57,7 +57,7 @@ def check_splits(config: Config) -> None:
 
     weights, used = split_weights(config.data.split), used_splits(config)
     names = ("train", "valid", "test")
-    for prefix in _blend(config.data.data_path)[0]:
+    for prefix in blend(config.data.data_path)[0]:
         counts = documents_per_split(len(IndexedDataset(prefix).document_indices) - 1, weights)
         for name, weight, count, drawn in zip(names, weights, counts, used):
             if drawn and weight > 0 and count == 0:
@@ -77,7 +77,7 @@ def index_cache_dirs(config: Config) -> List[str]:
         return [d.data_cache_path] if d.data_cache_path else []
     if d.data_cache_path:
         return [d.data_cache_path]
-    return [os.path.join(p, "cache", "GPTDataset_indices") for p in _blend(d.data_path)[0]]
+    return [os.path.join(p, "cache", "GPTDataset_indices") for p in blend(d.data_path)[0]]
 
 
 def check_index_cache(directory: str) -> None:
@@ -113,7 +113,7 @@ def _is_plain_array(path: str) -> bool:
     return not dtype.hasobject
 
 
-def _blend(data_path: Optional[Sequence[str]]):
+def blend(data_path: Optional[Sequence[str]]):
     """(prefixes, weights) from '--data-path P' or '--data-path W1 P1 W2 P2'."""
     if not data_path:
         return None
@@ -135,7 +135,7 @@ def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
     dataset_config = GPTDatasetConfig(
         random_seed=config.training.seed,
         sequence_length=config.model.seq_length,
-        blend=_blend(d.data_path),
+        blend=blend(d.data_path),
         split=d.split,
         path_to_cache=d.data_cache_path,
         tokenizer=tokenizer,
@@ -158,7 +158,12 @@ def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
 
 def build_datasets(config: Config, tokenizer):
     """(train, valid, test) datasets; every rank builds them (the builder
-    holds barriers), data-holding or not."""
+    holds barriers), data-holding or not. A script written against
+    Megatron-LM's API builds its own (megatron_lm.py: its provider, given
+    the numbers of samples)."""
+    provider = config.extra.get("datasets_provider")
+    if provider is not None:
+        return tuple(provider(config, dataset_sizes(config), tokenizer))
     cls = MockGPTDataset if config.data.mock_data else GPTDataset
     builder = BlendedMegatronDatasetBuilder(
         cls, dataset_sizes(config), lambda: True, gpt_dataset_config(config, tokenizer)

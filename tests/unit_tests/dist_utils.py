@@ -184,13 +184,17 @@ def deadpool_args(
     )
 
 
-def launch_command(launcher: List[str], args: List[str]) -> List[str]:
+def launch_command(
+    launcher: List[str], args: List[str], script: str = "pretrain_gpt.py"
+) -> List[str]:
+    """deadpool-launch with ``launcher``'s flags running ``script`` (relative
+    to the repository)."""
     return [
         sys.executable,
         "-m",
         "deadpool_ext.launch",
         *launcher,
-        os.path.join(REPO, "pretrain_gpt.py"),
+        os.path.join(REPO, script),
         *args,
     ]
 
