@@ -60,14 +60,41 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ
     p.add_argument(
         "--nnodes",
-        type=int,
+        type=node_count,
         default=int(env.get("DEADPOOL_NNODES", "1")),
         help="Active nodes (training ranks).",
     )
     p.add_argument("--spare-nodes", type=int, default=0, help="Warm spare nodes.")
     p.add_argument(
-        "--nproc-per-node", "--nproc_per_node", type=int, default=1, help="Ranks per node."
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=ranks_per_node,
+        default=1,
+        help="Ranks per node: a number, or as torchrun gpu (the GPUs visible), auto (the "
+        "GPUs, else the CPU cores) or cpu (the CPU cores).",
     )
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="The script is a module, run as python -m runs it (torchrun's flag).",
+    )
+    # torchrun's rendezvous spellings: node 0's store is the rendezvous.
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        help="HOST[:PORT] of node 0 (torchrun's spelling of --master-addr and --master-port).",
+    )
+    p.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        help="c10d only (torchrun's default store): node 0 hosts the job's store.",
+    )
+    p.add_argument("--rdzv-id", "--rdzv_id", help="Accepted (torchrun's); no effect here.")
+    # torchrun's that a job with spares has no use for: refused with the reason.
+    for flags in (("--max-restarts", "--max_restarts"), ("--log-dir", "--log_dir"), ("--tee",)):
+        p.add_argument(*flags, help=argparse.SUPPRESS)
+    p.add_argument("-r", "--redirects", help=argparse.SUPPRESS)
     p.add_argument(
         "--standalone",
         action="store_true",
@@ -118,6 +145,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def node_count(text: str) -> int:
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"elastic --nnodes {text}: deadpool-launch keeps the job at its size with warm "
+            "spare nodes (--spare-nodes), shrinks it when they run out and grows it back "
+            "when nodes join (--join): give the active nodes' count"
+        )
+    return int(text)
+
+
+def ranks_per_node(text: str) -> int:
+    """torchrun's --nproc-per-node: a number, gpu, auto or cpu."""
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text in ("gpu", "auto"):
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus == 0 and text == "gpu":
+            raise argparse.ArgumentTypeError("--nproc-per-node gpu: no GPU is visible")
+        return gpus or os.cpu_count() or 1
+    return int(text)
+
+
+def refuse_torchrun_flags(opts) -> None:
+    """What torchrun offers that this launcher does otherwise, or not."""
+    refusals = [
+        (
+            opts.max_restarts not in (None, "0"),
+            f"--max-restarts {opts.max_restarts}: deadpool-launch never restarts the job: a "
+            "failed rank is replaced in place by a warm spare (--spare-nodes), or the job "
+            "shrinks: drop it",
+        ),
+        (
+            opts.rdzv_backend not in (None, "c10d"),
+            f"--rdzv-backend {opts.rdzv_backend}: node 0 hosts the job's store (c10d): "
+            "give c10d, or drop it",
+        ),
+        (
+            any(v is not None for v in (opts.log_dir, opts.tee, opts.redirects)),
+            "--log-dir, --tee and --redirects: deadpool-launch writes no per-rank log files; "
+            "every rank's lines carry [rank N]: redirect the launcher's output instead",
+        ),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise SystemExit(f"deadpool-launch: {why}")
+
+
+def use_rendezvous_endpoint(opts) -> None:
+    """torchrun's --rdzv-endpoint HOST[:PORT] is node 0's address (port 29400
+    by default, as torchrun's)."""
+    if opts.rdzv_id is not None:
+        print(
+            f"deadpool-launch: --rdzv-id {opts.rdzv_id} has no effect here: each job has a "
+            "store of its own (node 0's), signed with its secret",
+            file=sys.stderr,
+        )
+    if opts.rdzv_endpoint is None:
+        return
+    host, _, port = opts.rdzv_endpoint.partition(":")
+    opts.master_addr, opts.master_port = host, int(port or 29400)
+
+
 def flag_value(args: List[str], name: str) -> Optional[str]:
     """A --flag VALUE of the training script the coordinator also needs:
     the last one given, as the script's argparse takes it."""
@@ -162,7 +253,8 @@ def agent_settings(opts, node: int, store: str, scratch: Optional[str] = None) -
 
 
 def worker_command(opts) -> List[str]:
-    return [sys.executable, "-u", opts.script, *opts.script_args]
+    module = ["-m"] if opts.module else []
+    return [sys.executable, "-u", *module, opts.script, *opts.script_args]
 
 
 def start_agent(opts, node: int, store: str, scratch: Optional[str] = None) -> subprocess.Popen:
@@ -182,6 +274,8 @@ def start_agent(opts, node: int, store: str, scratch: Optional[str] = None) -> s
 
 
 def check(opts) -> None:
+    refuse_torchrun_flags(opts)
+    use_rendezvous_endpoint(opts)
     if opts.nnodes < 1 or opts.nproc_per_node < 1 or opts.spare_nodes < 0:
         raise SystemExit(
             "deadpool-launch: --nnodes and --nproc-per-node must be >= 1, --spare-nodes >= 0"

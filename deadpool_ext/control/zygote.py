@@ -68,17 +68,25 @@ def forks_workers() -> bool:
 
 
 def script_of(command: List[str]) -> int:
-    """Where the script stands in ``python [options] script args``."""
+    """Where the script (or the module) stands in ``python [options]
+    script args`` (``python [options] -m module args``)."""
     index = 1
     while command[index].startswith("-"):
         index += 1
     return index
 
 
+def is_module(command: List[str]) -> bool:
+    return "-m" in command[: script_of(command)]
+
+
 def preload(command: List[str]) -> None:
     script = script_of(command)
-    # As ``python script``: the script's folder first on the path.
-    sys.path[0] = os.path.dirname(os.path.abspath(command[script]))
+    # As ``python script``: the script's folder first on the path (with -m,
+    # the working folder).
+    sys.path[0] = (
+        os.getcwd() if is_module(command) else os.path.dirname(os.path.abspath(command[script]))
+    )
     from megatron.training import cpu_compat, tokenizer
 
     cpu_compat.import_megatron_core_without_cuda()
@@ -131,7 +139,10 @@ def become_worker(
     rename(command)
     script = script_of(command)
     sys.argv = command[script:]
-    runpy.run_path(command[script], run_name="__main__")
+    if is_module(command):
+        runpy.run_module(command[script], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(command[script], run_name="__main__")
 
 
 def serve(channel: socket.socket, command: List[str]) -> None:
