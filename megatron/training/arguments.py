@@ -334,6 +334,23 @@ def _require_with(anchor: str, present: bool, dependents: List[Tuple[str, bool]]
     return given
 
 
+def _ignored_without(anchor: str, present: bool, dependents: List[Tuple[str, bool]]) -> List[str]:
+    """Flags that only mean something with ``anchor``, given without it:
+    Megatron-LM ignores them, and so does this build, saying so in a
+    warning (``dependents``: flag, whether set). Returns those set."""
+    given = [flag for flag, is_set in dependents if is_set]
+    if given and not present:
+        _warn(
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect without "
+            f"{anchor} (Megatron-LM ignores {'it' if len(given) == 1 else 'them'} too)"
+        )
+    return given
+
+
+def _warn(message: str) -> None:
+    _say(f"WARNING: {message}")
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -696,7 +713,7 @@ def _check_schedule_source(config: Config) -> None:
 
 def _check_fp8(config: Config) -> None:
     t, m = config.training, config.model
-    set_without = _require_with(
+    set_without = _ignored_without(
         "--fp8-format",
         t.fp8 is not None,
         [
@@ -898,10 +915,10 @@ def _check_training(config: Config) -> None:
         t.lr_decay_style != "WSD" or steps["wsd"] is not None,
         f"--lr-decay-style WSD needs --lr-wsd-decay-{unit}",
     )
-    _require(
-        t.decoupled_min_lr is None or t.decoupled_lr is not None,
-        "--decoupled-min-lr goes with --decoupled-lr: give that too (the embedding and "
-        "output layer's peak learning rate)",
+    _ignored_without(
+        "--decoupled-lr",
+        t.decoupled_lr is not None,
+        [("--decoupled-min-lr", t.decoupled_min_lr is not None)],
     )
     _require(t.manual_gc_interval >= 0, "--manual-gc-interval must be >= 0")
     _require(
@@ -915,14 +932,11 @@ def _check_training(config: Config) -> None:
 def _check_precision(config: Config) -> None:
     t = config.training
     _require(not (t.bf16 and t.fp16), "give only one of --bf16 and --fp16")
-    _require(
-        t.bf16 or not t.grad_reduce_in_bf16,
-        "--grad-reduce-in-bf16 goes with --bf16 (other gradients are never bf16)",
-    )
+    _ignored_without("--bf16", t.bf16, [("--grad-reduce-in-bf16", t.grad_reduce_in_bf16)])
 
 
 def _check_data(config: Config) -> None:
-    from megatron.training.tokenizer import check_tokenizer
+    from megatron.training.tokenizer import check_tokenizer, unused_tokenizer_flags
 
     d = config.data
     _require(
@@ -949,6 +963,11 @@ def _check_data(config: Config) -> None:
         check_tokenizer(config.tokenizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for flag, kinds in unused_tokenizer_flags(config.tokenizer):
+        _warn(
+            f"{flag} has no effect: --tokenizer-type {config.tokenizer.tokenizer_type} does "
+            f"not read it, only {', '.join(kinds)} (Megatron-LM ignores it too)"
+        )
     _require(d.num_workers >= 0, "--num-workers must be >= 0")
 
 
@@ -997,18 +1016,21 @@ def _is_number(text: str) -> bool:
 def _check_checkpoint(config: Config) -> None:
     c = config.checkpoint
     _require(c.save_interval is None or c.save_interval > 0, "--save-interval must be positive")
-    _require(c.save_interval is None or c.save, "--save-interval needs --save DIR")
-    _require(
-        not c.exit_on_missing_checkpoint or c.load, "--exit-on-missing-checkpoint needs --load DIR"
+    _ignored_without(
+        "--save",
+        bool(c.save),
+        [
+            ("--save-interval", c.save_interval is not None),
+            ("--async-save", c.async_save),
+            ("--non-persistent-save-interval", c.non_persistent_save_interval is not None),
+        ],
     )
-    _require(not c.async_save or c.save, "--async-save needs --save DIR")
+    _ignored_without(
+        "--load", bool(c.load), [("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint)]
+    )
     _require(
         c.non_persistent_save_interval is None or c.non_persistent_save_interval > 0,
         "--non-persistent-save-interval must be positive",
-    )
-    _require(
-        c.non_persistent_save_interval is None or c.save,
-        "--non-persistent-save-interval needs --save DIR",
     )
     _require(
         c.non_persistent_save_interval is None or c.non_persistent_ckpt_type == "global",
@@ -1051,11 +1073,15 @@ def _check_checkpoint(config: Config) -> None:
 def _check_profile(config: Config) -> None:
     log = config.logging
     if not log.profile:
-        given = (log.profile_step_start, log.profile_step_end, log.use_pytorch_profiler)
-        _require(
-            given == (10, 12, False) and log.profile_ranks == [0],
-            "--profile-step-start, --profile-step-end, --use-pytorch-profiler and "
-            "--profile-ranks go with --profile: add it, or drop them",
+        _ignored_without(
+            "--profile",
+            False,
+            [
+                ("--profile-step-start", log.profile_step_start != 10),
+                ("--profile-step-end", log.profile_step_end != 12),
+                ("--use-pytorch-profiler", log.use_pytorch_profiler),
+                ("--profile-ranks", log.profile_ranks != [0]),
+            ],
         )
         return
     _require(
@@ -1081,24 +1107,22 @@ def _check_logging(config: Config) -> None:
     _check_profile(config)
     _require(log.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive")
     _require(log.tensorboard_queue_size > 0, "--tensorboard-queue-size must be positive")
-    dashboard = log.tensorboard_dir or log.wandb_project
-    for name in (
+    dashboard = bool(log.tensorboard_dir or log.wandb_project)
+    names = (
         "log_timers_to_tensorboard",
         "log_validation_ppl_to_tensorboard",
         "log_memory_to_tensorboard",
         "log_world_size_to_tensorboard",
-    ):
-        _require(
-            dashboard or not getattr(log, name),
-            f"--{name.replace('_', '-')} writes to TensorBoard or W&B: give --tensorboard-dir "
-            "DIR or --wandb-project NAME, or drop it",
-        )
-    _require(
-        dashboard or log.log_loss_scale_to_tensorboard,
-        "--no-log-loss-scale-to-tensorboard goes with --tensorboard-dir or --wandb-project",
+    )
+    _ignored_without(
+        "--tensorboard-dir or --wandb-project",
+        dashboard,
+        [("--" + name.replace("_", "-"), getattr(log, name)) for name in names]
+        + [("--no-log-loss-scale-to-tensorboard", not log.log_loss_scale_to_tensorboard)],
     )
     _require(
-        not log.log_memory_to_tensorboard or config.parallel.distributed_backend == "nccl",
+        not (dashboard and log.log_memory_to_tensorboard)
+        or config.parallel.distributed_backend == "nccl",
         "--log-memory-to-tensorboard reads the CUDA allocator's statistics: there is none "
         "on CPU; drop it",
     )

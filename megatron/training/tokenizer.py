@@ -22,7 +22,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import List
+from typing import List, Sequence, Tuple
 
 from megatron.training.config import TokenizerConfig
 
@@ -95,7 +95,6 @@ def check_tokenizer(t) -> None:
         raise ValueError(
             f"unknown --tokenizer-type {kind!r}; supported: {', '.join(TOKENIZER_TYPES)}"
         )
-    _refuse_unused(t)
     if kind == DEFAULT_TOKENIZER_TYPE:
         _need_file(kind, "--vocab-file", t.vocab_file, "GPT-2 vocab.json")
         _need_file(kind, "--merge-file", t.merge_file, "GPT-2 merges.txt")
@@ -130,15 +129,14 @@ def _check_vocab_matches(t) -> None:
         )
 
 
-def _refuse_unused(t) -> None:
-    """A tokenizer flag the chosen type does not read is an error, not ignored."""
-    for name, kinds in USED_BY.items():
-        if getattr(t, name) != _DEFAULTS[name] and t.tokenizer_type not in kinds:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(
-                f"{flag} is not read by --tokenizer-type {t.tokenizer_type}, only by "
-                f"{', '.join(kinds)}: drop it or change --tokenizer-type"
-            )
+def unused_tokenizer_flags(t) -> List[Tuple[str, Sequence[str]]]:
+    """The tokenizer flags given that the chosen type does not read, each
+    with the types that do (Megatron-LM ignores them; parsing warns)."""
+    return [
+        ("--" + name.replace("_", "-"), kinds)
+        for name, kinds in USED_BY.items()
+        if getattr(t, name) != _DEFAULTS[name] and t.tokenizer_type not in kinds
+    ]
 
 
 def _need_file(kind: str, flag: str, path, what: str) -> None:

@@ -548,21 +548,41 @@ def test_extra_section_lands_in_config_extra():
     "flags, named",
     [
         (["--profile"], ["--profile", "--use-pytorch-profiler"]),  # nsys: a GPU
-        (["--profile-step-start", "3"], ["--profile-step-start", "--profile"]),
         (["--profile", "--use-pytorch-profiler"], ["--tensorboard-dir"]),
         (
             ["--profile", "--use-pytorch-profiler", "--tensorboard-dir", "tb"]
             + ["--profile-step-start", "5", "--profile-step-end", "5"],
             ["--profile-step-start", "--profile-step-end"],
         ),
-        (["--decoupled-min-lr", "1e-5"], ["--decoupled-min-lr", "--decoupled-lr"]),
-        (["--grad-reduce-in-bf16"], ["--grad-reduce-in-bf16", "--bf16"]),
-        (["--fp8-amax-history-len", "8"], ["--fp8-amax-history-len", "--fp8-format"]),
         (["--cross-entropy-fusion-impl", "te"], ["--cross-entropy-loss-fusion"]),
     ],
 )
 def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named):
     _names_all(_config_error(argv(*flags)), *named)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--profile-step-start", "3"], ["--profile-step-start", "--profile"]),
+        (["--decoupled-min-lr", "1e-5"], ["--decoupled-min-lr", "--decoupled-lr"]),
+        (["--grad-reduce-in-bf16"], ["--grad-reduce-in-bf16", "--bf16"]),
+        (["--fp8-amax-history-len", "8"], ["--fp8-amax-history-len", "--fp8-format"]),
+        (["--save-interval", "5", "--async-save"], ["--save-interval, --async-save", "--save"]),
+        (["--exit-on-missing-checkpoint"], ["--exit-on-missing-checkpoint", "--load"]),
+        (["--log-timers-to-tensorboard"], ["--log-timers-to-tensorboard", "--tensorboard-dir"]),
+        (["--no-log-loss-scale-to-tensorboard"], ["--no-log-loss-scale-to-tensorboard"]),
+    ],
+)
+def test_a_flag_megatron_lm_ignores_without_its_companion_is_taken_with_a_warning(
+    flags, named, capsys
+):
+    """Megatron-LM ignores these without their companion: so does this
+    build, and says so (its own configs give some of them so)."""
+    parse_args(argv(*flags), world_size=1)
+    printed = capsys.readouterr().out
+    assert "WARNING:" in printed and "no effect without" in printed
+    _names_all(printed, *named)
 
 
 def test_virtual_pipeline_stages_follow_megatron_lms_rules():
@@ -780,10 +800,6 @@ def test_warmup_not_shorter_than_decay(extra):
 def test_warmup_fraction_not_below_one_names_the_fraction():
     message = _config_error(argv("--lr-warmup-fraction", "1.0"))
     _names_all(message, "--lr-warmup-fraction")
-
-
-def test_save_interval_without_save():
-    _names_all(_config_error(argv("--save-interval", "5")), "--save-interval", "--save")
 
 
 def test_split_leaving_valid_split_without_document(tiny_prefix):

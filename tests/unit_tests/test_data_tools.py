@@ -92,15 +92,6 @@ def test_check_tokenizer_accepts_valid():
         (dict(tokenizer_type="BertWordPieceCase"), "not available here: BERT"),
         (dict(tokenizer_type="SFTTokenizer"), "not available here: it belongs"),
         (dict(tokenizer_type="SomethingElse"), "supported: " + ", ".join(TOKENIZER_TYPES)),
-        (
-            dict(tokenizer_type="NullTokenizer", vocab_size=9, merge_file="m.txt"),
-            "--merge-file is not read by --tokenizer-type NullTokenizer, only by "
-            "GPT2BPETokenizer, HuggingFaceTokenizer",
-        ),
-        (
-            dict(tokenizer_type="ByteLevelTokenizer", tiktoken_num_special_tokens=10),
-            "--tiktoken-num-special-tokens is not read",
-        ),
     ],
 )
 def test_check_tokenizer_refuses(fields, expected):
@@ -203,3 +194,16 @@ def test_prepare_corpus_deterministic_and_cached(tmp_path, capsys):
     _prepare(tmp_path / "a", "--force")
     assert "built" in capsys.readouterr().out
     assert _file_bytes(first) == _file_bytes(second)
+
+
+def test_a_tokenizer_flag_the_type_does_not_read_is_named_with_who_reads_it():
+    """Megatron-LM ignores them; parsing warns (test_arguments.py)."""
+    from megatron.training.tokenizer import unused_tokenizer_flags
+
+    null = TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=9, merge_file="m.txt")
+    assert unused_tokenizer_flags(null) == [
+        ("--merge-file", ("GPT2BPETokenizer", "HuggingFaceTokenizer"))
+    ]
+    byte = TokenizerConfig(tokenizer_type="ByteLevelTokenizer", tiktoken_num_special_tokens=10)
+    assert [flag for flag, _ in unused_tokenizer_flags(byte)] == ["--tiktoken-num-special-tokens"]
+    assert unused_tokenizer_flags(TokenizerConfig(tokenizer_type="NullTokenizer")) == []
