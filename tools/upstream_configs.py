@@ -36,8 +36,9 @@ def git(checkout: str, *args: str) -> str:
     ).stdout
 
 
-def extract(checkout: str, tag: str = TAG) -> Dict[str, Dict[str, object]]:
-    """Each training config's MODEL_ARGS by its case's path."""
+def extract(checkout: str, tag: str = TAG) -> Dict[str, Dict[str, dict]]:
+    """Each training config's MODEL_ARGS and ENV_VARS ({"args", "env"}) by
+    its case's path."""
     import yaml
 
     found = {}
@@ -49,7 +50,8 @@ def extract(checkout: str, tag: str = TAG) -> Dict[str, Dict[str, object]]:
         args = config.get("MODEL_ARGS")
         if not args or "inference" in path or config.get("TEST_TYPE") == "ckpt-convert":
             continue
-        found[os.path.dirname(path)[len(CASES) + 1 :]] = args
+        env = {k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}
+        found[os.path.dirname(path)[len(CASES) + 1 :]] = {"args": args, "env": env}
     return found
 
 
@@ -62,11 +64,135 @@ def known_flags() -> set:
     return set(build_parser({**SECTIONS, "deadpool": DeadpoolConfig})._option_string_actions)
 
 
-def unknown_by_config(configs: Dict[str, Dict[str, object]], known: set) -> Dict[str, List[str]]:
+def unknown_by_config(configs: Dict[str, Dict[str, dict]], known: set) -> Dict[str, List[str]]:
     return {
-        case: [flag for flag in args if flag.startswith("--") and flag not in known]
-        for case, args in configs.items()
+        case: [flag for flag in config["args"] if flag.startswith("--") and flag not in known]
+        for case, config in configs.items()
     }
+
+
+# Where a config's paths point here: the data and tokenizers of `make data`
+# (or any folder laid out as it), and scratch folders for what a run writes.
+TOKENIZER_FILES = {
+    "--vocab-file": "tokenizers/gpt2/vocab.json",
+    "--merge-file": "tokenizers/gpt2/merges.txt",
+}
+TOKENIZER_MODELS = {
+    "GPTSentencePieceTokenizer": "tokenizers/sentencepiece.model",
+    "SentencePieceTokenizer": "tokenizers/sentencepiece.model",
+    "Llama2Tokenizer": "tokenizers/sentencepiece.model",
+    "TikTokenizer": "tokenizers/tiktoken.json",
+    "HuggingFaceTokenizer": "tokenizers/hf",
+}
+WRITTEN = ("--save", "--load", "--tensorboard-dir", "--data-cache-path", "--wandb-save-dir")
+
+
+def synthetic_corpus(prefix: str, documents: int = 4000, vocab: int = 50257) -> str:
+    """An indexed dataset of ``documents`` short documents of GPT-2 ids, as
+    many as Megatron-LM's splits (949,50,1) need to give every split some:
+    make data's corpus has 457 documents, whose 0.1% is none."""
+    import numpy
+    import torch
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=DType.optimal_dtype(vocab))
+    rng = numpy.random.default_rng(0)
+    for _ in range(documents):
+        ids = rng.integers(0, vocab, size=int(rng.integers(64, 512)))
+        builder.add_document(torch.IntTensor(ids), [len(ids)])
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def command_line(args: Dict[str, object], data: str, scratch: str) -> List[str]:
+    """A config's flags as Megatron-LM's CI passes them (true: the flag,
+    false: left out), its paths pointed at ``data`` (make data's folder, for
+    its tokenizers) and ``scratch`` (what a run writes, and a corpus of
+    GPT-2 ids: ``synthetic_corpus``)."""
+    kind = args.get("--tokenizer-type", "GPT2BPETokenizer")
+    argv = []
+    for flag, value in args.items():
+        if value is False or value is None:
+            continue
+        argv.append(flag)
+        if value is True:
+            continue
+        if flag in TOKENIZER_FILES:
+            argv.append(os.path.join(data, TOKENIZER_FILES[flag]))
+        elif flag == "--tokenizer-model":
+            argv.append(os.path.join(data, TOKENIZER_MODELS.get(kind, "tokenizers/hf")))
+        elif flag == "--data-path":
+            corpus = os.path.join(scratch, "corpus_text_document")
+            argv += [corpus if "${" in v else v for v in str(value).split()]
+        elif flag in WRITTEN:
+            argv.append(os.path.join(scratch, flag.strip("-")))
+        else:
+            argv += str(value).split()
+    return argv
+
+
+def world_size(args: Dict[str, object]) -> int:
+    """The 8 GPUs of Megatron-LM's CI node, or the model-parallel size
+    where that is larger."""
+    model = 1
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size"):
+        model *= int(args.get(flag, 1))
+    model *= int(args.get("--context-parallel-size", 1))
+    return 8 if 8 % model == 0 else model
+
+
+def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str]) -> Optional[str]:
+    """None when the flags parse as on a GPU node of Megatron-LM's CI (CUDA,
+    8 GPUs, Transformer Engine and Apex importable, the config's environment)
+    and megatron-core takes the configuration a GPU run builds (without
+    their kernels here), else why not."""
+    from unittest import mock
+
+    from deadpool_ext.config import parse_args
+    from megatron.training import arguments
+    from megatron.training.arguments import ConfigError
+
+    env = dict(config_env, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(min(world, 8)), RANK="1")
+    with (
+        mock.patch.dict(os.environ, env),
+        mock.patch.object(arguments, "_cuda_available", lambda: True),
+        mock.patch.object(arguments, "_gpu_count", lambda: 8),
+        mock.patch.object(arguments, "_importable", lambda module: True),
+    ):
+        try:
+            config = parse_args(argv, world_size=world)
+        except ConfigError as error:
+            return f"refused: {error}"
+    import dataclasses
+    import importlib.util
+
+    from megatron.training.model_setup import transformer_config
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        # Transformer Engine's own configuration needs its kernels to be
+        # built: here, the one a GPU without it builds.
+        config.model = dataclasses.replace(config.model, transformer_impl="local")
+    try:
+        transformer_config(config, on_cpu=False)
+    except (ValueError, AssertionError) as error:
+        return f"megatron-core refuses its configuration: {error}"
+    return None
+
+
+def parse_all(configs: Dict[str, Dict[str, dict]], data: str, scratch: str) -> Dict[str, str]:
+    """Each config's outcome: 'parses', 'unknown flags: ...' or the refusal."""
+    known = known_flags()
+    synthetic_corpus(os.path.join(scratch, "corpus_text_document"))
+    outcome = {}
+    for case, config in sorted(configs.items()):
+        args = config["args"]
+        unknown = [f for f in args if f.startswith("--") and f not in known]
+        if unknown:
+            outcome[case] = "unknown flags: " + ", ".join(unknown)
+            continue
+        argv = command_line(args, data, scratch)
+        outcome[case] = parse_on_a_gpu_node(argv, world_size(args), config["env"]) or "parses"
+    return outcome
 
 
 def report(unknown: Dict[str, List[str]], top: int = 20) -> str:
@@ -86,6 +212,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkout", help="A clone of NVIDIA/Megatron-LM: extract its configs first.")
     p.add_argument("--tag", default=TAG, help=f"The tag to read (default {TAG}).")
+    p.add_argument(
+        "--parse",
+        metavar="DATA",
+        help="Also parse every config as on a GPU node, its paths in DATA (`make data`'s folder).",
+    )
     opts = p.parse_args(argv)
     if opts.checkout:
         configs = extract(opts.checkout, opts.tag)
@@ -94,6 +225,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"tag": opts.tag, "configs": configs}, f, indent=1, sort_keys=True)
         print(f"wrote {len(configs)} configs to {DATA}")
     print(report(unknown_by_config(load(), known_flags())))
+    if opts.parse:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            outcome = parse_all(load(), opts.parse, scratch)
+        parsed = sum(o == "parses" for o in outcome.values())
+        print(f"{parsed} of {len(outcome)} parse as on a GPU node and build their configuration")
+        for case, why in outcome.items():
+            if why != "parses":
+                print(f"  {case}: {why[:300]}")
     return 0
 
 
