@@ -236,6 +236,13 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "and the host's arithmetic differs from the GPU's in the last bits: add "
             "--deadpool-mirror-memory device, or use --deadpool-mirror-mode state"
         )
+    if not on_cpu and not config.training.deterministic_mode:
+        arguments._warn(
+            "--deadpool on GPUs without --deterministic-mode: a redone iteration equals the "
+            "failure-free one bit for bit only with deterministic kernels (torch's fused "
+            "attention and Transformer Engine's sum in another order each time); the "
+            "recovered run is otherwise one of the runs the job could have made"
+        )
     if dp.deadpool_rebuild_groups == "changed" and not on_cpu:
         # A kept group is known intact by gloo's count of completed
         # operations per group and the sockets it opened when made; NCCL

@@ -57,6 +57,9 @@ SCHEDULE = ["--lr", "1e-4", "--min-lr", "1e-5", "--lr-warmup-iters", "2", "--see
 COMMON = MOCK + SCHEDULE + ["--eval-iters", "0", "--num-workers", "0", "--log-interval", "1"]
 COMMON += ["--use-distributed-optimizer"]
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
+# Deterministic kernels, as Megatron-LM's CI runs for its bit-for-bit checks.
+DETERMINISTIC = ["--deterministic-mode"]
+NCCL_ORDER = {"NCCL_ALGO": "Ring"}
 
 
 def gpt(layers: int, hidden: int, heads: int, seq: int, micro: int, batch: int) -> List[str]:
@@ -166,7 +169,7 @@ def recovery_run(python, work, sizes: Sizes, name, spares, faults, precision, ex
     args += ["--train-iters", str(sizes.recovery_iters), "--deadpool"]
     args += outputs(work, name, save=True, events=True)
     args += [f"--deadpool-inject={fault}" for fault in faults]
-    env = SHARE if sizes.on_gpu else {}
+    env = {**SHARE, **NCCL_ORDER} if sizes.on_gpu else {}
     return Run(name, launcher(python, 2, spares, 2) + args, env)
 
 
@@ -177,9 +180,13 @@ SHRINK = ["--deadpool-on-spares-exhausted", "shrink"]
 
 def swap_and_shrink_runs(python: str, work: str, sizes: Sizes) -> List[Run]:
     """Stages 1 and 2 and the determinism pair of stage 4: one group (none
-    of them is timed)."""
-    half = sizes.bf16
-    fp32 = NO_DROPOUT
+    of them is timed). Bit for bit needs deterministic kernels on a GPU
+    (--deterministic-mode, NCCL_ALGO): the swap runs the default attention
+    (torch's SDPA), the shrink megatron-core's, so that one of them shows
+    the recovery on NCCL should SDPA's backward not repeat itself (the pair
+    says whether it does)."""
+    half = sizes.bf16 + DETERMINISTIC
+    fp32 = NO_DROPOUT + DETERMINISTIC + ["--attention-backend", "local"]
     runs = [
         recovery_run(python, work, sizes, "swap-reference", 0, [], half),
         recovery_run(python, work, sizes, "swap", 2, SWAP_FAULTS, half),
@@ -192,11 +199,10 @@ def swap_and_shrink_runs(python: str, work: str, sizes: Sizes) -> List[Run]:
             recovery_run(python, work, sizes, "shrink-device", 0, [SHRINK_FAULT], fp32, device)
         )
     for name in ("sdpa-a", "sdpa-b"):
-        args = sizes.small + COMMON + sizes.bf16 + ["--train-iters", "10"]
+        args = sizes.small + COMMON + half + ["--train-iters", "10"]
         args += [] if sizes.on_gpu else ["--attention-backend", "unfused"]
-        runs.append(
-            Run(name, torchrun(python, 1) + ["pretrain_gpt.py"] + args + outputs(work, name))
-        )
+        command = torchrun(python, 1) + ["pretrain_gpt.py"] + args + outputs(work, name)
+        runs.append(Run(name, command, dict(NCCL_ORDER) if sizes.on_gpu else {}))
     return runs
 
 

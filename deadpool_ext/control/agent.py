@@ -145,10 +145,18 @@ class Agent:
         if self.gpus is None or (not now and time.monotonic() < self.next_gpu_check):
             return
         self.next_gpu_check = time.monotonic() + P.GPU_HEALTH_INTERVAL_S
-        readings = {
-            slot_name(self.node, local): reading
-            for local, reading in self.gpus.read_workers(list(range(self.nproc))).items()
-        }
+        try:
+            found = self.gpus.read_workers(list(range(self.nproc)))
+        except Exception as error:  # noqa: BLE001 - a check that breaks must not stop the node
+            print(
+                f"deadpool agent {self.node}: GPU health checks stop: {type(error).__name__}: "
+                f"{error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.gpus = None
+            return
+        readings = {slot_name(self.node, local): reading for local, reading in found.items()}
         verdicts = {slot: reading.problems() for slot, reading in readings.items()}
         if verdicts != self.gpu_verdicts:
             self.gpu_verdicts = verdicts

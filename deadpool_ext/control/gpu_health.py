@@ -10,11 +10,13 @@ without a CUDA context, so reading costs the workers nothing.
 A GPU has a problem (``GpuReading.problems``) when it has uncorrectable
 ECC errors since the driver loaded, memory pages waiting to be retired or
 rows waiting to be remapped (both need a GPU reset), a failed row remap,
-or its clocks held down by hardware slowdown, thermal slowdown or the
-power brake: each either corrupts results or slows every iteration of the
-job. Corrected ECC errors, memory in use, utilization and temperature are
-recorded, never judged. A reading NVML does not support on a part (MIG, a
-virtualised GPU) is unknown, not a problem.
+or NVML cannot reach it: each lasts until the GPU is reset, and corrupts
+results or stops the rank. Clocks held down (hardware slowdown, thermal
+slowdown, the power brake) are recorded and not judged: they come and go
+with the load, and a slow GPU is a straggler, not a broken one. Corrected
+ECC errors, memory in use, utilization and temperature are recorded too.
+A reading NVML does not support on a part (MIG, a virtualised GPU), or a
+call an older binding lacks, is unknown, not a problem.
 
 We read NVML with NVIDIA's own binding (``nvidia-ml-py``, imported as
 ``pynvml``); ``NvmlReader`` takes the module, so a test can hand it a fake.
@@ -27,7 +29,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from megatron.training import gpu_sharing
 
 # Clock-event reasons (NVML's bit masks) that slow a GPU for reasons of
-# its health; the others (idle, power cap, application clocks) are normal.
+# its health, recorded; the others (idle, power cap, application clocks)
+# are its normal work.
 BAD_CLOCK_REASONS = {
     0x8: "hardware slowdown",
     0x20: "software thermal slowdown",
@@ -66,7 +69,6 @@ class GpuReading:
             found.append("memory rows waiting to be remapped (needs a GPU reset)")
         if self.remap_failed:
             found.append("a memory row remap failed")
-        found += [f"clocks held down: {reason}" for reason in self.clock_reasons]
         return found
 
     def summary(self) -> str:
@@ -77,8 +79,11 @@ class GpuReading:
             else "memory unknown"
         )
         ecc = "ECC unknown" if self.ecc_uncorrected is None else f"{self.ecc_uncorrected} ECC"
+        clocks = (
+            f", clocks held down: {', '.join(self.clock_reasons)}" if self.clock_reasons else ""
+        )
         verdict = "; ".join(self.problems()) or "healthy"
-        return f"GPU {self.index} ({self.name}, {memory}, {ecc}): {verdict}"
+        return f"GPU {self.index} ({self.name}, {memory}, {ecc}{clocks}): {verdict}"
 
     def to_dict(self) -> dict:
         body = asdict(self)
@@ -121,17 +126,29 @@ class NvmlReader:
 
     def visible(self) -> List[str]:
         """The GPUs CUDA numbers 0, 1, ... for the workers: NVML indices or
-        UUIDs from CUDA_VISIBLE_DEVICES, else every GPU in NVML's order."""
+        UUIDs from CUDA_VISIBLE_DEVICES, else every GPU in NVML's order. As
+        CUDA, the list ends at the first entry that names no GPU ("-1")."""
         listed = self.environ.get("CUDA_VISIBLE_DEVICES")
         if listed is None:
             return [str(i) for i in range(self.count)]
-        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+        visible = []
+        for entry in (e.strip() for e in listed.split(",")):
+            if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+                break
+            visible.append(entry)
+        return visible
 
-    def gpu_of(self, local_rank: int) -> str:
-        """The GPU a worker of this local rank uses (initialize.setup_device's choice)."""
+    def gpu_of(self, local_rank: int) -> Optional[str]:
+        """The GPU a worker of this local rank uses (initialize.setup_device's
+        choice), or None where it has none (its worker refuses to start)."""
         visible = self.visible()
+        if not visible:
+            return None
         mode = gpu_sharing.sharing_mode(self.environ)
-        return visible[gpu_sharing.device_index(local_rank, len(visible), mode)]
+        try:
+            return visible[gpu_sharing.device_index(local_rank, len(visible), mode)]
+        except ValueError:
+            return None
 
     def read(self, gpu: str) -> GpuReading:
         """``gpu``: an NVML index or a UUID (an entry of ``visible``)."""
@@ -146,37 +163,31 @@ class NvmlReader:
                 index=int(gpu) if gpu.isdigit() else -1, name=gpu, unreachable=str(error)
             )
         ask = self._asker()
-        memory = ask(n.nvmlDeviceGetMemoryInfo, handle)
-        rows = ask(n.nvmlDeviceGetRemappedRows, handle)  # (corrected, uncorrected, pending, failed)
+        memory = ask("nvmlDeviceGetMemoryInfo", handle)
+        rows = ask("nvmlDeviceGetRemappedRows", handle)  # (corrected, uncorrected, pending, failed)
         pages = [
-            ask(n.nvmlDeviceGetRetiredPages, handle, cause)
+            ask("nvmlDeviceGetRetiredPages", handle, cause)
             for cause in (
-                n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                getattr(n, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+                getattr(n, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1),
             )
         ]
-        clocks = ask(n.nvmlDeviceGetCurrentClocksEventReasons, handle)
+        # Older bindings name it for throttling.
+        clocks = ask("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if clocks is None:
+            clocks = ask("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        uncorrected, corrected, volatile = 1, 0, 0  # NVML's memory error types and counter
         return GpuReading(
-            index=ask(n.nvmlDeviceGetIndex, handle) if not gpu.isdigit() else int(gpu),
-            name=_text(ask(n.nvmlDeviceGetName, handle)) or "unknown",
+            index=ask("nvmlDeviceGetIndex", handle) if not gpu.isdigit() else int(gpu),
+            name=_text(ask("nvmlDeviceGetName", handle)) or "unknown",
             memory_used_mib=None if memory is None else memory.used >> 20,
             memory_total_mib=None if memory is None else memory.total >> 20,
-            utilization_percent=_field(ask(n.nvmlDeviceGetUtilizationRates, handle), "gpu"),
-            temperature_c=ask(n.nvmlDeviceGetTemperature, handle, n.NVML_TEMPERATURE_GPU),
-            ecc_uncorrected=ask(
-                n.nvmlDeviceGetTotalEccErrors,
-                handle,
-                n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                n.NVML_VOLATILE_ECC,
-            ),
-            ecc_corrected=ask(
-                n.nvmlDeviceGetTotalEccErrors,
-                handle,
-                n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                n.NVML_VOLATILE_ECC,
-            ),
+            utilization_percent=_field(ask("nvmlDeviceGetUtilizationRates", handle), "gpu"),
+            temperature_c=ask("nvmlDeviceGetTemperature", handle, 0),  # the GPU's sensor
+            ecc_uncorrected=ask("nvmlDeviceGetTotalEccErrors", handle, uncorrected, volatile),
+            ecc_corrected=ask("nvmlDeviceGetTotalEccErrors", handle, corrected, volatile),
             retired_pages=None if None in pages else sum(len(p) for p in pages),
-            retirement_pending=_flag(ask(n.nvmlDeviceGetRetiredPagesPendingStatus, handle)),
+            retirement_pending=_flag(ask("nvmlDeviceGetRetiredPagesPendingStatus", handle)),
             remap_pending=None if rows is None else bool(rows[2]),
             remap_failed=None if rows is None else bool(rows[3]),
             clock_reasons=tuple(
@@ -185,9 +196,13 @@ class NvmlReader:
         )
 
     def _asker(self) -> Callable:
-        """Calls an NVML function; None where the part does not support it."""
+        """Calls the NVML function of that name; None where the part does
+        not support it, or the binding lacks it."""
 
-        def ask(function, *args):
+        def ask(name: str, *args):
+            function = getattr(self.nvml, name, None)
+            if function is None:
+                return None
             try:
                 return function(*args)
             except self.nvml.NVMLError:
@@ -202,9 +217,8 @@ class NvmlReader:
         readings: Dict[str, GpuReading] = {}
         out = {}
         for local in locals_:
-            try:
-                gpu = self.gpu_of(local)
-            except ValueError:
+            gpu = self.gpu_of(local)
+            if gpu is None:
                 continue
             if gpu not in readings:
                 readings[gpu] = self.read(gpu)

@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def node_count(text: str) -> int:
-    if ":" in text:
+    low, _, high = text.partition(":")
+    if high and low == high:  # torchrun's fixed size N:N
+        return int(low)
+    if high:
         raise argparse.ArgumentTypeError(
             f"elastic --nnodes {text}: deadpool-launch keeps the job at its size with warm "
             "spare nodes (--spare-nodes), shrinks it when they run out and grows it back "
@@ -186,7 +189,8 @@ def refuse_torchrun_flags(opts) -> None:
         (
             any(v is not None for v in (opts.log_dir, opts.tee, opts.redirects)),
             "--log-dir, --tee and --redirects: deadpool-launch writes no per-rank log files; "
-            "every rank's lines carry [rank N]: redirect the launcher's output instead",
+            "every rank's output comes through the launcher's (its logger's lines marked "
+            "[rank N]): redirect that instead",
         ),
     ]
     for refused, why in refusals:
@@ -205,8 +209,13 @@ def use_rendezvous_endpoint(opts) -> None:
         )
     if opts.rdzv_endpoint is None:
         return
-    host, _, port = opts.rdzv_endpoint.partition(":")
-    opts.master_addr, opts.master_port = host, int(port or 29400)
+    endpoint = opts.rdzv_endpoint
+    host, _, port = (
+        endpoint.rpartition(":")
+        if endpoint.rfind(":") > endpoint.rfind("]")
+        else (endpoint, "", "")
+    )
+    opts.master_addr, opts.master_port = host.strip("[]"), int(port or 29400)
 
 
 def flag_value(args: List[str], name: str) -> Optional[str]:

@@ -64,7 +64,7 @@ LOCAL_MESSAGES = (
 # NCCL refusing how it is called (two ranks on one GPU, mismatched calls):
 # raised as a DistBackendError like a broken peer, but a spare would meet it
 # again, so it is a bug, not a failure to recover from.
-BUG_MESSAGES = ("ncclInvalidUsage", "invalid usage")
+BUG_MESSAGES = ("ncclInvalidUsage",)
 
 
 # megatron-core's rerun state machine rejecting a result (disabled mode).

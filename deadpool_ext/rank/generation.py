@@ -167,6 +167,14 @@ class Generation:
             connections = self._at_built
         return {"groups_held": held, "groups_created": groups_created(), "connections": connections}
 
+    @contextlib.contextmanager
+    def exclusive(self):
+        """No release runs meanwhile: the main thread destroys the groups of
+        a half-built generation (a failure during its rebuild), which the
+        heartbeat thread may be releasing again, aborting its NCCL groups."""
+        with self._lock:
+            yield
+
     def release_if_older(self, newer: int, by: str, keep: Collection[int] = frozenset()) -> int:
         """Release this generation (but the sockets in ``keep``) if it is
         older than ``newer`` and the main thread does not hold it (``hold``)."""

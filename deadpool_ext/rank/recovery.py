@@ -275,7 +275,8 @@ class Recovery:
             self._mirror_step("halt", self.mirror.halt)
         if self.slots is not None:
             self.set_aside = None  # kept groups of the failed rebuild go too
-            regroup.reset()
+            with self.ctx.generation.exclusive():
+                regroup.reset()
         elif not self.intact:
             self.intact = None
             self.detach()

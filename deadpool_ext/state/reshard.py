@@ -68,7 +68,12 @@ def gather_position(
         if buffer is None:
             buffer = snap.allocate(old_layout)
         else:  # device-memory mirrors too: resharding runs on the host
-            buffer = snap.to_host(buffer, old_layout)
+            try:
+                buffer = snap.to_host(buffer, old_layout)
+            except snap.SnapshotError:
+                # Sent anyway, torn: every holder's verify below refuses it
+                # together, none waits in the broadcast for this one.
+                buffer = snap.allocate(old_layout)
         dist.broadcast(buffer, contributor, group=group)
         snap.verify(buffer, old_layout, iteration=iteration, owner=old_rank)
         buffers.append(buffer)

@@ -157,8 +157,8 @@ def parse_args(
     theirs = {a.dest for a in parser._actions if a.dest not in ours and a.dest != "help"}
     unknown = sorted(set(defaults or {}) - ours - theirs)
     _require(not unknown, f"args_defaults names {', '.join(unknown)}: no flag here has that name")
-    parser.set_defaults(**(defaults or {}))
     namespace = parser.parse_args(argv)
+    _apply_script_defaults(namespace, defaults or {})
     take_checkpoint_args(namespace)
     _check_required(sections, namespace)
     parsed = {name: _section_from_namespace(cls, namespace) for name, cls in sections.items()}
@@ -176,6 +176,17 @@ def parse_args(
     for check in extra_validators:
         check(config)
     return config
+
+
+def _apply_script_defaults(namespace: argparse.Namespace, defaults: Dict[str, object]) -> None:
+    """A script's args_defaults, as Megatron-LM applies them: to the flags
+    still None; a value given (or a default of this build) wins, with a
+    warning where it differs."""
+    for dest, value in defaults.items():
+        if getattr(namespace, dest) is None:
+            setattr(namespace, dest, value)
+        elif getattr(namespace, dest) != value:
+            _warn(f"args_defaults {dest}={value!r} not applied: it is {getattr(namespace, dest)!r}")
 
 
 # --use-checkpoint-args, as Megatron-LM: (flag's dest, forced). A forced
@@ -312,9 +323,19 @@ def fill_moe_defaults(config: Config) -> None:
 
 
 def _cuda_available() -> bool:
+    """Whether a GPU is there. Where the NVIDIA driver has no device (a CPU
+    machine) torch is not even imported: a refusal then takes a fraction of
+    a second, not the seconds of torch's import."""
+    if not _gpu_devices_present():
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+def _gpu_devices_present() -> bool:
+    """The NVIDIA driver's device files (or WSL's GPU device)."""
+    return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))
 
 
 def _gpu_count() -> int:
@@ -385,7 +406,7 @@ def validate(config: Config) -> None:
 def core_transformer_config_from_args(args, config_class=None):
     """Megatron-LM's name for the run's megatron-core TransformerConfig
     (a script written against its API imports it from here)."""
-    from megatron.training.megatron_lm import core_transformer_config_from_args as build
+    from megatron.training.global_vars import core_transformer_config_from_args as build
 
     return build(args, config_class)
 
@@ -394,14 +415,14 @@ def _check_gpus(config: Config) -> None:
     """A rank per GPU, or the sharing a test job asks for (gpu_sharing.py)."""
     if config.parallel.distributed_backend != "nccl":
         return
-    import torch
-
     try:
         mode = gpu_sharing.sharing_mode()
         gpu_sharing.memory_fraction()
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         gpu_sharing.device_index(local_ranks - 1, _gpu_count(), mode)
         if mode == gpu_sharing.MULTI_RANK:
+            import torch
+
             gpu_sharing.nccl_environment(mode, torch.cuda.nccl.version())
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -46,6 +46,10 @@ def setup_device(config: Config) -> bool:
     if on_cpu:
         cpu_compat.enable(force=True)
     else:
+        if config.training.deterministic_mode:
+            # cuBLAS is deterministic only with a fixed workspace, read when
+            # its first handle is made (torch refuses the GEMMs otherwise).
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # One GPU per rank, unless a test job shares GPUs (gpu_sharing.py).
         gpu_sharing.apply(int(os.environ.get("LOCAL_RANK", "0")))
     return on_cpu

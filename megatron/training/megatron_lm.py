@@ -32,41 +32,19 @@ import inspect
 import sys
 import warnings
 from importlib.metadata import entry_points
-from typing import Optional
 
 from megatron.training import arguments
 from megatron.training.arguments import ConfigError
 from megatron.training.config import SECTIONS, Config
+from megatron.training.global_vars import (  # noqa: F401 - Megatron-LM's names, from here too
+    _Run,
+    core_transformer_config_from_args,
+    get_args,
+    get_timers,
+    get_tokenizer,
+)
 
 RUNNERS = "megatron.training.runners"  # the entry-point group of runners
-
-
-class _Run:
-    """The run this process trains: its config (the latest a model was built
-    for) and the namespace Megatron-LM's callbacks read."""
-
-    config: Optional[Config] = None
-    args: Optional[argparse.Namespace] = None
-    tf_config = None  # the trainer's: the model is built with it
-    tokenizer = None
-
-
-def get_args() -> argparse.Namespace:
-    if _Run.args is None:
-        raise RuntimeError("get_args(): no run yet: megatron.training.pretrain() parses the flags")
-    return _Run.args
-
-
-def get_timers():
-    """The trainer's timers (megatron-core's ``Timers``: ``timers(name,
-    log_level=...).start()``)."""
-    return getattr(_Run.tf_config, "timers", None)
-
-
-def get_tokenizer():
-    if _Run.config is not None and "tokenizer" in _Run.config.extra:
-        return _Run.config.extra["tokenizer"]
-    return _Run.tokenizer  # a spare's, built before its trainer
 
 
 def print_rank_0(message) -> None:
@@ -128,23 +106,6 @@ def _params_dtype(config: Config):
     from megatron.training.model_setup import params_dtype
 
     return params_dtype(config)
-
-
-def core_transformer_config_from_args(args, config_class=None):
-    """megatron-core's TransformerConfig of the run, as Megatron-LM's function
-    of the same name: the very one this package's trainer builds the model
-    with, where its schedule hooks are (gradient reduction, loss scaling)."""
-    if _Run.config is None or args is not _Run.args:
-        raise RuntimeError(
-            "core_transformer_config_from_args(): give it get_args(), the run's namespace"
-        )
-    if config_class is not None:
-        raise ConfigError("core_transformer_config_from_args(config_class=...) is not supported")
-    if _Run.tf_config is not None:
-        return _Run.tf_config
-    from megatron.training.model_setup import transformer_config
-
-    return transformer_config(_Run.config, on_cpu=_Run.config.extra.get("on_cpu", False))
 
 
 class _ModelProvider:
@@ -232,6 +193,30 @@ IGNORED = (
 )
 
 
+def _check_for_scripts(config: Config) -> None:
+    """What a script's own callbacks cannot do here: refused (exit code 2)
+    or said. Megatron-LM calls the datasets provider once per virtual
+    pipeline stage, this trainer once; the attention the flags choose is
+    pretrain_gpt.py's layer spec's, not a script's own."""
+    problem = None
+    if config.virtual_pipeline_model_parallel_size is not None:
+        problem = (
+            "virtual pipeline stages with a script's datasets provider are not supported "
+            "here (it is called once, without vp_stage): drop "
+            "--num-layers-per-virtual-pipeline-stage, or use pretrain_gpt.py"
+        )
+    if problem:
+        print(f"{sys.argv[0]}: error: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    if config.model.attention_backend not in ("auto", "local"):
+        warnings.warn(
+            f"--attention-backend {config.model.attention_backend} chooses the core attention "
+            "of pretrain_gpt.py's layer spec; a script's own spec keeps its attention "
+            "(megatron.training.model_setup.with_run_attention gives a spec the chosen one)",
+            stacklevel=3,
+        )
+
+
 def pretrain(
     train_valid_test_dataset_provider,
     model_provider,
@@ -258,6 +243,7 @@ def pretrain(
         warnings.warn(f"pretrain(): {', '.join(given)} not supported here: ignored", stacklevel=2)
     runner = _runner()
     config = _parse(runner, args_defaults, extra_args_provider)
+    _check_for_scripts(config)
     config.extra["datasets_provider"] = _DatasetsProvider(train_valid_test_dataset_provider)
     _Run.config, _Run.args = config, None
     from megatron.training import cpu_compat

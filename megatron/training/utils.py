@@ -9,7 +9,8 @@ from typing import Optional
 import torch
 from megatron.core import parallel_state
 
-from megatron.training.megatron_lm import get_args, print_rank_0  # noqa: F401 - Megatron-LM's home too
+from megatron.training.global_vars import get_args
+from megatron.training.megatron_lm import print_rank_0  # noqa: F401 - Megatron-LM's home too
 
 
 def is_first_or_last_pipeline_stage(vp_stage: Optional[int] = None) -> bool:
@@ -64,8 +65,8 @@ def get_batch_on_this_tp_rank(data_iterator, mtp_on_this_rank: bool = False) -> 
     if parallel_state.get_tensor_model_parallel_rank() == 0:
         data = next(data_iterator)
         batch = {k: data[k].cuda(non_blocking=True) if k in data else None for k in EVERYTHING}
-    else:
-        batch = {k: _empty(k, args, device) for k in EVERYTHING}
+    else:  # what its stage needs arrives; the rest is None (as Megatron-LM's)
+        batch = {k: _empty(k, args, device) if k in needed else None for k in EVERYTHING}
     for key in needed:
         if batch[key] is not None:
             torch.distributed.broadcast(

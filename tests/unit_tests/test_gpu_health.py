@@ -58,8 +58,6 @@ def test_a_healthy_gpu_is_read_and_has_no_problem(nvml):
         ({"retired_pending": 1}, "pages waiting to be retired"),
         ({"remapped_rows": [0, 1, 1, 0]}, "rows waiting to be remapped"),
         ({"remapped_rows": [0, 1, 0, 1]}, "remap failed"),
-        ({"clocks": 0x8 | 0x4}, "clocks held down: hardware slowdown"),
-        ({"clocks": 0x40}, "hardware thermal slowdown"),
         ({"lost": True}, "NVML cannot reach it"),
     ],
 )
@@ -69,14 +67,15 @@ def test_each_problem_is_named(nvml, fault, words):
     assert len(problems) == 1 and words in problems[0], problems
 
 
-def test_what_is_normal_or_unknown_is_no_problem(nvml):
-    """Corrected ECC errors, a power cap, high use and readings the part
+def test_what_is_normal_passing_or_unknown_is_no_problem(nvml):
+    """Corrected ECC errors, clocks held down (they come and go with the
+    load: a straggler, not a broken GPU), high use and readings the part
     does not support (MIG, virtual GPUs) are recorded, never judged."""
     nvml.gpus(
         [
             {
                 "ecc_corrected": 40,
-                "clocks": 0x4,
+                "clocks": 0x8 | 0x40 | 0x4,
                 "utilization": 100,
                 "unsupported": ["ecc", "retired", "remapped_rows"],
             }
@@ -85,7 +84,28 @@ def test_what_is_normal_or_unknown_is_no_problem(nvml):
     reading = NvmlReader(nvml).read("0")
     assert reading.ecc_uncorrected is None and reading.retired_pages is None
     assert reading.remap_failed is None and reading.problems() == []
-    assert "ECC unknown" in reading.summary()
+    assert reading.clock_reasons == ("hardware slowdown", "hardware thermal slowdown")
+    assert "ECC unknown, clocks held down: hardware slowdown" in reading.summary()
+
+
+def test_an_older_binding_is_read_with_what_it_has(nvml):
+    """pynvml before the clock-event names: throttle reasons instead; a call
+    it lacks altogether is unknown."""
+    nvml.gpus([{"clocks": 0x8}])
+    nvml.nvmlDeviceGetCurrentClocksThrottleReasons = nvml.nvmlDeviceGetCurrentClocksEventReasons
+    del nvml.nvmlDeviceGetCurrentClocksEventReasons
+    del nvml.nvmlDeviceGetRemappedRows
+    reading = NvmlReader(nvml).read("0")
+    assert reading.clock_reasons == ("hardware slowdown",) and reading.remap_failed is None
+
+
+def test_no_visible_gpu_gives_no_reading(nvml):
+    nvml.gpus([{}, {}])
+    for hidden in ("-1", "", "NoDevFiles"):
+        assert NvmlReader(nvml, {"CUDA_VISIBLE_DEVICES": hidden}).read_workers([0, 1]) == {}
+    shared = {"CUDA_VISIBLE_DEVICES": "", "DEADPOOL_SHARE_GPU": "hostid"}
+    assert NvmlReader(nvml, shared).read_workers([0]) == {}
+    assert list(NvmlReader(nvml, {"CUDA_VISIBLE_DEVICES": "1,-1,0"}).read_workers([0, 1])) == [0]
 
 
 def test_each_worker_is_read_on_the_gpu_it_uses(nvml, monkeypatch):
@@ -139,6 +159,20 @@ def test_the_agent_tells_the_coordinator_when_a_verdict_changes(nvml):
     agent.check_gpus(now=True)
     assert len(posted) == 2
     assert GpuReading.from_dict(posted[1].readings["2.1"]).problems()
+
+
+def test_a_check_that_breaks_stops_the_checks_not_the_agent(nvml, capsys):
+    nvml.gpus([{}, {}])
+    agent, posted = agent_on(nvml)
+
+    def broken(handle):
+        raise RuntimeError("the binding broke")
+
+    nvml.nvmlDeviceGetHandleByIndex = broken
+    agent.check_gpus(now=True)
+    assert posted == [] and agent.gpus is None
+    assert "GPU health checks stop: RuntimeError: the binding broke" in capsys.readouterr().err
+    agent.check_gpus(now=True)  # and nothing more is read
 
 
 def test_the_agent_reads_its_gpus_again_when_a_failure_is_announced(nvml):

@@ -31,6 +31,9 @@ def test_torchruns_rendezvous_spellings_name_node_0(capsys, monkeypatch):
     opts = parsed("--rdzv_endpoint", "node7", "--rdzv_id", "job42")
     assert opts.master_port == 29400  # torchrun's default port
     assert "--rdzv-id job42 has no effect here" in capsys.readouterr().err
+    opts = parsed("--rdzv-endpoint", "[fd00::7]:29501")
+    assert (opts.master_addr, opts.master_port) == ("fd00::7", 29501)
+    assert parsed("--nnodes", "2:2", "--rdzv-endpoint", "[fd00::7]").nnodes == 2  # fixed size
 
 
 def test_nproc_per_node_takes_torchruns_words():

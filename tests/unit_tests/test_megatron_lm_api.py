@@ -62,6 +62,38 @@ def test_bad_flags_end_a_script_with_exit_code_2(monkeypatch, capsys):
     assert "args_defaults names x" in capsys.readouterr().err
 
 
+PARSED = [
+    *("--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"),
+    *("--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"),
+    *("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"),
+]
+
+
+def test_args_defaults_fill_only_the_flags_left_unset(capsys):
+    """As Megatron-LM: a script's default where the value is still None; a
+    value given wins, with a warning where it differs."""
+    from megatron.training.arguments import parse_args
+
+    defaults = {"ffn_hidden_size": 96, "tokenizer_type": "GPT2BPETokenizer"}
+    config = parse_args(PARSED, world_size=1, defaults=defaults)
+    assert config.model.ffn_hidden_size == 96
+    assert config.tokenizer.tokenizer_type == "NullTokenizer"
+    assert "args_defaults tokenizer_type='GPT2BPETokenizer' not applied" in capsys.readouterr().out
+
+
+def test_what_a_scripts_callbacks_cannot_do_here_is_said(monkeypatch, capsys):
+    from megatron.core.enums import ModelType
+
+    vpp = PARSED + ["--pipeline-model-parallel-size", "2"]
+    vpp += ["--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "4"]
+    monkeypatch.setattr(sys, "argv", ["script.py", *vpp])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as ended:
+        megatron_lm.pretrain(None, None, ModelType.encoder_or_decoder, None)
+    assert ended.value.code == 2
+    assert "virtual pipeline stages with a script's datasets provider" in capsys.readouterr().err
+
+
 @pytest.mark.integration
 def test_a_megatron_lm_script_trains_on_8_ranks_as_under_torchrun(tmp_path, corpus_prefix):
     metrics = tmp_path / "metrics.jsonl"
