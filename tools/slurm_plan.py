@@ -15,6 +15,7 @@ out in deadpool_ext/planning/slurm.py.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -48,7 +49,9 @@ def parse_training(
     def job_has(module: str) -> bool:
         return (gpu and module in GPU_EXTRAS) or importable(module)
 
+    # What parsing says (its warnings) goes to stderr: stdout is the plan's.
     with (
+        contextlib.redirect_stdout(sys.stderr),
         mock.patch.dict(os.environ, env),
         mock.patch.object(arguments, "_cuda_available", lambda: gpu),
         mock.patch.object(arguments, "_gpu_count", lambda: ranks_per_node if gpu else 0),

@@ -321,7 +321,7 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
 @pytest.mark.parametrize(
     "bad, says",
     [
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--no-such-flag"], "unknown flag --no-such-flag"),
         (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], "--num-layers 3 is not"),
     ],
 )

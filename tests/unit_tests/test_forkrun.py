@@ -68,10 +68,13 @@ def test_forked_ranks_train_as_torchruns_ranks_do(tmp_path, corpus_prefix):
 
 def test_a_rank_has_the_variables_torchrun_gives_it(tmp_path):
     script = tmp_path / "show_variables.py"
+    # One write per rank, line and newline together: the ranks share the
+    # pipe, and two writes each could interleave (unbuffered under -u).
     script.write_text(
-        "import json, os\n"
+        "import json, os, sys\n"
         f"names = {RANK_VARIABLES!r}\n"
-        "print(json.dumps({n: os.environ.get(n) for n in names}), flush=True)\n"
+        "sys.stdout.write(json.dumps({n: os.environ.get(n) for n in names}) + '\\n')\n"
+        "sys.stdout.flush()\n"
     )
     seen = {}
     for name, run in (("torchrun", torchrun), ("forkrun", forkrun)):
