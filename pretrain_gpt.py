@@ -86,12 +86,18 @@ def get_batch(data_iterator):
     )
 
 
-def loss_func(loss_mask, output_tensor, check_for_nan: bool = True):
+# As Megatron-LM: a loss this many times the largest seen is spiky.
+SPIKY_LOSS_FACTOR = 10
+
+
+def loss_func(loss_mask, output_tensor, check_for_nan: bool = True, check_for_spike=False):
     """Megatron-LM's: the microbatch's loss summed over its tokens, their
     count, and both for the log. megatron-core's schedule divides the sum by
     the count unless --calculate-per-token-loss (then the gradients are
     divided by the whole batch's tokens). With --check-for-nan-in-loss-and-grad
-    (the default) a NaN or Inf local loss stops the run, as Megatron-LM."""
+    (the default) a NaN or Inf local loss is a rejected result (fatal), and
+    with --check-for-spiky-loss a spiky one (not fatal): --rerun-mode says
+    what follows, as Megatron-LM."""
     import torch
     from megatron.core.rerun_state_machine import get_rerun_state_machine
 
@@ -108,16 +114,28 @@ def loss_func(loss_mask, output_tensor, check_for_nan: bool = True):
                 tolerance=0.0,
                 fatal=True,
             )
+    if check_for_spike:
+        machine = get_rerun_state_machine()
+        machine.validate_result(
+            result=loss,
+            rejection_func=partial(
+                machine.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss"
+            ),
+            message="Spiky loss",
+            tolerance=0.0,
+            fatal=False,
+        )
     num_tokens = loss_mask.sum().clone().detach().to(torch.int)
     # clone: the schedule divides the returned loss in place.
     report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])
     return loss, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator, model, check_for_nan: bool = True):
+def forward_step(data_iterator, model, check_for_nan: bool = True, check_for_spike=False):
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
     output = model(tokens, position_ids, attention_mask, labels=labels)
-    return output, partial(loss_func, loss_mask, check_for_nan=check_for_nan)
+    checks = dict(check_for_nan=check_for_nan, check_for_spike=check_for_spike)
+    return output, partial(loss_func, loss_mask, **checks)
 
 
 def main(argv=None) -> int:
@@ -141,7 +159,12 @@ def main(argv=None) -> int:
     import_for_rank(config.tokenizer)
     from deadpool_ext.entry import run_training
 
-    step = partial(forward_step, check_for_nan=config.training.check_for_nan_in_loss_and_grad)
+    t = config.training
+    step = partial(
+        forward_step,
+        check_for_nan=t.check_for_nan_in_loss_and_grad,
+        check_for_spike=t.check_for_spiky_loss,
+    )
     try:
         return run_training(config, model_provider, step)
     except ConfigError as error:

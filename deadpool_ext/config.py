@@ -261,6 +261,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
             "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
         )
+    take_over_result_validation(config)
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= 0:
@@ -295,6 +296,22 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     for fault in faults:
         check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
     plan_buddies(config, environ)
+
+
+def take_over_result_validation(config: Config) -> None:
+    """Under --deadpool a NaN or Inf is redone from the buddies' mirror
+    (--deadpool-on-nan): megatron-core's rerun state machine only checks
+    (disabled mode), so a rejected result reaches the recovery at once."""
+    t = config.training
+    given = [f"--rerun-mode {t.rerun_mode}"] if t.rerun_mode not in (None, "disabled") else []
+    given += ["--error-injection-rate"] if t.error_injection_rate else []
+    if given:
+        arguments._warn(
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect under "
+            "--deadpool: --deadpool-on-nan redoes an iteration whose loss or gradients went "
+            "NaN or Inf from the buddies' mirror, in place of megatron-core's rerun in place"
+        )
+    t.rerun_mode = "disabled"
 
 
 def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> None:

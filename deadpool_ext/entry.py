@@ -32,5 +32,4 @@ def run_training(config: Config, model_provider, forward_step) -> int:
 
     from deadpool_ext.rank.hooks import deadpool_hooks
 
-    pretrain(config, model_provider, forward_step, hooks=deadpool_hooks(config))
-    return 0
+    return pretrain(config, model_provider, forward_step, hooks=deadpool_hooks(config))

@@ -102,7 +102,9 @@ def one_case(name: str, ranks: int, flags: List[str], workdir: str) -> dict:
     base = flags + ["--train-iters", "2", "--lr-decay-iters", "60"]
     every = ["--save-interval", "1", "--save"]
     saves = per_iteration(SAVED, pretrain(ranks, base + every + [ckpt], workdir))
-    background = pretrain(ranks, base + every + [async_ckpt, "--async-save"], workdir)
+    background = pretrain(
+        ranks, base + every + [async_ckpt, "--async-save", "--use-persistent-ckpt-worker"], workdir
+    )
     held, async_saves = per_iteration(HELD, background), per_iteration(SAVED, background)
     loaded = pretrain(ranks, base + ["--load", ckpt], workdir)
     copy = state_bytes(read_whole(ckpt))

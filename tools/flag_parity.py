@@ -35,6 +35,8 @@ DIFFERENCES = {
     "add_position_embedding); deprecated in both, accepted with rope only",
     "--apply-layernorm-1p": "stored as apply_layernorm_1p (Megatron-LM: "
     "layernorm_zero_centered_gamma); same meaning",
+    "--rerun-mode": "default None: validate_results, as Megatron-LM, except under --deadpool, "
+    "whose --deadpool-on-nan takes its place (a value given then is said to have no effect)",
     "--use-mcore-models": "stored as use_mcore_models (Megatron-LM: deprecated_use_mcore_models); "
     "ignored in both: megatron-core's models are the only ones",
 }
@@ -62,6 +64,10 @@ BEHAVIOUR = {
     "Apex's kernel",
     "--use-checkpoint-opt_param-scheduler": "without it or --override-opt_param-scheduler a "
     "loaded checkpoint's schedule is taken (Megatron-LM asserts it equals the command line's)",
+    "--use-persistent-ckpt-worker": "the background writer of --async-save is a thread of "
+    "each rank (Megatron-LM: a worker process that lives as long as the job)",
+    "--logging-level": "the training log keeps its own level (MEGATRON_LOG_LEVEL), as "
+    "Megatron-LM's printed log does; megatron-core's loggers follow the flag",
 }
 
 

@@ -18,6 +18,7 @@ configs use them.
 import argparse
 import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -123,22 +124,41 @@ def command_line(args: Dict[str, object], data: str, scratch: str) -> List[str]:
             argv.append(os.path.join(data, TOKENIZER_MODELS.get(kind, "tokenizers/hf")))
         elif flag == "--data-path":
             corpus = os.path.join(scratch, "corpus_text_document")
-            argv += [corpus if "${" in v else v for v in str(value).split()]
+            argv += [corpus if "$" in v else v for v in str(value).split()]
         elif flag in WRITTEN:
             argv.append(os.path.join(scratch, flag.strip("-")))
         else:
-            argv += str(value).split()
+            argv += ci_words(str(value))
     return argv
 
 
+# The variables Megatron-LM's CI sets that configs name in values: the
+# repetition of a test (the first here).
+CI_VARIABLES = {"${REPEAT}": "1"}
+
+
+def ci_words(value: str) -> List[str]:
+    """A value as Megatron-LM's CI script passes it: a [list] without its
+    brackets, word by word; its variables filled in."""
+    for name, filled in CI_VARIABLES.items():
+        value = value.replace(name, filled)
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    return value.split()
+
+
 def world_size(args: Dict[str, object]) -> int:
-    """The 8 GPUs of Megatron-LM's CI node, or the model-parallel size
-    where that is larger."""
-    model = 1
-    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size"):
-        model *= int(args.get(flag, 1))
-    model *= int(args.get("--context-parallel-size", 1))
-    return 8 if 8 % model == 0 else model
+    """The fewest of Megatron-LM's CI nodes (8 GPUs each) that hold both the
+    dense model-parallel grid (TP x CP x PP) and the experts' (expert TP x
+    EP x PP)."""
+
+    def size(flag: str, default: int = 1) -> int:
+        return int(args.get(flag, default))
+
+    tp, pp = size("--tensor-model-parallel-size"), size("--pipeline-model-parallel-size")
+    dense = tp * size("--context-parallel-size") * pp
+    experts = size("--expert-tensor-parallel-size", tp) * size("--expert-model-parallel-size") * pp
+    return math.lcm(8, dense, experts)
 
 
 def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str]) -> Optional[str]:

@@ -515,6 +515,17 @@ def _check_model_features(config: Config) -> None:
         "--position-embedding-type rope",
     )
     _require(0 < m.rotary_percent <= 1, f"--rotary-percent {m.rotary_percent} must be in (0, 1]")
+    _ignored_without(
+        "--position-embedding-type rope",
+        m.position_embedding_type == "rope",
+        [("--rotary-interleaved", m.rotary_interleaved)],
+    )
+    if m.use_flash_attn:
+        _warn(
+            "--use-flash-attn has no effect: Megatron-LM reads it in its legacy models only; "
+            "--attention-backend flash chooses flash attention"
+        )
+    _check_pipeline_overlap(config)
     uses_te = _uses_transformer_engine(config)
     on_gpu = config.parallel.distributed_backend == "nccl"
     _require(
@@ -539,6 +550,21 @@ def _check_model_features(config: Config) -> None:
         masked=config.data.reset_attention_mask and config.data.create_attention_mask_in_dataloader,
     )
     _require(problem is None, problem or "")
+
+
+def _check_pipeline_overlap(config: Config) -> None:
+    p = config.parallel
+    _require(
+        not p.overlap_p2p_comm_warmup_flush or p.overlap_p2p_comm,
+        "--overlap-p2p-communication-warmup-flush goes with the interleaved schedule's "
+        "overlapped sends and receives (virtual stages, without "
+        "--no-overlap-p2p-communication): drop it, or give virtual stages",
+    )
+    _require(
+        not (p.ddp_average_in_collective and config.training.calculate_per_token_loss),
+        "--ddp-average-in-collective averages over the ranks, --calculate-per-token-loss "
+        "divides by the batch's tokens: give one",
+    )
 
 
 def _uses_transformer_engine(config: Config) -> bool:
@@ -670,7 +696,8 @@ def _check_moe(config: Config) -> None:
 
 def _check_recompute(config: Config) -> None:
     t, p = config.training, config.parallel
-    _require_with(
+    # As Megatron-LM (megatron-core reads them only with a granularity).
+    _ignored_without(
         "--recompute-granularity",
         t.recompute_granularity is not None,
         [
@@ -714,6 +741,10 @@ def _check_determinism(config: Config) -> None:
         not config.model.cross_entropy_loss_fusion,
         "--deterministic-mode: the fused cross entropy is not deterministic: drop "
         "--cross-entropy-loss-fusion",
+    )
+    _require(
+        not config.model.use_flash_attn,
+        "--deterministic-mode: Megatron-LM refuses --use-flash-attn with it: drop one",
     )
     algorithms = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")
     _require(
@@ -898,8 +929,40 @@ def _check_ramp(config: Config) -> None:
     )
 
 
+def _check_result_validation(config: Config) -> None:
+    t = config.training
+    _require(t.error_injection_rate >= 0, "--error-injection-rate must be >= 0 (0: never)")
+    interval = t.check_weight_hash_across_dp_replicas_interval
+    _require(
+        interval is None or interval > 0,
+        "--check-weight-hash-across-dp-replicas-interval must be positive",
+    )
+    _ignored_without(
+        "--rerun-mode validate_results or report_stats",
+        t.rerun_mode != "disabled",
+        [
+            ("--error-injection-rate", t.error_injection_rate > 0),
+            ("--error-injection-type", t.error_injection_type != "transient_error"),
+        ],
+    )
+    path = t.result_rejected_tracker_filename
+    _require(
+        path is None or _can_append(path),
+        f"--result-rejected-tracker-filename {path} cannot be appended to (its directory "
+        "is missing or not writable): choose another file",
+    )
+
+
+def _can_append(path: str) -> bool:
+    if os.path.exists(path):
+        return os.path.isfile(path) and os.access(path, os.W_OK)
+    directory = os.path.dirname(os.path.abspath(path))
+    return os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)
+
+
 def _check_training(config: Config) -> None:
     t, log = config.training, config.logging
+    _check_result_validation(config)
     _require(t.lr >= 0 and t.min_lr >= 0, "--lr and --min-lr must be non-negative")
     samples = t.train_samples is not None
     _require(
@@ -1037,6 +1100,20 @@ def _is_number(text: str) -> bool:
 def _check_checkpoint(config: Config) -> None:
     c = config.checkpoint
     _require(c.save_interval is None or c.save_interval > 0, "--save-interval must be positive")
+    _check_save_retention(config)
+    if c.ckpt_fully_parallel_save_deprecated:
+        _warn(
+            "--ckpt-fully-parallel-save is deprecated and has no effect (Megatron-LM says so "
+            "too): fully parallel saves are the default; --no-ckpt-fully-parallel-save "
+            "turns them off"
+        )
+    if c.async_save and c.save and not c.use_persistent_ckpt_worker:
+        _warn(
+            "--async-save without --use-persistent-ckpt-worker: saves are synchronous, as "
+            "Megatron-LM makes them; add --use-persistent-ckpt-worker to write in the "
+            "background"
+        )
+        c.async_save = False
     _ignored_without(
         "--save",
         bool(c.save),
@@ -1091,6 +1168,18 @@ def _check_checkpoint(config: Config) -> None:
     )
 
 
+def _check_save_retention(config: Config) -> None:
+    c = config.checkpoint
+    if c.save_retain_interval is None:
+        return
+    _require(c.save_retain_interval > 0, "--save-retain-interval must be positive")
+    _require(
+        c.save_interval is not None and c.save_retain_interval % c.save_interval == 0,
+        f"--save-retain-interval {c.save_retain_interval} must be a multiple of "
+        f"--save-interval (now {c.save_interval}): change one of them",
+    )
+
+
 def _check_profile(config: Config) -> None:
     log = config.logging
     if not log.profile:
@@ -1126,6 +1215,12 @@ def _check_profile(config: Config) -> None:
 def _check_logging(config: Config) -> None:
     log = config.logging
     _check_profile(config)
+    level = os.environ.get("MEGATRON_LOGGING_LEVEL")
+    _require(
+        log.logging_level is not None or not level or level.lstrip("-").isdigit(),
+        f"MEGATRON_LOGGING_LEVEL={level} is no logging level: give a number (10 DEBUG, "
+        "20 INFO, 30 WARNING, 40 ERROR, 50 CRITICAL) or unset it",
+    )
     _require(log.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive")
     _require(log.tensorboard_queue_size > 0, "--tensorboard-queue-size must be positive")
     dashboard = bool(log.tensorboard_dir or log.wandb_project)

@@ -57,6 +57,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 )
 from megatron.core.dist_checkpointing.serialization import _CONTENT_METADATA_KEY as CONTENT_METADATA
 from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -263,17 +264,28 @@ def keep_write_results_in_process() -> None:
 
 
 def save_strategy(config: Config):
+    """megatron-core's torch_dist strategy; with --ckpt-assume-constant-structure
+    it keeps its plan (and the fully parallel wrapper its distribution) for
+    the saves after the first, as long as the same object is used."""
+    constant = config.checkpoint.ckpt_assume_constant_structure
     strategy = get_default_save_sharded_strategy("torch_dist")
+    strategy.use_cached_ckpt_structure = constant
     if config.checkpoint.ckpt_fully_parallel_save:
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        strategy = FullyParallelSaveStrategyWrapper(strategy, group)
+        strategy = FullyParallelSaveStrategyWrapper(strategy, group, do_cache_distribution=constant)
     return strategy
 
 
 # ----- save -----
-def state_to_save(config: Config, progress, state) -> dict:
+# Megatron-LM's key of the rerun state machine's state (saved when it asks
+# for a checkpoint to resume from), and the name of its sharded object.
+RERUN_KEY, RERUN_SHARDS = "rerun_state_machine", "rerun_state_machine_state"
+
+
+def state_to_save(config: Config, progress, state, rerun: Optional[dict] = None) -> dict:
     """Collective (the optimizer gathers its sharding). The whole state a
-    save writes, under Megatron-LM's keys, with its content metadata."""
+    save writes, under Megatron-LM's keys, with its content metadata;
+    ``rerun``: megatron-core's rerun state machine's, where it has one."""
     c = config.checkpoint
     keep_write_results_in_process()
     metadata = sharding_metadata(config)
@@ -284,15 +296,22 @@ def state_to_save(config: Config, progress, state) -> dict:
         "num_floating_point_operations_so_far": progress.floating_point_operations,
         **sharded_state(state, metadata, False, not c.no_save_optim, not c.no_save_rng),
     }
+    if rerun is not None:
+        state_dict[RERUN_KEY] = rerun
     zero_padding(state_dict.get("optimizer"))
     state_dict[CONTENT_METADATA] = _clean_metadata_for_serialization(metadata)
     return state_dict
 
 
-def publish(root: str, staging: str, final: str, entry: str) -> None:
+def publish(
+    root: str, staging: str, final: str, entry: str, retain_interval: Optional[int] = None
+) -> None:
     """The staged save takes its name, then the tracker names it; each step
     is atomic and durable. A checkpoint of the same iteration (a DeadPool
-    rollback redoes iterations) is replaced only once the new one is whole."""
+    rollback redoes iterations) is replaced only once the new one is whole.
+    With ``retain_interval`` (--save-retain-interval) the save the tracker
+    named before goes unless its iteration is a multiple of it."""
+    before = read_tracker(root)
     if os.path.exists(final):
         retired = final + ".replaced"
         shutil.rmtree(retired, ignore_errors=True)
@@ -309,6 +328,18 @@ def publish(root: str, staging: str, final: str, entry: str) -> None:
         os.fsync(f.fileno())
     os.replace(tracker + ".tmp", tracker)
     fsync_path(root)
+    if retain_interval and before not in (None, "release", entry):
+        retire(root, int(before), retain_interval)
+
+
+def retire(root: str, iteration: int, retain_interval: int) -> None:
+    """As Megatron-LM: an older save goes unless retained by the interval or
+    a symbolic link (someone pointed at it on purpose); failing to delete
+    it is no error."""
+    directory = checkpoint_dir(root, str(iteration))
+    if iteration % retain_interval == 0 or os.path.islink(directory):
+        return
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def fsync_path(path: str) -> None:
@@ -347,6 +378,9 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
         )
     metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
     request = sharded_state(state, metadata, True, load_optim, load_rng)
+    rerun = has_rerun_state(directory) and same_layout and not (c.finetune or release)
+    if rerun:
+        request[RERUN_KEY] = get_rerun_state_machine().state_dict(None, "torch_dist", force=True)
     loaded = dist_checkpointing.load(
         request, directory, load_strategy(config, directory), strict=c.dist_ckpt_strictness
     )
@@ -359,6 +393,9 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
                 flush=True,
             )
     apply(loaded, state, load_optim, load_rng)
+    if rerun and get_rerun_state_machine().validate_state_dict(loaded[RERUN_KEY]):
+        # As Megatron-LM: the iteration that failed validation is run again from here.
+        get_rerun_state_machine().load_state_dict(loaded[RERUN_KEY])
     if not load_optim and (config.training.bf16 or config.training.fp16):
         state.optimizer.reload_model_params()  # fp32 main parameters from the loaded weights
     if c.finetune or release:
@@ -369,6 +406,11 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
         consumed_samples=int(getattr(args, "consumed_train_samples", 0)),
         floating_point_operations=float(common.get("num_floating_point_operations_so_far", 0)),
     )
+
+
+def has_rerun_state(directory: str) -> bool:
+    index = FileSystemReader(directory).read_metadata()
+    return any(key.startswith(RERUN_SHARDS) for key in index.state_dict_metadata)
 
 
 def check_whole(directory: str) -> None:

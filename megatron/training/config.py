@@ -140,6 +140,24 @@ class ModelConfig:
         flag="--no-rope-fusion",
         help="Do not fuse rotary embeddings (fused only with Transformer Engine on a GPU).",
     )
+    rotary_interleaved: bool = arg(
+        False, help="Rotate interleaved pairs of a head's dimensions (default: its two halves)."
+    )
+    no_persist_layer_norm: bool = arg(
+        False,
+        help="Do not use the persistent fused layer-norm kernel (Apex's or Transformer "
+        "Engine's, on a GPU).",
+    )
+    use_flash_attn: bool = arg(
+        False,
+        help="Read by Megatron-LM's legacy models only: no effect here (a warning says so); "
+        "--attention-backend flash chooses flash attention.",
+    )
+    test_mode: bool = arg(
+        False,
+        help="megatron-core's real-time checks: with --qk-layernorm every forward compares "
+        "the Q and K layer norms' weights over the data-parallel ranks.",
+    )
 
 
 @dataclass(kw_only=True)
@@ -168,6 +186,12 @@ class ParallelConfig:
         help="Batch the interleaved schedule's sends and receives instead of overlapping "
         "them with compute (then PP must be > 2); without virtual stages it is off.",
     )
+    overlap_p2p_comm_warmup_flush: bool = arg(
+        False,
+        flag="--overlap-p2p-communication-warmup-flush",
+        help="Overlap the interleaved schedule's sends and receives in its warm-up and "
+        "flush phases too.",
+    )
     context_parallel_size: int = arg(
         1, help="Context-parallel size; only 1 here (arguments.py says why)."
     )
@@ -175,6 +199,11 @@ class ParallelConfig:
         False, help="Shard optimizer state over data-parallel ranks."
     )
     overlap_grad_reduce: bool = arg(False, help="Overlap gradient reduce with backward.")
+    ddp_average_in_collective: bool = arg(
+        False,
+        help="Average gradients in the data-parallel collective itself instead of scaling "
+        "them before a sum.",
+    )
     overlap_param_gather: bool = arg(
         False, help="Overlap parameter all-gather with forward (distributed optimizer)."
     )
@@ -195,6 +224,12 @@ class ParallelConfig:
         help="Tensor-parallel size within each expert (default --tensor-model-parallel-size)."
     )
     distributed_timeout_minutes: float = arg(10, help="Timeout of collectives, minutes.")
+    enable_gloo_process_groups: bool = arg(
+        True,
+        flag="--disable-gloo-process-groups",
+        help="Megatron-LM's gloo twins of the data-parallel groups: never made here (saves "
+        "and mirrors do not use them), with or without this flag.",
+    )
     cpu: bool = arg(False, help="Run on CPU with gloo even when a GPU is present.")
 
 
@@ -379,6 +414,37 @@ class TrainingConfig:
         help="Do not stop on a NaN or Inf in a rank's loss or local gradient norm (checked "
         "before any data-parallel reduction, by megatron-core's validation, as Megatron-LM).",
     )
+    rerun_mode: Optional[str] = arg(
+        help="What megatron-core's rerun state machine does with a rejected result (a NaN "
+        "or Inf loss or gradient, a spiky loss): validate_results (the default) redoes the "
+        "iteration in place to tell a reproducible error (exit 17) from a transient one "
+        "(checkpoint, exit 16: resume elsewhere); report_stats redoes every iteration and "
+        "reports how results vary; disabled stops at once. Under --deadpool, "
+        "--deadpool-on-nan takes its place.",
+        choices=["disabled", "validate_results", "report_stats"],
+    )
+    check_for_spiky_loss: bool = arg(
+        False,
+        help="Treat a loss over 10 times the largest seen so far as suspect (validated as "
+        "--rerun-mode says; not fatal).",
+    )
+    error_injection_rate: int = arg(
+        0,
+        help="Test the result validation: inject a wrong result once in about this many "
+        "validations (0: never).",
+    )
+    error_injection_type: str = arg(
+        "transient_error",
+        help="Which wrong result --error-injection-rate injects.",
+        choices=["correct_result", "transient_error", "persistent_error"],
+    )
+    check_weight_hash_across_dp_replicas_interval: Optional[int] = arg(
+        help="Every this many iterations (and at the start) compare every parameter's hash "
+        "over the data-parallel replicas; a difference stops the run."
+    )
+    result_rejected_tracker_filename: Optional[str] = arg(
+        help="File to which every rejected result is appended (iteration, rank, message)."
+    )
     recompute_activations: bool = arg(
         False, help="Recompute each layer's attention core in backward (selective recompute)."
     )
@@ -558,7 +624,8 @@ class CheckpointConfig:
         False,
         help="Write the checkpoint's files in the background while training goes on; "
         "the save ends (the tracker names it) at the first iteration's end after "
-        "every rank's files are written. torch_dist only.",
+        "every rank's files are written. torch_dist only; as Megatron-LM, only with "
+        "--use-persistent-ckpt-worker (without it the saves are synchronous).",
     )
     pretrained_checkpoint: Optional[str] = arg(
         help="Directory to fine-tune from when --load holds no checkpoint (as --finetune)."
@@ -586,8 +653,32 @@ class CheckpointConfig:
         help="Write each shard from one rank only, without spreading the writes "
         "over the data-parallel group.",
     )
+    ckpt_fully_parallel_save_deprecated: bool = arg(
+        False,
+        flag="--ckpt-fully-parallel-save",
+        help="Deprecated in Megatron-LM, no effect: fully parallel saves are the default "
+        "(--no-ckpt-fully-parallel-save turns them off).",
+    )
     ckpt_fully_parallel_load: bool = arg(
         False, help="Read each shard once and exchange it over the data-parallel group."
+    )
+    ckpt_assume_constant_structure: bool = arg(
+        False,
+        help="The state's structure stays the same between saves: plan a save once and "
+        "reuse the plan (planned again after a recovery changed the layout).",
+    )
+    save_retain_interval: Optional[int] = arg(
+        help="Keep only the saves of iterations that are multiples of this (a multiple "
+        "of --save-interval), and the latest."
+    )
+    use_persistent_ckpt_worker: bool = arg(
+        False,
+        help="The background writer of --async-save (which Megatron-LM, and this build, "
+        "run only with it). Here the writer is a thread of the rank.",
+    )
+    auto_detect_ckpt_format: bool = arg(
+        False,
+        help="Tell the format of --load's checkpoint from its files: always done here.",
     )
     dist_ckpt_optim_fully_reshardable: bool = arg(
         False,
@@ -615,6 +706,10 @@ class LoggingConfig:
     """Log line, validation and exits."""
 
     log_interval: int = arg(100, help="Iterations between log lines.")
+    logging_level: Optional[int] = arg(
+        help="Level of Python's root logger (10 DEBUG ... 50 CRITICAL; default the "
+        "MEGATRON_LOGGING_LEVEL variable, else INFO)."
+    )
     log_throughput: bool = arg(False, help="Add TFLOP/s per GPU to the log line.")
     log_params_norm: bool = arg(
         False, help="Add the parameters' L2 norm to the log line (computed every iteration)."

@@ -1,6 +1,7 @@
 """Start the distributed runtime: device, process groups, parallel state, seeds."""
 
 import datetime
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.rerun_state_machine import (
+    RerunDiagnostic,
+    RerunErrorInjector,
     RerunMode,
     destroy_rerun_state_machine,
     initialize_rerun_state_machine,
@@ -80,14 +83,37 @@ def init_process_groups(config: Config) -> None:
     )
 
 
-def start_validation() -> None:
-    """megatron-core's rerun state machine, through which its DDP and
-    pretrain_gpt.py's loss function validate results (NaN and Inf checks of
-    --check-for-nan-in-loss-and-grad). Disabled mode: a rejected result
-    raises, as Megatron-LM with --rerun-mode disabled (its in-place reruns
-    need Megatron-LM's training loop). Made again for a rebuilt trainer."""
+def rerun_mode(config: Config) -> str:
+    """--rerun-mode, Megatron-LM's default validate_results when not given."""
+    return config.training.rerun_mode or "validate_results"
+
+
+def start_validation(config: Config) -> None:
+    """megatron-core's rerun state machine, through which its DDP and the
+    loss function validate results (--check-for-nan-in-loss-and-grad,
+    --check-for-spiky-loss), in --rerun-mode's mode, as Megatron-LM sets it
+    up: a rerun restores the model-parallel RNG tracker's streams too. Made
+    again for a rebuilt trainer."""
+    t = config.training
+
+    def save_streams():
+        return {"rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+    def restore_streams(saved):
+        if saved["rng_tracker_states"]:
+            tensor_parallel.get_cuda_rng_tracker().set_states(saved["rng_tracker_states"])
+
     destroy_rerun_state_machine()
-    initialize_rerun_state_machine(mode=RerunMode.DISABLED)
+    initialize_rerun_state_machine(
+        state_save_func=save_streams,
+        state_restore_func=restore_streams,
+        mode=RerunMode(rerun_mode(config)),
+        error_injector=RerunErrorInjector(
+            error_injection_rate=t.error_injection_rate,
+            error_injection_type=RerunDiagnostic(t.error_injection_type),
+        ),
+        result_rejected_tracker_filename=t.result_rejected_tracker_filename,
+    )
 
 
 def set_seeds(seed: int) -> None:
@@ -100,11 +126,30 @@ def set_seeds(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
+def logging_level(config: Config):
+    """As Megatron-LM: --logging-level, else MEGATRON_LOGGING_LEVEL, else
+    None (Python's root logger keeps its level)."""
+    given = config.logging.logging_level
+    if given is None and os.environ.get("MEGATRON_LOGGING_LEVEL"):
+        given = int(os.environ["MEGATRON_LOGGING_LEVEL"])  # arguments.py checked it
+    return given
+
+
+def set_logging_level(config: Config) -> None:
+    """The root logger's level, which megatron-core's module loggers follow.
+    The training log (our rank loggers and lines) keeps its own, as
+    Megatron-LM's printed log does."""
+    level = logging_level(config)
+    if level is not None:
+        logging.getLogger().setLevel(level)
+
+
 def initialize(config: Config) -> Runtime:
     """Everything between a validated config and building the model."""
+    set_logging_level(config)
     on_cpu = setup_device(config)
     init_process_groups(config)
-    start_validation()
+    start_validation(config)
     set_seeds(config.training.seed)
     return Runtime(
         rank=dist.get_rank(),

@@ -253,7 +253,9 @@ def pretrain(
     if runner is None:
         from megatron.training.training import pretrain as train
 
-        train(config, provider, forward_step_func)
+        code = train(config, provider, forward_step_func)
+        if code:  # as Megatron-LM: a result that failed validation ends the process so
+            raise SystemExit(code)
         return
     try:
         code = runner.run_training(config, provider, forward_step_func)

@@ -73,6 +73,8 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         add_bias_linear=not m.disable_bias_linear,
         add_qkv_bias=m.add_qkv_bias or not m.disable_bias_linear,  # as Megatron-LM
         qk_layernorm=m.qk_layernorm,
+        test_mode=m.test_mode,
+        rotary_interleaved=m.rotary_interleaved,
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         apply_query_key_layer_scaling=m.apply_query_key_layer_scaling,
         deterministic_mode=t.deterministic_mode,
@@ -81,6 +83,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         microbatch_group_size_per_vp_stage=p.microbatch_group_size_per_vp_stage,
         overlap_p2p_comm=p.overlap_p2p_comm,
+        overlap_p2p_comm_warmup_flush=p.overlap_p2p_comm_warmup_flush,
         batch_p2p_comm=not p.overlap_p2p_comm,  # as Megatron-LM
         sequence_parallel=p.sequence_parallel,
         params_dtype=params_dtype(config),
@@ -90,7 +93,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         bias_dropout_fusion=fused,
         masked_softmax_fusion=fused and m.masked_softmax_fusion and softmax_kernel_built(),
         attention_backend=AttnBackend[m.attention_backend],
-        persist_layer_norm=fused and layer_norm_can_persist(config),
+        persist_layer_norm=fused and not m.no_persist_layer_norm and layer_norm_can_persist(config),
         calculate_per_token_loss=t.calculate_per_token_loss,
         **recompute_settings(config),
         cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
@@ -239,6 +242,7 @@ def wrap_model(
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,
+        average_in_collective=p.ddp_average_in_collective,
         check_for_nan_in_grad=config.training.check_for_nan_in_loss_and_grad,
     )
     model = HookedDistributedDataParallel(

@@ -36,6 +36,7 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
 from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
 from megatron.core.dist_checkpointing.strategies import filesystem_async
@@ -216,14 +217,18 @@ class Pending:
 
 
 # ----- one save, start to end -----
-def start(root: str, iteration: int, state_dict: dict, strategy, background: bool):
+def start(
+    root: str, iteration: int, state_dict: dict, strategy, background: bool, validate: bool = True
+):
     """Collective. Stages ``iter_N.partial``, writes common.pt and plans the
     shard files, then writes them (in a thread when ``background``).
-    Returns a Pending save, or an Outcome when a write already failed."""
+    ``validate``: check that the shards cover every tensor once (megatron-core's
+    integrity check, a collective). Returns a Pending save, or an Outcome
+    when a write already failed."""
     began = time.perf_counter()
     drop_stale_results()
     staging = iteration_dir(root, iteration) + STAGING_SUFFIX
-    sharded, common = save_preprocess(state_dict, validate_access_integrity=True)
+    sharded, common = save_preprocess(state_dict, validate_access_integrity=validate)
 
     def stage_common():
         fresh_directory(staging)
@@ -305,19 +310,38 @@ class Saves:
     def __init__(self, config, logger):
         self.config, self.logger = config, logger
         self.pending: Optional[Pending] = None
+        self.retain_interval: Optional[int] = None  # of the save in flight
+        # --ckpt-assume-constant-structure: the strategy that planned the
+        # saves of these groups, and the groups (a recovery makes others).
+        self._strategy, self._strategy_group = None, None
 
-    def save(self, progress, state, root: str, keep_only_latest: bool = False):
+    def _save_strategy(self):
+        """The strategy for this save, and whether it planned one before."""
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        constant = self.config.checkpoint.ckpt_assume_constant_structure
+        if constant and self._strategy is not None and self._strategy_group is group:
+            return self._strategy, True
+        self._strategy = checkpointing.save_strategy(self.config)
+        self._strategy_group = group
+        return self._strategy, False
+
+    def save(self, progress, state, root: str, keep_only_latest: bool = False, rerun=None):
         """Collective. Starts a save of ``progress.iteration`` into ``root``
         (none may be in flight); without --async-save it also ends it.
         ``keep_only_latest`` first removes all but the latest save in
-        ``root`` (non-persistent checkpoints, as Megatron-LM)."""
+        ``root`` (non-persistent checkpoints, as Megatron-LM). ``rerun``: the
+        rerun state machine's state, where it asks for this save."""
         assert self.pending is None, "end the save in flight first (wait)"
         if keep_only_latest:
             on_rank_0(remove_all_but_the_latest, root)
         background = bool(self.config.checkpoint.async_save)
-        state_dict = checkpointing.state_to_save(self.config, progress, state)
-        strategy = checkpointing.save_strategy(self.config)
-        begun = start(root, progress.iteration, state_dict, strategy, background)
+        c = self.config.checkpoint
+        self.retain_interval = None if keep_only_latest else c.save_retain_interval
+        state_dict = checkpointing.state_to_save(self.config, progress, state, rerun)
+        strategy, planned_before = self._save_strategy()
+        # As Megatron-LM: a structure assumed constant is checked at its first save only.
+        validate = not (planned_before and c.ckpt_assume_constant_structure)
+        begun = start(root, progress.iteration, state_dict, strategy, background, validate)
         if isinstance(begun, Outcome):
             return self.report(begun)
         self.pending = begun
@@ -352,13 +376,18 @@ class Saves:
         if self.pending is not None:
             self.pending.wait_written()
             self.pending = None
+        self._strategy = self._strategy_group = None  # planned for the groups before
 
     def _end(self) -> Outcome:
         pending, self.pending = self.pending, None
         root, final = pending.root, iteration_dir(pending.root, pending.iteration)
         entry = str(pending.iteration)
+        retain = self.retain_interval
         return self.report(
-            finish(pending, lambda staging: checkpointing.publish(root, staging, final, entry))
+            finish(
+                pending,
+                lambda staging: checkpointing.publish(root, staging, final, entry, retain),
+            )
         )
 
     def report(self, outcome: Outcome) -> Outcome:

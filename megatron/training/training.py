@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.utils import check_param_hashes_across_dp_replicas
 from megatron.core.num_microbatches_calculator import (
     init_num_microbatches_calculator,
     unset_num_microbatches_calculator,
@@ -24,7 +25,12 @@ from megatron.core.num_microbatches_calculator import (
 )
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.rerun_state_machine import get_rerun_state_machine
+from megatron.core.rerun_state_machine import (
+    RerunDataIterator,
+    RerunMode,
+    RerunState,
+    get_rerun_state_machine,
+)
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
@@ -154,6 +160,9 @@ class Trainer:
         self.dashboards = None  # TensorBoard and W&B, once set up
         self.window = _LogWindow()
         self.train_iterator = None
+        # 0, or the code the run stops with when a result failed validation
+        # (megatron-core's rerun state machine: 16 resume elsewhere, 17 failed).
+        self.exit_code = 0
         self.saves = saving.Saves(config, self.logger)
         self.start_time = time.time()
         self.global_batch = GlobalBatch(config)
@@ -202,6 +211,7 @@ class Trainer:
         """Go on from ``progress`` (a restored state's): read data from there."""
         self.progress = progress
         self._last_batch_size = None
+        forget_interrupted_step()
         self.saves.abandon()
         self.reset_train_iterator()
         if self.dashboards is not None:
@@ -211,6 +221,7 @@ class Trainer:
         """The iteration in progress stopped midway (a peer failed) and will
         be redone from a restored state."""
         moe_metrics.abandon()
+        forget_interrupted_step()
 
     def forget_after(self, iteration: int) -> None:
         """Iterations after ``iteration`` will be redone: drop their metrics
@@ -280,7 +291,10 @@ class Trainer:
         return [iterator if reads else None for reads in readers]
 
     def reset_train_iterator(self) -> None:
-        self.train_iterator = self.data_iterator(self.train_ds, self.progress.consumed_samples)
+        iterator = self.data_iterator(self.train_ds, self.progress.consumed_samples)
+        if get_rerun_state_machine().get_mode() != RerunMode.DISABLED:
+            iterator = replayable(iterator)  # a rerun reads the iteration's microbatches again
+        self.train_iterator = iterator
 
     # ----- checkpoints -----
     def load(self) -> None:
@@ -330,7 +344,11 @@ class Trainer:
         self._saved(self.saves.wait())  # the one before, if still in flight
         self._call("before_save")
         root = checkpointing.non_persistent_dir(c, c.save) if non_persistent else c.save
-        ended = self.saves.save(self.progress, self.state, root, keep_only_latest=non_persistent)
+        # The rerun state machine's state, when it wants the run resumed from here.
+        rerun = get_rerun_state_machine().state_dict(self.train_iterator, "torch_dist")
+        ended = self.saves.save(
+            self.progress, self.state, root, keep_only_latest=non_persistent, rerun=rerun
+        )
         return self._saved(ended or (self.saves.wait() if wait else None))
 
     def _saved(self, outcome: Optional[saving.Outcome]) -> Optional[saving.Outcome]:
@@ -339,27 +357,36 @@ class Trainer:
         return outcome
 
     # ----- one iteration -----
-    def train_step(self) -> dict:
-        """Forward, backward, optimizer step; returns this iteration's metrics."""
+    def train_step(self) -> Optional[dict]:
+        """Forward, backward, optimizer step; returns this iteration's metrics,
+        or None where a result failed validation and the run stops."""
         state, cfg, batch_size = self.state, self.config, self.batch_size
         if self.global_batch.ramps:
             self.scale_gradients_by_quota()
             if self.megatron_calculator:
                 update_num_microbatches(self.progress.consumed_samples, consistency_check=True)
-        # The iteration megatron-core's validation messages name (as Megatron-LM sets it).
-        get_rerun_state_machine().current_iteration = self.progress.iteration + 1
-        for chunk in state.model:
-            chunk.zero_grad_buffer()
-        state.optimizer.zero_grad()
-        losses = self.forward_backward(
-            forward_step_func=self._forward_step,
-            data_iterator=self.train_iterator,
-            model=state.model,
-            num_microbatches=self.num_microbatches,
-            seq_length=cfg.model.seq_length,
-            micro_batch_size=cfg.batch.micro_batch_size,
-            forward_only=False,
-        )
+        machine = get_rerun_state_machine()
+        if machine.state == RerunState.NOT_RUNNING_YET:  # not resumed to rerun an iteration
+            # The machine counts from here: its messages name iteration + 1, as Megatron-LM's.
+            machine.current_iteration = self.progress.iteration
+        # Once, or again where a result failed validation (--rerun-mode).
+        while machine.should_run_forward_backward(self.train_iterator):
+            for chunk in state.model:
+                chunk.zero_grad_buffer()
+            state.optimizer.zero_grad()
+            losses = self.forward_backward(
+                forward_step_func=self._forward_step,
+                data_iterator=self.train_iterator,
+                model=state.model,
+                num_microbatches=self.num_microbatches,
+                seq_length=cfg.model.seq_length,
+                micro_batch_size=cfg.batch.micro_batch_size,
+                forward_only=False,
+            )
+        checkpoint, stop, code = machine.should_checkpoint_and_exit()
+        if stop:
+            self.stop_on_failed_validation(checkpoint, code)
+            return None
         self.empty_unused_memory(level=1)
         self._call("before_optimizer_step")
         self.timers("optimizer", log_level=1).start(barrier=True)
@@ -381,6 +408,19 @@ class Trainer:
             "skipped": not update_successful,
             "batch_size": batch_size,
         }
+
+    def stop_on_failed_validation(self, checkpoint: bool, code: int) -> None:
+        """As Megatron-LM: the state before the iteration saved where the rerun
+        state machine asks (with --save), and the run ends with its exit code."""
+        self.logger.warning(
+            "result validation stops the run before iteration %d (exit code %d)",
+            self.progress.iteration + 1,
+            code,
+        )
+        if checkpoint and self.config.checkpoint.save:
+            self.save(wait=True)
+            self.just_saved = "persistent"
+        self.exit_code = code
 
     def empty_unused_memory(self, level: int) -> None:
         """--empty-unused-memory-level: the CUDA allocator's cache (none on CPU)."""
@@ -415,6 +455,10 @@ class Trainer:
         iterator = self.data_iterator(dataset, consumed, training=False)
         for chunk in self.state.model:
             chunk.eval()
+        # As Megatron-LM: validation's results are checked, never rerun.
+        machine = get_rerun_state_machine()
+        mode = machine.get_mode()
+        machine.set_mode(RerunMode.DISABLED)
         totals: Dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for _ in range(cfg.logging.eval_iters):
@@ -429,6 +473,7 @@ class Trainer:
                 )
                 for name, pair in self.loss_sums(losses).items():
                     totals[name] = totals.get(name, 0.0) + pair
+        machine.set_mode(mode)
         for chunk in self.state.model:
             chunk.train()
         if cfg.moe.num_experts is not None:
@@ -489,6 +534,7 @@ class Trainer:
             self.config, self.runtime.is_last_rank, (p.iteration, p.consumed_samples)
         )
         self._call("on_setup")
+        self.maybe_check_weight_hashes(start=True)
         self.profiler.begin()
 
     def train(self) -> Progress:
@@ -519,8 +565,11 @@ class Trainer:
             self._call("before_step")
             start = time.perf_counter()
             metrics = self.train_step()
+            if metrics is None:  # a result failed validation
+                return False
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
+            self.maybe_check_weight_hashes()
             self.profiler.after_iteration(self.progress.iteration)
             self._call("after_step", metrics)
             self.window.add(
@@ -536,6 +585,31 @@ class Trainer:
             if self.maybe_save_and_exit():
                 return False
         return True
+
+    def maybe_check_weight_hashes(self, start: bool = False) -> None:
+        """--check-weight-hash-across-dp-replicas-interval, as Megatron-LM: at
+        the start and every interval, every parameter's SHA-1 against the
+        other data-parallel replicas' (megatron-core's check); a difference
+        is corruption, and the run stops."""
+        interval = self.config.training.check_weight_hash_across_dp_replicas_interval
+        it = self.progress.iteration
+        if interval is None or not (start or it % interval == 0):
+            return
+        overlapped = self.config.parallel.overlap_param_gather
+        if overlapped:  # the parameters' all-gather ends first
+            for chunk in self.state.model:
+                chunk.disable_forward_pre_hook()
+        same = check_param_hashes_across_dp_replicas(self.state.model, cross_check=True)
+        if overlapped:
+            for chunk in self.state.model:
+                chunk.enable_forward_pre_hook()
+        if not same:
+            raise RuntimeError(
+                f"parameter hashes differ between data-parallel replicas after iteration {it}"
+            )
+        dist.barrier()
+        if self.runtime.rank == 0:
+            print(f">>> Weight hashes match after {it} iterations...", flush=True)
 
     def advance(self, metrics: dict) -> None:
         p = self.progress
@@ -743,12 +817,30 @@ def padded_vocab_size(vocab_size: int, config: Config) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()) -> Progress:
-    """Megatron's entry point: initialize, build, train, save."""
+def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()) -> int:
+    """Megatron's entry point: initialize, build, train, save. Returns the
+    exit code: 0, or megatron-core's rerun state machine's (--rerun-mode)."""
     trainer = build_trainer(config, model_provider, forward_step, hooks)
-    progress = trainer.train()
+    trainer.train()
     dist.barrier()
-    return progress
+    return trainer.exit_code
+
+
+def forget_interrupted_step() -> None:
+    """The rerun state machine of a rank whose iteration stopped midway (a
+    peer failed) still thinks it is in that iteration's run, and would
+    skip the next forward-backward: it starts over."""
+    machine = get_rerun_state_machine()
+    if machine.state in (RerunState.INITIAL_RUN, RerunState.RERUNNING_IN_PLACE):
+        machine.state = RerunState.NOT_RUNNING_YET
+
+
+def replayable(iterator):
+    """megatron-core's replaying wrapper around a data iterator (each model
+    chunk's, where there are several)."""
+    if isinstance(iterator, list):
+        return [None if it is None else RerunDataIterator(it) for it in iterator]
+    return None if iterator is None else RerunDataIterator(iterator)
 
 
 def params_l2_norm(model: List[torch.nn.Module]) -> float:

@@ -256,7 +256,10 @@ SPECIAL = {
     "vocab_size": (["1000"], 1000, [], (), 1),
     "split": (["90,8,2"], "90,8,2", [], (), 1),
     "save_interval": (["6"], 6, ["--save", "ckpt"], (), 1),
-    "async_save": ([], True, ["--save", "ckpt"], (), 1),
+    "async_save": ([], True, ["--save", "ckpt", "--use-persistent-ckpt-worker"], (), 1),
+    "result_rejected_tracker_filename": (["rejected.txt"], "rejected.txt", [], (), 1),
+    "save_retain_interval": (["4"], 4, ["--save", "ckpt", "--save-interval", "2"], (), 1),
+    "overlap_p2p_comm_warmup_flush": ([], True, PP3 + VPP2, (), 3),
     "rotary_percent": (["0.5"], 0.5, [], (), 1),
     "position_embedding": ([], False, ["--position-embedding-type", "rope"], (), 1),
     "attention_backend": (["local"], "local", [], (), 1),  # TE's are refused on CPU (below)
@@ -480,7 +483,7 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
     # A flag named apart from its field is Megatron-LM's (--fp8-format -> fp8).
     if flag != ("--no-" if f.default is True else "--") + name:
         assert flag in flag_parity.load_upstream(), flag
-        assert flag.startswith("--no-") == (f.default is True), flag
+        assert flag.startswith(("--no-", "--disable-")) == (f.default is True), flag
     assert f.metadata.get("help"), f"{flag} has no help text"
     if f.name in UNSUPPORTED:
         values, drop = UNSUPPORTED[f.name]
@@ -583,6 +586,81 @@ def test_a_flag_megatron_lm_ignores_without_its_companion_is_taken_with_a_warnin
     printed = capsys.readouterr().out
     assert "WARNING:" in printed and "no effect without" in printed
     _names_all(printed, *named)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--ckpt-fully-parallel-save"], ["--ckpt-fully-parallel-save", "deprecated"]),
+        (["--use-flash-attn"], ["--use-flash-attn", "legacy", "--attention-backend flash"]),
+        (["--rotary-interleaved"], ["--rotary-interleaved", "--position-embedding-type rope"]),
+        (
+            ["--save", "ckpt", "--async-save"],
+            ["--async-save", "--use-persistent-ckpt-worker", "synchronous"],
+        ),
+    ],
+)
+def test_a_flag_megatron_lm_takes_to_no_effect_is_taken_with_a_warning(flags, words, capsys):
+    config = parse_args(argv(*flags), world_size=1)
+    printed = capsys.readouterr().out
+    assert "WARNING:" in printed
+    _names_all(printed, *words)
+    # As Megatron-LM: an --async-save without the persistent worker is synchronous.
+    assert config.checkpoint.async_save is False
+
+
+@pytest.mark.parametrize(
+    "flags, world, named",
+    [
+        (
+            ["--save", "ckpt", "--save-interval", "4", "--save-retain-interval", "6"],
+            1,
+            ["--save-retain-interval 6", "--save-interval"],
+        ),
+        (["--save-retain-interval", "4"], 1, ["--save-retain-interval", "--save-interval"]),
+        (
+            PP2 + ["--overlap-p2p-communication-warmup-flush"],
+            2,
+            ["--overlap-p2p-communication-warmup-flush", "virtual stages"],
+        ),
+        (
+            PP3
+            + VPP2
+            + ["--no-overlap-p2p-communication"]
+            + ["--overlap-p2p-communication-warmup-flush"],
+            3,
+            ["--overlap-p2p-communication-warmup-flush", "--no-overlap-p2p-communication"],
+        ),
+        (
+            ["--ddp-average-in-collective", "--calculate-per-token-loss"],
+            1,
+            ["--ddp-average-in-collective", "--calculate-per-token-loss"],
+        ),
+        (
+            ["--use-flash-attn", "--deterministic-mode"],
+            1,
+            ["--use-flash-attn", "--deterministic-mode"],
+        ),
+    ],
+)
+def test_flags_megatron_core_would_refuse_later_are_refused_at_parse_time(flags, world, named):
+    _names_all(_config_error(argv(*flags), world_size=world), *named)
+
+
+def test_the_logging_level_is_megatron_lms(monkeypatch):
+    """--logging-level, else MEGATRON_LOGGING_LEVEL, sets the root logger's
+    level (megatron-core's loggers follow it); a variable that is no number
+    is refused before anything starts."""
+    from megatron.training.initialize import logging_level
+
+    monkeypatch.setenv("MEGATRON_LOGGING_LEVEL", "30")
+    assert logging_level(parse_args(argv(), world_size=1)) == 30
+    assert logging_level(parse_args(argv("--logging-level", "40"), world_size=1)) == 40
+    monkeypatch.setenv("MEGATRON_LOGGING_LEVEL", "loud")
+    _names_all(_config_error(argv()), "MEGATRON_LOGGING_LEVEL=loud")
+    assert logging_level(parse_args(argv("--logging-level", "10"), world_size=1)) == 10
+    monkeypatch.delenv("MEGATRON_LOGGING_LEVEL")
+    assert logging_level(parse_args(argv(), world_size=1)) is None
 
 
 def test_virtual_pipeline_stages_follow_megatron_lms_rules():

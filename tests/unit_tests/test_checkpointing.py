@@ -86,6 +86,31 @@ def test_a_staged_save_takes_its_name_and_then_the_tracker_names_it(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["iter_0000008", ckpt.TRACKER]
 
 
+def test_saves_between_retained_ones_go_when_the_next_is_named(tmp_path):
+    """--save-retain-interval 4 with saves every 2: a save stays while it is
+    the latest, then only multiples of 4 (and a symbolic link) stay; a save
+    of the same iteration again deletes nothing."""
+    root = str(tmp_path)
+
+    def save(iteration):
+        final = ckpt.iteration_dir(root, iteration)
+        ckpt.publish(root, staged(tmp_path, iteration, "x"), final, str(iteration), 4)
+
+    def kept():
+        return sorted(int(n[5:]) for n in os.listdir(root) if n.startswith("iter_"))
+
+    for iteration, expected in ((2, [2]), (4, [4]), (6, [4, 6]), (8, [4, 8]), (8, [4, 8])):
+        save(iteration)
+        assert kept() == expected, iteration
+    os.symlink(ckpt.iteration_dir(root, 4), ckpt.iteration_dir(root, 10))  # pointed at
+    (tmp_path / ckpt.TRACKER).write_text("10")
+    save(12)
+    assert kept() == [4, 8, 10, 12]
+    # Control: without the interval every save stays.
+    ckpt.publish(root, staged(tmp_path, 14, "x"), ckpt.iteration_dir(root, 14), "14")
+    assert kept() == [4, 8, 10, 12, 14]
+
+
 def test_a_checkpoint_of_another_model_is_refused_by_name():
     cfg = config()
     ckpt.check_compatible(common(), cfg, "ckpt/iter_0000004", loads(cfg))

@@ -365,3 +365,23 @@ def test_on_nan_acts_on_megatron_lms_check_and_is_refused_without_it():
         LAUNCHED,
     )
     assert "--no-check-for-nan-in-loss-and-grad turns it off" in message
+
+
+def test_recovery_takes_the_place_of_megatron_cores_rerun_in_place(capsys):
+    """Under --deadpool a rejected result reaches the rollback at once: the
+    rerun state machine only checks; a rerun mode given is said to have no
+    effect, the default is not."""
+    environ = {"LOCAL_WORLD_SIZE": "4"}
+    layout = TP2_PP2 + ["--use-tp-pp-dp-mapping"]
+    quiet = parse(layout + DEADPOOL, 8, environ)
+    assert quiet.training.rerun_mode == "disabled" and "--rerun-mode" not in capsys.readouterr().out
+    given = ["--rerun-mode", "validate_results", "--error-injection-rate", "5"]
+    config = parse(layout + DEADPOOL + given, 8, environ)
+    printed = capsys.readouterr().out
+    assert config.training.rerun_mode == "disabled"
+    assert (
+        "--rerun-mode validate_results, --error-injection-rate have no effect under --deadpool"
+        in printed
+    )
+    # Control: without --deadpool the mode stays.
+    assert parse(layout + given, 8, environ).training.rerun_mode == "validate_results"

@@ -141,8 +141,12 @@ def shard_files(directory) -> list:
 def test_an_async_save_writes_what_a_sync_save_writes(reference, stopped, tmp_path, corpus_prefix):
     """--async-save at iteration STOP is written while training goes on
     (the state changes under it): its shard files equal, byte for byte, the
-    synchronous save of the stopped run, and its last those of the reference."""
-    train(tmp_path, corpus_prefix, ["--async-save", "--save-interval", str(STOP)])
+    synchronous save of the stopped run, and its last those of the reference,
+    which was written from the plan of the first save
+    (--ckpt-assume-constant-structure)."""
+    async_flags = ["--async-save", "--use-persistent-ckpt-worker"]
+    constant = ["--ckpt-assume-constant-structure", "--save-interval", str(STOP)]
+    train(tmp_path, corpus_prefix, async_flags + constant)
     assert curve(read_metrics(tmp_path / "metrics.jsonl")) == curve(
         read_metrics(reference / "metrics.jsonl")
     )

@@ -44,6 +44,10 @@ MODELS = {
         *("--num-query-groups", "2", "--untie-embeddings-and-output-weights"),
     ],
     "qk-scaling": ["--apply-query-key-layer-scaling", "--attention-softmax-in-fp32"],
+    "rope-interleaved-test-mode": [
+        *("--position-embedding-type", "rope", "--rotary-interleaved", "--qk-layernorm"),
+        *("--test-mode", "--no-persist-layer-norm"),
+    ],
     "moe-gelu-no-bias": [
         *("--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"),
         *("--moe-router-dtype", "fp32"),
@@ -71,6 +75,8 @@ def test_a_gpu_run_builds_its_megatron_core_configuration(name, transformer_engi
     assert tf.bias_activation_fusion == (m.swiglu or not (m.disable_bias_linear or m.squared_relu))
     assert tf.add_qkv_bias == (m.add_qkv_bias or not m.disable_bias_linear)
     assert tf.qk_layernorm == m.qk_layernorm
+    assert (tf.rotary_interleaved, tf.test_mode) == (m.rotary_interleaved, m.test_mode)
+    assert not (m.no_persist_layer_norm and tf.persist_layer_norm)
     assert tf.activation_func is (
         F.silu if m.swiglu else squared_relu if m.squared_relu else F.gelu
     )

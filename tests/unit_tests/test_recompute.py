@@ -56,11 +56,6 @@ def test_the_settings_reach_megatron_cores_transformer_config():
 @pytest.mark.parametrize(
     "extra, world, words",
     [
-        (
-            ["--recompute-method", "uniform"],
-            1,
-            "--recompute-method go with --recompute-granularity",
-        ),
         (SELECTIVE + ["--recompute-method", "block"], 1, "goes with --recompute-granularity full"),
         (["--recompute-granularity", "full"], 1, "megatron-core refuses these settings"),
         (FULL_UNIFORM + ["--distribute-saved-activations"], 1, "needs --recompute-granularity"),
@@ -69,6 +64,20 @@ def test_the_settings_reach_megatron_cores_transformer_config():
 )
 def test_settings_that_cannot_run_are_refused(extra, world, words):
     assert words in _error(extra, world)
+
+
+def test_recompute_settings_without_a_granularity_are_ignored_with_a_warning(capsys):
+    """As Megatron-LM (megatron-core reads them only with a granularity);
+    one of its CI configs passes --recompute-num-layers alone."""
+    config = parse_args(
+        BASE + ["--recompute-method", "uniform", "--recompute-num-layers", "2"], world_size=1
+    )
+    printed = capsys.readouterr().out
+    assert (
+        "--recompute-method, --recompute-num-layers have no effect without --recompute-granularity"
+        in printed
+    )
+    assert config.training.recompute_granularity is None
 
 
 # --- megatron-core really recomputes ------------------------------------------------
