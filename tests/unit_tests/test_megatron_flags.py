@@ -186,19 +186,23 @@ def test_per_token_loss_divides_by_the_tokens_of_the_whole_global_batch(corpus_p
 
 def test_a_nan_loss_stops_the_run_unless_the_check_is_off():
     """--check-for-nan-in-loss-and-grad (Megatron-LM's default): a learning
-    rate of 1e9 turns the loss NaN in iteration 2, and the rank stops there
-    with megatron-core's validation message; with the check off the run goes
-    on and counts NaN iterations, as Megatron-LM."""
+    rate of 1e9 turns the loss NaN in iteration 2; megatron-core's validation
+    rejects it, the iteration is rerun in place (--rerun-mode's default) and
+    the rank stops there with the rerun state machine's exit code; with the
+    check off the run goes on and counts NaN iterations, as Megatron-LM."""
     # (argparse takes a repeated flag's last value: TINY_GPT's are overridden)
     args = TINY_GPT + ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
     args += ["--lr", "1e9", "--train-iters", "5", "--global-batch-size", "2"]
     checked = torchrun(1, args)
     stopped = re.search(
-        r"iteration (\d): Unexpected result nan \(message='found NaN in local forward loss "
-        r"calculation'\)",
+        r"Unexpected result nan on rank 0 at iteration #(\d) invocation #1 \(message='found "
+        r"NaN in local forward loss calculation'\)",
         checked.stderr,
     )
     assert checked.returncode != 0 and stopped, checked.stderr[-3000:]
+    assert "Need to rerun step to check reproducibility" in checked.stderr
+    # Reproducible: 16, resume elsewhere to tell a faulty GPU from a bug (as Megatron-LM).
+    assert re.search(r"exitcode\s*: 16 ", checked.stderr), checked.stderr[-3000:]
     unchecked = torchrun(1, args + ["--no-check-for-nan-in-loss-and-grad"])
     assert unchecked.returncode == 0, unchecked.stderr[-3000:]
     nan_from = int(stopped.group(1))  # the same run: NaN from that iteration on
