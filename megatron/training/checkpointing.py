@@ -363,7 +363,7 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
             f"{directory} (named by {os.path.join(root, TRACKER)}) is no complete torch_dist "
             "checkpoint: its metadata.json is missing"
         )
-    check_whole(directory)
+    index = check_whole(directory)
     common = dist_checkpointing.load_common_state_dict(directory)
     c, release = config.checkpoint, entry == "release"
     load_optim = loads_optimizer(config, release)
@@ -378,7 +378,7 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
         )
     metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
     request = sharded_state(state, metadata, True, load_optim, load_rng)
-    rerun = has_rerun_state(directory) and same_layout and not (c.finetune or release)
+    rerun = has_rerun_state(index) and same_layout and not (c.finetune or release)
     if rerun:
         request[RERUN_KEY] = get_rerun_state_machine().state_dict(None, "torch_dist", force=True)
     loaded = dist_checkpointing.load(
@@ -408,15 +408,15 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
     )
 
 
-def has_rerun_state(directory: str) -> bool:
-    index = FileSystemReader(directory).read_metadata()
+def has_rerun_state(index) -> bool:
+    """Whether a checkpoint's index (``.metadata``) holds the rerun state machine's state."""
     return any(key.startswith(RERUN_SHARDS) for key in index.state_dict_metadata)
 
 
-def check_whole(directory: str) -> None:
+def check_whole(directory: str):
     """Every shard file the index ``.metadata`` names is there and ends
     where its last item ends: a file cut short, missing, or put in from
-    another save is named before anything is read."""
+    another save is named before anything is read. Returns the index."""
     try:
         index = FileSystemReader(directory).read_metadata()
     except (OSError, EOFError, pickle.UnpicklingError) as error:
@@ -442,6 +442,7 @@ def check_whole(directory: str) -> None:
             + ". Load an older iteration (write its number into "
             f"{TRACKER}) or save again"
         )
+    return index
 
 
 def load_strategy(config: Config, directory: str):
