@@ -388,6 +388,7 @@ def validate(config: Config) -> None:
         _check_recompute,
         _check_batch,
         _check_virtual_pipeline,
+        _check_pipeline_split,
         _check_training,
         _check_precision,
         _check_determinism,
@@ -461,18 +462,13 @@ def _check_parallel_layout(config: Config) -> None:
 
 def _check_model_shape(config: Config) -> None:
     m, p = config.model, config.parallel
-    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    tp = p.tensor_model_parallel_size
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
         _require(getattr(m, name) > 0, f"--{name.replace('_', '-')} must be positive")
     _require(
         m.num_attention_heads % tp == 0,
         f"--num-attention-heads {m.num_attention_heads} is not divisible by "
         f"--tensor-model-parallel-size {tp}: choose heads as a multiple of {tp}",
-    )
-    _require(
-        m.num_layers % pp == 0,
-        f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size "
-        f"{pp}: choose layers as a multiple of {pp}",
     )
     _require(
         m.kv_channels is not None or m.hidden_size % m.num_attention_heads == 0,
@@ -820,7 +816,7 @@ def _check_virtual_pipeline(config: Config) -> None:
 
 
 def _check_virtual_stage_flags(config: Config) -> None:
-    p, layers = config.parallel, config.model.num_layers
+    p, layers = config.parallel, config.split_layers
     per_layer, stages = (
         p.num_layers_per_virtual_pipeline_stage,
         p.num_virtual_stages_per_pipeline_rank,
@@ -830,6 +826,14 @@ def _check_virtual_stage_flags(config: Config) -> None:
         "give one of --num-layers-per-virtual-pipeline-stage and "
         "--num-virtual-stages-per-pipeline-rank, not both",
     )
+    if _uneven_stages(p):
+        _require(
+            per_layer is None,
+            "--num-layers-per-virtual-pipeline-stage with --decoder-first/last-pipeline-num-"
+            "layers (as Megatron-LM): give the virtual stages as "
+            "--num-virtual-stages-per-pipeline-rank",
+        )
+        return  # the stages' own split is checked by _check_pipeline_split
     pp = p.pipeline_model_parallel_size
     if per_layer is not None:
         _require(
@@ -838,13 +842,10 @@ def _check_virtual_stage_flags(config: Config) -> None:
             f"{layers // pp} layers of each pipeline stage (--num-layers {layers} / "
             f"--pipeline-model-parallel-size {pp}): use a divisor of {layers // pp}",
         )
-    if stages is not None:
-        _require(
-            stages > 0 and layers % (pp * stages) == 0,
-            f"--num-virtual-stages-per-pipeline-rank {stages} x --pipeline-model-parallel-size "
-            f"{pp} does not divide --num-layers {layers}: every virtual stage holds as many "
-            "layers",
-        )
+    _require(
+        stages is None or stages > 0,
+        f"--num-virtual-stages-per-pipeline-rank {stages} must be positive",
+    )
     _require_with(
         "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank "
         "(more than one virtual stage)",
@@ -856,6 +857,87 @@ def _check_virtual_stage_flags(config: Config) -> None:
             )
         ],
     )
+
+
+def _uneven_stages(p) -> bool:
+    return (
+        p.decoder_first_pipeline_num_layers is not None
+        or p.decoder_last_pipeline_num_layers is not None
+    )
+
+
+def _check_pipeline_split(config: Config) -> None:
+    """megatron-core's rules for splitting the layers between pipeline
+    stages (evenly, with first and last stages of their own size, or with
+    the embedding and loss counted as layers), in the flags' words."""
+    p = config.parallel
+    problem = _uneven_split_problem(config) if _uneven_stages(p) else _even_split_problem(config)
+    _require(problem is None, problem or "")
+
+
+def _even_split_problem(config: Config) -> Optional[str]:
+    p, layers = config.parallel, config.split_layers
+    pp, vp = p.pipeline_model_parallel_size, config.model_chunks
+    if layers % (pp * vp) == 0:
+        return None
+    counted = [
+        "--account-for-" + part + "-in-pipeline-split"
+        for part, on in (
+            ("embedding", p.account_for_embedding_in_pipeline_split),
+            ("loss", p.account_for_loss_in_pipeline_split),
+        )
+        if on
+    ]
+    what = f"--num-layers {config.model.num_layers}"
+    if counted:
+        what += f" + 1 for each of {', '.join(counted)}"
+    over = f"--pipeline-model-parallel-size {pp}"
+    if vp > 1:
+        over += f" x --num-virtual-stages-per-pipeline-rank {vp}"
+    return (
+        f"{what} does not split evenly over {over}: make the count a multiple of "
+        f"{pp * vp}, or give --decoder-first/last-pipeline-num-layers"
+    )
+
+
+def _uneven_split_problem(config: Config) -> Optional[str]:
+    p = config.parallel
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    pp, vp = p.pipeline_model_parallel_size, config.model_chunks
+    ends = {
+        flag: n
+        for flag, n in (
+            ("--decoder-first-pipeline-num-layers", first),
+            ("--decoder-last-pipeline-num-layers", last),
+        )
+        if n is not None
+    }
+    given = " ".join(f"{flag} {n}" for flag, n in ends.items())
+    if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
+        return (
+            f"{given} with --account-for-embedding-in-pipeline-split or "
+            "--account-for-loss-in-pipeline-split: give the stages' sizes or let the "
+            "embedding and loss count, not both"
+        )
+    middle_layers = config.model.num_layers - sum(ends.values())
+    middle_stages = pp - len(ends)
+    if middle_stages < 0:
+        return f"{given} needs --pipeline-model-parallel-size {len(ends)} or more, not {pp}"
+    if any(n <= 0 or n % vp for n in ends.values()):
+        return (
+            f"{given}: each must be a positive multiple of the {vp} virtual stage(s) per "
+            "pipeline rank"
+        )
+    if middle_stages == 0 and middle_layers == 0:
+        return None
+    if middle_stages == 0 or middle_layers <= 0 or middle_layers % (middle_stages * vp):
+        return (
+            f"{given} leave {middle_layers} of --num-layers {config.model.num_layers} to "
+            f"{middle_stages} middle pipeline stage(s)"
+            + (f" x {vp} virtual stages" if vp > 1 else "")
+            + ", which do not split evenly: change --num-layers or the first/last stage's layers"
+        )
+    return None
 
 
 def _check_interleaved_schedule(config: Config) -> None:
@@ -1047,6 +1129,11 @@ def _check_data(config: Config) -> None:
         check_tokenizer(config.tokenizer)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if config.tokenizer.legacy_tokenizer:
+        _warn(
+            "--legacy-tokenizer has no effect here: megatron-core's "
+            f"{config.tokenizer.tokenizer_type} gives the ids Megatron-LM's legacy class gives"
+        )
     for flag, kinds in unused_tokenizer_flags(config.tokenizer):
         _warn(
             f"{flag} has no effect: --tokenizer-type {config.tokenizer.tokenizer_type} does "
@@ -1154,17 +1241,28 @@ def _check_checkpoint(config: Config) -> None:
     )
     # --load tells a checkpoint's format from its files (torch_dist, or Megatron-LM's
     # legacy torch); --ckpt-format says what --save writes.
-    _require(
-        c.ckpt_format != "torch" or (c.load and not c.save),
-        "--ckpt-format torch (Megatron-LM's legacy per-rank files) is read here, not "
-        "written: it goes with --load DIR and without --save. To save, drop --ckpt-format "
-        "torch: torch_dist (the default) is written, and --load reads a legacy checkpoint "
-        "whatever --ckpt-format says",
-    )
+    if c.ckpt_format == "torch" and c.save:
+        _check_legacy_save(config)
     _require(
         c.ckpt_format in ("torch", "torch_dist"),
         f"--ckpt-format {c.ckpt_format} cannot be written or read here (torch_dcp and "
         "fsdp_dtensor belong to FSDP): use --ckpt-format torch_dist (the default)",
+    )
+
+
+def _check_legacy_save(config: Config) -> None:
+    """What --save with --ckpt-format torch (Megatron-LM's per-rank files)
+    cannot write here, or Megatron-LM cannot either."""
+    _require(
+        not config.checkpoint.async_save,
+        "--async-save with --ckpt-format torch: Megatron-LM writes its legacy format in the "
+        "foreground only; drop --async-save or save torch_dist (the default)",
+    )
+    _require(
+        config.parallel.expert_model_parallel_size == 1,
+        "--save with --ckpt-format torch and --expert-model-parallel-size "
+        f"{config.parallel.expert_model_parallel_size}: the legacy files are written here without "
+        "expert parallelism only; save torch_dist (the default)",
     )
 
 

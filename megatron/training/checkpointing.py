@@ -178,10 +178,10 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def rng_object() -> ShardedObject:
-    """This rank's RNG states under Megatron-LM's keys, one object per (pp, tp)
-    position: data-parallel peers draw alike, so one of them is saved."""
-    states = [
+def rng_states() -> List[dict]:
+    """This rank's RNG states under Megatron-LM's keys, in its one-entry list
+    (data-parallel peers draw alike)."""
+    return [
         {
             "random_rng_state": random.getstate(),
             "np_rng_state": np.random.get_state(),
@@ -190,10 +190,15 @@ def rng_object() -> ShardedObject:
             "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states(),
         }
     ]
+
+
+def rng_object() -> ShardedObject:
+    """The RNG states as one object per (pp, tp) position: data-parallel
+    peers draw alike, so one of them is saved."""
     ps = parallel_state
     return ShardedObject(
         "rng_state",
-        states,
+        rng_states(),
         (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
         replica_id=ps.get_data_parallel_rank(with_context_parallel=True),

@@ -175,6 +175,23 @@ class ParallelConfig:
         help="Model chunks (virtual stages) per pipeline rank, for the interleaved schedule "
         "(instead of --num-layers-per-virtual-pipeline-stage)."
     )
+    decoder_first_pipeline_num_layers: Optional[int] = arg(
+        help="Transformer layers on the first pipeline stage (default: an even split); "
+        "the stages between the first and the last share the rest evenly."
+    )
+    decoder_last_pipeline_num_layers: Optional[int] = arg(
+        help="Transformer layers on the last pipeline stage (default: an even split)."
+    )
+    account_for_embedding_in_pipeline_split: bool = arg(
+        False,
+        help="Count the input embedding as a layer of the first stage when splitting the "
+        "layers between pipeline stages.",
+    )
+    account_for_loss_in_pipeline_split: bool = arg(
+        False,
+        help="Count the output layer and loss as a layer of the last stage when splitting "
+        "the layers between pipeline stages.",
+    )
     microbatch_group_size_per_vp_stage: Optional[int] = arg(
         flag="--microbatch-group-size-per-virtual-pipeline-stage",
         help="Microbatches a virtual stage runs in a row in the interleaved schedule "
@@ -819,6 +836,15 @@ class Config:
         return self.world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
 
     @property
+    def split_layers(self) -> int:
+        """The layers split between pipeline stages: the transformer layers,
+        plus one for the embedding and one for the loss where the
+        --account-for-*-in-pipeline-split flags count them."""
+        p = self.parallel
+        extra = int(p.account_for_embedding_in_pipeline_split)
+        return self.model.num_layers + extra + int(p.account_for_loss_in_pipeline_split)
+
+    @property
     def virtual_pipeline_model_parallel_size(self) -> Optional[int]:
         """Model chunks per pipeline rank (the interleaved schedule), None
         for one: Megatron-LM's derivation from either flag."""
@@ -826,7 +852,7 @@ class Config:
         if p.num_virtual_stages_per_pipeline_rank is not None:
             size = p.num_virtual_stages_per_pipeline_rank
         elif p.num_layers_per_virtual_pipeline_stage is not None:
-            per_rank = self.model.num_layers // p.pipeline_model_parallel_size
+            per_rank = self.split_layers // p.pipeline_model_parallel_size
             size = per_rank // p.num_layers_per_virtual_pipeline_stage
         else:
             return None

@@ -20,8 +20,9 @@ checkpoint's format from its directory, and so does ``--load`` here:
 ``load_checkpoint`` loads a legacy checkpoint itself and hands any other to
 ``checkpointing.load_checkpoint`` (the trainer calls it; checkpointing.py
 cannot call this module, which imports it). Such a checkpoint is cut for one
-TP and PP: it loads at that layout only (any DP). Writing it is not
-supported; a run saves torch_dist.
+TP and PP: it loads at that layout only (any DP). ``--save`` with
+``--ckpt-format torch`` writes it (``files_to_save`` here, the staging and
+agreement in saving.py), in the foreground as Megatron-LM does.
 """
 
 import contextlib
@@ -37,7 +38,11 @@ from megatron.core.utils import unwrap_model
 from megatron.training import checkpointing
 from megatron.training.checkpointing import CheckpointError, Loaded
 from megatron.training.config import Config
-from megatron.training.optimizer_layout import inner_optimizers, restore_adam_steps
+from megatron.training.optimizer_layout import (
+    init_adam_state,
+    inner_optimizers,
+    restore_adam_steps,
+)
 from megatron.training.rank_state import load_scheduler
 
 MODEL_FILE = "model_optim_rng.pt"
@@ -289,6 +294,62 @@ def load_rng_state(saved: dict, path: str) -> None:
     if getattr(saved["args"], "data_parallel_random_init", False):
         states = [states[parallel_state.get_data_parallel_rank()]]
     checkpointing.set_rng(states)
+
+
+# ----- saving -----
+def files_to_save(directory: str, config: Config, progress, state, rerun=None) -> dict:
+    """Collective over each data-parallel group (the distributed optimizer's
+    state is gathered on its rank 0). The files this rank writes into
+    ``directory`` (path -> object for torch.save): data-parallel rank 0 of
+    each (TP, PP) position writes its position's, the others none."""
+    c = config.checkpoint
+    optimizer_state = None
+    if not c.no_save_optim:
+        init_adam_state(state.optimizer)
+        optimizer_state = gathered_parameter_state(state.optimizer)
+    ps = parallel_state
+    if ps.get_data_parallel_rank() != 0:
+        return {}
+    folder = rank_dir(
+        directory,
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_world_size() > 1,
+    )
+    args = checkpointing.checkpoint_args(config, progress)
+    args.use_dist_ckpt = False
+    contents = {
+        "args": args,
+        "checkpoint_version": checkpointing.CHECKPOINT_VERSION,
+        "iteration": progress.iteration,
+        "num_floating_point_operations_so_far": progress.floating_point_operations,
+    }
+    chunks = unwrap_model(state.model)
+    for key, chunk in zip(checkpointing.model_keys(len(chunks)), chunks):
+        contents[key] = chunk.state_dict_for_save_checkpoint()
+    if not c.no_save_optim:
+        contents["optimizer"] = state.optimizer.state_dict()
+        contents["opt_param_scheduler"] = state.scheduler.state_dict()
+    if not c.no_save_rng:
+        contents["rng_state"] = checkpointing.rng_states()
+    if rerun is not None:
+        contents[checkpointing.RERUN_KEY] = rerun
+    files = {os.path.join(folder, MODEL_FILE): contents}
+    if optimizer_state is not None:
+        files[os.path.join(folder, OPTIMIZER_FILE)] = optimizer_state
+    return files
+
+
+def gathered_parameter_state(optimizer):
+    """Collective. The distributed optimizer's main parameters and moments
+    gathered on data-parallel rank 0 as ``save_parameter_state`` writes them
+    (one dict, a list with several optimizers); None without it. Gathered
+    over the data-parallel group itself, which serves on any backend."""
+    optimizers = distributed_optimizers(optimizer)
+    if not optimizers:
+        return None
+    states = [o.get_parameter_state_dp_zero(use_gloo_comm=False) for o in optimizers]
+    return states[0] if len(states) == 1 else states
 
 
 # ----- the gloo data-parallel group megatron-core's load_parameter_state needs -----

@@ -44,7 +44,7 @@ from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAM
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron.training import checkpointing
+from megatron.training import checkpointing, legacy_checkpoint
 from megatron.training.checkpointing import fsync_path, iteration_dir
 
 STAGING_SUFFIX = ".partial"
@@ -295,6 +295,39 @@ def finalize(pending: Pending) -> List[str]:
     return agree(pending.error)
 
 
+# ----- Megatron-LM's legacy format (--ckpt-format torch) -----
+def save_legacy(root: str, progress, state, config, retain_interval=None, rerun=None) -> Outcome:
+    """Collective, in the foreground (Megatron-LM has no background write
+    for this format). Every (TP, PP) position's files into the staged
+    directory, then, as for torch_dist, an agreement on every write, and
+    rank 0 names the save."""
+    began = time.perf_counter()
+    iteration = progress.iteration
+    staging = iteration_dir(root, iteration) + STAGING_SUFFIX
+    final, entry = iteration_dir(root, iteration), str(iteration)
+    errors = agree(attempt(on_rank_0, fresh_directory, staging))
+    if not errors:
+        files = legacy_checkpoint.files_to_save(staging, config, progress, state, rerun)
+        errors = agree(attempt(write_files, files))
+    if not errors:
+        publish = checkpointing.publish
+        errors = agree(attempt(on_rank_0, publish, root, staging, final, entry, retain_interval))
+    if errors:
+        return failed(iteration, staging, errors, began)
+    return Outcome(iteration, final, [], time.perf_counter() - began)
+
+
+def write_files(files: dict) -> None:
+    """Each object to its path, durably. Through a Python file: see
+    write_common."""
+    for path, contents in files.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            torch.save(contents, f)
+        fsync_path(path)
+        fsync_path(os.path.dirname(path))
+
+
 def failed(iteration: int, staging: str, errors: List[str], began: float) -> Outcome:
     on_rank_0(shutil.rmtree, staging, True)
     return Outcome(iteration, staging, errors, time.perf_counter() - began)
@@ -337,6 +370,10 @@ class Saves:
         background = bool(self.config.checkpoint.async_save)
         c = self.config.checkpoint
         self.retain_interval = None if keep_only_latest else c.save_retain_interval
+        if c.ckpt_format == "torch":
+            return self.report(
+                save_legacy(root, progress, state, self.config, self.retain_interval, rerun)
+            )
         state_dict = checkpointing.state_to_save(self.config, progress, state, rerun)
         strategy, planned_before = self._save_strategy()
         # As Megatron-LM: a structure assumed constant is checked at its first save only.

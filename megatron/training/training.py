@@ -867,6 +867,20 @@ def params_l2_norm(model: List[torch.nn.Module]) -> float:
     return total**0.5
 
 
+def _print_parameter_count(model) -> None:
+    """Megatron-LM's line: the parameters of each (TP, PP) position, from its
+    first data-parallel replica."""
+    if parallel_state.get_data_parallel_rank() != 0:
+        return
+    count = sum(p.nelement() for chunk in model for p in chunk.parameters())
+    print(
+        " > number of parameters on (tensor, pipeline) model parallel rank "
+        f"({parallel_state.get_tensor_model_parallel_rank()}, "
+        f"{parallel_state.get_pipeline_model_parallel_rank()}): {count}",
+        flush=True,
+    )
+
+
 def core_attention_name(model) -> str:
     """The class that computes a built model's attention (megatron/training/
     attention.py says which a run gets), as the log shows it."""
@@ -896,6 +910,7 @@ def build_trainer(
             flush=True,
         )
     state = setup_model_and_optimizer(config, model_provider, runtime.on_cpu)
+    _print_parameter_count(state.model)
     if runtime.rank == 0:
         print(
             f" > core attention: {core_attention_name(state.model[0])} "

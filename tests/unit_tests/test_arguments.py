@@ -243,6 +243,8 @@ SPECIAL = {
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
     "num_layers_per_virtual_pipeline_stage": (["1"], 1, PP2, (), 2),
     "num_virtual_stages_per_pipeline_rank": (["2"], 2, PP2, (), 2),
+    "decoder_first_pipeline_num_layers": (["3"], 3, PP2, (), 2),
+    "decoder_last_pipeline_num_layers": (["1"], 1, PP2, (), 2),
     "microbatch_group_size_per_vp_stage": (["2"], 2, PP2 + VPP2, (), 2),
     "overlap_p2p_comm": ([], False, PP3 + VPP2, (), 3),
     "overlap_param_gather": (
@@ -395,7 +397,7 @@ UNSUPPORTED = {
     # The CUDA allocator's figures: refused on CPU, where the tests run.
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
-    "ckpt_format": (["torch"], ()),
+    "ckpt_format": (["torch_dcp"], ()),
     # Context parallelism is not built here; FP8 needs Transformer Engine on a GPU.
     "context_parallel_size": (["2"], ()),
     "fp8": (["hybrid"], ()),
@@ -609,6 +611,21 @@ def test_a_flag_megatron_lm_takes_to_no_effect_is_taken_with_a_warning(flags, wo
     assert config.checkpoint.async_save is False
 
 
+def test_the_legacy_tokenizer_is_taken_where_it_gives_the_same_ids(tmp_path, capsys):
+    """--legacy-tokenizer (one of Megatron-LM's release configs): with GPT-2
+    BPE the ids are the same (measured), so it is taken with a warning;
+    with another type it is refused by name."""
+    files = [tmp_path / "vocab.json", tmp_path / "merges.txt"]
+    for f in files:
+        f.write_text("")
+    gpt2 = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(files[0])]
+    gpt2 += ["--merge-file", str(files[1]), "--legacy-tokenizer"]
+    config = parse_args(argv(*gpt2, drop=("--tokenizer-type",)), world_size=1)
+    assert config.tokenizer.legacy_tokenizer
+    _names_all(capsys.readouterr().out, "WARNING:", "--legacy-tokenizer has no effect")
+    _names_all(_config_error(argv("--legacy-tokenizer")), "--legacy-tokenizer", "ByteLevel")
+
+
 @pytest.mark.parametrize(
     "flags, world, named",
     [
@@ -703,6 +720,85 @@ def test_virtual_pipeline_stages_follow_megatron_lms_rules():
     _names_all(message, "last group of 1")
     tied = _config_error(argv(*no_overlap, "--dist-ckpt-optim-fully-reshardable"), world_size=2)
     _names_all(tied, "--dist-ckpt-optim-fully-reshardable", "--untie-embeddings-and-output-weights")
+
+
+FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+EMBEDDING = "--account-for-embedding-in-pipeline-split"
+LOSS = "--account-for-loss-in-pipeline-split"
+VP = "--num-virtual-stages-per-pipeline-rank"
+SPLITS = [
+    # (pp, layers, extra flags, accepted)
+    (4, 12, [FIRST, "2", LAST, "2"], True),
+    (4, 12, [FIRST, "3"], True),
+    (4, 12, [FIRST, "2"], False),  # 10 over 3 middle stages
+    (2, 6, [FIRST, "2", LAST, "4"], True),
+    (2, 6, [FIRST, "2", LAST, "3"], False),
+    (4, 8, [FIRST, "0"], False),
+    (4, 12, [FIRST, "2", LAST, "2", VP, "2"], True),
+    (4, 12, [FIRST, "2", VP, "2"], False),
+    (4, 12, [FIRST, "3", VP, "3"], True),
+    (4, 12, [FIRST, "1", VP, "2"], False),
+    (4, 6, [EMBEDDING, LOSS], True),
+    (4, 6, [EMBEDDING], False),
+    (4, 6, [EMBEDDING, LOSS, VP, "2"], True),
+    (4, 7, [EMBEDDING, VP, "2"], True),
+    (4, 10, [EMBEDDING, LOSS, VP, "2"], False),
+    (4, 12, [LOSS, FIRST, "3"], False),
+    (4, 6, [], False),
+]
+
+
+@pytest.mark.parametrize("pp,layers,flags,accepted", SPLITS)
+def test_pipeline_splits_are_megatron_cores(pp, layers, flags, accepted):
+    """Uneven pipeline stages and the embedding and loss counted as layers:
+    what parses here is what megatron-core builds, and what it refuses is
+    refused before any process group with the flags named."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    line = argv(
+        *flags,
+        "--pipeline-model-parallel-size",
+        str(pp),
+        "--global-batch-size",
+        "8",
+        num_layers=layers,
+    )
+    p = ["--pipeline-model-parallel-size", "--num-layers"]
+    core = dict(
+        num_layers=layers,
+        hidden_size=64,
+        num_attention_heads=4,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
+    )
+    given = dict(zip(flags, flags[1:] + [None]))
+
+    def number(flag):
+        return int(given[flag]) if flag in given else None
+
+    def core_config():
+        vp = number("--num-virtual-stages-per-pipeline-rank")
+        return TransformerConfig(
+            **core,
+            virtual_pipeline_model_parallel_size=vp if vp != 1 else None,
+            num_layers_in_first_pipeline_stage=number("--decoder-first-pipeline-num-layers"),
+            num_layers_in_last_pipeline_stage=number("--decoder-last-pipeline-num-layers"),
+            account_for_embedding_in_pipeline_split="--account-for-embedding-in-pipeline-split"
+            in given,
+            account_for_loss_in_pipeline_split="--account-for-loss-in-pipeline-split" in given,
+        )
+
+    if accepted:
+        parse_args(line, world_size=pp)
+        core_config()  # megatron-core agrees
+        return
+    if flags:  # megatron-core refuses it too (it does not check an even split itself)
+        with pytest.raises(ValueError):
+            core_config()
+    message = _config_error(line, world_size=pp)
+    named = [f for f in flags if f.startswith("--") and f.split("-")[2] in ("decoder", "account")]
+    _names_all(message, *(named[:1] or p[:1]))
 
 
 def test_world_not_divisible_by_tp_times_pp():

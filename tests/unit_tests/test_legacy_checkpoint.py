@@ -121,15 +121,11 @@ def test_an_unreadable_file_is_named(tmp_path):
         legacy_checkpoint.read(str(bad))
 
 
-def test_ckpt_format_torch_is_for_loading_only(tmp_path):
-    load = ["--load", str(tmp_path / "ckpt")]
-    assert config("--ckpt-format", "torch", *load).checkpoint.ckpt_format == "torch"
-    for extra in (["--save", str(tmp_path / "out")], []):
-        with pytest.raises(ConfigError) as error:
-            config("--ckpt-format", "torch", *(load if extra else []), *extra)
-        message = str(error.value)
-        assert "goes with --load DIR and without --save" in message
-        assert "drop --ckpt-format torch" in message
+def test_ckpt_format_torch_saves_in_the_foreground_without_experts(tmp_path):
+    save = ["--save", str(tmp_path / "out"), "--ckpt-format", "torch"]
+    assert config(*save).checkpoint.ckpt_format == "torch"
+    with pytest.raises(ConfigError, match="--async-save with --ckpt-format torch"):
+        config(*save, "--async-save", "--use-persistent-ckpt-worker")
     with pytest.raises(ConfigError, match="--ckpt-format torch_dcp cannot be written or read"):
         config("--ckpt-format", "torch_dcp")
 

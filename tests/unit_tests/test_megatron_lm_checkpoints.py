@@ -15,6 +15,9 @@ metadata differs: Megatron-LM records a fully reshardable optimizer's
 Then training goes on from each checkpoint (at DP1, on 2 ranks), and
 --finetune takes the weights alone, into a bf16 run too.
 
+And a run here writes the legacy format as Megatron-LM does: the writer's
+files back, entry for entry.
+
 Negative controls: a legacy checkpoint refused at another TP, and missing
 files named."""
 
@@ -146,6 +149,40 @@ def test_finetune_takes_the_weights_only_even_into_bf16(written, tmp_path, fmt):
         assert torch.equal(got[key], tensor.to(torch.bfloat16)), key
     steps = {g["step"] for g in got["common"]["optimizer"]["optimizer"]["param_groups"]}
     assert steps == {1}
+
+
+def test_a_run_saves_the_legacy_format_as_megatron_lm_writes_it(written, tmp_path):
+    """--save with --ckpt-format torch (three of Megatron-LM's own test
+    configs save so): the writer's state, loaded and saved at once, gives
+    the writer's files back, every entry equal but ``args`` (each side's
+    own flags); and it loads back to the writer's whole state."""
+    legacy = tmp_path / "legacy"
+    run_pretrain(
+        4,
+        FLAGS
+        + ["--train-iters", str(SAVED_AT), "--load", str(written / "torch")]
+        + ["--save", str(legacy), "--ckpt-format", "torch"],
+    )
+    iteration = f"iter_{SAVED_AT:07d}"
+    assert (legacy / "latest_checkpointed_iteration.txt").read_text() == str(SAVED_AT)
+    assert sorted(os.listdir(legacy / iteration)) == list(LEGACY_FILES)
+    for name in LEGACY_FILES:
+        ours, theirs = legacy / iteration / name, written / "torch" / iteration / name
+        assert sorted(os.listdir(ours)) == ["distrib_optim.pt", "model_optim_rng.pt"]
+        for file in ("model_optim_rng.pt", "distrib_optim.pt"):
+            got = torch.load(ours / file, weights_only=False)
+            want = torch.load(theirs / file, weights_only=False)
+            if file == "model_optim_rng.pt":
+                assert got.pop("args").ckpt_format == "torch" and want.pop("args")
+                assert got["model"] and got["optimizer"]["optimizer"]["param_groups"]
+            assert_same_state(got, want, f"{name}/{file}")
+    # And it is whole: loaded and saved torch_dist, it is the writer's reference.
+    again = tmp_path / "again"
+    again.mkdir()
+    ckpt = resume(again, legacy, SAVED_AT)
+    want = checkpoint_state(str(written / "reference"))
+    got = checkpoint_state(str(ckpt))
+    assert_same_state(without_content_metadata(got), without_content_metadata(want))
 
 
 def failed_run(nproc: int, args) -> str:

@@ -1,6 +1,8 @@
 """TP, PP and DP compute the same model as one process (real processes,
 gloo). --layout-invariant-init gives every layout the same initial weights."""
 
+import re
+
 import pytest
 
 from dist_utils import TINY_GPT, read_metrics, run_pretrain
@@ -34,6 +36,11 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
     )
     sdpa = "--attention-backend" in layout
     assert ("core attention: TorchSdpaAttention" in output) == sdpa
+    if "--decoder-first-pipeline-num-layers" in layout:
+        # Megatron-LM's parameter count per stage: the first holds 3 layers
+        # and the embedding, the last 1 layer and the final norm.
+        counts = dict(re.findall(r"model parallel rank \(0, (\d)\): (\d+)", output))
+        assert int(counts["0"]) > 2 * int(counts["1"]), counts
     return [(m["lm_loss"], m["grad_norm"], m["params_norm"]) for m in read_metrics(metrics)]
 
 
@@ -52,6 +59,21 @@ def single_process(tmp_path_factory, corpus_prefix):
             "pp2-interleaved",
             2,
             ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+        ),
+        # Uneven stages: 3 layers on the first, 1 on the last.
+        (
+            "pp2-uneven",
+            2,
+            ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3"],
+        ),
+        # The embedding and the loss counted as layers, one per virtual
+        # stage: the first chunk holds only the embedding, the last only
+        # the output layer and loss.
+        (
+            "pp2-account-interleaved",
+            2,
+            ["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"]
+            + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
         ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
         # torch's SDPA (math kernel) as the core attention: the same model.
