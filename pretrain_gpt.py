@@ -75,8 +75,12 @@ def get_batch(data_iterator):
 
     if data_iterator is None:
         return None, None, None, None, None
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
     batch = next(data_iterator)
     moved = {k: (v.cuda(non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    # With context parallelism: this rank's two chunks of each sequence (no-op without).
+    moved = get_batch_on_this_cp_rank(moved)
     return (
         moved["tokens"],
         moved["labels"],

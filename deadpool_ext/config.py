@@ -217,6 +217,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
         )
+    if config.parallel.context_parallel_size > 1:
+        raise ConfigError(
+            f"--deadpool with --context-parallel-size {config.parallel.context_parallel_size}: "
+            "a recovery rebuilds tensor, pipeline, data and expert-parallel groups, no "
+            "context-parallel one yet; use --context-parallel-size 1 under --deadpool"
+        )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)

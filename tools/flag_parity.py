@@ -58,6 +58,10 @@ def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
 # Shared flags with Megatron-LM's destination and default that act otherwise
 # in some case, and how.
 BEHAVIOUR = {
+    "--context-parallel-size": "not with --deadpool yet (a recovery rebuilds no context-parallel "
+    "group); without Transformer Engine torch's SDPA gathers keys and values from the group",
+    "--cp-comm-type": "Transformer Engine's; torch's SDPA (without TE) gathers keys and values "
+    "whatever it says, and the parse warns",
     "--legacy-tokenizer": "no effect: with GPT2BPETokenizer megatron-core's tokenizer gives "
     "the legacy class's ids (measured on 703,152 tokens); with other types refused",
     "--ckpt-format": "torch is written too, in the foreground, without expert parallelism "
@@ -99,7 +103,8 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
         "`tests/unit_tests/test_flag_parity.py` fails when this file is out of date. A flag",
         'here parses with Megatron-LM\'s name; "same" means the same destination and',
         "default. Some shared flags are refused with the reason when given (for example",
-        "`--log-memory-to-tensorboard` and `--apply-layernorm-1p` on CPU, context parallelism):",
+        "`--log-memory-to-tensorboard` and `--apply-layernorm-1p` on CPU,",
+        "`--context-parallel-size` under `--deadpool`):",
         "`python pretrain_gpt.py --help` and the README say which.",
         "",
         f"Megatron-LM: {len(upstream)} options; here: {len(shared)} of them "

@@ -7,6 +7,7 @@ nothing and each message says which flag to change.
 import argparse
 import dataclasses
 import json
+import math
 import os
 import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -431,24 +432,25 @@ def _check_gpus(config: Config) -> None:
 
 def _check_parallel_layout(config: Config) -> None:
     p, world = config.parallel, config.world_size
-    _require(
-        p.context_parallel_size == 1,
-        f"--context-parallel-size {p.context_parallel_size}: context parallelism is not "
-        "built here (it needs Transformer Engine's attention on GPUs, and recovery rebuilds "
-        "tensor, pipeline and data-parallel groups, no context-parallel one): use 1",
-    )
-    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
-    _require(
-        tp >= 1 and pp >= 1,
-        "--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least 1",
+    tp, pp, cp = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
     )
     _require(
-        world % (tp * pp) == 0,
+        tp >= 1 and pp >= 1 and cp >= 1,
+        "--tensor-model-parallel-size, --pipeline-model-parallel-size and "
+        "--context-parallel-size must be at least 1",
+    )
+    cp_words = f" x context-parallel size {cp}" if cp > 1 else ""
+    _require(
+        world % (tp * pp * cp) == 0,
         f"world size {world} is not divisible by tensor-parallel size {tp} x "
-        f"pipeline-parallel size {pp} = {tp * pp}: launch a multiple of {tp * pp} "
-        f"processes or change --tensor-model-parallel-size / "
-        f"--pipeline-model-parallel-size",
+        f"pipeline-parallel size {pp}{cp_words} = {tp * pp * cp}: launch a multiple of "
+        f"{tp * pp * cp} processes or change --tensor-model-parallel-size / "
+        f"--pipeline-model-parallel-size" + (" / --context-parallel-size" if cp > 1 else ""),
     )
+    _check_context_parallel(config)
     _require(
         not p.overlap_param_gather or p.use_distributed_optimizer,
         "--overlap-param-gather needs --use-distributed-optimizer",
@@ -458,6 +460,40 @@ def _check_parallel_layout(config: Config) -> None:
         "--overlap-param-gather needs --overlap-grad-reduce",
     )
     _require(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0")
+
+
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+
+
+def _check_context_parallel(config: Config) -> None:
+    """Megatron-LM's rules for context parallelism, and megatron-core's split
+    of each sequence into 2 x CP chunks (a rank takes one from each end)."""
+    p, m = config.parallel, config.model
+    cp, kinds = p.context_parallel_size, p.cp_comm_type
+    bad = [k for k in kinds if k not in CP_COMM_TYPES]
+    _require(not bad, f"--cp-comm-type {' '.join(bad)}: choose from {', '.join(CP_COMM_TYPES)}")
+    _require(
+        len(kinds) in (1, m.num_layers),
+        f"--cp-comm-type gives {len(kinds)} types: give one for all layers or one per layer "
+        f"({m.num_layers})",
+    )
+    sizes = p.hierarchical_context_parallel_sizes
+    _require(
+        sizes is None or math.prod(sizes) == cp,
+        f"--hierarchical-context-parallel-sizes {sizes} multiply to {math.prod(sizes or [1])}, "
+        f"not --context-parallel-size {cp}",
+    )
+    _require(
+        "a2a+p2p" not in kinds or sizes is not None,
+        "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes (as Megatron-LM)",
+    )
+    if cp == 1:
+        return
+    _require(
+        m.seq_length % (2 * cp) == 0,
+        f"--seq-length {m.seq_length} is not divisible by 2 x --context-parallel-size {cp}: "
+        "each sequence is cut into that many equal chunks",
+    )
 
 
 def _check_model_shape(config: Config) -> None:
@@ -544,8 +580,20 @@ def _check_model_features(config: Config) -> None:
         on_cpu=not on_gpu,
         dropout=m.attention_dropout,
         masked=config.data.reset_attention_mask and config.data.create_attention_mask_in_dataloader,
+        context_parallel=config.parallel.context_parallel_size > 1,
     )
     _require(problem is None, problem or "")
+    p = config.parallel
+    comm_given = p.cp_comm_type != ["p2p"] or p.hierarchical_context_parallel_sizes is not None
+    cp_flags = [("--cp-comm-type, --hierarchical-context-parallel-sizes", comm_given)]
+    if _ignored_without("--context-parallel-size > 1", p.context_parallel_size > 1, cp_flags):
+        return
+    if comm_given and not uses_te:
+        _warn(
+            "--cp-comm-type and --hierarchical-context-parallel-sizes choose Transformer "
+            "Engine's context-parallel communication; without it (torch SDPA) keys and values "
+            "are gathered from the whole context-parallel group, the same result"
+        )
 
 
 def _check_pipeline_overlap(config: Config) -> None:
@@ -601,14 +649,31 @@ def _moe_flags_given(config: Config) -> List[str]:
     return given
 
 
+def _check_expert_groups(config: Config) -> None:
+    p = config.parallel
+    etp, ep, pp = (
+        p.expert_tensor_parallel_size,
+        p.expert_model_parallel_size,
+        p.pipeline_model_parallel_size,
+    )
+    _require(
+        etp >= 1 and config.world_size % (etp * ep * pp) == 0,
+        f"world size {config.world_size} is not divisible by expert tensor-parallel size "
+        f"{etp} x expert-parallel size {ep} x pipeline-parallel size {pp}: change "
+        "--expert-model-parallel-size or --expert-tensor-parallel-size",
+    )
+
+
 def _check_moe(config: Config) -> None:
     moe, p, m = config.moe, config.parallel, config.model
     if moe.num_experts is None:
-        given = _moe_flags_given(config)
         _require(
-            not given,
-            f"{', '.join(given)} configure MoE layers: add --num-experts N, or drop them",
+            p.expert_model_parallel_size == 1,
+            f"--expert-model-parallel-size {p.expert_model_parallel_size} splits experts, and "
+            "there are none: add --num-experts N, or drop it (as Megatron-LM)",
         )
+        _ignored_without("--num-experts", False, [(f, True) for f in _moe_flags_given(config)])
+        _check_expert_groups(config)  # megatron-core makes the expert groups all the same
         return
     ep, etp, tp, pp = (
         p.expert_model_parallel_size,
@@ -627,12 +692,7 @@ def _check_moe(config: Config) -> None:
         f"--moe-router-topk {moe.moe_router_topk} must be between 1 and --num-experts "
         f"{moe.num_experts}",
     )
-    _require(
-        etp >= 1 and config.world_size % (etp * ep * pp) == 0,
-        f"world size {config.world_size} is not divisible by expert tensor-parallel size "
-        f"{etp} x expert-parallel size {ep} x pipeline-parallel size {pp}: change "
-        "--expert-model-parallel-size or --expert-tensor-parallel-size",
-    )
+    _check_expert_groups(config)
     expert_dp = config.world_size // (etp * ep * pp)
     _require(
         not p.use_tp_pp_dp_mapping or pp == 1 or expert_dp == config.data_parallel_size,

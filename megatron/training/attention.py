@@ -30,7 +30,10 @@ local      refused                  megatron-core's ``DotProductAttention``
 =========  ======================  =====================================
 
 On a CPU ``auto`` keeps megatron-core's attention, which the CPU test
-suite's references and Megatron-LM checkpoint tests were made with.
+suite's references and Megatron-LM checkpoint tests were made with, unless
+the run has context parallelism (--context-parallel-size > 1), which
+megatron-core's attention lacks and SDPA here has: each rank's queries
+attend to keys and values gathered from the context-parallel group.
 """
 
 from typing import Optional
@@ -38,18 +41,27 @@ from typing import Optional
 TE, LOCAL, SDPA = "transformer_engine", "local", "sdpa"
 
 
-def core_attention_kind(backend: str, uses_te: bool, on_cpu: bool) -> str:
+def core_attention_kind(
+    backend: str, uses_te: bool, on_cpu: bool, context_parallel: bool = False
+) -> str:
     """Whose core attention a run gets: Transformer Engine's, megatron-core's
-    (local) or torch's SDPA (the table in this module's docstring)."""
+    (local) or torch's SDPA (the table in this module's docstring). With
+    context parallelism ``auto`` on a CPU is SDPA: megatron-core's own
+    attention has none."""
     if uses_te:
         return TE
-    if backend == "local" or (backend == "auto" and on_cpu):
+    if backend == "local" or (backend == "auto" and on_cpu and not context_parallel):
         return LOCAL
     return SDPA
 
 
 def attention_problem(
-    backend: str, uses_te: bool, on_cpu: bool, dropout: float, masked: bool = False
+    backend: str,
+    uses_te: bool,
+    on_cpu: bool,
+    dropout: float,
+    masked: bool = False,
+    context_parallel: bool = False,
 ) -> Optional[str]:
     """Why this backend cannot run here (a message naming what to change),
     or None. ``masked``: the data loader gives attention masks
@@ -60,12 +72,19 @@ def attention_problem(
             "its local layers: add --transformer-impl local, or choose auto, flash, fused "
             "or unfused (Transformer Engine's)"
         )
-    if core_attention_kind(backend, uses_te, on_cpu) != SDPA:
+    kind = core_attention_kind(backend, uses_te, on_cpu, context_parallel)
+    if kind == LOCAL and context_parallel:
+        return (
+            "--attention-backend local (megatron-core's own attention) has no context "
+            "parallelism: use auto or unfused (torch's SDPA), or Transformer Engine's layers"
+        )
+    if kind != SDPA:
         return None
-    if backend == "flash" and masked:
+    if backend == "flash" and (masked or context_parallel):
+        why = "--reset-attention-mask" if masked else "--context-parallel-size > 1"
         return (
             "--attention-backend flash is torch's flash kernel without Transformer Engine, "
-            "which takes no attention mask: with --reset-attention-mask use auto or unfused"
+            f"which takes no attention mask: with {why} use auto or unfused"
         )
     if not on_cpu:
         return None

@@ -210,7 +210,18 @@ class ParallelConfig:
         "flush phases too.",
     )
     context_parallel_size: int = arg(
-        1, help="Context-parallel size; only 1 here (arguments.py says why)."
+        1,
+        help="Context-parallel size: each sequence is split over this many ranks, "
+        "which attend to each other's keys and values (not with --deadpool yet).",
+    )
+    cp_comm_type: List[str] = arg(
+        ["p2p"],
+        help="Transformer Engine's context-parallel communication (p2p, a2a, allgather, "
+        "a2a+p2p; one per layer or one for all); torch SDPA's gathers keys and values.",
+    )
+    hierarchical_context_parallel_sizes: Optional[List[int]] = arg(
+        help="The context-parallel group's levels for --cp-comm-type a2a+p2p (their "
+        "product is --context-parallel-size).",
     )
     use_distributed_optimizer: bool = arg(
         False, help="Shard optimizer state over data-parallel ranks."
@@ -833,7 +844,8 @@ class Config:
     @property
     def data_parallel_size(self) -> int:
         p = self.parallel
-        return self.world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+        model_parallel = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
+        return self.world_size // (model_parallel * p.context_parallel_size)
 
     @property
     def split_layers(self) -> int:

@@ -40,7 +40,10 @@ def with_run_attention(spec, config: Config, on_cpu: bool):
     (megatron/training/attention.py): torch's SDPA in place of megatron-core's
     where Transformer Engine is absent and --attention-backend asks for it."""
     kind = attention.core_attention_kind(
-        config.model.attention_backend, use_transformer_engine(config, on_cpu), on_cpu
+        config.model.attention_backend,
+        use_transformer_engine(config, on_cpu),
+        on_cpu,
+        config.parallel.context_parallel_size > 1,
     )
     if kind != attention.SDPA:
         return spec
@@ -80,6 +83,8 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         deterministic_mode=t.deterministic_mode,
         tensor_model_parallel_size=p.tensor_model_parallel_size,
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        context_parallel_size=p.context_parallel_size,
+        cp_comm_type=p.cp_comm_type[0] if len(p.cp_comm_type) == 1 else p.cp_comm_type,
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         num_layers_in_first_pipeline_stage=p.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=p.decoder_last_pipeline_num_layers,

@@ -53,6 +53,9 @@ class TorchSdpaAttention(MegatronModule):
         self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.kernels = SDPA_KERNELS[config.attention_backend.name]
+        self.cp_group = None
+        if config.context_parallel_size > 1:
+            self.cp_group = pg_collection.cp if pg_collection is not None else _cp_group()
 
     def forward(
         self,
@@ -67,13 +70,17 @@ class TorchSdpaAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("torch SDPA core attention takes no packed sequences or bias")
         seq, batch = query.shape[0], query.shape[1]
+        causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
+        if self.cp_group is not None:
+            key, value = (whole_sequence(t, self.cp_group) for t in (key, value))
+            if attention_mask is None and causal:
+                attention_mask = later_keys(self.cp_group, seq, query.device)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         gqa = self.heads != self.groups
         if gqa and self.kernels == SDPA_KERNELS["fused"]:
             # The memory-efficient kernel takes no grouped keys: expand them.
             k, v = (t.repeat_interleave(self.heads // self.groups, dim=1) for t in (k, v))
             gqa = False
-        causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
         dropout = self.dropout if self.training else 0.0
         with self._kernels(), self._dropout_stream(dropout):
             context = F.scaled_dot_product_attention(
@@ -104,9 +111,45 @@ class TorchSdpaAttention(MegatronModule):
         return {}  # no parameters
 
 
+# ----- context parallelism -----
+# megatron-core cuts each sequence into 2 x CP chunks and gives context-parallel
+# rank r chunks r and 2CP-1-r (get_batch_on_this_cp_rank: every rank then
+# has as much causal work). A rank's queries attend to the whole sequence's
+# keys and values, gathered from the group and put back in sequence order
+# (the gather's backward sums each rank's gradients into the owner's). This
+# is Transformer Engine's "allgather" communication, in its simplest form.
+def whole_sequence(local: torch.Tensor, group) -> torch.Tensor:
+    """[s/CP, b, ...] on each rank -> [s, b, ...] in sequence order."""
+    size = group.size()
+    gathered = tensor_parallel.gather_from_sequence_parallel_region(local, True, group)
+    chunks = gathered.chunk(2 * size)  # rank r's two chunks at 2r and 2r+1
+    order = [2 * r for r in range(size)] + [2 * r + 1 for r in reversed(range(size))]
+    return torch.cat([chunks[i] for i in order])
+
+
+def chunk_positions(rank: int, size: int, local_length: int) -> torch.Tensor:
+    """The sequence positions of a context-parallel rank's tokens."""
+    half = local_length // 2
+    first, second = rank * half, (2 * size - 1 - rank) * half
+    return torch.cat([torch.arange(first, first + half), torch.arange(second, second + half)])
+
+
+def later_keys(group, local_length: int, device) -> torch.Tensor:
+    """The causal mask of this rank's queries over the whole sequence's keys,
+    in megatron's sense (True: hidden), [1, 1, s/CP, s]."""
+    size = group.size()
+    queries = chunk_positions(group.rank(), size, local_length).to(device)
+    keys = torch.arange(local_length * size, device=device)
+    return (keys[None, :] > queries[:, None])[None, None]
+
+
+def _cp_group():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_context_parallel_group()
+
+
 def _unsupported(config) -> Optional[str]:
-    if config.context_parallel_size != 1:
-        return "context parallelism"
     if getattr(config, "window_size", None) is not None:
         return "sliding-window attention"
     if getattr(config, "softmax_type", "vanilla") != "vanilla":

@@ -445,7 +445,8 @@ class Trainer:
             return {}
         names = list(microbatch_losses[0])
         sums = torch.stack([_pair_sum([mb[n] for mb in microbatch_losses]) for n in names])
-        dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+        # Context-parallel ranks each hold part of every sequence's tokens.
+        dist.all_reduce(sums, group=data_parallel_group_with_context())
         return dict(zip(names, sums))
 
     # ----- validation -----
@@ -867,6 +868,13 @@ def params_l2_norm(model: List[torch.nn.Module]) -> float:
     return total**0.5
 
 
+def data_parallel_group_with_context():
+    """The data-parallel group, with the context-parallel ranks where there
+    are several (the group a loss or token count is summed over)."""
+    with_cp = parallel_state.get_context_parallel_world_size() > 1
+    return parallel_state.get_data_parallel_group(with_context_parallel=with_cp)
+
+
 def _print_parameter_count(model) -> None:
     """Megatron-LM's line: the parameters of each (TP, PP) position, from its
     first data-parallel replica."""
@@ -903,7 +911,17 @@ def build_trainer(
     tokenizer = build_tokenizer(config.tokenizer)
     config.extra["tokenizer"] = tokenizer
     padded = config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
-    if runtime.rank == 0:  # Megatron-LM's line
+    if runtime.rank == 0:  # Megatron-LM's lines
+        p = config.parallel
+        print(
+            f"using world size: {config.world_size}, data-parallel size: "
+            f"{config.data_parallel_size}, context-parallel size: {p.context_parallel_size}, "
+            "hierarchical context-parallel sizes: "
+            f"{p.hierarchical_context_parallel_sizes}, tensor-model-parallel size: "
+            f"{p.tensor_model_parallel_size}, pipeline-model-parallel size: "
+            f"{p.pipeline_model_parallel_size}",
+            flush=True,
+        )
         print(
             f" > padded vocab (size: {tokenizer.vocab_size}) with "
             f"{padded - tokenizer.vocab_size} dummy tokens (new size: {padded})",

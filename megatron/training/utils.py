@@ -1,13 +1,13 @@
 """Megatron-LM's batch helpers for scripts written against its training API
 (megatron_lm.py): the same names, arguments and results, for what this
-build trains (no context parallelism, packed sequences or multi-token
-prediction).
+build trains (no packed sequences or multi-token prediction).
 """
 
 from typing import Optional
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.utils import get_batch_on_this_cp_rank  # noqa: F401 - Megatron-LM's too
 
 from megatron.training.global_vars import get_args
 from megatron.training.megatron_lm import print_rank_0  # noqa: F401 - Megatron-LM's home too
@@ -28,12 +28,6 @@ def get_blend_and_blend_per_split(args):
     from megatron.training.data import blend
 
     return blend(args.data_path), None
-
-
-def get_batch_on_this_cp_rank(batch: dict) -> dict:
-    """Context parallelism is not built here (refused at parse time): the
-    batch as it is."""
-    return batch
 
 
 # What each stage needs of a batch (Megatron-LM's): the first stage embeds

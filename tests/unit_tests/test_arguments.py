@@ -243,6 +243,9 @@ SPECIAL = {
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
     "num_layers_per_virtual_pipeline_stage": (["1"], 1, PP2, (), 2),
     "num_virtual_stages_per_pipeline_rank": (["2"], 2, PP2, (), 2),
+    "context_parallel_size": (["2"], 2, [], (), 2),
+    "cp_comm_type": (["a2a"], ["a2a"], ["--context-parallel-size", "2"], (), 2),
+    "hierarchical_context_parallel_sizes": (["2"], [2], ["--context-parallel-size", "2"], (), 2),
     "decoder_first_pipeline_num_layers": (["3"], 3, PP2, (), 2),
     "decoder_last_pipeline_num_layers": (["1"], 1, PP2, (), 2),
     "microbatch_group_size_per_vp_stage": (["2"], 2, PP2 + VPP2, (), 2),
@@ -398,8 +401,7 @@ UNSUPPORTED = {
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
     "ckpt_format": (["torch_dcp"], ()),
-    # Context parallelism is not built here; FP8 needs Transformer Engine on a GPU.
-    "context_parallel_size": (["2"], ()),
+    # FP8 needs Transformer Engine on a GPU.
     "fp8": (["hybrid"], ()),
     "fp8_recipe": (["tensorwise", "--fp8-format", "hybrid"], ()),
     "fp8_amax_history_len": (["16", "--fp8-format", "hybrid"], ()),
@@ -560,6 +562,7 @@ def test_extra_section_lands_in_config_extra():
             ["--profile-step-start", "--profile-step-end"],
         ),
         (["--cross-entropy-fusion-impl", "te"], ["--cross-entropy-loss-fusion"]),
+        (["--expert-model-parallel-size", "2"], ["--expert-model-parallel-size", "--num-experts"]),
     ],
 )
 def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named):
@@ -577,6 +580,8 @@ def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named
         (["--exit-on-missing-checkpoint"], ["--exit-on-missing-checkpoint", "--load"]),
         (["--log-timers-to-tensorboard"], ["--log-timers-to-tensorboard", "--tensorboard-dir"]),
         (["--no-log-loss-scale-to-tensorboard"], ["--no-log-loss-scale-to-tensorboard"]),
+        (["--moe-router-topk", "4"], ["--moe-router-topk", "--num-experts"]),
+        (["--cp-comm-type", "a2a"], ["--cp-comm-type", "--context-parallel-size > 1"]),
     ],
 )
 def test_a_flag_megatron_lm_ignores_without_its_companion_is_taken_with_a_warning(

@@ -82,6 +82,13 @@ def test_one_node_is_refused_and_says_how_to_accept_it():
     assert "node" in message
 
 
+def test_context_parallelism_is_refused_under_deadpool_and_taken_without():
+    cp = ["--context-parallel-size", "2", "--deadpool-ranks-per-node", "2"]
+    message = error(DEADPOOL + cp, 8)
+    assert "--context-parallel-size 2" in message and "--deadpool" in message
+    assert parse(["--use-distributed-optimizer", "--context-parallel-size", "2"], 8)
+
+
 def test_same_node_buddies_on_request():
     config = parse(
         DEADPOOL + TP2_PP2 + ["--deadpool-allow-same-node-buddy"], 8, {"LOCAL_WORLD_SIZE": "8"}
@@ -322,7 +329,10 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
     "bad, says",
     [
         (["--no-such-flag"], "unknown flag --no-such-flag"),
-        (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], "--num-layers 3 is not"),
+        (
+            ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
+            "--num-layers 3 does not split evenly",
+        ),
     ],
 )
 def test_the_launcher_says_why_the_workers_refused_their_flags(bad, says):

@@ -34,8 +34,11 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
             str(metrics),
         ],
     )
-    sdpa = "--attention-backend" in layout
+    # SDPA where asked for, and for context parallelism (megatron-core's has none).
+    sdpa = "--attention-backend" in layout or "--context-parallel-size" in layout
     assert ("core attention: TorchSdpaAttention" in output) == sdpa
+    cp = layout[layout.index("--context-parallel-size") + 1] if sdpa and "cp" in name else "1"
+    assert f"context-parallel size: {cp}," in output
     if "--decoder-first-pipeline-num-layers" in layout:
         # Megatron-LM's parameter count per stage: the first holds 3 layers
         # and the embedding, the last 1 layer and the final norm.
@@ -76,6 +79,10 @@ def single_process(tmp_path_factory, corpus_prefix):
             + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
         ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
+        # Context parallelism: each rank holds two chunks of every sequence
+        # and attends to the keys and values gathered from the other.
+        ("cp2", 2, ["--context-parallel-size", "2"]),
+        ("cp2-dp2", 4, ["--context-parallel-size", "2", "--use-distributed-optimizer"]),
         # torch's SDPA (math kernel) as the core attention: the same model.
         ("tp2-sdpa", 2, ["--tensor-model-parallel-size", "2", "--attention-backend", "unfused"]),
     ],
