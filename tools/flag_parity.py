@@ -58,6 +58,8 @@ def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
 # Shared flags with Megatron-LM's destination and default that act otherwise
 # in some case, and how.
 BEHAVIOUR = {
+    "--defer-embedding-wgrad-compute": "GPU only: it needs gradient-accumulation fusion "
+    "(Transformer Engine's layers or Apex's kernel), refused on a CPU",
     "--context-parallel-size": "not with --deadpool yet (a recovery rebuilds no context-parallel "
     "group); without Transformer Engine torch's SDPA gathers keys and values from the group",
     "--cp-comm-type": "Transformer Engine's; torch's SDPA (without TE) gathers keys and values "

@@ -537,6 +537,7 @@ def _check_model_shape(config: Config) -> None:
 def _check_model_features(config: Config) -> None:
     m = config.model
     _check_sequence_parallel(config)
+    _check_wgrad_deferral(config)
     _require(
         not (m.squared_relu and m.swiglu),
         "--squared-relu and --swiglu are two activations: give one",
@@ -609,6 +610,32 @@ def _check_pipeline_overlap(config: Config) -> None:
         "--ddp-average-in-collective averages over the ranks, --calculate-per-token-loss "
         "divides by the batch's tokens: give one",
     )
+
+
+def _check_wgrad_deferral(config: Config) -> None:
+    """megatron-core's rules for --defer-embedding-wgrad-compute, checked now."""
+    t, p = config.training, config.parallel
+    limit = [("--wgrad-deferral-limit", t.wgrad_deferral_limit != 0)]
+    if _ignored_without("--defer-embedding-wgrad-compute", t.defer_embedding_wgrad_compute, limit):
+        return
+    if not t.defer_embedding_wgrad_compute:
+        return
+    _require(
+        p.pipeline_model_parallel_size > 1,
+        "--defer-embedding-wgrad-compute defers to the pipeline's flush: it needs "
+        "--pipeline-model-parallel-size > 1",
+    )
+    fused = (
+        p.distributed_backend == "nccl"
+        and t.gradient_accumulation_fusion
+        and (_uses_transformer_engine(config) or _importable("fused_weight_gradient_mlp_cuda"))
+    )
+    _require(
+        fused,
+        "--defer-embedding-wgrad-compute needs gradient-accumulation fusion: Transformer "
+        "Engine's layers or Apex's kernel, on a GPU, without --no-gradient-accumulation-fusion",
+    )
+    _require(t.wgrad_deferral_limit >= 0, "--wgrad-deferral-limit must be >= 0")
 
 
 def _uses_transformer_engine(config: Config) -> bool:

@@ -399,6 +399,16 @@ class TrainingConfig:
         help="Do not fuse weight-gradient accumulation into the GEMMs (fused on a GPU with "
         "Transformer Engine's layers or Apex's kernel).",
     )
+    defer_embedding_wgrad_compute: bool = arg(
+        False,
+        help="Compute the output embedding's weight gradient at the end of the pipeline "
+        "flush, overlapped with other work (needs gradient-accumulation fusion and PP > 1).",
+    )
+    wgrad_deferral_limit: int = arg(
+        0,
+        help="With --defer-embedding-wgrad-compute: how many microbatches' gradients to "
+        "defer (0: all).",
+    )
     bf16: bool = arg(False, help="Train in bfloat16 with fp32 main parameters.")
     fp16: bool = arg(False, help="Train in float16 with loss scaling.")
     loss_scale: Optional[float] = arg(help="Static loss scale (default dynamic).")

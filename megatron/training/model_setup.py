@@ -104,6 +104,8 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         attention_backend=AttnBackend[m.attention_backend],
         persist_layer_norm=fused and not m.no_persist_layer_norm and layer_norm_can_persist(config),
         calculate_per_token_loss=t.calculate_per_token_loss,
+        defer_embedding_wgrad_compute=t.defer_embedding_wgrad_compute,
+        wgrad_deferral_limit=t.wgrad_deferral_limit,
         **recompute_settings(config),
         cross_entropy_loss_fusion=m.cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=m.cross_entropy_fusion_impl,
@@ -146,8 +148,13 @@ def fusion_settings(config: Config, on_cpu: bool) -> dict:
         bias_activation_fusion=fuse_activation,
         apply_rope_fusion=m.apply_rope_fusion and m.position_embedding_type == "rope" and te,
         gradient_accumulation_fusion=t.gradient_accumulation_fusion
-        and (te or importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None),
+        and (te or apex_gradient_fusion_built()),
     )
+
+
+def apex_gradient_fusion_built() -> bool:
+    """Apex's weight-gradient accumulation kernel (the local layers' fusion)."""
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
 def layer_norm_can_persist(config: Config) -> bool:

@@ -401,6 +401,8 @@ UNSUPPORTED = {
     "log_memory_to_tensorboard": (["--tensorboard-dir", "tb"], ()),
     "legacy_tokenizer": ([], ()),
     "ckpt_format": (["torch_dcp"], ()),
+    # Gradient-accumulation fusion, which it needs, runs on a GPU only.
+    "defer_embedding_wgrad_compute": ([], ()),
     # FP8 needs Transformer Engine on a GPU.
     "fp8": (["hybrid"], ()),
     "fp8_recipe": (["tensorwise", "--fp8-format", "hybrid"], ()),
@@ -563,6 +565,7 @@ def test_extra_section_lands_in_config_extra():
         ),
         (["--cross-entropy-fusion-impl", "te"], ["--cross-entropy-loss-fusion"]),
         (["--expert-model-parallel-size", "2"], ["--expert-model-parallel-size", "--num-experts"]),
+        (["--defer-embedding-wgrad-compute"], ["--defer-embedding-wgrad-compute", "> 1"]),
     ],
 )
 def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named):
@@ -581,6 +584,7 @@ def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named
         (["--log-timers-to-tensorboard"], ["--log-timers-to-tensorboard", "--tensorboard-dir"]),
         (["--no-log-loss-scale-to-tensorboard"], ["--no-log-loss-scale-to-tensorboard"]),
         (["--moe-router-topk", "4"], ["--moe-router-topk", "--num-experts"]),
+        (["--wgrad-deferral-limit", "2"], ["--wgrad-deferral-limit", "--defer-embedding"]),
         (["--cp-comm-type", "a2a"], ["--cp-comm-type", "--context-parallel-size > 1"]),
     ],
 )

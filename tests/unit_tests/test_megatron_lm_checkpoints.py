@@ -155,7 +155,7 @@ def test_a_run_saves_the_legacy_format_as_megatron_lm_writes_it(written, tmp_pat
     """--save with --ckpt-format torch (three of Megatron-LM's own test
     configs save so): the writer's state, loaded and saved at once, gives
     the writer's files back, every entry equal but ``args`` (each side's
-    own flags); and it loads back to the writer's whole state."""
+    own flags)."""
     legacy = tmp_path / "legacy"
     run_pretrain(
         4,
@@ -176,13 +176,7 @@ def test_a_run_saves_the_legacy_format_as_megatron_lm_writes_it(written, tmp_pat
                 assert got.pop("args").ckpt_format == "torch" and want.pop("args")
                 assert got["model"] and got["optimizer"]["optimizer"]["param_groups"]
             assert_same_state(got, want, f"{name}/{file}")
-    # And it is whole: loaded and saved torch_dist, it is the writer's reference.
-    again = tmp_path / "again"
-    again.mkdir()
-    ckpt = resume(again, legacy, SAVED_AT)
-    want = checkpoint_state(str(written / "reference"))
-    got = checkpoint_state(str(ckpt))
-    assert_same_state(without_content_metadata(got), without_content_metadata(want))
+    # Equal to the writer's files, it loads as they do (the tests above).
 
 
 def failed_run(nproc: int, args) -> str:
