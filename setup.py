@@ -33,6 +33,9 @@ setup(
         "transformers",
         "tensorboard",  # --tensorboard-dir (torch's SummaryWriter)
         "xxhash",  # the mirror's snapshot checksum (XXH3)
+        # megatron-core's rank layout of partial distributed optimizers
+        # (--num-distributed-optimizer-instances) rearranges ranks with it.
+        "einops",
     ],
     entry_points={
         "console_scripts": ["deadpool-launch = deadpool_ext.launch:main"],

@@ -217,6 +217,13 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
         )
+    if config.parallel.num_distributed_optimizer_instances > 1:
+        raise ConfigError(
+            "--deadpool with --num-distributed-optimizer-instances "
+            f"{config.parallel.num_distributed_optimizer_instances}: the mirror holds shards "
+            "of one distributed optimizer over the whole data-parallel group; use 1 under "
+            "--deadpool"
+        )
     if config.parallel.context_parallel_size > 1:
         raise ConfigError(
             f"--deadpool with --context-parallel-size {config.parallel.context_parallel_size}: "

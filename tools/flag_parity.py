@@ -58,6 +58,8 @@ def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
 # Shared flags with Megatron-LM's destination and default that act otherwise
 # in some case, and how.
 BEHAVIOUR = {
+    "--num-distributed-optimizer-instances": "not with --deadpool yet (the mirror holds one "
+    "distributed optimizer's shards)",
     "--defer-embedding-wgrad-compute": "GPU only: it needs gradient-accumulation fusion "
     "(Transformer Engine's layers or Apex's kernel), refused on a CPU",
     "--context-parallel-size": "not with --deadpool yet (a recovery rebuilds no context-parallel "

@@ -451,6 +451,7 @@ def _check_parallel_layout(config: Config) -> None:
         f"--pipeline-model-parallel-size" + (" / --context-parallel-size" if cp > 1 else ""),
     )
     _check_context_parallel(config)
+    _check_optimizer_instances(config)
     _require(
         not p.overlap_param_gather or p.use_distributed_optimizer,
         "--overlap-param-gather needs --use-distributed-optimizer",
@@ -460,6 +461,28 @@ def _check_parallel_layout(config: Config) -> None:
         "--overlap-param-gather needs --overlap-grad-reduce",
     )
     _require(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0")
+
+
+def _check_optimizer_instances(config: Config) -> None:
+    """megatron-core's rules for partial distributed optimizers: each instance
+    shards over an equal part of the data-parallel (and expert data-parallel)
+    ranks."""
+    p = config.parallel
+    copies = p.num_distributed_optimizer_instances
+    if copies == 1:
+        return
+    _require(copies > 1, f"--num-distributed-optimizer-instances {copies} must be >= 1")
+    _require(
+        p.use_distributed_optimizer,
+        f"--num-distributed-optimizer-instances {copies} copies the distributed optimizer: "
+        "add --use-distributed-optimizer",
+    )
+    ranks = config.data_parallel_size * p.context_parallel_size
+    _require(
+        ranks % copies == 0,
+        f"--num-distributed-optimizer-instances {copies} does not divide the {ranks} "
+        "data-parallel ranks (x context-parallel size): use a divisor of it",
+    )
 
 
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")

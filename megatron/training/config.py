@@ -226,6 +226,12 @@ class ParallelConfig:
     use_distributed_optimizer: bool = arg(
         False, help="Shard optimizer state over data-parallel ranks."
     )
+    num_distributed_optimizer_instances: int = arg(
+        1,
+        help="Copies of the distributed optimizer across the data-parallel ranks: each "
+        "shards its state over a part of them, and the parts all-reduce gradients (not "
+        "with --deadpool yet).",
+    )
     overlap_grad_reduce: bool = arg(False, help="Overlap gradient reduce with backward.")
     ddp_average_in_collective: bool = arg(
         False,

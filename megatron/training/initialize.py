@@ -75,6 +75,7 @@ def init_process_groups(config: Config) -> None:
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         context_parallel_size=p.context_parallel_size,
         hierarchical_context_parallel_sizes=p.hierarchical_context_parallel_sizes,
+        num_distributed_optimizer_instances=p.num_distributed_optimizer_instances,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.expert_tensor_parallel_size,
         distributed_timeout_minutes=int(max(1, p.distributed_timeout_minutes)),

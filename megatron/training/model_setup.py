@@ -258,6 +258,7 @@ def wrap_model(
         overlap_grad_reduce=p.overlap_grad_reduce,
         overlap_param_gather=p.overlap_param_gather,
         use_distributed_optimizer=p.use_distributed_optimizer,
+        num_distributed_optimizer_instances=p.num_distributed_optimizer_instances,
         average_in_collective=p.ddp_average_in_collective,
         check_for_nan_in_grad=config.training.check_for_nan_in_loss_and_grad,
     )

@@ -244,6 +244,7 @@ SPECIAL = {
     "num_layers_per_virtual_pipeline_stage": (["1"], 1, PP2, (), 2),
     "num_virtual_stages_per_pipeline_rank": (["2"], 2, PP2, (), 2),
     "context_parallel_size": (["2"], 2, [], (), 2),
+    "num_distributed_optimizer_instances": (["2"], 2, ["--use-distributed-optimizer"], (), 2),
     "cp_comm_type": (["a2a"], ["a2a"], ["--context-parallel-size", "2"], (), 2),
     "hierarchical_context_parallel_sizes": (["2"], [2], ["--context-parallel-size", "2"], (), 2),
     "decoder_first_pipeline_num_layers": (["3"], 3, PP2, (), 2),
@@ -808,6 +809,13 @@ def test_pipeline_splits_are_megatron_cores(pp, layers, flags, accepted):
     message = _config_error(line, world_size=pp)
     named = [f for f in flags if f.startswith("--") and f.split("-")[2] in ("decoder", "account")]
     _names_all(message, *(named[:1] or p[:1]))
+
+
+def test_partial_distributed_optimizers_follow_megatron_cores_rules():
+    two = ["--num-distributed-optimizer-instances", "2"]
+    _names_all(_config_error(argv(*two), world_size=2), two[0], "--use-distributed-optimizer")
+    message = _config_error(argv(*two, "--use-distributed-optimizer"), world_size=3)
+    _names_all(message, two[0], "does not divide the 3 data-parallel ranks")
 
 
 def test_world_not_divisible_by_tp_times_pp():

@@ -82,11 +82,13 @@ def test_one_node_is_refused_and_says_how_to_accept_it():
     assert "node" in message
 
 
-def test_context_parallelism_is_refused_under_deadpool_and_taken_without():
+def test_layouts_the_mirror_lacks_are_refused_under_deadpool_and_taken_without():
     cp = ["--context-parallel-size", "2", "--deadpool-ranks-per-node", "2"]
     message = error(DEADPOOL + cp, 8)
     assert "--context-parallel-size 2" in message and "--deadpool" in message
     assert parse(["--use-distributed-optimizer", "--context-parallel-size", "2"], 8)
+    two = ["--num-distributed-optimizer-instances", "2", "--deadpool-ranks-per-node", "2"]
+    assert "--num-distributed-optimizer-instances 2" in error(DEADPOOL + two, 8)
 
 
 def test_same_node_buddies_on_request():

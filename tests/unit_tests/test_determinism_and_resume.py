@@ -113,25 +113,26 @@ def test_a_checkpoint_loads_at_another_data_parallel_size(reference, tmp_path, c
     and saved again, then loaded by 8 ranks (DP 2) and saved: both hold the
     reference's state bit for bit. Nothing is trained (the loads are at the
     last iteration), so any element misplaced by the re-sharding shows."""
-    common = TINY_GPT + [
-        "--tensor-model-parallel-size",
-        "2",
-        "--pipeline-model-parallel-size",
-        "2",
-        "--use-distributed-optimizer",
-        "--global-batch-size",
-        "8",
-        "--data-path",
-        corpus_prefix,
-        "--train-iters",
-        str(ITERS),
-    ]
+    common = TINY_GPT + LAYOUT_8 + ["--data-path", corpus_prefix, "--train-iters", str(ITERS)]
     run_pretrain(4, common + ["--load", str(reference / "ckpt"), "--save", str(tmp_path / "dp1")])
     assert saved_args(str(tmp_path / "dp1")).data_parallel_size == 1
     run_pretrain(8, common + ["--load", str(tmp_path / "dp1"), "--save", str(tmp_path / "dp2")])
     final_ref = checkpoint_state(str(reference / "ckpt"))
     assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp1")))
     assert_same_state(final_ref, checkpoint_state(str(tmp_path / "dp2")))
+
+
+def test_two_distributed_optimizers_load_and_save_the_same_state(
+    reference, tmp_path, corpus_prefix
+):
+    """--num-distributed-optimizer-instances 2 (one optimizer per replica,
+    gradients all-reduced between them): the reference's final checkpoint,
+    loaded and saved so, holds its state bit for bit."""
+    common = TINY_GPT + LAYOUT_8 + ["--data-path", corpus_prefix, "--train-iters", str(ITERS)]
+    two = ["--num-distributed-optimizer-instances", "2"]
+    run_pretrain(8, common + two + ["--load", str(reference / "ckpt"), "--save", str(tmp_path)])
+    assert saved_args(str(tmp_path)).num_distributed_optimizer_instances == 2
+    assert_same_state(checkpoint_state(str(reference / "ckpt")), checkpoint_state(str(tmp_path)))
 
 
 def shard_files(directory) -> list:

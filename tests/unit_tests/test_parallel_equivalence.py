@@ -79,6 +79,13 @@ def single_process(tmp_path_factory, corpus_prefix):
             + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
         ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
+        # Two distributed optimizers, each sharded over 2 of the 4 replicas.
+        (
+            "dp4-two-optimizers",
+            4,
+            ["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"]
+            + ["--micro-batch-size", "1"],
+        ),
         # Context parallelism: each rank holds two chunks of every sequence
         # and attends to the keys and values gathered from the other.
         ("cp2", 2, ["--context-parallel-size", "2"]),
