@@ -610,9 +610,8 @@ def _check_model_features(config: Config) -> None:
     p = config.parallel
     comm_given = p.cp_comm_type != ["p2p"] or p.hierarchical_context_parallel_sizes is not None
     cp_flags = [("--cp-comm-type, --hierarchical-context-parallel-sizes", comm_given)]
-    if _ignored_without("--context-parallel-size > 1", p.context_parallel_size > 1, cp_flags):
-        return
-    if comm_given and not uses_te:
+    _ignored_without("--context-parallel-size > 1", p.context_parallel_size > 1, cp_flags)
+    if comm_given and p.context_parallel_size > 1 and not uses_te:
         _warn(
             "--cp-comm-type and --hierarchical-context-parallel-sizes choose Transformer "
             "Engine's context-parallel communication; without it (torch SDPA) keys and values "
@@ -639,8 +638,7 @@ def _check_wgrad_deferral(config: Config) -> None:
     """megatron-core's rules for --defer-embedding-wgrad-compute, checked now."""
     t, p = config.training, config.parallel
     limit = [("--wgrad-deferral-limit", t.wgrad_deferral_limit != 0)]
-    if _ignored_without("--defer-embedding-wgrad-compute", t.defer_embedding_wgrad_compute, limit):
-        return
+    _ignored_without("--defer-embedding-wgrad-compute", t.defer_embedding_wgrad_compute, limit)
     if not t.defer_embedding_wgrad_compute:
         return
     _require(

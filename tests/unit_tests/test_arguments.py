@@ -811,6 +811,20 @@ def test_pipeline_splits_are_megatron_cores(pp, layers, flags, accepted):
     _names_all(message, *(named[:1] or p[:1]))
 
 
+def test_a_deferral_limit_does_not_let_deferral_past_its_checks():
+    """Given with its companion, --wgrad-deferral-limit is no reason to skip
+    the companion's own rules: on a CPU the deferral is still refused."""
+    flags = ["--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", "2"]
+    message = _config_error(argv(*flags, "--pipeline-model-parallel-size", "2"), world_size=2)
+    _names_all(message, "--defer-embedding-wgrad-compute", "gradient-accumulation fusion")
+
+
+def test_context_parallel_communication_without_te_is_said_to_gather(capsys):
+    cp = ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]
+    parse_args(argv(*cp), world_size=2)
+    _names_all(capsys.readouterr().out, "WARNING:", "--cp-comm-type", "gathered")
+
+
 def test_partial_distributed_optimizers_follow_megatron_cores_rules():
     two = ["--num-distributed-optimizer-instances", "2"]
     _names_all(_config_error(argv(*two), world_size=2), two[0], "--use-distributed-optimizer")
