@@ -51,9 +51,17 @@ RELEASE_GRACE_S = 1.0
 # Under --deadpool-rebuild-groups changed the grace's release spares the
 # groups a hot swap may keep (only groups with a lost member are shut down:
 # a main thread blocked in one is freed); a main thread still not stopped
-# this long after the announcement is blocked in a group that could be
-# kept, and everything is released then.
+# this long after the announcement, and found waiting on a peer (its stack
+# in a collective, a send, a receive or a checkpoint: rank/whereabouts.py),
+# is blocked in a group that could be kept, and everything is released then.
 RELEASE_ALL_AFTER_S = 2 * RELEASE_GRACE_S
+# A main thread that still computes then (the rest of its iteration on a
+# loaded host) is let go on: it stops at its next collective or reaches its
+# own tear-down, and keeps its groups. This long after the announcement it
+# is released whatever its stack shows (a wait no Python frame shows, as a
+# spin on a GPU stream, reads as computing); the coordinator's stuck watch
+# comes later (STUCK_REPORT_TIMEOUTS).
+RELEASE_ALL_COMPUTING_AFTER_S = 10 * RELEASE_GRACE_S
 # How often an agent reads its workers' GPUs through NVML (and at once when a
 # failure is announced): a spare whose GPU went bad is taken out of the ready
 # spares within this (control/gpu_health.py).

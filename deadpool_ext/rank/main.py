@@ -28,7 +28,15 @@ from deadpool_ext import protocol as P
 from deadpool_ext.config import section
 from deadpool_ext.inject import Injector, parse_faults
 from deadpool_ext.lifetime import die_with_parent
-from deadpool_ext.protocol import Action, Decision, ExitCode, Role, WorkerEnv, WorkerState
+from deadpool_ext.protocol import (
+    Action,
+    Decision,
+    ExitCode,
+    Role,
+    Where,
+    WorkerEnv,
+    WorkerState,
+)
 from deadpool_ext.rank import rebuild, recovery, whereabouts
 from deadpool_ext.rank.errors import Failure, classify, summary, traceback_text
 from deadpool_ext.rank.generation import (
@@ -48,6 +56,15 @@ from deadpool_ext.wire import (
     listening,
     standby_channel,
 )
+
+
+def releases_all(waited_s: float, main_thread: Optional[Where]) -> bool:
+    """Whether a release ``waited_s`` after a failure's announcement also
+    shuts the groups a hot swap may keep: only a main thread blocked in one
+    needs it, and one that computes (``main_thread``) is not blocked yet."""
+    if waited_s >= P.RELEASE_ALL_COMPUTING_AFTER_S:
+        return True
+    return waited_s >= P.RELEASE_ALL_AFTER_S and main_thread != Where.COMPUTE
 
 
 class ControlClient:
@@ -192,9 +209,10 @@ class ControlClient:
         are dead: RELEASE_GRACE_S later, shut their connections down, so a
         main thread blocked in a collective (and every peer blocked on this
         rank) is released then, not when its peers' sockets happen to close.
-        Groups a hot swap may keep are spared until RELEASE_ALL_AFTER_S (a
-        main thread blocked in a group with a lost member is freed without
-        them). A grow lets the iteration finish; ranks release at the boundary."""
+        Groups a hot swap may keep are spared while the main thread may still
+        stop on its own (``releases_all``); a main thread blocked in a group
+        with a lost member is freed without them. A grow lets the iteration
+        finish; ranks release at the boundary."""
         if latest.get("grow"):
             return
         gen = int(latest["gen"])
@@ -205,7 +223,9 @@ class ControlClient:
             return
         try:
             keep = set()
-            if self.keepable is not None and waited < P.RELEASE_ALL_AFTER_S:
+            if self.keepable is not None and not releases_all(
+                waited, whereabouts.where(self._main_thread)
+            ):
                 keep = self.generation.sockets_of(self.keepable(latest.get("lost", [])))
             self.generation.release_if_older(gen, by="heartbeat thread", keep=keep)
         except Exception as error:  # noqa: BLE001 - the thread must go on beating

@@ -266,9 +266,11 @@ class Recovery:
         # mirror's exchange, fail at once instead of waiting on sockets
         # that forked processes or live objects keep open. Groups that may
         # be kept stay connected until the decision.
+        intact = 0
         if self.slots is None and self.may_keep_groups():
             keepable = self.keepable(self.ctx.current().get("lost", []))
             self.intact = self.ctx.generation.hold(keepable, by="tear_down")
+            intact = len(self.intact)
         else:
             self.ctx.generation.release(by="tear_down")
         if self.mirror is not None:
@@ -284,6 +286,9 @@ class Recovery:
             "groups_torn_down",
             ms=round((time.monotonic() - start) * 1e3, 1),
             released=self.ctx.generation.released,
+            # The groups it may keep that no release reached (none once its
+            # heartbeat thread released it whole).
+            groups_intact=intact,
         )
 
     def detach(self, keep: Optional[Dict[str, object]] = None) -> None:

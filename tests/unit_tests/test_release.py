@@ -27,6 +27,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from deadpool_ext import protocol as P
+from deadpool_ext.protocol import Where
 from deadpool_ext.wire import connect, control_connect, listening
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.rank.generation import Generation
@@ -290,11 +292,13 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
     assert Recorded.calls == [(1, "heartbeat thread")]
 
 
-def test_with_groups_to_keep_the_heartbeat_spares_them_first_and_releases_all_later(monkeypatch):
+def test_with_groups_to_keep_the_heartbeat_spares_them_until_the_main_thread_blocks(monkeypatch):
     """--deadpool-rebuild-groups changed: after the grace only groups with a
     lost member are shut down (a main thread blocked in one is freed, the
-    groups that may be kept stay whole); a main thread still not stopped
-    RELEASE_ALL_AFTER_S after the announcement has everything released."""
+    groups that may be kept stay whole). RELEASE_ALL_AFTER_S after the
+    announcement a main thread that still computes is let go on; once it
+    waits on a peer it is blocked in a group that could be kept, and
+    everything is released."""
     from deadpool_ext.rank import main as worker
 
     class Recorded:
@@ -308,8 +312,11 @@ def test_with_groups_to_keep_the_heartbeat_spares_them_first_and_releases_all_la
 
     monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
     monkeypatch.setattr(worker.P, "RELEASE_ALL_AFTER_S", 0.3)
+    main_thread = [Where.COMPUTE]
+    monkeypatch.setattr(worker.whereabouts, "where", lambda thread: main_thread[0])
     ctx = object.__new__(worker.ControlClient)
     ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
+    ctx._main_thread = threading.main_thread().ident
     asked = []
     ctx.keepable = lambda lost: asked.append(list(lost)) or ["0,1#0"]
     ctx._release_if_superseded({"gen": 1, "lost": [3]})
@@ -317,8 +324,32 @@ def test_with_groups_to_keep_the_heartbeat_spares_them_first_and_releases_all_la
     ctx._release_if_superseded({"gen": 1, "lost": [3]})
     assert Recorded.calls == [[101, 102]] and asked == [[3]]
     time.sleep(0.2)
+    ctx._release_if_superseded({"gen": 1, "lost": [3]})  # computing: not blocked yet
+    assert Recorded.calls == [[101, 102]] * 2
+    main_thread[0] = Where.COMMUNICATION
     ctx._release_if_superseded({"gen": 1, "lost": [3]})
-    assert Recorded.calls == [[101, 102], []] and ctx.release_error is None
+    assert Recorded.calls == [[101, 102]] * 2 + [[]] and ctx.release_error is None
+
+
+def test_a_main_thread_is_released_whole_once_blocked_or_past_the_bound():
+    """Blocked: waiting on a peer, checkpointing, or with no Python frame to
+    tell; a thread that reads as computing goes only past the bound (a spin
+    on a GPU stream reads so)."""
+    from deadpool_ext.rank.main import releases_all
+
+    early, due, late = (
+        P.RELEASE_ALL_AFTER_S / 2,
+        P.RELEASE_ALL_AFTER_S,
+        P.RELEASE_ALL_COMPUTING_AFTER_S,
+    )
+    assert not any(releases_all(early, where) for where in (*Where, None))
+    assert [releases_all(due, where) for where in (*Where, None)] == [False, True, True, True]
+    assert all(releases_all(late, where) for where in (*Where, None))
+    assert (
+        P.RELEASE_ALL_AFTER_S
+        < P.RELEASE_ALL_COMPUTING_AFTER_S
+        < P.HEARTBEAT_TIMEOUT_S * P.STUCK_REPORT_TIMEOUTS
+    )
 
 
 def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which_leaves():
