@@ -1058,16 +1058,6 @@ def _check_interleaved_schedule(config: Config) -> None:
         + ("" if overlap else " with --no-overlap-p2p-communication")
         + f", not {pp}",
     )
-    _require(
-        not config.checkpoint.dist_ckpt_optim_fully_reshardable
-        or config.model.untie_embeddings_and_output_weights,
-        "--dist-ckpt-optim-fully-reshardable with virtual pipeline stages and tied embeddings: "
-        "megatron-core 0.16 then saves the word embedding's optimizer state from the wrong "
-        "place (measured here: its main parameter differs from the model's weight), and the "
-        "run resumed from it diverges. Drop the flag (the default dp_reshardable save resumes "
-        "bit for bit at the same layout, and the model loads at any), or add "
-        "--untie-embeddings-and-output-weights",
-    )
     problem = interleaving_problem_at(config, config.data_parallel_size)
     _require(
         problem is None,

@@ -44,6 +44,7 @@ def setup_device(config: Config) -> bool:
     on_cpu = config.parallel.cpu or not torch.cuda.is_available()
     cpu_compat.define_missing_te_names()
     optimizer_layout.patch_reshardable_load()
+    optimizer_layout.patch_reshardable_save()
     if config.training.deterministic_mode:  # as Megatron-LM
         torch.use_deterministic_algorithms(True)
     if on_cpu:

@@ -13,7 +13,8 @@ optimizer) are sliced over the expert-data-parallel group instead: their
 full state comes from the shards of the ranks holding the same experts.
 Used by deadpool's shrink and grow (checkpoints are re-cut by
 dist_checkpointing); also the fixes megatron-core's distributed optimizer
-needs around a checkpoint when torch's Adam is used.
+needs around a checkpoint: when torch's Adam is used, and where it
+describes its state fully reshardable.
 """
 
 import functools
@@ -108,6 +109,50 @@ def patch_reshardable_load() -> None:
 
     set_states._deadpool_patched = True
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+
+def patch_reshardable_save() -> None:
+    """megatron-core 0.16 describes a distributed optimizer's state fully
+    reshardable (saving it, and the description a load fills) from a copy
+    of each buffer's state gathered without the buckets' end padding, but
+    cuts each parameter's state from that copy at the parameter's place in
+    the padded buffer: a parameter in any bucket after the first gets state
+    from further on (a tied embedding in its bucket of its own, the buckets
+    of --overlap-grad-reduce), and a run resumed from it diverges. While it
+    describes the state, each buffer's map of parameter places is swapped
+    for the places in the gathered copy."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer.sharded_param_state_fully_reshardable
+    if getattr(original, "_deadpool_patched", False):
+        return  # once per process
+
+    @functools.wraps(original)
+    def sharded_state(self, *args, **kwargs):
+        padded = [buffer.param_index_map for buffer in self.buffers]
+        try:
+            for buffer in self.buffers:
+                buffer.param_index_map = places_without_bucket_padding(buffer)
+            return original(self, *args, **kwargs)
+        finally:
+            for buffer, index_map in zip(self.buffers, padded):
+                buffer.param_index_map = index_map
+
+    sharded_state._deadpool_patched = True
+    DistributedOptimizer.sharded_param_state_fully_reshardable = sharded_state
+
+
+def places_without_bucket_padding(buffer) -> dict:
+    """Each parameter's (start, end, bucket) in its buffer with the padding
+    at the end of every bucket left out (the buckets lie end to end)."""
+    shift, unpadded = [], 0
+    for bucket in buffer.buckets:
+        shift.append(bucket.offset - unpadded)
+        unpadded += bucket.numel_unpadded
+    return {
+        param: (start - shift[bucket], end - shift[bucket], bucket)
+        for param, (start, end, bucket) in buffer.param_index_map.items()
+    }
 
 
 @dataclass

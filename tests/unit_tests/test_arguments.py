@@ -728,8 +728,9 @@ def test_virtual_pipeline_stages_follow_megatron_lms_rules():
         six + ["--microbatch-group-size-per-virtual-pipeline-stage", "5"], world_size=2
     )
     _names_all(message, "last group of 1")
-    tied = _config_error(argv(*no_overlap, "--dist-ckpt-optim-fully-reshardable"), world_size=2)
-    _names_all(tied, "--dist-ckpt-optim-fully-reshardable", "--untie-embeddings-and-output-weights")
+    # megatron-core's fully reshardable save of a tied embedding is fixed
+    # here (test_determinism_and_resume.py): the interleaved schedule takes it.
+    parse_args(argv(*no_overlap, "--dist-ckpt-optim-fully-reshardable"), world_size=2)
 
 
 FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
