@@ -230,6 +230,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "a recovery rebuilds tensor, pipeline, data and expert-parallel groups, no "
             "context-parallel one yet; use --context-parallel-size 1 under --deadpool"
         )
+    if config.parallel.overlap_param_gather_with_optimizer_step:
+        raise ConfigError(
+            "--deadpool with --overlap-param-gather-with-optimizer-step: its optimizer is "
+            "two distributed optimizers (the first model chunk's apart), whose mirrors and "
+            "recoveries are not tested yet; drop the flag under --deadpool"
+        )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)
@@ -338,6 +344,16 @@ def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> Non
         raise ConfigError(
             f"{where}: node {fault.node} does not train (nodes 0 to {world_size_in_nodes - 1} "
             "do; spare nodes hold no rank until one dies)"
+        )
+    p = config.parallel
+    if (
+        fault.phase == "optimizer"
+        and p.overlap_param_gather
+        and not (p.overlap_param_gather_with_optimizer_step)
+    ):
+        raise ConfigError(
+            f"{where}: phase=optimizer never comes with --overlap-param-gather (each bucket's "
+            "all-gather starts in the next forward, not after the step): choose another phase"
         )
     last = config.training.train_iters
     if fault.phase != "recovery" and fault.iteration > last:

@@ -60,6 +60,8 @@ def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
 BEHAVIOUR = {
     "--num-distributed-optimizer-instances": "not with --deadpool yet (the mirror holds one "
     "distributed optimizer's shards)",
+    "--overlap-param-gather-with-optimizer-step": "not with --deadpool yet (its two "
+    "distributed optimizers' mirrors are untested)",
     "--defer-embedding-wgrad-compute": "GPU only: it needs gradient-accumulation fusion "
     "(Transformer Engine's layers or Apex's kernel), refused on a CPU",
     "--context-parallel-size": "not with --deadpool yet (a recovery rebuilds no context-parallel "

@@ -460,7 +460,30 @@ def _check_parallel_layout(config: Config) -> None:
         not p.overlap_param_gather or p.overlap_grad_reduce,
         "--overlap-param-gather needs --overlap-grad-reduce",
     )
+    _check_optimizer_step_overlap(config)
     _require(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0")
+
+
+def _check_optimizer_step_overlap(config: Config) -> None:
+    """Megatron-LM's rules for --overlap-param-gather-with-optimizer-step: the
+    first chunk's all-gather is dispatched from the optimizer's step, which
+    only the distributed optimizer's overlapped all-gather of interleaved
+    chunks does, and its checkpoint is Megatron-LM's torch format."""
+    p, flag = config.parallel, "--overlap-param-gather-with-optimizer-step"
+    if not p.overlap_param_gather_with_optimizer_step:
+        return
+    _require(p.use_distributed_optimizer, f"{flag} needs --use-distributed-optimizer")
+    _require(p.overlap_param_gather, f"{flag} needs --overlap-param-gather")
+    _require(
+        config.virtual_pipeline_model_parallel_size is not None,
+        f"{flag} needs the interleaved schedule: add --num-layers-per-virtual-pipeline-stage "
+        "or --num-virtual-stages-per-pipeline-rank",
+    )
+    _require(
+        config.checkpoint.ckpt_format == "torch",
+        f"{flag} saves and loads only --ckpt-format torch (Megatron-LM's distributed "
+        f"checkpoint does not take it yet), not {config.checkpoint.ckpt_format}",
+    )
 
 
 def _check_optimizer_instances(config: Config) -> None:

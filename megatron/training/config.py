@@ -241,6 +241,12 @@ class ParallelConfig:
     overlap_param_gather: bool = arg(
         False, help="Overlap parameter all-gather with forward (distributed optimizer)."
     )
+    overlap_param_gather_with_optimizer_step: bool = arg(
+        False,
+        help="Start the first model chunk's parameter all-gather as soon as its optimizer "
+        "has stepped, overlapping the other chunks' steps (interleaved schedule, "
+        "--overlap-param-gather, --ckpt-format torch).",
+    )
     use_tp_pp_dp_mapping: bool = arg(
         False,
         help="Number ranks tp fastest, then pp, then dp (default: tp, dp, pp), so a "

@@ -219,7 +219,8 @@ def moe_settings(config: Config) -> dict:
 class HookedDistributedDataParallel(DistributedDataParallel):
     """megatron-core's DDP with one hook point more: callbacks run just
     before the parameter all-gather starts, which the distributed optimizer
-    starts right after it updated its shard (inside ``optimizer.step()``)."""
+    starts right after it updated its shard (inside ``optimizer.step()``),
+    once per iteration."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -228,10 +229,13 @@ class HookedDistributedDataParallel(DistributedDataParallel):
     def register_param_sync_hook(self, hook: Callable[[], None]) -> None:
         self._param_sync_hooks.append(hook)
 
-    def start_param_sync(self, *args, **kwargs):
-        for hook in self._param_sync_hooks:
-            hook()
-        return super().start_param_sync(*args, **kwargs)
+    def start_param_sync(self, *args, force_sync: bool = False, force_dispatch: bool = False):
+        # Started from the optimizer's step (--overlap-param-gather-with-
+        # optimizer-step), the chunk's later calls start nothing: no hook.
+        if force_sync or force_dispatch or not self.overlap_param_gather_with_optimizer_step:
+            for hook in self._param_sync_hooks:
+                hook()
+        return super().start_param_sync(*args, force_sync=force_sync, force_dispatch=force_dispatch)
 
 
 def reduce_grads_in_fp32(config: Config) -> bool:
@@ -262,8 +266,11 @@ def wrap_model(
         average_in_collective=p.ddp_average_in_collective,
         check_for_nan_in_grad=config.training.check_for_nan_in_loss_and_grad,
     )
+    # With the first chunk's all-gather started from the optimizer's step,
+    # that chunk's is one bucket too (as Megatron-LM).
+    one_bucket = chunk > 0 or p.overlap_param_gather_with_optimizer_step
     model = HookedDistributedDataParallel(
-        config=tf_config, ddp_config=ddp_config, module=module, disable_bucketing=chunk > 0
+        config=tf_config, ddp_config=ddp_config, module=module, disable_bucketing=one_bucket
     )
     # Megatron broadcasts params from DP rank 0 so replicas start equal even
     # if their initialisation differed.
@@ -293,6 +300,7 @@ def build_optimizer(model: List[DistributedDataParallel], config: Config):
         hysteresis=t.hysteresis,
         use_distributed_optimizer=p.use_distributed_optimizer,
         overlap_param_gather=p.overlap_param_gather,
+        overlap_param_gather_with_optimizer_step=p.overlap_param_gather_with_optimizer_step,
         decoupled_lr=t.decoupled_lr,
         decoupled_min_lr=t.decoupled_min_lr,
         log_num_zeros_in_grad=config.logging.log_num_zeros_in_grad,

@@ -258,6 +258,16 @@ SPECIAL = {
         (),
         1,
     ),
+    "overlap_param_gather_with_optimizer_step": (
+        [],
+        True,
+        ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+        + ["--ckpt-format", "torch"]
+        + PP2
+        + VPP2,
+        (),
+        2,
+    ),
     "tokenizer_type": (["NullTokenizer"], "NullTokenizer", ["--vocab-size", "100"], (), 1),
     "vocab_size": (["1000"], 1000, [], (), 1),
     "split": (["90,8,2"], "90,8,2", [], (), 1),
@@ -968,6 +978,25 @@ def test_sequence_parallel_needs_the_norm_layers_of_te_or_apex(monkeypatch):
 def test_overlap_param_gather_without_distributed_optimizer():
     message = _config_error(argv("--overlap-param-gather", "--overlap-grad-reduce"))
     _names_all(message, "--overlap-param-gather", "--use-distributed-optimizer")
+
+
+def test_overlapping_the_all_gather_with_the_step_takes_megatron_lms_rules():
+    flag = "--overlap-param-gather-with-optimizer-step"
+    ready = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    interleaved = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage"]
+    interleaved += ["1", "--num-layers", "4", "--global-batch-size", "8"]
+    torch_format = ["--ckpt-format", "torch"]
+    config = parse_args(argv(flag, *ready, *interleaved, *torch_format), world_size=4)
+    assert config.parallel.overlap_param_gather_with_optimizer_step
+    for dropped, says in [
+        ("--overlap-param-gather", "--overlap-param-gather"),
+        ("--num-layers-per-virtual-pipeline-stage", "interleaved"),
+        ("--ckpt-format", "torch_dist"),
+    ]:
+        args = [flag, *ready, *interleaved, *torch_format]
+        cut = args.index(dropped)
+        args = args[:cut] + args[cut + (1 if dropped.startswith("--overlap") else 2) :]
+        _names_all(_config_error(argv(*args), world_size=4), flag, says)
 
 
 def test_hidden_not_divisible_by_heads():

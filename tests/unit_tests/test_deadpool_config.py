@@ -89,6 +89,13 @@ def test_layouts_the_mirror_lacks_are_refused_under_deadpool_and_taken_without()
     assert parse(["--use-distributed-optimizer", "--context-parallel-size", "2"], 8)
     two = ["--num-distributed-optimizer-instances", "2", "--deadpool-ranks-per-node", "2"]
     assert "--num-distributed-optimizer-instances 2" in error(DEADPOOL + two, 8)
+    overlap = ["--overlap-grad-reduce", "--overlap-param-gather"]
+    overlap += ["--overlap-param-gather-with-optimizer-step", "--ckpt-format", "torch"]
+    interleaved = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage"]
+    interleaved += ["1", "--num-layers", "4", "--global-batch-size", "8"]
+    message = error(DEADPOOL + overlap + interleaved + ["--deadpool-ranks-per-node", "2"], 8)
+    assert "--overlap-param-gather-with-optimizer-step" in message and "--deadpool" in message
+    assert parse(["--use-distributed-optimizer"] + overlap + interleaved, 8)
 
 
 def test_same_node_buddies_on_request():
@@ -228,6 +235,13 @@ def test_fault_injection_is_checked_and_needs_the_launcher():
 def test_a_fault_that_can_never_fire_is_refused(spec, says):
     """On 2 nodes of 1 rank: a test whose fault cannot fire cannot fail."""
     assert says in error(DEADPOOL + ["--deadpool-inject", spec], 2, LAUNCHED)
+
+
+def test_the_optimizer_phase_never_comes_when_the_all_gather_starts_in_the_forward():
+    overlap = ["--overlap-grad-reduce", "--overlap-param-gather"]
+    spec = ["--deadpool-inject", "kill:rank=1:iter=3:phase=optimizer"]
+    assert "phase=optimizer never comes" in error(DEADPOOL + overlap + spec, 2, LAUNCHED)
+    parse(DEADPOOL + spec, 2, LAUNCHED)
 
 
 def test_a_save_fault_fires_at_an_interval_save_or_the_last_one(tmp_path):
