@@ -39,9 +39,15 @@ def layer_spec(config, tf_config, on_cpu: bool, vp_stage=None):
             vp_stage=vp_stage,
         )
     elif use_te:
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=m.qk_layernorm)
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention
+        )
     else:
-        spec = get_gpt_layer_local_spec(normalization=m.normalization, qk_layernorm=m.qk_layernorm)
+        spec = get_gpt_layer_local_spec(
+            normalization=m.normalization,
+            qk_layernorm=m.qk_layernorm,
+            multi_latent_attention=m.multi_latent_attention,
+        )
     return with_run_attention(spec, config, on_cpu)
 
 

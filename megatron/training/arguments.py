@@ -13,7 +13,11 @@ import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from megatron.training import gpu_sharing
-from megatron.training.attention import attention_problem
+from megatron.training.attention import (
+    attention_masked_by,
+    attention_problem,
+    local_attention_lacks,
+)
 from megatron.training.config import SECTIONS, TRACKER, Config, split_numbers
 from megatron.training.schedule import GlobalBatch, interleaving_problem_at, schedule_in_samples
 
@@ -356,6 +360,40 @@ def _require_with(anchor: str, present: bool, dependents: List[Tuple[str, bool]]
     return given
 
 
+def _check_latent_attention(config: Config, on_gpu: bool) -> None:
+    """Multi-latent attention's rules (Megatron-LM's, and what megatron-core
+    runs here); its flags mean nothing without it."""
+    m = config.model
+    defaults = {f.name: f.default for f in dataclasses.fields(m)}
+    mla_flags = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim")
+    mla_flags += ("v_head_dim", "rotary_scaling_factor", "mscale", "mscale_all_dim")
+    _ignored_without(
+        "--multi-latent-attention",
+        m.multi_latent_attention,
+        [("--" + name.replace("_", "-"), getattr(m, name) != defaults[name]) for name in mla_flags],
+    )
+    _require(
+        m.multi_latent_attention or m.rope_type in (None, "rope"),
+        f"--rope-type {m.rope_type} is multi-latent attention's: other attention takes rope "
+        "only (add --multi-latent-attention, or drop --rope-type)",
+    )
+    if not m.multi_latent_attention:
+        return
+    _require(
+        not m.group_query_attention,
+        "--multi-latent-attention and --group-query-attention exclude each other (MLA's keys "
+        "and values come from a low-rank projection of their own): drop one",
+    )
+    sizes = [("--" + name.replace("_", "-"), getattr(m, name)) for name in mla_flags[:5]]
+    small = [f"{flag} {size}" for flag, size in sizes if size is not None and size < 1]
+    _require(not small, f"{', '.join(small)}: multi-latent attention's sizes must be >= 1")
+    _require(
+        on_gpu or config.parallel.context_parallel_size == 1,
+        "--multi-latent-attention with --context-parallel-size > 1: megatron-core's rotary "
+        "embedding then pins host memory, which needs a GPU: use --context-parallel-size 1 here",
+    )
+
+
 def _ignored_without(anchor: str, present: bool, dependents: List[Tuple[str, bool]]) -> List[str]:
     """Flags that only mean something with ``anchor``, given without it:
     Megatron-LM ignores them, and so does this build, saying so in a
@@ -607,6 +645,7 @@ def _check_model_features(config: Config) -> None:
     _check_pipeline_overlap(config)
     uses_te = _uses_transformer_engine(config)
     on_gpu = config.parallel.distributed_backend == "nccl"
+    _check_latent_attention(config, on_gpu)
     _require(
         not m.apply_layernorm_1p or uses_te or (on_gpu and _importable("apex")),
         "--apply-layernorm-1p needs Transformer Engine's or Apex's LayerNorm (torch's has "
@@ -626,8 +665,8 @@ def _check_model_features(config: Config) -> None:
         uses_te,
         on_cpu=not on_gpu,
         dropout=m.attention_dropout,
-        masked=config.data.reset_attention_mask and config.data.create_attention_mask_in_dataloader,
-        context_parallel=config.parallel.context_parallel_size > 1,
+        masked_by=attention_masked_by(config),
+        local_lacks=local_attention_lacks(config),
     )
     _require(problem is None, problem or "")
     p = config.parallel

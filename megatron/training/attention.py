@@ -31,9 +31,11 @@ local      refused                  megatron-core's ``DotProductAttention``
 
 On a CPU ``auto`` keeps megatron-core's attention, which the CPU test
 suite's references and Megatron-LM checkpoint tests were made with, unless
-the run has context parallelism (--context-parallel-size > 1), which
-megatron-core's attention lacks and SDPA here has: each rank's queries
-attend to keys and values gathered from the context-parallel group.
+the run needs what megatron-core's attention lacks and SDPA here has
+(``local_attention_lacks``): context parallelism (--context-parallel-size >
+1: each rank's queries attend to keys and values gathered from the
+context-parallel group), or multi-latent attention's heads (values of
+another head dimension than queries and keys).
 """
 
 from typing import Optional
@@ -41,16 +43,37 @@ from typing import Optional
 TE, LOCAL, SDPA = "transformer_engine", "local", "sdpa"
 
 
+def attention_masked_by(config) -> Optional[str]:
+    """The flag that gives this run's core attention a mask, if any: the data
+    loader's masks, or context parallelism's (queries against the keys of
+    the whole sequence)."""
+    if config.data.reset_attention_mask and config.data.create_attention_mask_in_dataloader:
+        return "--reset-attention-mask"
+    if config.parallel.context_parallel_size > 1:
+        return "--context-parallel-size > 1"
+    return None
+
+
+def local_attention_lacks(config) -> Optional[str]:
+    """What this run needs that megatron-core's own core attention lacks
+    (None: nothing)."""
+    if config.parallel.context_parallel_size > 1:
+        return "context parallelism"
+    if config.model.multi_latent_attention:
+        return "multi-latent attention's head dimensions"
+    return None
+
+
 def core_attention_kind(
-    backend: str, uses_te: bool, on_cpu: bool, context_parallel: bool = False
+    backend: str, uses_te: bool, on_cpu: bool, local_lacks: Optional[str] = None
 ) -> str:
     """Whose core attention a run gets: Transformer Engine's, megatron-core's
-    (local) or torch's SDPA (the table in this module's docstring). With
-    context parallelism ``auto`` on a CPU is SDPA: megatron-core's own
-    attention has none."""
+    (local) or torch's SDPA (the table in this module's docstring). Where
+    megatron-core's attention lacks what the run needs (``local_lacks``),
+    ``auto`` on a CPU is SDPA."""
     if uses_te:
         return TE
-    if backend == "local" or (backend == "auto" and on_cpu and not context_parallel):
+    if backend == "local" or (backend == "auto" and on_cpu and local_lacks is None):
         return LOCAL
     return SDPA
 
@@ -60,31 +83,31 @@ def attention_problem(
     uses_te: bool,
     on_cpu: bool,
     dropout: float,
-    masked: bool = False,
-    context_parallel: bool = False,
+    masked_by: Optional[str] = None,
+    local_lacks: Optional[str] = None,
 ) -> Optional[str]:
     """Why this backend cannot run here (a message naming what to change),
-    or None. ``masked``: the data loader gives attention masks
-    (--reset-attention-mask). Checked when the flags are parsed."""
+    or None. ``masked_by``: the flag that gives the attention a mask;
+    ``local_lacks``: what megatron-core's attention lacks that the run
+    needs. Checked when the flags are parsed."""
     if uses_te and backend == "local":
         return (
             "--attention-backend local is megatron-core's own attention, which goes with "
             "its local layers: add --transformer-impl local, or choose auto, flash, fused "
             "or unfused (Transformer Engine's)"
         )
-    kind = core_attention_kind(backend, uses_te, on_cpu, context_parallel)
-    if kind == LOCAL and context_parallel:
+    kind = core_attention_kind(backend, uses_te, on_cpu, local_lacks)
+    if kind == LOCAL and local_lacks is not None:
         return (
-            "--attention-backend local (megatron-core's own attention) has no context "
-            "parallelism: use auto or unfused (torch's SDPA), or Transformer Engine's layers"
+            f"--attention-backend local (megatron-core's own attention) has no {local_lacks}: "
+            "use auto or unfused (torch's SDPA), or Transformer Engine's layers"
         )
     if kind != SDPA:
         return None
-    if backend == "flash" and (masked or context_parallel):
-        why = "--reset-attention-mask" if masked else "--context-parallel-size > 1"
+    if backend == "flash" and masked_by is not None:
         return (
             "--attention-backend flash is torch's flash kernel without Transformer Engine, "
-            f"which takes no attention mask: with {why} use auto or unfused"
+            f"which takes no attention mask: with {masked_by} use auto or unfused"
         )
     if not on_cpu:
         return None

@@ -100,6 +100,27 @@ class ModelConfig:
     )
     group_query_attention: bool = arg(False, help="Use grouped-query attention.")
     num_query_groups: int = arg(1, help="Query groups with --group-query-attention.")
+    multi_latent_attention: bool = arg(
+        False,
+        help="Multi-latent attention (DeepSeek's MLA): queries, keys and values from "
+        "low-rank projections, rotary embeddings on a part of each head of their own.",
+    )
+    q_lora_rank: Optional[int] = arg(
+        help="MLA: rank of the queries' low-rank projection (default: none, a full one)."
+    )
+    kv_lora_rank: int = arg(32, help="MLA: rank of the keys' and values' low-rank projection.")
+    qk_head_dim: int = arg(128, help="MLA: head dimension of queries and keys without rope.")
+    qk_pos_emb_head_dim: int = arg(
+        64, help="MLA: head dimension of queries and keys that takes the rotary embedding."
+    )
+    v_head_dim: int = arg(128, help="MLA: head dimension of the values.")
+    rope_type: Optional[str] = arg(
+        help="Rotary embedding kind: MLA's default is yarn, other attention takes rope only.",
+        choices=["rope", "yarn"],
+    )
+    rotary_scaling_factor: float = arg(1.0, help="MLA: YaRN's rotary scaling factor.")
+    mscale: float = arg(1.0, help="MLA: YaRN's mscale.")
+    mscale_all_dim: float = arg(0.0, help="MLA: YaRN's mscale over all dimensions.")
     layout_invariant_init: bool = arg(
         False,
         help="Draw each parameter's full tensor from a seed of its global name, so "

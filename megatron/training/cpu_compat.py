@@ -209,15 +209,22 @@ def _patch_tensor():
 
 
 def define_missing_te_names() -> None:
-    """megatron-core 0.16's MoE router asks ``te_general_gemm is not None``,
-    a name its module defines only when Transformer Engine imports: without
-    TE (on a CPU, or a GPU without it) every MoE forward raises NameError.
-    Defined as None, the router takes its own torch.mm path. Not CPU-only:
-    setup_device calls this on every run."""
+    """Where megatron-core 0.16 takes Transformer Engine for there without it
+    (on a CPU, or a GPU without TE). Its MoE router asks ``te_general_gemm
+    is not None``, a name its module defines only when TE imports: every MoE
+    forward raises NameError; defined as None, the router takes its own
+    torch.mm path. Not CPU-only: setup_device calls this on every run."""
+    from megatron.core.extensions import transformer_engine as te_layers
+    from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    # Multi-latent attention takes Transformer Engine for there when the
+    # module of its layers imports, which it does without TE too (its layer
+    # classes then mocks): isinstance against them fails at model build.
+    if not te_layers.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False
 
 
 def enable(force: bool = False) -> bool:

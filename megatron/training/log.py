@@ -84,15 +84,35 @@ def flops_per_iteration(config: Config, global_batch_size: int) -> float:
     """Model FLOPs of one iteration (forward and backward, 3x forward)."""
     m, gbs = config.model, global_batch_size
     h, s, layers = m.hidden_size, m.seq_length, m.num_layers
-    kv_channels = m.kv_channels or h // m.num_attention_heads
-    q_size = kv_channels * m.num_attention_heads
-    kv_size = kv_channels * m.num_query_groups
-    # QK^T and (QK^T)V over half the positions (the causal mask), as Megatron-LM.
-    attention = 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * s * q_size
+    attention = attention_flops_per_token(config)
     mlp = 2 * h * mlp_width(config) * (3 if m.swiglu else 2)
     vocab = config.extra.get("padded_vocab_size", 0)
     forward_per_token = layers * (attention + mlp) + 2 * h * vocab
     return 3.0 * forward_per_token * s * gbs
+
+
+def attention_flops_per_token(config: Config) -> float:
+    """One layer's self-attention, forward, per token: its projections, and
+    QK^T and (QK^T)V over half the positions (the causal mask), as Megatron-LM
+    counts them (multi-latent attention's low-rank projections and their
+    norms included)."""
+    m = config.model
+    h, s, heads = m.hidden_size, m.seq_length, m.num_attention_heads
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        if m.q_lora_rank is None:
+            queries = h * heads * qk
+        else:
+            queries = m.q_lora_rank * (h + heads * qk + 1)
+        keys_values = m.kv_lora_rank * (h + heads * (m.qk_head_dim + m.v_head_dim) + 1)
+        keys_values += h * m.qk_pos_emb_head_dim
+        output = heads * m.v_head_dim * h
+        core = s * heads * qk / 2 + s * heads * m.v_head_dim / 2
+        return 2 * (queries + keys_values + output + core)
+    kv_channels = m.kv_channels or h // heads
+    q_size = kv_channels * heads
+    kv_size = kv_channels * m.num_query_groups
+    return 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * s * q_size
 
 
 def mlp_width(config: Config) -> int:

@@ -12,7 +12,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.activations import squared_relu
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -43,7 +43,7 @@ def with_run_attention(spec, config: Config, on_cpu: bool):
         config.model.attention_backend,
         use_transformer_engine(config, on_cpu),
         on_cpu,
-        config.parallel.context_parallel_size > 1,
+        attention.local_attention_lacks(config),
     )
     if kind != attention.SDPA:
         return spec
@@ -53,11 +53,14 @@ def with_run_attention(spec, config: Config, on_cpu: bool):
 
 
 def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
-    """megatron-core's TransformerConfig for this run's shape and layout."""
+    """megatron-core's TransformerConfig for this run's shape and layout
+    (its MLATransformerConfig with --multi-latent-attention)."""
     m, p, t = config.model, config.parallel, config.training
     fused = not on_cpu  # fused kernels need CUDA (and often apex)
-    return TransformerConfig(
+    config_class = MLATransformerConfig if m.multi_latent_attention else TransformerConfig
+    return config_class(
         **moe_settings(config),
+        **latent_attention_settings(config),
         **fusion_settings(config, on_cpu),
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -115,6 +118,28 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
+    )
+
+
+def latent_attention_settings(config: Config) -> dict:
+    """MLA's fields (none without it: other attention's rotary embedding is
+    rope, the only --rope-type it takes); without --rope-type megatron-core's
+    default (yarn), as Megatron-LM."""
+    m = config.model
+    if not m.multi_latent_attention:
+        return {}
+    return dict(
+        {} if m.rope_type is None else {"rope_type": m.rope_type},
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        rotary_base=m.rotary_base,
+        rotary_percent=m.rotary_percent,
+        rotary_scaling_factor=m.rotary_scaling_factor,
+        mscale=m.mscale,
+        mscale_all_dim=m.mscale_all_dim,
     )
 
 

@@ -29,7 +29,7 @@ SDPA_KERNELS = {
 class TorchSdpaAttention(MegatronModule):
     """megatron-core's core-attention interface on torch's SDPA: queries
     [sq, b, heads, dim], keys and values [sk, b, groups, dim] in, context
-    [sq, b, heads * dim] out, for this tensor-parallel rank's heads."""
+    [sq, b, heads * value dim] out, for this tensor-parallel rank's heads."""
 
     def __init__(
         self,
@@ -41,7 +41,12 @@ class TorchSdpaAttention(MegatronModule):
         softmax_scale: Optional[float] = None,
         cp_comm_type: Optional[str] = None,
         pg_collection=None,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
     ):
+        # k_channels and v_channels: multi-latent attention's head dimensions
+        # (its values' differ from its queries' and keys'), which SDPA reads
+        # from the tensors; only the default scale needs the first.
         super().__init__(config=config)
         unsupported = _unsupported(config)
         if unsupported:
@@ -50,7 +55,7 @@ class TorchSdpaAttention(MegatronModule):
         tp = pg_collection.tp.size() if pg_collection is not None else _tp_size()
         self.heads = divide(config.num_attention_heads, tp)
         self.groups = divide(config.num_query_groups, tp)
-        self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+        self.scale = softmax_scale or 1.0 / math.sqrt(k_channels or config.kv_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.kernels = SDPA_KERNELS[config.attention_backend.name]
         self.cp_group = None

@@ -446,6 +446,47 @@ def test_flops_are_megatron_lms_count_with_causal_attention():
     assert flops_per_iteration(config, gbs) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
 
 
+def test_flops_of_multi_latent_attention_are_megatron_lms_count():
+    """Megatron-LM's MLA term at its CI config's sizes (gpt3_mcore_te_tp2_pp2_mla),
+    written out: query low-rank projection (with its norm), key-value one
+    (with its norm) and the shared rope key, output projection, then QK^T
+    and (QK^T)V over half the positions."""
+    from megatron.training.arguments import parse_args
+    from megatron.training.log import flops_per_iteration
+
+    h, s, layers, heads, vocab, gbs = 512, 1024, 4, 8, 1024, 32
+    q_rank, kv_rank, qk, pos, v = 192, 64, 16, 8, 16
+    flags = {
+        "num-layers": layers,
+        "hidden-size": h,
+        "num-attention-heads": heads,
+        "seq-length": s,
+        "micro-batch-size": 4,
+        "global-batch-size": gbs,
+        "train-iters": 1,
+        "lr": 1,
+        "tokenizer-type": "ByteLevelTokenizer",
+        "q-lora-rank": q_rank,
+        "kv-lora-rank": kv_rank,
+        "qk-head-dim": qk,
+        "qk-pos-emb-head-dim": pos,
+        "v-head-dim": v,
+    }
+    argv = [item for name, value in flags.items() for item in (f"--{name}", str(value))]
+    config = parse_args(argv + ["--multi-latent-attention", "--mock-data"], world_size=1)
+    config.extra["padded_vocab_size"] = vocab
+    attention = (
+        q_rank * (h + heads * (qk + pos) + 1)
+        + kv_rank * (h + heads * (qk + v) + 1)
+        + h * pos
+        + heads * v * h
+        + s * heads * (qk + pos) / 2
+        + s * heads * v / 2
+    )
+    per_layer = attention + 2 * h * 4 * h
+    assert flops_per_iteration(config, gbs) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
+
+
 def test_skipped_and_nan_iterations_are_counted_per_log_interval():
     from megatron.training.training import _LogWindow
 

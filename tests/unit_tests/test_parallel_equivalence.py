@@ -34,8 +34,12 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
             str(metrics),
         ],
     )
-    # SDPA where asked for, and for context parallelism (megatron-core's has none).
-    sdpa = "--attention-backend" in layout or "--context-parallel-size" in layout
+    # SDPA where asked for, and for context parallelism and multi-latent
+    # attention (megatron-core's has neither).
+    sdpa = any(
+        flag in layout
+        for flag in ("--attention-backend", "--context-parallel-size", "--multi-latent-attention")
+    )
     assert ("core attention: TorchSdpaAttention" in output) == sdpa
     cp = layout[layout.index("--context-parallel-size") + 1] if sdpa and "cp" in name else "1"
     assert f"context-parallel size: {cp}," in output
@@ -130,3 +134,28 @@ def test_parallel_runs_are_not_trivially_equal(single_process):
     assert single_process[0][0] != single_process[1][0]
     first, second = single_process[0][2], single_process[1][2]
     assert abs(second - first) > 2e-6 * first
+
+
+MLA = ["--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16"]
+MLA += ["--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "12"]
+
+
+def test_multi_latent_attention_at_tp2_pp2_matches_single_process(
+    tmp_path, corpus_prefix, single_process
+):
+    """MLA (low-rank queries, keys and values, values of another head size:
+    torch's SDPA as the core attention on a CPU) computes one model at
+    TP2·PP2 as in one process; a model other than the plain one."""
+    single = run_two_iterations(tmp_path, "mla-single", 1, MLA, corpus_prefix)
+    split = run_two_iterations(
+        tmp_path,
+        "mla-tp2-pp2",
+        4,
+        MLA + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+        corpus_prefix,
+    )
+    assert split[0][0] == pytest.approx(single[0][0], rel=2e-6, abs=0)
+    assert split[0][1] == pytest.approx(single[0][1], rel=2e-5, abs=0)
+    assert split[1][0] == pytest.approx(single[1][0], rel=2e-5, abs=0)
+    assert split[0][2] == pytest.approx(single[0][2], rel=2e-6, abs=0)
+    assert abs(single[0][0] - single_process[0][0]) > 1e-3

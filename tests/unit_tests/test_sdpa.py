@@ -226,8 +226,13 @@ def test_backends_that_cannot_run_here_are_refused_with_what_to_change():
     assert attention_problem("flash", False, True, 0.0) is None
     assert attention_problem("flash", False, False, 0.1) is None  # GPU flash has dropout
     assert attention_problem("fused", False, False, 0.1) is None
-    assert "--reset-attention-mask" in attention_problem("flash", False, False, 0.0, masked=True)
-    assert attention_problem("unfused", False, True, 0.1, masked=True) is None
+    mask = "--reset-attention-mask"
+    assert mask in attention_problem("flash", False, False, 0.0, masked_by=mask)
+    assert attention_problem("unfused", False, True, 0.1, masked_by=mask) is None
+    mla = "multi-latent attention's head dimensions"
+    assert core_attention_kind("auto", False, True, local_lacks=mla) == "sdpa"
+    assert mla in attention_problem("local", False, True, 0.1, local_lacks=mla)
+    assert attention_problem("flash", False, True, 0.0, local_lacks=mla) is None
 
 
 @pytest.mark.integration
