@@ -346,11 +346,8 @@ def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> Non
             "do; spare nodes hold no rank until one dies)"
         )
     p = config.parallel
-    if (
-        fault.phase == "optimizer"
-        and p.overlap_param_gather
-        and not (p.overlap_param_gather_with_optimizer_step)
-    ):
+    started_in_forward = p.overlap_param_gather and not p.overlap_param_gather_with_optimizer_step
+    if fault.phase == "optimizer" and started_in_forward:
         raise ConfigError(
             f"{where}: phase=optimizer never comes with --overlap-param-gather (each bucket's "
             "all-gather starts in the next forward, not after the step): choose another phase"

@@ -364,13 +364,13 @@ def _check_latent_attention(config: Config, on_gpu: bool) -> None:
     """Multi-latent attention's rules (Megatron-LM's, and what megatron-core
     runs here); its flags mean nothing without it."""
     m = config.model
-    defaults = {f.name: f.default for f in dataclasses.fields(m)}
-    mla_flags = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim")
-    mla_flags += ("v_head_dim", "rotary_scaling_factor", "mscale", "mscale_all_dim")
+    fields = {f.name: f for f in dataclasses.fields(m)}
+    sizes = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+    yarn = ("rotary_scaling_factor", "mscale", "mscale_all_dim")
     _ignored_without(
         "--multi-latent-attention",
         m.multi_latent_attention,
-        [("--" + name.replace("_", "-"), getattr(m, name) != defaults[name]) for name in mla_flags],
+        [(flag_name(fields[n]), getattr(m, n) != fields[n].default) for n in sizes + yarn],
     )
     _require(
         m.multi_latent_attention or m.rope_type in (None, "rope"),
@@ -384,8 +384,8 @@ def _check_latent_attention(config: Config, on_gpu: bool) -> None:
         "--multi-latent-attention and --group-query-attention exclude each other (MLA's keys "
         "and values come from a low-rank projection of their own): drop one",
     )
-    sizes = [("--" + name.replace("_", "-"), getattr(m, name)) for name in mla_flags[:5]]
-    small = [f"{flag} {size}" for flag, size in sizes if size is not None and size < 1]
+    given = [(flag_name(fields[n]), getattr(m, n)) for n in sizes]
+    small = [f"{flag} {size}" for flag, size in given if size is not None and size < 1]
     _require(not small, f"{', '.join(small)}: multi-latent attention's sizes must be >= 1")
     _require(
         on_gpu or config.parallel.context_parallel_size == 1,
