@@ -51,6 +51,31 @@ def layer_spec(config, tf_config, on_cpu: bool, vp_stage=None):
     return with_run_attention(spec, config, on_cpu)
 
 
+def mtp_block_spec(config, tf_config, on_cpu: bool, vp_stage=None):
+    """The multi-token-prediction layers' spec on the stage that holds them
+    (the last one), else None: each MTP layer is built as the model's last
+    decoder layer, as Megatron-LM's builder does."""
+    if config.model.mtp_num_layers is None:
+        return None
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_layer_specs,
+        get_gpt_mtp_block_spec,
+    )
+
+    from megatron.training.model_setup import use_transformer_engine, with_run_attention
+
+    m, use_te = config.model, use_transformer_engine(config, on_cpu)
+    if config.moe.num_experts:
+        last = get_gpt_decoder_layer_specs(
+            tf_config, use_transformer_engine=use_te, normalization=m.normalization
+        )[-1]
+    else:
+        last = layer_spec(config, tf_config, on_cpu, vp_stage)
+    return get_gpt_mtp_block_spec(
+        tf_config, with_run_attention(last, config, on_cpu), use_te, vp_stage=vp_stage
+    )
+
+
 def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_stage=None):
     """This rank's stage of the GPT model; with virtual pipeline stages, its
     chunk ``vp_stage``."""
@@ -71,6 +96,9 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
         position_embedding_type=m.position_embedding_type,
         rotary_base=m.rotary_base,
         rotary_percent=m.rotary_percent,
+        mtp_block_spec=mtp_block_spec(
+            config, tf_config, config.extra.get("on_cpu", False), vp_stage
+        ),
         vp_stage=vp_stage,
     )
 
@@ -143,7 +171,8 @@ def loss_func(loss_mask, output_tensor, check_for_nan: bool = True, check_for_sp
 
 def forward_step(data_iterator, model, check_for_nan: bool = True, check_for_spike=False):
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
-    output = model(tokens, position_ids, attention_mask, labels=labels)
+    # The loss mask too: multi-token prediction's losses are masked by it.
+    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     checks = dict(check_for_nan=check_for_nan, check_for_spike=check_for_spike)
     return output, partial(loss_func, loss_mask, **checks)
 

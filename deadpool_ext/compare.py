@@ -16,7 +16,8 @@ def read_metrics(path: str) -> List[dict]:
 
 def curve(metrics: List[dict]) -> List[tuple]:
     """What must match bit for bit: per iteration loss, grad norm, lr, and
-    an MoE model's auxiliary losses (load balancing, z-loss)."""
+    the auxiliary losses (an MoE model's load balancing and z-loss, the
+    multi-token prediction layers')."""
     return [
         (m["iteration"], m["lm_loss"], m["grad_norm"], m["lr"], *_aux_losses(m)) for m in metrics
     ]
@@ -64,7 +65,11 @@ def shrink_difference(
 
 
 def _aux_losses(line: dict) -> List[tuple]:
-    return sorted((k, v) for k, v in line.items() if k.endswith("_loss") and k != "lm_loss")
+    """The routers' losses ('load_balancing_loss', ...) and the multi-token
+    prediction layers' ('mtp_1 loss', ...)."""
+    return sorted(
+        (k, v) for k, v in line.items() if k.endswith(("_loss", " loss")) and k != "lm_loss"
+    )
 
 
 def model_tensors(state: Dict[str, object]) -> Dict[str, torch.Tensor]:

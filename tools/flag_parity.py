@@ -64,6 +64,12 @@ BEHAVIOUR = {
     "distributed optimizers' mirrors are untested)",
     "--defer-embedding-wgrad-compute": "GPU only: it needs gradient-accumulation fusion "
     "(Transformer Engine's layers or Apex's kernel), refused on a CPU",
+    "--moe-permute-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
+    "--moe-router-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
+    "--moe-grouped-gemm": "GPU only: Transformer Engine's or the grouped_gemm package's "
+    "kernel, refused on a CPU",
+    "--mtp-num-layers": "with a pipeline, only with --untie-embeddings-and-output-weights "
+    "(megatron-core 0.16 cannot save the tied weight on the MTP stage)",
     "--context-parallel-size": "not with --deadpool yet (a recovery rebuilds no context-parallel "
     "group); without Transformer Engine torch's SDPA gathers keys and values from the group",
     "--cp-comm-type": "Transformer Engine's; torch's SDPA (without TE) gathers keys and values "

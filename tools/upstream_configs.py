@@ -178,6 +178,8 @@ def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str])
         mock.patch.object(arguments, "_cuda_available", lambda: True),
         mock.patch.object(arguments, "_gpu_count", lambda: 8),
         mock.patch.object(arguments, "_importable", lambda module: True),
+        # megatron-core's checks run below, on the configuration a GPU builds
+        mock.patch.object(arguments, "_check_with_megatron_core", lambda config: None),
     ):
         try:
             config = parse_args(argv, world_size=world)
@@ -191,8 +193,13 @@ def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str])
     if importlib.util.find_spec("transformer_engine") is None:
         # Transformer Engine's own configuration needs its kernels to be
         # built: here, the one a GPU without it builds, with Apex's kernels
-        # (importable on Megatron-LM's CI node, as above).
+        # (importable on Megatron-LM's CI node, as above), without what
+        # only Transformer Engine runs: FP8, its fused MoE kernels.
         config.model = dataclasses.replace(config.model, transformer_impl="local")
+        config.moe = dataclasses.replace(
+            config.moe, moe_permute_fusion=False, moe_router_fusion=False
+        )
+        config.training = dataclasses.replace(config.training, fp8=None, fp8_param_gather=False)
     try:
         with mock.patch.object(model_setup, "apex_gradient_fusion_built", lambda: True):
             model_setup.transformer_config(config, on_cpu=False)

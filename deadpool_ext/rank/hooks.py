@@ -41,6 +41,7 @@ def replay_state(trainer: Trainer) -> dict:
     return {
         "progress": dataclasses.asdict(trainer.progress),
         "rng": rank_state.rng_state(),
+        "model_buffers": rank_state.model_buffers(trainer.state),
         **rank_state.schedule_state(trainer.state),
     }
 

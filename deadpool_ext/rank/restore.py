@@ -36,6 +36,7 @@ def restore_snapshot(
         chunk.start_param_sync(force_sync=True)
     rank_state.load_schedule_state(state, side)
     rank_state.set_rng_state(side["rng"])
+    rank_state.load_model_buffers(state, side["model_buffers"])
     trainer.restart_at(Progress(**side["progress"]))
     return trainer.progress.iteration
 

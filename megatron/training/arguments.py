@@ -18,7 +18,14 @@ from megatron.training.attention import (
     attention_problem,
     local_attention_lacks,
 )
-from megatron.training.config import SECTIONS, TRACKER, Config, split_numbers
+from megatron.training.config import (
+    SECTIONS,
+    TRACKER,
+    Config,
+    ModelConfig,
+    MoEConfig,
+    split_numbers,
+)
 from megatron.training.schedule import GlobalBatch, interleaving_problem_at, schedule_in_samples
 
 
@@ -57,6 +64,8 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
             kwargs.update(type=kind, nargs=meta["nargs"])
         else:
             kwargs["type"] = kind
+        if "parse" in meta:  # a value read by a function of its own (--moe-layer-freq)
+            kwargs["type"] = meta["parse"]
         if "choices" in meta:
             kwargs["choices"] = meta["choices"]
         group.add_argument(flag_name(f), **kwargs)
@@ -424,6 +433,8 @@ def validate(config: Config) -> None:
         _check_model_shape,
         _check_model_features,
         _check_moe,
+        _check_moe_routing,
+        _check_multi_token_prediction,
         _check_recompute,
         _check_batch,
         _check_virtual_pipeline,
@@ -744,8 +755,6 @@ def _check_sequence_parallel(config: Config) -> None:
 
 def _moe_flags_given(config: Config) -> List[str]:
     """The MoE flags set away from their defaults (--num-experts aside)."""
-    from megatron.training.config import MoEConfig
-
     given = [
         flag_name(f)
         for f in dataclasses.fields(MoEConfig)
@@ -860,6 +869,69 @@ def _check_moe(config: Config) -> None:
     )
 
 
+def _check_moe_routing(config: Config) -> None:
+    """--moe-layer-freq's pattern, and the routing flags that run Transformer
+    Engine's kernels."""
+    moe, layers = config.moe, config.model.num_layers
+    if moe.num_experts is None:
+        return  # _check_moe said what has no effect
+    _ignored_without(
+        "--moe-router-group-topk",
+        moe.moe_router_group_topk is not None,
+        [("--moe-router-num-groups", moe.moe_router_num_groups is not None)],
+    )
+    rate = MoEConfig.__dataclass_fields__["moe_router_bias_update_rate"].default
+    _ignored_without(
+        "--moe-router-enable-expert-bias",
+        moe.moe_router_enable_expert_bias,
+        [("--moe-router-bias-update-rate", moe.moe_router_bias_update_rate != rate)],
+    )
+    freq = moe.moe_layer_freq
+    _require(
+        not isinstance(freq, list) or len(freq) == layers,
+        f"--moe-layer-freq gives {len(freq) if isinstance(freq, list) else 0} layers and "
+        f"--num-layers is {layers}: give one 0 or 1 per layer",
+    )
+    _require(
+        isinstance(freq, list) or 1 <= freq <= layers,
+        f"--moe-layer-freq {freq} must be between 1 and --num-layers {layers}",
+    )
+    on_gpu = config.parallel.distributed_backend == "nccl"
+    for flag, given in (
+        ("--moe-permute-fusion", moe.moe_permute_fusion),
+        ("--moe-router-fusion", moe.moe_router_fusion),
+    ):
+        _require(
+            not given or (on_gpu and _uses_transformer_engine(config)),
+            f"{flag} runs Transformer Engine's fused kernel on a GPU: drop it here (the "
+            "unfused code computes the same)",
+        )
+
+
+def _check_multi_token_prediction(config: Config) -> None:
+    m = config.model
+    factor = ModelConfig.__dataclass_fields__["mtp_loss_scaling_factor"].default
+    if m.mtp_num_layers is None:
+        _ignored_without(
+            "--mtp-num-layers",
+            False,
+            [("--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor != factor)],
+        )
+        return
+    _require(m.mtp_num_layers > 0, f"--mtp-num-layers {m.mtp_num_layers} must be positive")
+    _require(
+        m.position_embedding_type == "rope",
+        "multi-token prediction needs --position-embedding-type rope (Megatron-LM's rule: "
+        "its layers take no learned position embedding)",
+    )
+    _require(
+        m.untie_embeddings_and_output_weights or config.parallel.pipeline_model_parallel_size == 1,
+        "multi-token prediction on a pipeline needs --untie-embeddings-and-output-weights "
+        "(as every Megatron-LM MTP config): megatron-core 0.16 keeps an unused output "
+        "weight on the MTP stage with tied ones, and refuses to save it",
+    )
+
+
 def _check_recompute(config: Config) -> None:
     t, p = config.training, config.parallel
     # As Megatron-LM (megatron-core reads them only with a granularity).
@@ -889,7 +961,11 @@ def _check_recompute(config: Config) -> None:
 def _check_with_megatron_core(config: Config) -> None:
     """megatron-core's own checks of MoE and recompute settings (its
     TransformerConfig), run now rather than when the model is built."""
-    if config.moe.num_experts is None and config.training.recompute_granularity is None:
+    if (
+        config.moe.num_experts is None
+        and config.training.recompute_granularity is None
+        and config.model.mtp_num_layers is None
+    ):
         return
     model_setup = _import_with_megatron_core("megatron.training.model_setup")
     try:

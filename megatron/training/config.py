@@ -8,9 +8,10 @@ A field marked ``required`` must be given; ``choices`` limit the values;
 ``flag`` overrides the generated name.
 """
 
+import argparse
 import re
 from dataclasses import dataclass, field, fields
-from typing import List, Optional
+from typing import List, Optional, Union
 
 # The file in a checkpoint directory that names its latest save (Megatron-LM's).
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -21,6 +22,35 @@ def split_numbers(split: str) -> List[str]:
     between them (commas, slashes, the quotes of Megatron-LM's Llama-3
     script's '99,1,0') is a separator."""
     return re.findall(r"[.0-9]+", split)
+
+
+def layer_pattern(text: str) -> Union[int, List[int]]:
+    """--moe-layer-freq's value as Megatron-LM reads it: N (an MoE layer
+    every N layers, from the first) or a list expression of 0s and 1s, such
+    as ``([0]*3+[1]*11)`` (a dense layer for each 0, an MoE layer for each 1).
+    Only digits, brackets, commas, + and * are evaluated."""
+    text = str(text).strip()
+    if not re.fullmatch(r"[0-9\[\]()+*, ]+", text):
+        raise argparse.ArgumentTypeError(
+            f"not a layer frequency or pattern of 0s and 1s: {text!r} (e.g. 2, or '([0]*1+[1]*3)')"
+        )
+    if "[" not in text:
+        return int(text)
+    pattern = eval(text, {"__builtins__": {}})  # the characters above: list arithmetic only
+    if not isinstance(pattern, list) or any(v not in (0, 1) for v in pattern):
+        raise argparse.ArgumentTypeError(f"a layer pattern lists 0s (dense) and 1s (MoE): {text!r}")
+    return pattern
+
+
+def moe_layer_pattern(config: "Config") -> List[int]:
+    """1 for each MoE layer, 0 for each dense one, in order (--moe-layer-freq;
+    all dense without --num-experts)."""
+    layers, freq = config.model.num_layers, config.moe.moe_layer_freq
+    if config.moe.num_experts is None:
+        return [0] * layers
+    if isinstance(freq, list):
+        return list(freq)
+    return [int(i % freq == 0) for i in range(layers)]
 
 
 def arg(default=None, help="", **meta):
@@ -121,6 +151,13 @@ class ModelConfig:
     rotary_scaling_factor: float = arg(1.0, help="MLA: YaRN's rotary scaling factor.")
     mscale: float = arg(1.0, help="MLA: YaRN's mscale.")
     mscale_all_dim: float = arg(0.0, help="MLA: YaRN's mscale over all dimensions.")
+    mtp_num_layers: Optional[int] = arg(
+        help="Multi-token prediction (DeepSeek-V3): this many extra layers after the last "
+        "stage, each predicting one token further ahead (none: no MTP)."
+    )
+    mtp_loss_scaling_factor: float = arg(
+        0.1, help="MTP: weight of the mean of the MTP layers' losses added to the LM loss."
+    )
     layout_invariant_init: bool = arg(
         False,
         help="Draw each parameter's full tensor from a seed of its global name, so "
@@ -361,6 +398,33 @@ class MoEConfig:
     )
     moe_router_dtype: Optional[str] = arg(
         help="The router's compute precision (default the model's).", choices=["fp32", "fp64"]
+    )
+    moe_layer_freq: Union[int, List[int]] = arg(
+        1,
+        help="Which layers are MoE layers: N (every N-th, from the first) or a pattern of "
+        "0s (dense) and 1s (MoE) per layer, e.g. '([0]*1+[1]*3)'.",
+        parse=layer_pattern,
+    )
+    moe_router_num_groups: Optional[int] = arg(
+        help="Group-limited routing: experts fall into this many equal groups (e.g. one per "
+        "expert-parallel rank or node), with --moe-router-group-topk."
+    )
+    moe_router_group_topk: Optional[int] = arg(
+        help="Group-limited routing: each token's experts come from its best this many groups."
+    )
+    moe_router_enable_expert_bias: bool = arg(
+        False,
+        help="Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias in the top-k "
+        "choice, moved after each iteration toward even loads (with the sigmoid score).",
+    )
+    moe_router_bias_update_rate: float = arg(
+        1e-3, help="How far each iteration moves the expert bias (--moe-router-enable-expert-bias)."
+    )
+    moe_permute_fusion: bool = arg(
+        False, help="Transformer Engine's fused token permutation (a GPU kernel)."
+    )
+    moe_router_fusion: bool = arg(
+        False, help="Transformer Engine's fused router top-k and scores (a GPU kernel)."
     )
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Dict, Optional, Sequence
 
-from megatron.training.config import Config
+from megatron.training.config import Config, moe_layer_pattern
 
 
 def get_logger(rank: int) -> logging.Logger:
@@ -81,14 +81,21 @@ def validation_log_line(where: str, losses: Dict[str, float]) -> str:
 
 
 def flops_per_iteration(config: Config, global_batch_size: int) -> float:
-    """Model FLOPs of one iteration (forward and backward, 3x forward)."""
-    m, gbs = config.model, global_batch_size
-    h, s, layers = m.hidden_size, m.seq_length, m.num_layers
-    attention = attention_flops_per_token(config)
-    mlp = 2 * h * mlp_width(config) * (3 if m.swiglu else 2)
-    vocab = config.extra.get("padded_vocab_size", 0)
-    forward_per_token = layers * (attention + mlp) + 2 * h * vocab
-    return 3.0 * forward_per_token * s * gbs
+    """Model FLOPs of one iteration (forward and backward, 3x forward), as
+    Megatron-LM counts them: each layer's attention and its dense or MoE MLP
+    (--moe-layer-freq); each multi-token-prediction layer as one more layer
+    like the last, with its two norms, its projection and its own logits."""
+    m = config.model
+    h, mtp = m.hidden_size, m.mtp_num_layers or 0
+    layers = moe_layer_pattern(config)
+    layers += layers[-1:] * mtp
+    gemms = 3 if m.swiglu else 2
+    mlp = sum(2 * h * mlp_width(config, bool(moe)) * gemms for moe in layers)
+    attention = len(layers) * attention_flops_per_token(config)
+    mtp_extra = mtp * 2 * (3 * h + 2 * h * h)
+    logits = (mtp + 1) * 2 * h * config.extra.get("padded_vocab_size", 0)
+    forward_per_token = mlp + attention + mtp_extra + logits
+    return 3.0 * forward_per_token * m.seq_length * global_batch_size
 
 
 def attention_flops_per_token(config: Config) -> float:
@@ -115,12 +122,11 @@ def attention_flops_per_token(config: Config) -> float:
     return 2 * h * (q_size + 2 * kv_size) + 2 * q_size * h + 2 * s * q_size
 
 
-def mlp_width(config: Config) -> int:
-    """The hidden width a token goes through in one layer's MLP: the dense
-    MLP's, or with --num-experts its top-k experts' and the shared expert's
-    (Megatron-LM counts every layer as a MoE layer then)."""
+def mlp_width(config: Config, moe_layer: bool) -> int:
+    """The hidden width a token goes through in one layer's MLP: a dense
+    layer's, or an MoE layer's top-k experts' and shared expert's."""
     m, moe = config.model, config.moe
-    if moe.num_experts is None:
+    if not moe_layer:
         return m.ffn_hidden_size
     return moe.moe_ffn_hidden_size * moe.moe_router_topk + (
         moe.moe_shared_expert_intermediate_size or 0

@@ -63,6 +63,8 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         **latent_attention_settings(config),
         **fusion_settings(config, on_cpu),
         num_layers=m.num_layers,
+        mtp_num_layers=m.mtp_num_layers,
+        mtp_loss_scaling_factor=m.mtp_loss_scaling_factor,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups,
@@ -236,6 +238,14 @@ def moe_settings(config: Config) -> dict:
         moe_shared_expert_intermediate_size=moe.moe_shared_expert_intermediate_size,
         moe_per_layer_logging=moe.moe_per_layer_logging,
         moe_router_dtype=moe.moe_router_dtype,
+        moe_layer_freq=moe.moe_layer_freq,
+        moe_router_num_groups=moe.moe_router_num_groups,
+        moe_router_group_topk=moe.moe_router_group_topk,
+        moe_router_enable_expert_bias=moe.moe_router_enable_expert_bias,
+        moe_router_bias_update_rate=moe.moe_router_bias_update_rate,
+        # Transformer Engine's kernels (arguments.py refuses them off a GPU)
+        moe_permute_fusion=moe.moe_permute_fusion,
+        moe_router_fusion=moe.moe_router_fusion,
         expert_model_parallel_size=p.expert_model_parallel_size,
         expert_tensor_parallel_size=p.expert_tensor_parallel_size,
     )

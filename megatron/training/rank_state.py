@@ -1,6 +1,7 @@
-"""The parts of a rank's training state that are neither model nor optimizer
-tensors: the scheduler, the grad scaler and every RNG, as plain tensors and
-containers. DeadPool's in-memory snapshots carry them beside the optimizer
+"""The parts of a rank's training state that are neither model parameters
+nor optimizer tensors: the scheduler, the grad scaler, every RNG and the
+model's persistent buffers (MoE routers' expert biases), as plain tensors
+and containers. DeadPool's in-memory snapshots carry them beside the optimizer
 shard; checkpoints on disk hold the same in Megatron-LM's own keys
 (``checkpointing.py``)."""
 
@@ -31,6 +32,35 @@ def load_scheduler(scheduler, saved: dict) -> None:
     # load_state_dict adds the saved step count to the current one.
     scheduler.num_steps = 0
     scheduler.load_state_dict(saved)
+
+
+def model_buffers(state) -> list:
+    """Each model chunk's persistent buffers, on the host: what the model
+    holds beside its parameters and updates itself (an MoE router's expert
+    bias moves after every iteration), by name."""
+    return [
+        {name: buffer.detach().cpu().clone() for name, buffer in _persistent_buffers(chunk)}
+        for chunk in state.model
+    ]
+
+
+def load_model_buffers(state, saved: list) -> None:
+    """The buffers back; the per-iteration counters that go with them (the
+    routers' token counts of an iteration stopped midway) emptied."""
+    from megatron.core.distributed.finalize_model_grads import reset_model_temporary_tensors
+
+    for chunk, buffers in zip(state.model, saved):
+        own = dict(_persistent_buffers(chunk))
+        for name, value in buffers.items():
+            own[name].copy_(value)
+    reset_model_temporary_tensors(state.tf_config, state.model)
+
+
+def _persistent_buffers(module):
+    for prefix, sub in module.named_modules():
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), buffer
 
 
 def rng_state() -> dict:

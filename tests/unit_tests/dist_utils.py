@@ -58,6 +58,15 @@ TINY_GPT = (
 # kernels: a heartbeat thread may starve for more than 3 s.
 MOE = ["--pipeline-model-parallel-size", "2"] + MOE_LAYERS
 MOE += ["--deadpool-heartbeat-timeout", "10"]
+# DeepSeek-V3's model state beside the parameters: the routers' expert
+# biases (moved every iteration, far enough to change the routing within a
+# few), group-limited routing, a dense first layer, one multi-token
+# prediction layer on the last stage (with its copy of the embedding).
+MOE += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+MOE += ["--moe-router-bias-update-rate", "1e-2", "--moe-layer-freq", "([0]+[1]*3)"]
+MOE += ["--moe-router-num-groups", "2", "--moe-router-group-topk", "1"]
+MOE += ["--position-embedding-type", "rope", "--mtp-num-layers", "1"]
+MOE += ["--untie-embeddings-and-output-weights"]
 
 # A model of the same shape on megatron-core's mock data (no files).
 MOCK_GPT = (

@@ -332,6 +332,16 @@ SPECIAL = {
         (),
         1,
     ),
+    "moe_layer_freq": (["([0]+[1]*3)"], [0, 1, 1, 1], MOE, (), 1),
+    "moe_router_enable_expert_bias": (
+        [],
+        True,
+        [*MOE, "--moe-router-score-function", "sigmoid"],
+        (),
+        1,
+    ),
+    "moe_router_group_topk": (["1"], 1, [*MOE, "--moe-router-num-groups", "2"], (), 1),
+    "mtp_num_layers": (["1"], 1, ["--position-embedding-type", "rope"], (), 1),
     "moe_shared_expert_intermediate_size": (
         ["32"],
         32,
@@ -424,6 +434,9 @@ UNSUPPORTED = {
     "cross_entropy_fusion_impl": (["te", "--cross-entropy-loss-fusion"], ()),
     # GPU kernels (grouped GEMM; DeepEP or HybridEP): refused on CPU.
     "moe_grouped_gemm": (MOE, ()),
+    # Transformer Engine's fused MoE kernels: refused on CPU.
+    "moe_permute_fusion": (MOE, ()),
+    "moe_router_fusion": (MOE, ()),
     "moe_token_dispatcher_type": (["flex", *MOE], ()),
 }
 

@@ -64,6 +64,18 @@ def test_experts_split_without_experts_are_refused_by_name():
             1,
             "megatron-core refuses these settings: moe_expert_capacity_factor",
         ),
+        (["--moe-layer-freq", "[0,1,1]"], 1, "--moe-layer-freq gives 3 layers and --num-layers"),
+        (["--moe-layer-freq", "3"], 1, "--moe-layer-freq 3 must be between 1 and --num-layers 2"),
+        (["--moe-layer-freq", "[0]*2+os"], 1, "not a layer frequency or pattern"),
+        (["--moe-layer-freq", "[2,1]"], 1, "a layer pattern lists 0s (dense) and 1s (MoE)"),
+        (["--moe-permute-fusion"], 1, "--moe-permute-fusion runs Transformer Engine's fused"),
+        (["--moe-router-fusion"], 1, "--moe-router-fusion runs Transformer Engine's fused"),
+        (["--moe-router-enable-expert-bias"], 1, "set --moe-router-score-function sigmoid"),
+        (
+            ["--moe-router-num-groups", "2", "--moe-router-group-topk", "3"],
+            1,
+            "moe_router_group_topk (3) should be smaller than moe_router_num_groups (2)",
+        ),
     ],
 )
 def test_moe_settings_that_cannot_run_are_refused(extra, world, words):
@@ -85,6 +97,24 @@ def test_biases_are_refused_where_megatron_core_cannot_run_them():
 def test_tensor_parallel_moe_needs_sequence_parallel():
     message = _error(["--tensor-model-parallel-size", "2"], 2)
     assert "need --sequence-parallel" in message
+
+
+def test_multi_token_prediction_is_refused_where_megatron_core_cannot_run_it():
+    mtp = ["--mtp-num-layers", "1"]
+    assert "needs --position-embedding-type rope" in _error(mtp, 1, BASE)
+    rope = ["--position-embedding-type", "rope"]
+    pipeline = ["--pipeline-model-parallel-size", "2"]
+    assert "needs --untie-embeddings-and-output-weights" in _error(mtp + rope + pipeline, 2, BASE)
+    untied = ["--untie-embeddings-and-output-weights"]
+    parse_args(BASE + mtp + rope + pipeline + untied, world_size=2)
+    parse_args(BASE + mtp + rope, world_size=1)  # one stage: tied is fine
+
+
+def test_a_layer_pattern_is_read_as_megatron_lm_reads_it():
+    config = parse_args(BASE + MOE + ["--moe-layer-freq", "([0]*1+[1]*1)"], world_size=1)
+    assert config.moe.moe_layer_freq == [0, 1]
+    every_other = parse_args(BASE + MOE + ["--moe-layer-freq", "2"], world_size=1)
+    assert every_other.moe.moe_layer_freq == 2
 
 
 def test_megatron_lms_defaults_and_single_values():
@@ -131,6 +161,29 @@ def test_throughput_counts_the_routed_and_shared_experts_as_megatron_lm():
     attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)
     logits = 3 * 2 * h * 128
     expected = gbs * s * (layers * (mlp + attention) + logits)
+    assert log.flops_per_iteration(config, gbs) == expected
+
+
+def test_throughput_counts_dense_layers_and_multi_token_prediction_as_megatron_lm():
+    """Megatron-LM's transformer_flops with --moe-layer-freq and MTP, term by
+    term: a dense first layer, an MoE second, one MTP layer like the last
+    (MoE), the MTP layer's two norms (3h) and projection (2h x h), and the
+    logits once more."""
+    config = parse_args(
+        BASE
+        + MOE
+        + ["--moe-router-topk", "2", "--moe-ffn-hidden-size", "96"]
+        + ["--moe-layer-freq", "[0,1]", "--mtp-num-layers", "1"]
+        + ["--position-embedding-type", "rope"],
+        world_size=1,
+    )
+    config.extra["padded_vocab_size"] = 128
+    h, s, gbs, ffn = 64, 32, 8, 256
+    dense, routed = 3 * 2 * h * ffn * 2, 3 * 2 * h * 96 * 2 * 2
+    attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)
+    mtp = 3 * 2 * 1 * (3 * h + 2 * h * h)
+    logits = 3 * 2 * h * 128 * 2
+    expected = gbs * s * (dense + 2 * routed + 3 * attention + mtp + logits)
     assert log.flops_per_iteration(config, gbs) == expected
 
 
@@ -250,3 +303,40 @@ def test_a_moe_checkpoint_resumes_at_another_expert_parallel_size(ep2, tmp_path)
         ep2, tmp_path / "control", "--expert-model-parallel-size", "4", "--no-load-optim"
     )
     assert relative_gap(losses(fresh_optimizer)[1:], losses(ep2)[4:]) > 1e-3
+
+
+DEEPSEEK_STYLE = ["--pipeline-model-parallel-size", "2", "--untie-embeddings-and-output-weights"]
+DEEPSEEK_STYLE += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+DEEPSEEK_STYLE += ["--moe-router-bias-update-rate", "1e-2", "--moe-layer-freq", "[0,1]"]
+DEEPSEEK_STYLE += ["--moe-router-num-groups", "2", "--moe-router-group-topk", "1"]
+DEEPSEEK_STYLE += ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]
+
+
+@pytest.mark.integration
+def test_a_deepseek_style_checkpoint_resumes_bit_for_bit(tmp_path):
+    """A dense first layer, an MoE second, a multi-token prediction layer
+    on the last of two stages, expert biases that move every iteration:
+    saved at 3 and resumed, the curve (MTP's loss in it) and the state (the
+    biases in it) are the uninterrupted run's."""
+
+    def two_stages(tmp, *extra):
+        tmp.mkdir(parents=True, exist_ok=True)
+        args = RUN + DEEPSEEK_STYLE + ["--metrics-file", str(tmp / "metrics.jsonl"), *extra]
+        args += ["--save", str(tmp / "ckpt"), "--save-interval", "3"]
+        run_pretrain(2, args)
+        return read_metrics(str(tmp / "metrics.jsonl"))
+
+    whole = two_stages(tmp_path / "whole")
+    assert all(m["mtp_1 loss"] > 0 for m in whole)
+    resumed_dir = tmp_path / "resumed" / "ckpt"
+    resumed_dir.mkdir(parents=True)
+    os.symlink(tmp_path / "whole" / "ckpt" / "iter_0000003", resumed_dir / "iter_0000003")
+    (resumed_dir / "latest_checkpointed_iteration.txt").write_text("3")
+    resumed = two_stages(tmp_path / "resumed", "--load", str(resumed_dir))
+    assert curve(resumed) == curve(whole)[3:]
+    final = checkpoint_state(str(tmp_path / "whole" / "ckpt"), 6)
+    assert_same_state(checkpoint_state(str(resumed_dir), 6), final)
+    # Layer 2's and MTP's biases moved (an oscillating one can be back at 0 at 6).
+    saved = [checkpoint_state(str(tmp_path / "whole" / "ckpt"), i) for i in (3, 6)]
+    moved = {k for state in saved for k, v in state.items() if "expert_bias" in k and v.any()}
+    assert len(moved) == 2, moved
