@@ -66,6 +66,10 @@ BEHAVIOUR = {
     "(Transformer Engine's layers or Apex's kernel), refused on a CPU",
     "--moe-permute-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
     "--moe-router-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
+    "--moe-token-dispatcher-type": "flex is GPU only: DeepEP's or HybridEP's kernels (the "
+    "deep_ep package), refused on a CPU",
+    "--moe-enable-deepep": "GPU only (with --moe-token-dispatcher-type flex), deprecated as in "
+    "Megatron-LM",
     "--moe-grouped-gemm": "GPU only: Transformer Engine's or the grouped_gemm package's "
     "kernel, refused on a CPU",
     "--mtp-num-layers": "with a pipeline, only with --untie-embeddings-and-output-weights "

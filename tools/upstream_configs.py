@@ -20,6 +20,7 @@ import collections
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -144,6 +145,9 @@ def ci_words(value: str) -> List[str]:
         value = value.replace(name, filled)
     if value.startswith("[") and value.endswith("]"):
         value = value[1:-1]
+    # Its two shell passes take off the backslashes before | ( ) (the
+    # pipeline layouts': 'Et*3\\|\\(tt\\|\\)*6L' is passed as 'Et*3|(tt|)*6L').
+    value = re.sub(r"\\+([|()])", r"\1", value)
     return value.split()
 
 

@@ -428,6 +428,7 @@ def _require(ok: bool, message: str) -> None:
 def validate(config: Config) -> None:
     """Every check a run needs before it starts; each names what to change."""
     for check in (
+        _check_pipeline_layout,  # first: the virtual stages follow from it
         _check_gpus,
         _check_parallel_layout,
         _check_model_shape,
@@ -837,12 +838,22 @@ def _check_moe(config: Config) -> None:
         "expert tensor-parallel size 1 (an in-place bias add on the output of an all-reduce "
         "it skips): add --disable-bias-linear, or set --expert-model-parallel-size > 1",
     )
-    _require(
-        moe.moe_token_dispatcher_type != "flex",
-        "--moe-token-dispatcher-type flex dispatches through DeepEP or HybridEP, GPU "
-        "kernels that are not built here: use alltoall or allgather",
-    )
     on_gpu = p.distributed_backend == "nccl"
+    _ignored_without(
+        "--moe-token-dispatcher-type flex",
+        moe.moe_token_dispatcher_type == "flex",
+        [("--moe-flex-dispatcher-backend", moe.moe_flex_dispatcher_backend != "deepep")],
+    )
+    _require(
+        not moe.moe_enable_deepep or moe.moe_token_dispatcher_type == "flex",
+        "--moe-enable-deepep goes with --moe-token-dispatcher-type flex (as Megatron-LM; it "
+        "is deprecated: use --moe-flex-dispatcher-backend deepep)",
+    )
+    _require(
+        moe.moe_token_dispatcher_type != "flex" or (on_gpu and _importable("deep_ep")),
+        "--moe-token-dispatcher-type flex dispatches through DeepEP's or HybridEP's GPU "
+        "kernels (the deep_ep package): use alltoall or allgather here",
+    )
     _require(
         not moe.moe_grouped_gemm
         or (on_gpu and (_uses_transformer_engine(config) or _importable("grouped_gemm"))),
@@ -965,6 +976,7 @@ def _check_with_megatron_core(config: Config) -> None:
         config.moe.num_experts is None
         and config.training.recompute_granularity is None
         and config.model.mtp_num_layers is None
+        and config.parallel.pipeline_model_parallel_layout is None
     ):
         return
     model_setup = _import_with_megatron_core("megatron.training.model_setup")
@@ -1063,6 +1075,8 @@ def _check_virtual_pipeline(config: Config) -> None:
 
 def _check_virtual_stage_flags(config: Config) -> None:
     p, layers = config.parallel, config.split_layers
+    if p.pipeline_model_parallel_layout is not None:
+        return  # _check_pipeline_layout
     per_layer, stages = (
         p.num_layers_per_virtual_pipeline_stage,
         p.num_virtual_stages_per_pipeline_rank,
@@ -1105,6 +1119,49 @@ def _check_virtual_stage_flags(config: Config) -> None:
     )
 
 
+def _check_pipeline_layout(config: Config) -> None:
+    """--pipeline-model-parallel-layout: the only split given, read as
+    megatron-core reads it, its layers those of the model, the MTP layers on
+    the last pipeline rank (the one that also reads labels here)."""
+    p, m = config.parallel, config.model
+    layout = p.pipeline_model_parallel_layout
+    if layout is None:
+        return
+    others = [
+        flag
+        for flag, given in (
+            ("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage),
+            ("--num-virtual-stages-per-pipeline-rank", p.num_virtual_stages_per_pipeline_rank),
+            ("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers),
+            ("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers),
+            (
+                "--account-for-embedding-in-pipeline-split",
+                p.account_for_embedding_in_pipeline_split,
+            ),
+            ("--account-for-loss-in-pipeline-split", p.account_for_loss_in_pipeline_split),
+        )
+        if given
+    ]
+    _require(
+        not others,
+        f"--pipeline-model-parallel-layout says where every layer goes: drop {', '.join(others)}",
+    )
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    try:
+        parsed = PipelineParallelLayerLayout(layout, p.pipeline_model_parallel_size)
+        mtp_elsewhere = parsed.validate_layer_layout(m.num_layers, m.mtp_num_layers)
+    except AssertionError as error:
+        raise ConfigError(f"--pipeline-model-parallel-layout {layout!r}: {error}") from None
+    _require(
+        not mtp_elsewhere,
+        f"--pipeline-model-parallel-layout {layout!r} puts MTP layers (m) on a pipeline rank "
+        "before the last: put them in the last rank's stage, with the loss (L)",
+    )
+
+
 def _uneven_stages(p) -> bool:
     return (
         p.decoder_first_pipeline_num_layers is not None
@@ -1117,6 +1174,8 @@ def _check_pipeline_split(config: Config) -> None:
     stages (evenly, with first and last stages of their own size, or with
     the embedding and loss counted as layers), in the flags' words."""
     p = config.parallel
+    if p.pipeline_model_parallel_layout is not None:
+        return  # _check_pipeline_layout
     problem = _uneven_split_problem(config) if _uneven_stages(p) else _even_split_problem(config)
     _require(problem is None, problem or "")
 

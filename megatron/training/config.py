@@ -53,6 +53,17 @@ def moe_layer_pattern(config: "Config") -> List[int]:
     return [int(i % freq == 0) for i in range(layers)]
 
 
+def layout_stages(layout: str) -> list:
+    """--pipeline-model-parallel-layout's stages as megatron-core reads them,
+    each a list of layer types (megatron-core's parser: imported only when
+    the flag is given)."""
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    return PipelineParallelLayerLayout.parse_str_to_list(layout)
+
+
 def arg(default=None, help="", **meta):
     """A config field with its flag's help text and options in metadata."""
     kwargs = {"metadata": {"help": help, **meta}}
@@ -233,6 +244,12 @@ class ParallelConfig:
         help="Model chunks (virtual stages) per pipeline rank, for the interleaved schedule "
         "(instead of --num-layers-per-virtual-pipeline-stage)."
     )
+    pipeline_model_parallel_layout: Optional[str] = arg(
+        help="Which layers each pipeline stage holds, e.g. 'Et*3|(tt|)*6mL': E the "
+        "embedding, t a transformer layer, m an MTP layer, L the loss; '|' ends a stage, "
+        "*N repeats; more stages than --pipeline-model-parallel-size are virtual stages "
+        "(stage i on pipeline rank i mod PP)."
+    )
     decoder_first_pipeline_num_layers: Optional[int] = arg(
         help="Transformer layers on the first pipeline stage (default: an even split); "
         "the stages between the first and the last share the rest evenly."
@@ -369,8 +386,19 @@ class MoEConfig:
     )
     moe_token_dispatcher_type: str = arg(
         "allgather",
-        help="How tokens reach their experts: allgather or alltoall (flex needs DeepEP on GPUs).",
+        help="How tokens reach their experts: allgather, alltoall, or flex (DeepEP's or "
+        "HybridEP's kernels, on GPUs).",
         choices=["allgather", "alltoall", "flex"],
+    )
+    moe_flex_dispatcher_backend: str = arg(
+        "deepep",
+        help="The flex dispatcher's kernels: DeepEP's or HybridEP's (GPU only).",
+        choices=["deepep", "hybridep"],
+    )
+    moe_enable_deepep: bool = arg(
+        False,
+        help="Deprecated (as in Megatron-LM): --moe-token-dispatcher-type flex with "
+        "--moe-flex-dispatcher-backend deepep.",
     )
     moe_grouped_gemm: bool = arg(
         False,
@@ -447,6 +475,9 @@ class BatchConfig:
 class TrainingConfig:
     """Iterations, learning-rate schedule, optimizer and precision."""
 
+    enable_experimental: bool = arg(
+        False, help="megatron-core's experimental code paths (its experimental flag)."
+    )
     train_iters: Optional[int] = arg(help="Iterations to train (or use --train-samples).")
     train_samples: Optional[int] = arg(help="Samples to train (or use --train-iters).")
     lr: Optional[float] = arg(help="Peak learning rate.", required=True)
@@ -968,7 +999,13 @@ class Config:
         """Model chunks per pipeline rank (the interleaved schedule), None
         for one: Megatron-LM's derivation from either flag."""
         p = self.parallel
-        if p.num_virtual_stages_per_pipeline_rank is not None:
+        if p.pipeline_model_parallel_layout is not None:
+            try:
+                stages = len(layout_stages(p.pipeline_model_parallel_layout))
+            except AssertionError:
+                return None  # refused by the parse's check of the layout
+            size = stages // p.pipeline_model_parallel_size
+        elif p.num_virtual_stages_per_pipeline_rank is not None:
             size = p.num_virtual_stages_per_pipeline_rank
         elif p.num_layers_per_virtual_pipeline_stage is not None:
             per_rank = self.split_layers // p.pipeline_model_parallel_size

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.config import set_experimental_flag
 from megatron.core.rerun_state_machine import (
     RerunDiagnostic,
     RerunErrorInjector,
@@ -40,13 +41,17 @@ class Runtime:
 
 
 def setup_device(config: Config) -> bool:
-    """Pick the device before anything touches CUDA. Returns True on CPU."""
+    """Pick the device before anything touches CUDA, and set the process's
+    switches (every process runs this: a trainer, a spare). Returns True on
+    CPU."""
     on_cpu = config.parallel.cpu or not torch.cuda.is_available()
     cpu_compat.define_missing_te_names()
     optimizer_layout.patch_reshardable_load()
     optimizer_layout.patch_reshardable_save()
     if config.training.deterministic_mode:  # as Megatron-LM
         torch.use_deterministic_algorithms(True)
+    if config.training.enable_experimental:
+        set_experimental_flag(True)
     if on_cpu:
         cpu_compat.enable(force=True)
     else:

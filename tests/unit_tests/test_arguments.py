@@ -240,6 +240,13 @@ SPECIAL = {
     "num_query_groups": (["2"], 2, ["--group-query-attention"], (), 1),
     "max_position_embeddings": (["64"], 64, [], (), 1),
     "tensor_model_parallel_size": (["2"], 2, [], (), 2),
+    "pipeline_model_parallel_layout": (
+        ["Ettt|tL"],
+        "Ettt|tL",
+        ["--pipeline-model-parallel-size", "2"],
+        (),
+        2,
+    ),
     "pipeline_model_parallel_size": (["2"], 2, [], (), 2),
     "num_layers_per_virtual_pipeline_stage": (["1"], 1, PP2, (), 2),
     "num_virtual_stages_per_pipeline_rank": (["2"], 2, PP2, (), 2),
@@ -438,6 +445,7 @@ UNSUPPORTED = {
     "moe_permute_fusion": (MOE, ()),
     "moe_router_fusion": (MOE, ()),
     "moe_token_dispatcher_type": (["flex", *MOE], ()),
+    "moe_enable_deepep": (MOE, ()),
 }
 
 
@@ -754,6 +762,33 @@ def test_virtual_pipeline_stages_follow_megatron_lms_rules():
     # megatron-core's fully reshardable save of a tied embedding is fixed
     # here (test_determinism_and_resume.py): the interleaved schedule takes it.
     parse_args(argv(*no_overlap, "--dist-ckpt-optim-fully-reshardable"), world_size=2)
+
+
+def test_a_pipeline_layout_is_read_and_checked_as_megatron_core_does():
+    """Its stages beyond the pipeline size are virtual stages; a layout
+    megatron-core refuses is refused here, before any process group, with
+    the flag named; so is any other split given with it, and MTP layers on
+    a rank before the last (only the first and last ranks read data)."""
+    layout = "--pipeline-model-parallel-layout"
+    pp2 = ["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    config = parse_args(argv(*pp2, layout, "Et|(tt|)*4tL", num_layers=10), world_size=2)
+    assert config.virtual_pipeline_model_parallel_size == 3
+    assert parse_args(argv(*pp2, layout, "Ettt|tL"), world_size=2).model_chunks == 1
+    for bad, words in (
+        ("Ettt|ttL", "Number of decoder layers 5"),  # --num-layers 4
+        ("Ett|tt|L", "must be divisible by pipeline_model_parallel_size"),
+        ("tEtt|tL", "The first layer must be embedding"),
+        ("Ettx|tL", "Invalid layer character: x"),
+    ):
+        _names_all(_config_error(argv(*pp2, layout, bad), world_size=2), layout, words)
+    message = _config_error(argv(*pp2, layout, "Ettt|tL", FIRST, "3"), world_size=2)
+    _names_all(message, "drop --decoder-first-pipeline-num-layers")
+    mtp = ["--mtp-num-layers", "1", "--position-embedding-type", "rope"]
+    mtp += ["--untie-embeddings-and-output-weights"]
+    pp3 = ["--pipeline-model-parallel-size", "3", "--global-batch-size", "6"]
+    parse_args(argv(*pp3, *mtp, layout, "Ett|t|tmL"), world_size=3)
+    message = _config_error(argv(*pp3, *mtp, layout, "Ett|ttm|L"), world_size=3)
+    _names_all(message, "puts MTP layers (m) on a pipeline rank before the last")
 
 
 FIRST, LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"

@@ -43,7 +43,7 @@ def run_two_iterations(directory, name, nproc, layout, corpus):
     assert ("core attention: TorchSdpaAttention" in output) == sdpa
     cp = layout[layout.index("--context-parallel-size") + 1] if sdpa and "cp" in name else "1"
     assert f"context-parallel size: {cp}," in output
-    if "--decoder-first-pipeline-num-layers" in layout:
+    if "--decoder-first-pipeline-num-layers" in layout or "Ett|t|t|L" in layout:
         # Megatron-LM's parameter count per stage: the first holds 3 layers
         # and the embedding, the last 1 layer and the final norm.
         counts = dict(re.findall(r"model parallel rank \(0, (\d)\): (\d+)", output))
@@ -81,6 +81,15 @@ def single_process(tmp_path_factory, corpus_prefix):
             2,
             ["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"]
             + ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+        ),
+        # The layers placed by a layout string: two virtual stages per rank
+        # (the interleaved schedule), 2 + 1 + 1 layers, the loss alone in
+        # the last chunk.
+        (
+            "pp2-layout",
+            2,
+            ["--pipeline-model-parallel-size", "2"]
+            + ["--pipeline-model-parallel-layout", "Ett|t|t|L"],
         ),
         ("dp2", 2, ["--use-distributed-optimizer"]),
         # Gradient reduce-scatters started during the backward, all-gathers
