@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from megatron.training.missing_features import MISSING_FEATURES, missing_feature
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "megatron-lm-flags.md")
 
@@ -97,7 +99,8 @@ BEHAVIOUR = {
 
 def status(flag: str, upstream: dict, ours: Dict[str, argparse.Action]) -> str:
     if flag not in ours:
-        return "not here"
+        feature = missing_feature(flag)
+        return "not here" + (f": {feature.name} (below)" if feature else "")
     action = ours[flag]
     if flag in DIFFERENCES:
         return "differs: " + DIFFERENCES[flag]
@@ -110,7 +113,8 @@ def status(flag: str, upstream: dict, ours: Dict[str, argparse.Action]) -> str:
 
 def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
     rows = {flag: status(flag, spec, ours) for flag, spec in upstream.items()}
-    shared = [f for f, s in rows.items() if s != "not here"]
+    shared = [f for f, s in rows.items() if not s.startswith("not here")]
+    features = [f for f in rows if f not in shared and missing_feature(f)]
     lines = [
         "# pretrain_gpt.py's flags against Megatron-LM's (core_v0.16.1)",
         "",
@@ -128,13 +132,16 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
         f"{sum(s.startswith('same name') for s in rows.values())} the same but acting "
         "otherwise in some case, "
         f"{sum(s.startswith('differs') for s in rows.values())} differing), "
-        f"{len(upstream) - len(shared)} not here.",
+        f"{len(upstream) - len(shared)} not here ({len(features)} of them select one of the "
+        "features named below).",
         "",
         "| flag | Megatron-LM's default | here |",
         "|---|---|---|",
     ]
     for flag, spec in upstream.items():
         lines.append(f"| `{flag}` | `{spec['default']!r}` | {rows[flag]} |")
+    lines += ["", "## Megatron-LM's features not here, and why", ""]
+    lines += [f"- {feature.name}: {feature.why}." for feature in MISSING_FEATURES]
     lines += ["", "## Flags of ours, not in Megatron-LM", ""]
     lines += [f"- `{flag}`: {ours[flag].help}" for flag in sorted(set(ours) - set(upstream))]
     return "\n".join(lines) + "\n"

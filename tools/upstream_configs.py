@@ -25,6 +25,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from megatron.training.missing_features import by_feature
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "docs", "data", "megatron-lm-configs.json")
 TAG = "core_v0.16.1"
@@ -221,17 +223,35 @@ def parse_all(configs: Dict[str, Dict[str, dict]], data: str, scratch: str) -> D
         args = config["args"]
         unknown = [f for f in args if f.startswith("--") and f not in known]
         if unknown:
-            outcome[case] = "unknown flags: " + ", ".join(unknown)
+            outcome[case] = "unknown flags: " + why_unknown(unknown)
             continue
         argv = command_line(args, data, scratch)
         outcome[case] = parse_on_a_gpu_node(argv, world_size(args), config["env"]) or "parses"
     return outcome
 
 
+def why_unknown(flags: List[str]) -> str:
+    """Unknown flags grouped by the Megatron-LM feature they select."""
+    return "; ".join(
+        ", ".join(group) + (f" ({feature.name})" if feature else "")
+        for feature, group in by_feature(flags).items()
+    )
+
+
 def report(unknown: Dict[str, List[str]], top: int = 20) -> str:
+    """How many configs name only known flags; the others by the missing
+    feature they need (docs/megatron-lm-flags.md says why each is not
+    here), then the unknown flags by how many configs use them."""
     clean = sum(not flags for flags in unknown.values())
+    needs = collections.Counter(
+        feature.name if feature else "flags of no feature listed"
+        for flags in unknown.values()
+        for feature in by_feature(flags)
+    )
     uses = collections.Counter(flag for flags in unknown.values() for flag in flags)
-    lines = [f"{len(unknown)} configs; {clean} name no flag unknown here"]
+    lines = [f"{len(unknown)} configs; {clean} name no flag unknown here; the others need:"]
+    lines += [f"  {count:3d} {name}" for name, count in needs.most_common()]
+    lines += ["unknown flags by the configs that use them:"]
     lines += [f"  {count:3d} {flag}" for flag, count in uses.most_common(top)]
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ def add_section_flags(parser: argparse.ArgumentParser, title: str, cls) -> None:
             kwargs["type"] = meta["parse"]
         if "choices" in meta:
             kwargs["choices"] = meta["choices"]
-        group.add_argument(flag_name(f), **kwargs)
+        group.add_argument(flag_name(f), *meta.get("aliases", ()), **kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,9 +96,12 @@ UPSTREAM_FLAGS = os.path.join(
 
 def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
     """What is wrong with each flag not taken: one of Megatron-LM's that this
-    build lacks (its row in docs/megatron-lm-flags.md), or a typo of one of
-    ours (the nearest), or neither. Values after them are left out."""
+    build lacks (the feature it selects and why that is not here, else its
+    row in docs/megatron-lm-flags.md), or a typo of one of ours (the
+    nearest), or neither. Values after them are left out."""
     import difflib
+
+    from megatron.training.missing_features import by_feature
 
     try:
         with open(UPSTREAM_FLAGS) as f:
@@ -106,14 +109,20 @@ def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
     except OSError:  # an installed package without the docs
         upstream = set()
     said = []
-    for flag in (u.split("=", 1)[0] for u in unknown if u.startswith("-")):
-        if flag in upstream:
-            said.append(
-                f"{flag} is Megatron-LM's, not supported here yet (docs/megatron-lm-flags.md)"
-            )
+    for feature, flags in by_feature(
+        u.split("=", 1)[0] for u in unknown if u.startswith("-")
+    ).items():
+        if feature is not None:
+            said.append(f"{', '.join(flags)}: Megatron-LM's {feature.name}, {feature.why}")
             continue
-        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
-        said.append(f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else ""))
+        for flag in flags:
+            if flag in upstream:
+                said.append(
+                    f"{flag} is Megatron-LM's, not supported here yet (docs/megatron-lm-flags.md)"
+                )
+                continue
+            near = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+            said.append(f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else ""))
     return "; ".join(said) or f"unexpected arguments: {' '.join(unknown)}"
 
 
@@ -283,6 +292,8 @@ def fill_defaults(config: Config) -> None:
         m.max_position_embeddings = m.seq_length
     if not m.group_query_attention:
         m.num_query_groups = m.num_attention_heads
+    if m.use_rotary_position_embeddings:  # Megatron-LM's older spelling
+        m.position_embedding_type = "rope"
     if b.global_batch_size is None and b.micro_batch_size and config.data_parallel_size > 0:
         b.global_batch_size = b.micro_batch_size * config.data_parallel_size
     _require(
@@ -649,6 +660,13 @@ def _check_model_features(config: Config) -> None:
         m.position_embedding_type == "rope",
         [("--rotary-interleaved", m.rotary_interleaved)],
     )
+    if m.use_rotary_position_embeddings:
+        _warn("--use-rotary-position-embeddings is deprecated: use --position-embedding-type rope")
+    if not config.parallel.async_tensor_model_parallel_allreduce:
+        _warn(
+            "--no-async-tensor-model-parallel-allreduce has no effect: megatron-core "
+            "ignores it (deprecated in Megatron-LM)"
+        )
     if m.use_flash_attn:
         _warn(
             "--use-flash-attn has no effect: Megatron-LM reads it in its legacy models only; "
@@ -970,10 +988,12 @@ def _check_recompute(config: Config) -> None:
 
 
 def _check_with_megatron_core(config: Config) -> None:
-    """megatron-core's own checks of MoE and recompute settings (its
-    TransformerConfig), run now rather than when the model is built."""
+    """megatron-core's own checks of MoE, recompute, MTP, layout and FP8
+    settings (its TransformerConfig), run now rather than when the model is
+    built."""
     if (
         config.moe.num_experts is None
+        and config.training.fp8 is None
         and config.training.recompute_granularity is None
         and config.model.mtp_num_layers is None
         and config.parallel.pipeline_model_parallel_layout is None
@@ -1027,6 +1047,15 @@ def _check_fp8(config: Config) -> None:
             ("--fp8-amax-history-len", t.fp8_amax_history_len != 1),
             ("--fp8-amax-compute-algo", t.fp8_amax_compute_algo != "most_recent"),
             ("--fp8-param-gather", t.fp8_param_gather),
+            ("--first-last-layers-bf16", t.first_last_layers_bf16),
+        ],
+    )
+    _ignored_without(
+        "--first-last-layers-bf16",
+        t.first_last_layers_bf16,
+        [
+            ("--num-layers-at-start-in-bf16", t.num_layers_at_start_in_bf16 != 1),
+            ("--num-layers-at-end-in-bf16", t.num_layers_at_end_in_bf16 != 1),
         ],
     )
     if t.fp8 is None:

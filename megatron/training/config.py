@@ -97,6 +97,9 @@ class ModelConfig:
         flag="--no-position-embedding",
         help="Deprecated in Megatron-LM: accepted with --position-embedding-type rope only.",
     )
+    use_rotary_position_embeddings: bool = arg(
+        False, help="Deprecated in Megatron-LM: the same as --position-embedding-type rope."
+    )
     use_mcore_models: bool = arg(
         False, help="Deprecated in Megatron-LM: megatron-core's models are the only ones here."
     )
@@ -249,6 +252,12 @@ class ParallelConfig:
         "embedding, t a transformer layer, m an MTP layer, L the loss; '|' ends a stage, "
         "*N repeats; more stages than --pipeline-model-parallel-size are virtual stages "
         "(stage i on pipeline rank i mod PP)."
+    )
+    async_tensor_model_parallel_allreduce: bool = arg(
+        True,
+        flag="--no-async-tensor-model-parallel-allreduce",
+        aliases=("--disable-async-tensor-model-parallel-allreduce",),
+        help="Deprecated in Megatron-LM, no effect (megatron-core ignores it).",
     )
     decoder_first_pipeline_num_layers: Optional[int] = arg(
         help="Transformer layers on the first pipeline stage (default: an even split); "
@@ -562,6 +571,17 @@ class TrainingConfig:
     )
     fp8_param_gather: bool = arg(
         False, help="Keep parameters in FP8 and all-gather them in FP8 (with --fp8-format)."
+    )
+    first_last_layers_bf16: bool = arg(
+        False,
+        help="With --fp8-format, keep the first and last layers of the model in bf16 "
+        "(a recipe other than delayed).",
+    )
+    num_layers_at_start_in_bf16: int = arg(
+        1, help="Layers at the start kept in bf16 (with --first-last-layers-bf16)."
+    )
+    num_layers_at_end_in_bf16: int = arg(
+        1, help="Layers at the end kept in bf16 (with --first-last-layers-bf16)."
     )
     accumulate_allreduce_grads_in_fp32: bool = arg(
         False, help="Accumulate and reduce gradients in fp32 (always so with --bf16)."

@@ -121,6 +121,9 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_param=t.fp8_param_gather,
+        first_last_layers_bf16=t.first_last_layers_bf16,
+        num_layers_at_start_in_bf16=t.num_layers_at_start_in_bf16,
+        num_layers_at_end_in_bf16=t.num_layers_at_end_in_bf16,
     )
 
 

@@ -618,6 +618,11 @@ def test_a_flag_missing_its_companion_or_its_gpu_is_refused_by_name(flags, named
         (["--moe-router-topk", "4"], ["--moe-router-topk", "--num-experts"]),
         (["--wgrad-deferral-limit", "2"], ["--wgrad-deferral-limit", "--defer-embedding"]),
         (["--cp-comm-type", "a2a"], ["--cp-comm-type", "--context-parallel-size > 1"]),
+        (["--first-last-layers-bf16"], ["--first-last-layers-bf16", "--fp8-format"]),
+        (
+            ["--num-layers-at-end-in-bf16", "2"],
+            ["--num-layers-at-end-in-bf16", "--first-last-layers-bf16"],
+        ),
     ],
 )
 def test_a_flag_megatron_lm_ignores_without_its_companion_is_taken_with_a_warning(
@@ -637,6 +642,14 @@ def test_a_flag_megatron_lm_ignores_without_its_companion_is_taken_with_a_warnin
         (["--ckpt-fully-parallel-save"], ["--ckpt-fully-parallel-save", "deprecated"]),
         (["--use-flash-attn"], ["--use-flash-attn", "legacy", "--attention-backend flash"]),
         (["--rotary-interleaved"], ["--rotary-interleaved", "--position-embedding-type rope"]),
+        (
+            ["--no-async-tensor-model-parallel-allreduce"],
+            ["--no-async-tensor-model-parallel-allreduce", "no effect", "deprecated"],
+        ),
+        (
+            ["--disable-async-tensor-model-parallel-allreduce"],
+            ["--no-async-tensor-model-parallel-allreduce", "no effect"],
+        ),
         (
             ["--save", "ckpt", "--async-save"],
             ["--async-save", "--use-persistent-ckpt-worker", "synchronous"],
@@ -1295,10 +1308,22 @@ def test_moe_with_the_tp_pp_dp_order_is_refused_where_megatron_core_would_stop()
 
 
 def test_an_unknown_flag_is_told_apart_from_megatron_lms_that_are_not_here_yet():
-    message = _config_error(argv("--num-layer", "4", "--log-straggler", "--zzz"))
+    message = _config_error(
+        argv("--num-layer", "4", "--max-seqlen-per-dp-cp-rank", "8", "--zzz")
+        + ["--use-torch-fsdp2", "--cuda-graph-impl", "local", "--cuda-graph-scope", "attn"]
+    )
     assert "unknown flag --num-layer: did you mean --num-layers?" in message
-    assert "--log-straggler is Megatron-LM's, not supported here yet" in message
+    assert "--max-seqlen-per-dp-cp-rank is Megatron-LM's, not supported here yet" in message
     assert "unknown flag --zzz" in message and "did you mean" not in message.split("--zzz")[1]
+    # A flag of a feature that is not here: the feature and why, its flags together.
+    _names_all(message, "--use-torch-fsdp2: Megatron-LM's fully sharded", "--use-distributed-opt")
+    assert "--cuda-graph-impl, --cuda-graph-scope: Megatron-LM's CUDA graphs, GPU only" in message
+
+
+def test_the_deprecated_rotary_flag_selects_rope(capsys):
+    config = parse_args(argv("--use-rotary-position-embeddings"), world_size=1)
+    assert config.model.position_embedding_type == "rope"
+    _names_all(capsys.readouterr().out, "WARNING:", "--position-embedding-type rope")
 
 
 def test_deterministic_mode_refuses_what_megatron_lm_refuses(monkeypatch):

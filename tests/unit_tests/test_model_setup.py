@@ -100,3 +100,17 @@ def test_what_megatron_core_refuses_is_caught_here():
 def test_squared_relu_and_swiglu_are_one_activation_too_many():
     with pytest.raises(arguments.ConfigError, match="--squared-relu and --swiglu"):
         gpu_config(["--squared-relu", "--swiglu"], False)
+
+
+def test_fp8_keeps_the_first_and_last_layers_in_bf16_when_asked():
+    """--first-last-layers-bf16 and its counts reach megatron-core, whose
+    checks run before any process group (it refuses a delayed recipe)."""
+    fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"]
+    config = gpu_config(fp8 + ["--num-layers-at-end-in-bf16", "2"], transformer_engine=True)
+    tf = transformer_config(config, on_cpu=False)
+    assert (tf.first_last_layers_bf16, tf.num_layers_at_start_in_bf16) == (True, 1)
+    assert tf.num_layers_at_end_in_bf16 == 2
+    # megatron-core refuses them with a delayed recipe: said at parse time.
+    delayed = fp8 + ["--fp8-recipe", "delayed"]
+    with pytest.raises(arguments.ConfigError, match="Delayed scaling does not support"):
+        gpu_config(delayed, transformer_engine=True)
