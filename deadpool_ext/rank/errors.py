@@ -10,6 +10,9 @@
     validation under --check-for-nan-in-loss-and-grad). With --deadpool-on-nan
     rollback every rank goes back to the iteration's start and redoes it;
     with stop the job stops (``ExitCode.NUMERIC``), as Megatron-LM's check.
+  * USAGE: a check of the flags that needs the running job (the buddies
+    planned from the real hostnames): the flags must change, so the job
+    stops with ``ExitCode.USAGE``, as for flags refused before it started.
   * BUG: anything else. Recovering would only meet it again (a spare runs
     the same code), so the job stops with the full traceback and exit code
     ``ExitCode.BUG``.
@@ -23,6 +26,7 @@ from enum import Enum
 
 import torch
 import torch.distributed as dist
+from megatron.training.arguments import ConfigError
 
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state.mirror import MirrorError
@@ -33,6 +37,7 @@ class Failure(str, Enum):
     PEER = "peer"
     LOCAL = "local"
     NUMERIC = "numeric"
+    USAGE = "usage"
     BUG = "bug"
 
 
@@ -73,6 +78,8 @@ NUMERIC_MESSAGES = ("message='found NaN in ", "message='found Inf in ")
 
 def classify(error: BaseException) -> Failure:
     text = str(error)
+    if isinstance(error, ConfigError):
+        return Failure.USAGE
     if isinstance(error, LOCAL_TYPES) or any(m in text for m in LOCAL_MESSAGES):
         return Failure.LOCAL
     if any(m in text for m in BUG_MESSAGES):

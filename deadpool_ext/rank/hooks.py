@@ -58,7 +58,7 @@ def runtime_buddies(config: Config) -> BuddyMap:
     try:
         return plan_buddies(config, hosts=hosts)
     except ConfigError as error:
-        raise SystemExit(f"--deadpool: {error}") from None
+        raise ConfigError(f"--deadpool: {error}") from None
 
 
 class MirrorHook(Hook):

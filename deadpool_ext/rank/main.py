@@ -22,7 +22,7 @@ from megatron.training.config import Config
 from megatron.training.initialize import setup_device
 from megatron.training.log import get_logger
 from megatron.training.tokenizer import build_tokenizer
-from megatron.training.training import build_trainer
+from megatron.training.training import NothingToResume, build_trainer, say_nothing_to_resume
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
@@ -412,6 +412,10 @@ def run(config: Config, model_provider, forward_step) -> NoReturn:
         train(ctx, config, model_provider, forward_step)
     except recovery.WorkerExit as leaving:
         leave(leaving.code)
+    except NothingToResume as stop:  # every rank finds the same --load: the job ends
+        say_nothing_to_resume(stop, ctx.env.rank)
+        ctx.state = WorkerState.DONE
+        ctx.post(P.Done(rank=ctx.env.rank, slot=ctx.slot))
     except Exception as error:  # noqa: BLE001 - every failure leaves with a typed code
         leave(report_failure(ctx, error))
     ctx.stop()
@@ -427,6 +431,7 @@ def report_failure(ctx: ControlClient, error: Exception) -> ExitCode:
         Failure.LOCAL: ExitCode.LOCAL_FAILURE,
         Failure.NUMERIC: ExitCode.NUMERIC,
         Failure.PEER: ExitCode.FAILED,
+        Failure.USAGE: ExitCode.USAGE,
     }[failure]
     if ctx.env.error_file:  # why, for the launcher's last line
         with open(ctx.env.error_file, "w") as f:

@@ -53,6 +53,11 @@ from megatron.training.signals import ExitSignalHandler
 from megatron.training.tokenizer import build_tokenizer
 
 
+class NothingToResume(Exception):
+    """--exit-on-missing-checkpoint and no checkpoint to load: the run ends
+    before its first iteration, with exit code 0 as Megatron-LM's does."""
+
+
 class Hook:
     """Override what you need; every method is optional. In the order the
     trainer calls them within an iteration: before_step, then per training
@@ -317,7 +322,7 @@ class Trainer:
             loaded = legacy_checkpoint.load_checkpoint(source, self.config, self.state)
         if loaded is None:
             if c.exit_on_missing_checkpoint:
-                raise SystemExit(
+                raise NothingToResume(
                     f"no checkpoint in --load {c.load} and --exit-on-missing-checkpoint is set"
                 )
             if c.load:
@@ -822,9 +827,18 @@ def pretrain(config: Config, model_provider, forward_step: ForwardStep, hooks=()
     """Megatron's entry point: initialize, build, train, save. Returns the
     exit code: 0, or megatron-core's rerun state machine's (--rerun-mode)."""
     trainer = build_trainer(config, model_provider, forward_step, hooks)
-    trainer.train()
+    try:
+        trainer.train()
+    except NothingToResume as stop:
+        say_nothing_to_resume(stop, trainer.runtime.rank)
+        return 0
     dist.barrier()
     return trainer.exit_code
+
+
+def say_nothing_to_resume(stop: NothingToResume, rank: int) -> None:
+    if rank == 0:
+        print(f">> {stop}: exiting <<", flush=True)
 
 
 def forget_interrupted_step() -> None:

@@ -102,6 +102,14 @@ def test_everything_else_is_a_bug(error):
     assert classify(error) == Failure.BUG
 
 
+def test_flags_refused_by_a_check_in_the_running_job_are_usage():
+    """A check that needs the job (the buddies from the real hostnames):
+    the job stops as for flags refused at parse time, not as on a bug."""
+    from megatron.training.arguments import ConfigError
+
+    assert classify(ConfigError("--deadpool: two nodes hold uneven rank blocks")) == Failure.USAGE
+
+
 def test_the_whole_traceback_is_kept_as_text():
     def outer():
         middle()

@@ -90,3 +90,33 @@ def test_a_job_started_with_m_trains(tmp_path, corpus_prefix):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [m["iteration"] for m in read_metrics(metrics)] == [1, 2, 3]
+
+
+@pytest.mark.integration
+def test_exit_on_missing_checkpoint_ends_the_job_cleanly(tmp_path, corpus_prefix):
+    """Nothing in --load and --exit-on-missing-checkpoint: exit code 0 and
+    Megatron-LM's line, without deadpool (torchrun) and with it (every rank
+    done, the spare node stopped), before any iteration."""
+    from dist_utils import REPO, TINY_GPT, torchrun, worker_env
+
+    args = TINY_GPT + ["--global-batch-size", "4", "--train-iters", "3", "--data-path"]
+    args += [corpus_prefix, "--use-distributed-optimizer", "--metrics-file"]
+    args += [str(tmp_path / "metrics.jsonl"), "--load", str(tmp_path / "empty")]
+    args += ["--exit-on-missing-checkpoint"]
+    said = "--exit-on-missing-checkpoint is set: exiting"
+    plain = torchrun(1, args, timeout=300)
+    assert plain.returncode == 0 and said in plain.stdout, plain.stdout[-2000:] + plain.stderr
+    launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "deadpool_ext.launch", *launcher, "pretrain_gpt.py"]
+        + args
+        + ["--deadpool"],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert said in proc.stdout + proc.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
