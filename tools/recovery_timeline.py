@@ -5,8 +5,9 @@ loss curve (from --metrics-file).
 
 Given --reference, the metrics of a failure-free run of the same seed and
 flags, it also draws that run's curve under the recovered one and checks the
-claim of hot swap: every iteration's loss equals the failure-free one bit for
-bit. It exits with 1 when they differ.
+claim of hot swap: every iteration's loss, grad norm, lr and auxiliary losses
+equal the failure-free run's bit for bit (deadpool_ext/compare.py, as the tests
+judge). It exits with 1 when they differ.
 
     python -m tools.recovery_timeline --events runs/demo/events.jsonl \\
         --metrics runs/demo/metrics.jsonl --reference runs/demo-reference/metrics.jsonl \\
@@ -18,7 +19,7 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-from deadpool_ext.compare import read_metrics
+from deadpool_ext.compare import curve_difference, read_metrics
 from deadpool_ext.events import read_events
 
 STAGES = [
@@ -125,31 +126,8 @@ def print_table(records: List[Dict]) -> None:
 
 
 # ----- the claim: the recovered curve is the failure-free one -----
-def loss_by_iteration(metrics: List[dict]) -> Dict[int, float]:
-    """Each iteration's lm loss; a later record of an iteration wins (the
-    metrics file is rewound on recovery, so there is normally one)."""
-    return {m["iteration"]: m["lm_loss"] for m in metrics}
-
-
-def curve_difference(recovered: List[dict], reference: List[dict]) -> Optional[str]:
-    """None when both runs logged the same iterations with bitwise equal
-    losses, else where they first differ."""
-    ours, theirs = loss_by_iteration(recovered), loss_by_iteration(reference)
-    if ours.keys() != theirs.keys():
-        return (
-            f"the runs logged different iterations: {len(ours)} recovered "
-            f"(up to {max(ours, default=0)}), {len(theirs)} failure-free "
-            f"(up to {max(theirs, default=0)})"
-        )
-    for iteration in sorted(ours):
-        if ours[iteration] != theirs[iteration]:
-            return (
-                f"iteration {iteration}: lm loss {ours[iteration]!r} recovered, "
-                f"{theirs[iteration]!r} failure-free"
-            )
-    return None
-
-
+# Judged as the tests and the fault campaign judge it (deadpool_ext/compare.py):
+# every iteration's loss, grad norm, lr and auxiliary losses, bit for bit.
 def check_against_reference(
     recovered: List[dict], reference: List[dict], reference_path: str
 ) -> bool:
@@ -158,12 +136,12 @@ def check_against_reference(
     difference = curve_difference(recovered, reference)
     if difference is None:
         print(
-            f"loss curve equals the failure-free run's bit for bit: "
-            f"{len(loss_by_iteration(recovered))} iterations compared"
+            "curve (loss, grad norm, lr, auxiliary losses) equals the failure-free run's "
+            f"bit for bit: {len(recovered)} iterations compared"
         )
         return True
     print(
-        f"FAILED: the recovered loss curve differs from the failure-free run of the same "
+        f"FAILED: the recovered curve differs from the failure-free run of the same "
         f"seed ({difference}). If the code or environment changed since the failure-free "
         f"run, delete {os.path.dirname(reference_path) or '.'} to redo it.",
         file=sys.stderr,
@@ -224,7 +202,7 @@ def draw_loss(
     if equal is None:
         ax.set_title("loss (dashed: a node lost, hot-swapped)")
     else:
-        compared = len(loss_by_iteration(metrics))
+        compared = len(metrics)
         verdict = f"equal bit for bit over {compared} iterations" if equal else "DIFFERENT"
         ax.set_title(f"loss after a hot swap vs. without a failure: {verdict}")
     ax.legend(loc="upper right", fontsize=8)
