@@ -6,6 +6,7 @@ setup(
     name="megatron-deadpool",
     version="0.1.0",
     description=__doc__,
+    license="BSD-3-Clause",  # LICENSE; NOTICE for the examples copied from Megatron-LM
     python_requires=">=3.10",
     # megatron/ is a namespace package: ours is megatron.training, the
     # megatron-core wheel provides megatron.core beside it. tools/ is not
