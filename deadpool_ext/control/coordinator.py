@@ -16,7 +16,8 @@ Failure detection, fastest first:
      failure was announced (stuck where no release reached it): killed too.
 Survivors blocked in a collective are released by their own heartbeat
 thread, which shuts the old generation's connections down as soon as it
-reads a newer generation (release.py); case 5 is the bound behind it.
+reads a newer generation (rank/generation.py, Generation.release_if_older);
+case 5 is the bound behind it.
 
 The job's state (``JobState``) moves only along ``NEXT``:
 

@@ -7,7 +7,10 @@
   ``torch.distributed``, themselves or through anything of the repository
   they import, so they stay testable without process groups;
 * process groups are made in one module of ours (a rank's generation) and
-  in the trainer's initialize, nowhere else.
+  in the trainer's initialize, nowhere else;
+* every import points up docs/architecture.md's list (``ORDER``), and no
+  layer reaches one it must not (``FORBIDDEN``: the launcher side holds no
+  tensors, the trainer runs without deadpool, tools/ is not installed).
 
 Each check has a negative control that feeds it a small cycle or a small
 impure package and asserts that it is caught; so does conftest.py's guard
@@ -338,6 +341,130 @@ def test_the_graph_sees_the_packages_imports():
     assert any(
         a.startswith("deadpool_ext.") and b.startswith("megatron.training.") for a, b in edges
     )
+
+
+# docs/architecture.md's list, bottom-up: a module imports only what stands
+# above it (or in it: a package's modules order themselves, see below).
+ORDER = [
+    "megatron.training",
+    "deadpool_ext.protocol",
+    "deadpool_ext.topology",
+    "deadpool_ext.policy",
+    "deadpool_ext.inject",
+    "deadpool_ext.compare",
+    "deadpool_ext.planning",
+    "deadpool_ext.sockets",
+    "deadpool_ext.wire",
+    "deadpool_ext.events",
+    "deadpool_ext.lifetime",
+    "deadpool_ext.config",
+    "deadpool_ext.state",
+    "deadpool_ext.control",
+    "deadpool_ext.rank.whereabouts",
+    "deadpool_ext.rank.regroup",
+    "deadpool_ext.rank.generation",
+    "deadpool_ext.rank.errors",
+    "deadpool_ext.rank.restore",
+    "deadpool_ext.rank.hooks",
+    "deadpool_ext.rank.rebuild",
+    "deadpool_ext.rank.recovery",
+    "deadpool_ext.rank.main",
+    "deadpool_ext.entry",
+    "deadpool_ext.launch",
+    "tools",
+]
+
+
+def place(module: str, order: List[str]) -> Optional[int]:
+    """Where ``module`` stands in ``order`` (its longest listed prefix)."""
+    for name in [module] + parents(module):
+        if name in order:
+            return order.index(name)
+    return None
+
+
+def downward_imports(order: List[str], root: str, packages: List[str]) -> List[str]:
+    """'a -> b' for each import of a module listed below the importer, and
+    'a unlisted' for a module the order does not place that imports any
+    (a bare package's __init__ imports nothing)."""
+    found = []
+    for module, deps in sorted(import_graph(root, packages).items()):
+        here = place(module, order)
+        if here is None:
+            found += [f"{module} unlisted"] if deps else []
+            continue
+        found += [f"{module} -> {dep}" for dep in sorted(deps) if place(dep, order) > here]
+    return found
+
+
+def test_every_import_points_up_the_architecture_list():
+    found = downward_imports(ORDER, REPO, PACKAGES)
+    assert not found, "imports against docs/architecture.md's order:\n" + "\n".join(found)
+
+
+def test_an_import_of_a_module_listed_below_is_found(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/low.py": "from pkg import high\n",
+            "pkg/high.py": "",
+            "pkg/stray.py": "from pkg import low\n",
+        },
+    )
+    order = ["pkg.low", "pkg.high"]
+    found = downward_imports(order, str(tmp_path), ["pkg"])
+    assert found == ["pkg.low -> pkg.high", "pkg.stray unlisted"]
+
+
+# Who may not import whom, directly or through anything of the repository
+# (docs/architecture.md): (importer, what it never reaches, why).
+FORBIDDEN = [
+    (
+        "deadpool_ext.control",
+        ["deadpool_ext.rank", "deadpool_ext.state"],
+        "the launcher side holds no tensors and joins no collective",
+    ),
+    ("deadpool_ext.state", ["deadpool_ext.rank"], "the data plane sits below the worker's story"),
+    ("megatron.training", ["deadpool_ext"], "the trainer runs without deadpool"),
+    ("deadpool_ext", ["tools"], "tools/ is not installed"),
+    ("megatron.training", ["tools"], "tools/ is not installed"),
+]
+
+
+def forbidden_reaches(rules, root: str, packages: List[str]) -> List[str]:
+    modules = find_modules(root, packages)
+    graph = import_graph(root, packages)
+    found = []
+    for importer, never, why in rules:
+        for module in expand([importer], modules):
+            for reached in sorted(reachable(module, graph, modules)):
+                if any(reached == n or reached.startswith(n + ".") for n in never):
+                    chain = shortest_path(graph, module, reached) or [module, reached]
+                    found.append(f"{show(chain)} ({why})")
+    return found
+
+
+def test_no_layer_imports_one_it_must_not_reach():
+    found = forbidden_reaches(FORBIDDEN, REPO, PACKAGES)
+    assert not found, "imports across a forbidden line:\n" + "\n".join(found)
+
+
+def test_a_forbidden_reach_through_another_module_is_found(tmp_path):
+    write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/top/__init__.py": "",
+            "pkg/top/a.py": "from pkg import helper\n",
+            "pkg/helper.py": "def f():\n    from pkg.low import b\n",
+            "pkg/low/__init__.py": "",
+            "pkg/low/b.py": "",
+        },
+    )
+    found = forbidden_reaches([("pkg.top", ["pkg.low"], "a reason")], str(tmp_path), ["pkg"])
+    assert "pkg.top.a -> pkg.helper -> pkg.low.b (a reason)" in found
+    assert forbidden_reaches([("pkg.low", ["pkg.top"], "up")], str(tmp_path), ["pkg"]) == []
 
 
 # ----- negative controls: the checks catch what they claim to -----
