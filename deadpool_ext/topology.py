@@ -8,7 +8,7 @@ The data-parallel ranks that share a (tp, pp) position hold the same model
 shard and differently placed optimizer shards, so they form a ring, and
 each rank mirrors its optimizer shard to a ring peer on another node: its
 *buddy*. ``Grid`` holds the order; megatron-core's ``RankGenerator`` makes
-the same one (tests/unit_tests/test_buddies.py checks it).
+the same one (tests/unit_tests/test_topology.py checks it).
 
 The buddy map is one uniform shift along every ring: rank i of a ring sends
 to rank (i + s) mod DP, with s the smallest shift that puts every buddy on

@@ -104,7 +104,7 @@ def test_an_oversized_sidecar_is_refused():
 
 
 def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
-    """A worker waiting on a send that gloo never fails (test_release.py)
+    """A worker waiting on a send that gloo never fails (test_generation.py)
     is abandoned by halt(); when its wait ends at last, it leaves the
     mirror's state alone, and the next worker goes on."""
     import threading
