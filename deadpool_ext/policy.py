@@ -1,16 +1,22 @@
-"""The coordinator's decisions after a failure or when spares come back,
-as pure rank arithmetic (tested without processes).
+"""The recovery policy: what the coordinator does after a failure or when
+spares come back, as pure rank arithmetic (tested without processes).
 
-Inputs: the members (rank -> slot), the lost ranks, what every live rank
-reported holding (the iterations of its own verified snapshots and of the
-verified copies it holds for its owner), the buddy map, the grid and the
-ready spare slots. Output: one ``Decision``. Three policies share one rule
-for the rollback, ``newest_common``: the newest iteration every shard can be
-restored at, from the snapshot of the rank that contributes it.
+The coordinator hands ``Policy.decide`` a frozen ``JobView`` (the
+generation, members, lost ranks, what every live rank reported holding: the
+iterations of its own verified snapshots and of the verified copies it holds
+for its owner; the ready and warming spares, the buddy map, the grid, the
+job's ``Limits`` and the time since the failure) and gets back one
+``Decision``, or a ``Wait`` with its reason. A decision is never changed
+after it is made. Its parts share one rule for the rollback,
+``newest_common``: the newest iteration every shard can be restored at, from
+the snapshot of the rank that contributes it.
 
-  * hot swap (``decide``): a spare at each lost rank's id, the lost ranks'
+  * hot swap (``swap``): a spare at each lost rank's id, the lost ranks'
     state from their buddies (after DeadPool);
-  * shrink (``plan_shrink``), when spares run out: every data-parallel
+  * wait for spares (``waits_for_spares``): too few spares are ready but
+    enough are starting: wait for them, up to --deadpool-spare-wait, and
+    swap once rather than shrink now and grow back soon;
+  * shrink (``shrink``), when spares run out: every data-parallel
     replica that lost a rank leaves; the kept replicas are renumbered, in
     order, into a world of TP x PP x DP' ranks, each rank keeping its (tp,
     pp) position so its model shard stays valid. When ranks were lost from
@@ -23,7 +29,9 @@ restored at, from the snapshot of the rank that contributes it.
     the interleaved schedule runs only at the DP sizes whose shares its
     microbatch groups allow: more replicas leave, whole blocks last first,
     each only if its shards stay held by a kept rank;
-  * grow (``plan_grow``), when the ready spares make up whole replicas
+  * checkpoint and stop (``shrink(view, stop=True)``): the survivors gather
+    every shard as a shrink does, save it and stop;
+  * grow (``grow``), when the ready spares make up whole replicas
     again, at an iteration boundary and never past the launched size. The
     running replicas keep their order and positions; the new ones come
     after them, each taking spare slots in node order, so its
@@ -31,10 +39,50 @@ restored at, from the snapshot of the rank that contributes it.
     was lost: every shard comes from its owner's own snapshot.
 """
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from deadpool_ext.protocol import Action, Decision, Report, Source, group_members, parse_slot
 from deadpool_ext.topology import Grid
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the job's layout allows (rank 0's plan of each world)."""
+
+    on_spares_exhausted: str = "abort"
+    shrink_unit: int = 1  # replicas that leave together (an MoE model's EP groups span them)
+    data_parallel_sizes: Optional[Tuple[int, ...]] = None  # None: any size runs
+    cannot_resize: Optional[str] = None  # why the job cannot shrink (None: it can)
+    cannot_grow: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The job as the policy sees it when it decides."""
+
+    gen: int
+    members: Mapping[int, str]  # rank -> slot before the failure
+    lost: FrozenSet[int]
+    reports: Mapping[int, Report]  # from every live member
+    spares: Tuple[str, ...]  # ready spare slots
+    buddy: Optional[Tuple[int, ...]]  # None: the job runs without a mirror
+    owner: Optional[Tuple[int, ...]]
+    grid: Optional[Grid]
+    planned_dp: int = 0  # the data-parallel size the job was launched with
+    limits: Limits = Limits()
+    growing: bool = False  # the generation was opened for a grow
+    doomed: Optional[str] = None  # why this generation's decision stops the job
+    warming: int = 0  # spares still starting
+    since_failure_s: float = 0.0
+    spare_wait_s: float = 0.0  # --deadpool-spare-wait
+
+
+@dataclass(frozen=True)
+class Wait:
+    """No decision yet, and why."""
+
+    reason: str
 
 
 def newest_common(sources: Dict[int, List], reports: Dict[int, Report]) -> Optional[int]:
@@ -82,17 +130,17 @@ def choose_spares(
     return chosen, warnings
 
 
-def decide(
-    gen: int,
-    members: Dict[int, str],
-    lost: Set[int],
-    reports: Dict[int, Report],
-    spares: Sequence[str],
-    buddy: Sequence[int],
-    owner: Sequence[int],
-) -> Decision:
-    """members: rank -> slot before the failure; lost: ranks without a live
-    process; reports: from every other rank."""
+def swap(view: JobView) -> Decision:
+    """A spare in each lost rank's place, its state from the buddy's copy."""
+    gen, members, lost, reports = view.gen, view.members, view.lost, view.reports
+    spares, buddy, owner = view.spares, view.buddy, view.owner
+    if buddy is None:
+        return abort(
+            gen,
+            f"ranks {sorted(lost)} were lost and no copy of their state exists (the job "
+            "runs without a mirror)",
+            members,
+        )
     for rank in sorted(lost):
         if buddy[rank] in lost:
             return abort(
@@ -279,22 +327,15 @@ def shard_sources(
     return sources, problems
 
 
-def plan_shrink(
-    gen: int,
-    members: Dict[int, str],
-    lost: Set[int],
-    reports: Dict[int, Report],
-    buddy: Sequence[int],
-    grid: Grid,
-    unit: int = 1,
-    sizes: Optional[Sequence[int]] = None,
-) -> Decision:
-    """Drop every replica that lost a rank (every block of ``unit`` replicas
-    that did, see kept_replicas); the rest, and the replicas its survivors
-    make up, go on as a smaller job, at one of ``sizes`` (the data-parallel
-    sizes the job can run at; None: any).
-
-    members: old rank -> slot; reports: from every live rank."""
+def shrink(view: JobView, stop: bool = False) -> Decision:
+    """Drop every replica that lost a rank (every block of the limits'
+    shrink unit that did, see kept_replicas); the rest, and the replicas its
+    survivors make up, go on as a smaller job, at one of the data-parallel
+    sizes the job can run at. With ``stop`` they save that state instead
+    and the job stops (checkpoint and stop)."""
+    gen, members, lost, reports = view.gen, view.members, view.lost, view.reports
+    buddy, grid = view.buddy, view.grid
+    unit, sizes = view.limits.shrink_unit, view.limits.data_parallel_sizes
     broken = {grid.replica(r) for r in lost}
     broken = {d for d in range(grid.dp) if d // unit in {b // unit for b in broken}}
     replicas = kept_replicas(grid, lost, unit)
@@ -335,7 +376,14 @@ def plan_shrink(
     )
     return Decision(
         gen=gen,
-        action=Action.SHRINK,
+        action=Action.CHECKPOINT if stop else Action.SHRINK,
+        reason=(
+            f"spares exhausted ({len(lost)} rank(s) lost): saved iteration {iteration} and "
+            "stopped (--deadpool-on-spares-exhausted checkpoint); resubmit with --load when "
+            "nodes are back"
+            if stop
+            else ""
+        ),
         rollback_to=iteration,
         members={new: members[old] for old, new in mapping.items()},
         renumber=mapping,
@@ -375,17 +423,17 @@ def place_new_replicas(grid: Grid, new_grid: Grid, spares: Sequence[str]) -> Dic
     }
 
 
-def plan_grow(
-    gen: int,
-    members: Dict[int, str],
-    reports: Dict[int, Report],
-    spares: Sequence[str],
-    grid: Grid,
-    planned_dp: int,
-    sizes: Optional[Sequence[int]] = None,
-) -> Decision:
-    """members: rank -> slot of the running job; reports: from all of them;
-    sizes: the data-parallel sizes the job can run at (None: any)."""
+def grow(view: JobView) -> Decision:
+    """The ready spares join as whole replicas after the running ones; no
+    one was lost, so every shard comes from its owner's own snapshot."""
+    gen, members, reports, spares, grid = (
+        view.gen,
+        view.members,
+        view.reports,
+        view.spares,
+        view.grid,
+    )
+    planned_dp, sizes = view.planned_dp, view.limits.data_parallel_sizes
     sources = {rank: [rank, Source.OWN] for rank in members}
     iteration = newest_common(sources, reports)
     if iteration is None:
@@ -428,3 +476,65 @@ def plan_grow(
             f"replicas with spare slots {sorted(joined.values())}"
         ],
     )
+
+
+# ----- the policy -----
+def waits_for_spares(view: JobView) -> Optional[Wait]:
+    """Too few spares are ready but enough are starting: wait for them, up
+    to --deadpool-spare-wait after the failure."""
+    short = len(view.lost) - len(view.spares)
+    if view.growing or short <= 0 or view.warming < short:
+        return None
+    if view.since_failure_s >= view.spare_wait_s:
+        return None
+    return Wait(
+        f"{len(view.lost)} rank(s) lost, {len(view.spares)} spare(s) ready, "
+        f"{view.warming} starting: waiting up to {view.spare_wait_s:g} s"
+    )
+
+
+def likely_spares(view: JobView) -> Dict[int, str]:
+    """The spares a swap will take if nothing else fails (those told to
+    start building now); none where no swap is possible."""
+    if (
+        view.buddy is None
+        or len(view.spares) < len(view.lost)
+        or any(view.buddy[r] in view.lost for r in view.lost)
+    ):
+        return {}
+    return choose_spares(sorted(view.lost), view.spares, view.members, view.buddy, view.owner)[0]
+
+
+def grow_by(view: JobView) -> int:
+    """How many replicas a grow would add now (0: none)."""
+    if view.limits.cannot_grow or view.grid is None:
+        return 0
+    return replicas_to_add(view.grid, view.planned_dp, view.spares, view.limits.data_parallel_sizes)
+
+
+class Policy:
+    """Hot swap while spares last (waiting a bounded time for spares that
+    are starting); then --deadpool-on-spares-exhausted: shrink, checkpoint
+    and stop, or abort; a grow when the generation was opened for one."""
+
+    def decide(self, view: JobView) -> Union[Decision, Wait]:
+        if view.doomed is not None:
+            return abort(view.gen, view.doomed, view.members)
+        if view.growing:
+            return grow(view)
+        wait = waits_for_spares(view)
+        if wait is not None:
+            return wait
+        on_exhausted = view.limits.on_spares_exhausted
+        resizes = on_exhausted in ("shrink", "checkpoint")
+        if not resizes or (len(view.spares) >= len(view.lost) and view.buddy is not None):
+            return swap(view)
+        if view.limits.cannot_resize:
+            return abort(
+                view.gen,
+                f"ranks {sorted(view.lost)} were lost and no spare is left; the job "
+                f"cannot {on_exhausted} ({view.limits.cannot_resize}): resume from the "
+                "last --save checkpoint",
+                view.members,
+            )
+        return shrink(view, stop=on_exhausted == "checkpoint")

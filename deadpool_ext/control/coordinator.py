@@ -39,6 +39,7 @@ while the job is being resized ends it: the survivors' snapshots are of the
 old layout, which no decision could combine with the new one.
 """
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -49,14 +50,7 @@ import torch.distributed as dist
 from deadpool_ext import protocol as P
 from deadpool_ext.control.detector import Detector
 from deadpool_ext.events import EventLog
-from deadpool_ext.policy import (
-    abort,
-    choose_spares,
-    decide,
-    plan_grow,
-    plan_shrink,
-    replicas_to_add,
-)
+from deadpool_ext.policy import JobView, Limits, Policy, Wait, abort, grow_by, likely_spares
 from deadpool_ext.protocol import (
     COORDINATOR_RANK,
     Action,
@@ -149,6 +143,7 @@ class Coordinator:
         self.doomed: Optional[str] = None  # why the next decision stops the job
         self.exited: Set[str] = set()  # slots whose process exit an agent reported
         self.abort_grace_s = P.ABORT_GRACE_S
+        self.policy = Policy()
         self.plan: Optional[P.Plan] = None  # layout and buddies from rank 0, per world
         self.buddy: Optional[List[int]] = None
         self.owner: Optional[List[int]] = None
@@ -543,16 +538,8 @@ class Coordinator:
         self.started_recovery = self.clock()
 
     def likely_spares(self) -> Dict[int, str]:
-        """What decide() will pick if nothing else fails (same inputs)."""
-        if (
-            self.buddy is None
-            or len(self.view.spares) < len(self.lost)
-            or any(self.buddy[r] in self.lost for r in self.lost)
-        ):
-            return {}
-        return choose_spares(
-            sorted(self.lost), self.view.spares, self.view.members, self.buddy, self.owner
-        )[0]
+        """The spares told to start building now: those a swap will take."""
+        return likely_spares(self.job_view())
 
     def register_node(self, node: int, nproc: int, nonce: str) -> None:
         """A repaired or new node (``deadpool-launch --join``): its workers
@@ -852,9 +839,12 @@ class Coordinator:
                 )
             )
             return
-        if self.settling() or self.waiting_for_spares():
+        if self.settling():
             return
-        decision = self.choose()
+        decision = self.policy.decide(self.job_view())
+        if isinstance(decision, Wait):
+            self.note_wait(decision)
+            return
         self.decided_at = self.clock()
         if decision.action == Action.ABORT:
             self.end(decision)
@@ -877,29 +867,51 @@ class Coordinator:
             return self.recovery_timeout
         return max(self.recovery_timeout, self.group_timeout_s + 2 * self.heartbeat_timeout)
 
-    def waiting_for_spares(self) -> bool:
-        """Too few spares are ready, but enough are still starting: wait for
-        them, up to --deadpool-spare-wait after the failure, and swap once
-        rather than shrink now and grow back when they are ready."""
-        short = len(self.lost) - len(self.view.spares)
-        if (
-            self.state == S.GROWING
-            or short <= 0
-            or len(self.warming) < short
-            or self.clock() - self.started_recovery >= self.spare_wait
-        ):
-            return False
-        if self.waited_gen != self.gen:
-            self.waited_gen = self.gen
-            self.events.emit(
-                "waiting_for_spares",
-                gen=self.gen,
-                lost=len(self.lost),
-                ready=len(self.view.spares),
-                warming=sorted(self.warming),
-                up_to_s=self.spare_wait,
+    def note_wait(self, wait: Wait) -> None:
+        """Said once per generation: the event log shows what is awaited."""
+        if self.waited_gen == self.gen:
+            return
+        self.waited_gen = self.gen
+        self.events.emit(
+            "waiting_for_spares",
+            gen=self.gen,
+            lost=len(self.lost),
+            ready=len(self.view.spares),
+            warming=sorted(self.warming),
+            up_to_s=self.spare_wait,
+            reason=wait.reason,
+        )
+
+    def job_view(self) -> JobView:
+        """What the policy decides from: this generation's state, frozen."""
+        plan = self.plan
+        limits = Limits()
+        if plan is not None:
+            sizes = plan.data_parallel_sizes
+            limits = Limits(
+                on_spares_exhausted=plan.on_spares_exhausted,
+                shrink_unit=plan.shrink_unit,
+                data_parallel_sizes=None if sizes is None else tuple(sizes),
+                cannot_resize=plan.cannot_resize,
+                cannot_grow=plan.cannot_grow,
             )
-        return True
+        return JobView(
+            gen=self.gen,
+            members=dict(self.view.members),
+            lost=frozenset(self.lost),
+            reports=dict(self.reports),
+            spares=tuple(self.view.spares),
+            buddy=None if self.buddy is None else tuple(self.buddy),
+            owner=None if self.owner is None else tuple(self.owner),
+            grid=None if plan is None else self.grid(),
+            planned_dp=0 if plan is None else self.planned_dp(),
+            limits=limits,
+            growing=self.state == S.GROWING,
+            doomed=self.doomed,
+            warming=len(self.warming),
+            since_failure_s=self.clock() - self.started_recovery,
+            spare_wait_s=self.spare_wait,
+        )
 
     def grid(self) -> Grid:
         tp, pp = self.plan.tp, self.plan.pp
@@ -915,15 +927,12 @@ class Coordinator:
             or self.world_size >= self.planned_size
             or self.finished
             or self.stopping
-            or self.plan.cannot_grow
         ):
             return
-        grid = self.grid()
-        add = replicas_to_add(
-            grid, self.planned_dp(), self.view.spares, self.plan.data_parallel_sizes
-        )
+        add = grow_by(self.job_view())
         if add == 0:
             return
+        grid = self.grid()
         self.open_generation(S.GROWING)
         self.events.emit(
             "grow_announced",
@@ -934,72 +943,6 @@ class Coordinator:
             iteration=max(self.progress.values(), default=0),
         )
         self.publish()
-
-    def choose(self) -> Decision:
-        """Hot swap while spares last; then the --deadpool-on-spares-exhausted policy."""
-        if self.doomed is not None:
-            return abort(self.gen, self.doomed, self.view.members)
-        if self.state == S.GROWING:
-            return plan_grow(
-                self.gen,
-                self.view.members,
-                self.reports,
-                self.view.spares,
-                self.grid(),
-                self.planned_dp(),
-                self.plan.data_parallel_sizes,
-            )
-        policy = self.plan.on_spares_exhausted
-        if (
-            len(self.view.spares) >= len(self.lost)
-            and self.buddy is not None
-            or policy not in ("shrink", "checkpoint")
-        ):
-            if self.buddy is None:
-                return abort(
-                    self.gen,
-                    f"ranks {sorted(self.lost)} were lost and no copy of "
-                    "their state exists (the job runs without a mirror)",
-                    self.view.members,
-                )
-            return decide(
-                self.gen,
-                self.view.members,
-                self.lost,
-                self.reports,
-                self.view.spares,
-                self.buddy,
-                self.owner,
-            )
-        if self.plan.cannot_resize:
-            return abort(
-                self.gen,
-                f"ranks {sorted(self.lost)} were lost and no spare is left; the job "
-                f"cannot {policy} ({self.plan.cannot_resize}): resume from the last "
-                "--save checkpoint",
-                self.view.members,
-            )
-        decision = plan_shrink(
-            self.gen,
-            self.view.members,
-            self.lost,
-            self.reports,
-            self.buddy,
-            self.grid(),
-            self.plan.shrink_unit,
-            self.plan.data_parallel_sizes,
-        )
-        if policy == "checkpoint" and decision.action == Action.SHRINK:
-            # The survivors gather every shard the way a shrink does, save
-            # it, and stop; the checkpoint loads at any data-parallel size.
-            decision.action = Action.CHECKPOINT
-            decision.reason = (
-                f"spares exhausted ({len(self.lost)} rank(s) lost): saved "
-                f"iteration {decision.rollback_to} and stopped "
-                "(--deadpool-on-spares-exhausted checkpoint); resubmit with "
-                "--load when nodes are back"
-            )
-        return decision
 
     def apply_resize(self, decision: Decision) -> None:
         """The decision's members form the new world. A shrink's dropped
@@ -1026,8 +969,12 @@ class Coordinator:
         """The decision's members form the generation: publish it and rebuild."""
         self.note_clean_redos(done=decision.rollback_to)
         taken = decision.replaced.values()
-        decision.gpus = {s: self.view.gpus[s].summary() for s in taken if s in self.view.gpus}
-        decision.withheld = sorted(self.view.withheld)
+        # The decision with what the coordinator saw of its spares' GPUs: a copy.
+        decision = dataclasses.replace(
+            decision,
+            gpus={s: self.view.gpus[s].summary() for s in taken if s in self.view.gpus},
+            withheld=sorted(self.view.withheld),
+        )
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()

@@ -57,9 +57,17 @@ from dist_utils import (
 )
 from deadpool_ext.wire import new_secret
 from deadpool_ext.events import read_events
-from deadpool_ext.policy import plan_grow, replicas_to_add
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.policy import kept_replicas, plan_shrink, renumber, whole_replica
+from deadpool_ext.policy import (
+    JobView,
+    Limits,
+    grow,
+    kept_replicas,
+    renumber,
+    replicas_to_add,
+    shrink,
+    whole_replica,
+)
 from deadpool_ext.protocol import Report
 from deadpool_ext.topology import Grid
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
@@ -67,6 +75,45 @@ from megatron.training.optimizer_layout import Bucket, full_state, new_shard
 
 TOLERANCE = 1e-5
 ITERS = 20
+
+
+def limits(unit=1, sizes=None, **rest) -> Limits:
+    return Limits(shrink_unit=unit, data_parallel_sizes=sizes and tuple(sizes), **rest)
+
+
+def plan_shrink(gen, members, lost, reports, buddy, grid, unit=1, sizes=None, stop=False):
+    """The policy's shrink of a job of ``grid`` that lost ``lost``."""
+    view = JobView(
+        gen=gen,
+        members=members,
+        lost=frozenset(lost),
+        reports=reports,
+        spares=(),
+        buddy=tuple(buddy),
+        owner=None,
+        grid=grid,
+        limits=limits(unit, sizes),
+    )
+    return shrink(view, stop=stop)
+
+
+def plan_grow(gen, members, reports, spares, grid, planned_dp, sizes=None):
+    """The policy's grow of a job of ``grid`` with ``spares`` ready."""
+    view = JobView(
+        gen=gen,
+        members=members,
+        lost=frozenset(),
+        reports=reports,
+        spares=tuple(spares),
+        buddy=None,
+        owner=None,
+        grid=grid,
+        planned_dp=planned_dp,
+        limits=limits(sizes=sizes),
+    )
+    return grow(view)
+
+
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 # 8 ranks as PP2 x DP4 on two 4-rank nodes: replicas 0, 1 on node 0, 2, 3 on node 1.
 DP4 = ["--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping"] + NO_DROPOUT
