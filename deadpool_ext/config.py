@@ -5,7 +5,7 @@ validator refuses layouts the mirror cannot protect and says what to change.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import List, Optional
 
 from megatron.training import arguments
@@ -25,8 +25,11 @@ from deadpool_ext.inject import InjectError, parse_faults
 from deadpool_ext.protocol import (
     ERROR_FILE_ENV,
     HEARTBEAT_TIMEOUT_S,
+    ON_SPARES_EXHAUSTED,
     PROGRESS_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
+    SPARE_WAIT_S,
+    CoordinatorSettings,
 )
 
 
@@ -100,7 +103,7 @@ class DeadpoolConfig:
         choices=["rollback", "stop"],
     )
     deadpool_on_spares_exhausted: str = arg(
-        "shrink",
+        ON_SPARES_EXHAUSTED,
         help="When a rank is lost and no spare is left: shrink (drop the "
         "data-parallel replicas that lost a rank and go on with the rest, same global batch), "
         "checkpoint (gather every shard on the survivors, save the newest iteration to --save "
@@ -109,7 +112,7 @@ class DeadpoolConfig:
         choices=["shrink", "checkpoint", "abort"],
     )
     deadpool_spare_wait: float = arg(
-        60.0,
+        SPARE_WAIT_S,
         help="Seconds a recovery may wait for warm spares that are still starting "
         "(imports, device, data) when too few are ready, to swap once instead of applying "
         "--deadpool-on-spares-exhausted and growing back; 0 never waits.",
@@ -124,6 +127,24 @@ class DeadpoolConfig:
 
 def section(config: Config) -> DeadpoolConfig:
     return config.extra.get("deadpool") or DeadpoolConfig()
+
+
+def coordinator_settings(script_args: List[str]) -> CoordinatorSettings:
+    """What the coordinator acts on, read from the training script's flags
+    as its own parser reads them (the last of a flag given twice counts;
+    the script's other flags are left to it). Raises ConfigError on a bad
+    value, as the script would."""
+    parser = arguments.build_parser({"deadpool": DeadpoolConfig})
+    namespace, _ = parser.parse_known_args(script_args)
+    dp = DeadpoolConfig(**{f.name: getattr(namespace, f.name) for f in fields(DeadpoolConfig)})
+    return CoordinatorSettings(
+        heartbeat_timeout=dp.deadpool_heartbeat_timeout,
+        recovery_timeout=dp.deadpool_recovery_timeout,
+        progress_timeout=dp.deadpool_progress_timeout,
+        spare_wait=dp.deadpool_spare_wait,
+        on_spares_exhausted=dp.deadpool_on_spares_exhausted,
+        events=dp.deadpool_events,
+    )
 
 
 def ranks_per_node(dp: DeadpoolConfig, world_size: int, environ=os.environ) -> int:

@@ -42,7 +42,15 @@ the snapshot of the rank that contributes it.
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from deadpool_ext.protocol import Action, Decision, Report, Source, group_members, parse_slot
+from deadpool_ext.protocol import (
+    ON_SPARES_EXHAUSTED,
+    Action,
+    Decision,
+    Report,
+    Source,
+    group_members,
+    parse_slot,
+)
 from deadpool_ext.topology import Grid
 
 
@@ -50,7 +58,7 @@ from deadpool_ext.topology import Grid
 class Limits:
     """What the job's layout allows (rank 0's plan of each world)."""
 
-    on_spares_exhausted: str = "abort"
+    on_spares_exhausted: str = ON_SPARES_EXHAUSTED
     shrink_unit: int = 1  # replicas that leave together (an MoE model's EP groups span them)
     data_parallel_sizes: Optional[Tuple[int, ...]] = None  # None: any size runs
     cannot_resize: Optional[str] = None  # why the job cannot shrink (None: it can)

@@ -20,6 +20,8 @@ RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
 # this long, its main thread computing all the while and a peer waiting on it,
 # is hung even if its heartbeat thread beats (0: no such watch).
 PROGRESS_TIMEOUT_S = 300.0
+SPARE_WAIT_S = 60.0  # --deadpool-spare-wait
+ON_SPARES_EXHAUSTED = "shrink"  # --deadpool-on-spares-exhausted
 # A topic slot claimed and not written this long is passed over (its poster
 # died between claiming and writing, or was an outsider).
 CLAIMED_SLOT_DEADLINE_S = 2.0
@@ -267,12 +269,8 @@ class Plan(Message):
     tp: int
     pp: int
     tp_pp_dp: bool
-    on_spares_exhausted: str
-    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
-    spare_wait: float = 0.0
     distributed_timeout_minutes: Optional[float] = None
     train_iters: Optional[int] = None
-    progress_timeout: float = PROGRESS_TIMEOUT_S
     # Why this job cannot shrink (None: it can); spares exhausted then ends
     # it whatever --deadpool-on-spares-exhausted says.
     cannot_resize: Optional[str] = None
@@ -283,6 +281,20 @@ class Plan(Message):
     # The data-parallel sizes the job can run at (the interleaved schedule's
     # microbatch groups must fit each replica's share); None: any.
     data_parallel_sizes: Optional[List[int]] = None
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """The --deadpool flags the coordinator acts on. The launcher reads them
+    from the training script's flags (config.coordinator_settings) before
+    any worker starts: the coordinator never runs on other values."""
+
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
+    recovery_timeout: float = RECOVERY_TIMEOUT_S
+    progress_timeout: float = PROGRESS_TIMEOUT_S
+    spare_wait: float = SPARE_WAIT_S
+    on_spares_exhausted: str = ON_SPARES_EXHAUSTED
+    events: Optional[str] = None  # --deadpool-events
 
 
 @dataclass

@@ -112,8 +112,7 @@ class Coordinator:
         spare_nodes: int,
         nproc: int,
         events: Optional[EventLog] = None,
-        heartbeat_timeout: float = P.HEARTBEAT_TIMEOUT_S,
-        recovery_timeout: float = P.RECOVERY_TIMEOUT_S,
+        settings: P.CoordinatorSettings = P.CoordinatorSettings(),
         clock=time.monotonic,
         replica: Optional[Channel] = None,
         snapshot: Optional[dict] = None,
@@ -125,9 +124,10 @@ class Coordinator:
         self.nnodes, self.spare_nodes = nnodes, spare_nodes
         self.world_size = self.planned_size = nnodes * nproc
         self.events = events or EventLog(None, COORDINATOR_RANK)
-        self.recovery_timeout = recovery_timeout
+        self.settings = settings
+        self.recovery_timeout = settings.recovery_timeout
         self.clock = clock
-        self.detector = Detector(channel, heartbeat_timeout)
+        self.detector = Detector(channel, settings.heartbeat_timeout)
         self.view = Membership(
             {r: slot_name(r // nproc, r % nproc) for r in range(self.world_size)}
         )
@@ -155,9 +155,9 @@ class Coordinator:
         self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
         self.started_recovery = 0.0
         self.decided_at = 0.0  # when the current generation's decision was made
-        # --deadpool-spare-wait (from rank 0's plan), and the spares that are
-        # still starting while a recovery waits for them.
-        self.spare_wait = 0.0
+        # --deadpool-spare-wait, and the spares that are still starting while
+        # a recovery waits for them.
+        self.spare_wait = settings.spare_wait
         self.warming: List[str] = []
         self.beating: Set[int] = set()  # nodes whose agent beat at the last look
         self.took_over_at: Optional[float] = None
@@ -167,7 +167,7 @@ class Coordinator:
         self.waited_stuck_gen: Optional[int] = None
         self.waited_gen: Optional[int] = None
         self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
-        self.progress_timeout = P.PROGRESS_TIMEOUT_S  # rank 0's plan says the flag's
+        self.progress_timeout = settings.progress_timeout
         # The standby's copy: the state as last written there, and the lease.
         self.replica, self.replicated = replica, None
         self.last_lease = float("-inf")
@@ -284,12 +284,9 @@ class Coordinator:
         if self.plan is not None:
             return  # a spare that took rank 0 repeats it; only the first counts
         self.plan, self.buddy, self.owner = m, m.buddy, m.owner
-        self.detector.timeout_s = float(m.heartbeat_timeout)
-        self.spare_wait = float(m.spare_wait)
         if m.distributed_timeout_minutes is not None:
             self.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
         self.train_iters = m.train_iters
-        self.progress_timeout = float(m.progress_timeout)
 
     def on_exit(self, m: P.WorkerExited) -> None:
         self.exited.add(m.slot)
@@ -885,11 +882,11 @@ class Coordinator:
     def job_view(self) -> JobView:
         """What the policy decides from: this generation's state, frozen."""
         plan = self.plan
-        limits = Limits()
+        limits = Limits(on_spares_exhausted=self.settings.on_spares_exhausted)
         if plan is not None:
             sizes = plan.data_parallel_sizes
             limits = Limits(
-                on_spares_exhausted=plan.on_spares_exhausted,
+                on_spares_exhausted=self.settings.on_spares_exhausted,
                 shrink_unit=plan.shrink_unit,
                 data_parallel_sizes=None if sizes is None else tuple(sizes),
                 cannot_resize=plan.cannot_resize,

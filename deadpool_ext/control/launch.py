@@ -35,6 +35,9 @@ import tempfile
 import time
 from typing import List, Optional
 
+from megatron.training.arguments import ConfigError
+
+from deadpool_ext.config import coordinator_settings
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.events import EventLog
@@ -42,8 +45,6 @@ from deadpool_ext.policy import abort
 from deadpool_ext.protocol import (
     AGENT_ENV,
     COORDINATOR_RANK,
-    HEARTBEAT_TIMEOUT_S,
-    RECOVERY_TIMEOUT_S,
     SECRET_ENV,
     STANDBY_PORT_OFFSET,
     TAKEOVER_WAIT_S,
@@ -218,27 +219,10 @@ def use_rendezvous_endpoint(opts) -> None:
     opts.master_addr, opts.master_port = host.strip("[]"), int(port or 29400)
 
 
-def flag_value(args: List[str], name: str) -> Optional[str]:
-    """A --flag VALUE of the training script the coordinator also needs:
-    the last one given, as the script's argparse takes it."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def heartbeat_timeout(opts) -> float:
-    value = flag_value(opts.script_args, "--deadpool-heartbeat-timeout")
-    return float(value or HEARTBEAT_TIMEOUT_S)
 
 
 def standby_address(opts) -> Optional[str]:
@@ -251,7 +235,7 @@ def agent_settings(opts, node: int, store: str, scratch: Optional[str] = None) -
     return {
         "scratch": scratch,
         "standby": standby_address(opts),
-        "takeover_wait": heartbeat_timeout(opts) + TAKEOVER_WAIT_S,
+        "takeover_wait": opts.settings.heartbeat_timeout + TAKEOVER_WAIT_S,
         "node": node,
         "nproc": opts.nproc_per_node,
         "active": node < opts.nnodes and not opts.join,
@@ -338,15 +322,13 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
     """``standby``: the primary's ``replica``, or the ``snapshot`` taken over."""
-    recovery = flag_value(opts.script_args, "--deadpool-recovery-timeout")
     return Coordinator(
         channel,
         opts.nnodes,
         opts.spare_nodes,
         opts.nproc_per_node,
-        EventLog(flag_value(opts.script_args, "--deadpool-events"), COORDINATOR_RANK),
-        heartbeat_timeout=heartbeat_timeout(opts),
-        recovery_timeout=float(recovery or RECOVERY_TIMEOUT_S),
+        EventLog(opts.settings.events, COORDINATOR_RANK),
+        settings=opts.settings,
         **standby,
     )
 
@@ -360,7 +342,7 @@ def replica_channel(opts) -> Optional[Channel]:
     host, port = address.rsplit(":", 1)
     # A standby that does not answer within the heartbeat timeout is as lost
     # as a silent node: the coordinator must not stall on it.
-    store = connect(host, int(port), timeout_s=120, silent_after_s=heartbeat_timeout(opts))
+    store = connect(host, int(port), timeout_s=120, silent_after_s=opts.settings.heartbeat_timeout)
     return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
 
 
@@ -405,7 +387,7 @@ def stand_by(opts) -> int:
     )
     agent = start_agent(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     signal.signal(signal.SIGTERM, lambda *_: agent.send_signal(signal.SIGTERM))
-    standby = Standby(channel, opts.node_rank, heartbeat_timeout(opts))
+    standby = Standby(channel, opts.node_rank, opts.settings.heartbeat_timeout)
     # An agent that ended well ended with the job; one that was killed
     # leaves the launcher standing by (node 0 may still die).
     verdict = Verdict.WAIT
@@ -437,6 +419,10 @@ def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen)
 def main(argv=None) -> int:
     opts = build_parser().parse_args(argv)
     check(opts)
+    try:  # what the coordinator acts on, as the workers will read it
+        opts.settings = coordinator_settings(opts.script_args)
+    except ConfigError as error:
+        raise SystemExit(f"deadpool-launch: {error}") from None
     total = opts.nnodes + opts.spare_nodes
     if opts.standalone:
         os.environ.setdefault(SECRET_ENV, new_secret())

@@ -196,7 +196,7 @@ class RecoveryHook(Hook):
         if trainer.runtime.rank != 0:
             return
         buddies, ranks = self.mirror_hook.buddies, range(trainer.runtime.world_size)
-        p, dp = self.config.parallel, section(self.config)
+        p = self.config.parallel
         self.ctx.post(
             P.Plan(
                 gen=self.ctx.gen,
@@ -205,12 +205,8 @@ class RecoveryHook(Hook):
                 tp=p.tensor_model_parallel_size,
                 pp=p.pipeline_model_parallel_size,
                 tp_pp_dp=p.use_tp_pp_dp_mapping,
-                on_spares_exhausted=dp.deadpool_on_spares_exhausted,
-                heartbeat_timeout=dp.deadpool_heartbeat_timeout,
-                spare_wait=dp.deadpool_spare_wait,
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
-                progress_timeout=dp.deadpool_progress_timeout,
                 **resize_limits(self.config, buddies),
             )
         )

@@ -7,7 +7,7 @@ from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.protocol import Decision, ExitCode, JobState
+from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 
 SECRET = b"test-secret"
 BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node
@@ -21,12 +21,21 @@ class Clock:
         return self.now
 
 
+def settings(on_spares_exhausted="abort", spare_wait=0.0, heartbeat_timeout=3.0):
+    """The coordinator's --deadpool settings in these tests."""
+    return CoordinatorSettings(
+        heartbeat_timeout=heartbeat_timeout,
+        spare_wait=spare_wait,
+        on_spares_exhausted=on_spares_exhausted,
+    )
+
+
 @pytest.fixture()
 def job():
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
     clock = Clock()
     coordinator = Coordinator(
-        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, heartbeat_timeout=3.0, clock=clock
+        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, settings=settings(), clock=clock
     )
     coordinator.heartbeat_check_s = 0.0  # every step
     worker = Channel(store, SECRET)
@@ -39,8 +48,6 @@ def job():
         tp=1,
         pp=1,
         tp_pp_dp=False,
-        on_spares_exhausted="abort",
-        heartbeat_timeout=3.0,
     )
     for slot in ("2.0", "2.1"):
         worker.post("coordinator", kind="spare_ready", slot=slot)
@@ -206,8 +213,6 @@ def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
         tp=1,
         pp=1,
         tp_pp_dp=False,
-        on_spares_exhausted="abort",
-        heartbeat_timeout=3.0,
         distributed_timeout_minutes=3,
     )
     coordinator.plan = None  # the fixture's plan has no group timeout
@@ -284,7 +289,7 @@ def shrinking_job():
         nnodes=2,
         spare_nodes=0,
         nproc=2,
-        heartbeat_timeout=3.0,
+        settings=settings("shrink"),
         clock=Clock(),
     )
     worker = Channel(store, SECRET)
@@ -297,8 +302,6 @@ def shrinking_job():
         tp=1,
         pp=2,
         tp_pp_dp=True,
-        on_spares_exhausted="shrink",
-        heartbeat_timeout=3.0,
     )
     coordinator.step()
     return coordinator, worker
@@ -328,8 +331,6 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
         tp=1,
         pp=2,
         tp_pp_dp=True,
-        on_spares_exhausted="shrink",
-        heartbeat_timeout=3.0,
     )
     worker.post("coordinator", kind="spare_ready", slot="1.0")  # a lost slot: ignored
     coordinator.step()
@@ -385,7 +386,7 @@ def test_a_loss_while_resizing_ends_the_job(shrinking_job):
 def checkpoint_decided(coordinator, worker) -> Decision:
     """Rank 3 lost under the checkpoint policy; the survivors have resumed
     (and are saving)."""
-    coordinator.plan.on_spares_exhausted = "checkpoint"
+    coordinator.settings = settings("checkpoint")
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2])
@@ -485,7 +486,12 @@ def spare_wait_job(spares_beat: bool):
     store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
     clock = Clock()
     coordinator = Coordinator(
-        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, heartbeat_timeout=3.0, clock=clock
+        Channel(store, SECRET),
+        nnodes=2,
+        spare_nodes=1,
+        nproc=2,
+        settings=settings("shrink", spare_wait=30.0),
+        clock=clock,
     )
     coordinator.heartbeat_check_s = 0.0
     worker = Channel(store, SECRET)
@@ -498,9 +504,6 @@ def spare_wait_job(spares_beat: bool):
         tp=1,
         pp=2,
         tp_pp_dp=True,
-        on_spares_exhausted="shrink",
-        heartbeat_timeout=3.0,
-        spare_wait=30.0,
     )
     for slot in ("2.0", "2.1") if spares_beat else ():
         worker.put(f"hb/{slot}", seq=1, iteration=None, state="starting")
@@ -635,7 +638,7 @@ def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack)
         nnodes=2,
         spare_nodes=0,
         nproc=1,
-        heartbeat_timeout=10.0,
+        settings=settings(heartbeat_timeout=10.0),
         clock=clock,
     )
     agents = [Channel(connect("127.0.0.1", port, timeout_s=10), SECRET) for _ in range(2)]

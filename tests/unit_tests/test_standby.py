@@ -38,7 +38,9 @@ def coordinator_on(store, clock, replica=None, snapshot=None) -> Coordinator:
         nnodes=2,
         spare_nodes=1,
         nproc=2,
-        heartbeat_timeout=3.0,
+        settings=P.CoordinatorSettings(
+            heartbeat_timeout=3.0, spare_wait=0.0, on_spares_exhausted="shrink"
+        ),
         clock=clock,
         replica=replica,
         snapshot=snapshot,
@@ -57,8 +59,6 @@ def start(worker: Channel, coordinator: Coordinator) -> None:
         tp=1,
         pp=1,
         tp_pp_dp=False,
-        on_spares_exhausted="shrink",
-        heartbeat_timeout=3.0,
     )
     for slot in ("2.0", "2.1"):
         worker.post("coordinator", kind="spare_ready", slot=slot)

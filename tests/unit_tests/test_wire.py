@@ -7,7 +7,9 @@ import pytest
 
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.inject import InjectError, parse_fault
-from deadpool_ext.control.launch import flag_value, free_port
+from deadpool_ext.config import DeadpoolConfig, coordinator_settings
+from megatron.training.arguments import ConfigError
+from deadpool_ext.control.launch import free_port
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +185,24 @@ def test_fault_specs_parse_and_bad_ones_say_what_to_change():
 
 
 def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
-    args = ["--deadpool", "--deadpool-events", "e.jsonl", "--deadpool-heartbeat-timeout=3"]
-    assert flag_value(args, "--deadpool-events") == "e.jsonl"
-    assert flag_value(args, "--deadpool-heartbeat-timeout") == "3"
-    assert flag_value(args, "--save") is None
-    # Given twice, the last counts, as in the workers' argparse.
-    again = args + ["--deadpool-heartbeat-timeout", "10"]
-    assert flag_value(again, "--deadpool-heartbeat-timeout") == "10"
+    """The coordinator acts on the --deadpool flags as the workers read
+    them, from the start: the script's other flags are the script's."""
+    args = ["--num-layers", "2", "--deadpool", "--deadpool-events", "e.jsonl"]
+    args += ["--deadpool-heartbeat-timeout=3", "--deadpool-on-spares-exhausted", "checkpoint"]
+    got = coordinator_settings(args)
+    assert (got.events, got.heartbeat_timeout, got.on_spares_exhausted) == (
+        "e.jsonl",
+        3.0,
+        "checkpoint",
+    )
+    # Given twice, the last counts, as in the workers' argparse; the rest
+    # are the flags' defaults (DeadpoolConfig's).
+    again = coordinator_settings(args + ["--deadpool-heartbeat-timeout", "10"])
+    assert (
+        again.heartbeat_timeout == 10.0 and again.spare_wait == DeadpoolConfig().deadpool_spare_wait
+    )
+    with pytest.raises(ConfigError, match="--deadpool-spare-wait"):
+        coordinator_settings(["--deadpool-spare-wait", "soon"])
 
 
 @pytest.mark.parametrize(
