@@ -125,7 +125,7 @@ def report(upstream: Dict[str, dict], ours: Dict[str, argparse.Action]) -> str:
         "default. Some shared flags are refused with the reason when given (for example",
         "`--log-memory-to-tensorboard` and `--apply-layernorm-1p` on CPU,",
         "`--context-parallel-size` under `--deadpool`):",
-        "`python pretrain_gpt.py --help` and the README say which.",
+        "`python pretrain_gpt.py --help` and docs/megatron-lm.md say which.",
         "",
         f"Megatron-LM: {len(upstream)} options; here: {len(shared)} of them "
         f"({sum(s == 'same' for s in rows.values())} the same, "

@@ -11,7 +11,7 @@
 # Run it from the repository root as upstream's. For hot swap the launcher
 # becomes deadpool-launch with spare nodes, and --deadpool is added:
 # LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes
-# or more, and --use-distributed-optimizer: README, "Hot swap").
+# or more, and --use-distributed-optimizer: docs/recovery.md, "Hot swap").
 # Data: `make data` writes the GPT-2 vocabulary and the corpus tokenized with it:
 #   bash examples/gpt3/train_gpt3_175b_distributed.sh runs/gpt3/ckpt runs/gpt3/tb \
 #     data/tokenizers/gpt2/vocab.json data/tokenizers/gpt2/merges.txt \

@@ -10,7 +10,7 @@
 # Run it from the repository root as upstream's. For hot swap the launcher
 # becomes deadpool-launch with spare nodes, and --deadpool is added:
 # LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes
-# or more, and --use-distributed-optimizer: README, "Hot swap").
+# or more, and --use-distributed-optimizer: docs/recovery.md, "Hot swap").
 # Data: `make data` writes the Hugging Face tokenizer directory; tokenize the
 # corpus with it (tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer).
 

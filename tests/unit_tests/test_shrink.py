@@ -524,7 +524,7 @@ def rollback_of_a_kill_in_iteration_4(events) -> int:
     """The one rollback every shrunk rank took after a kill in iteration 4:
     back to the interrupted iteration's start (3), or to the one before
     only where the kill came before every rank had exchanged and verified
-    iteration 3's snapshot (README, hot swap step 3): under load the killed
+    iteration 3's snapshot (docs/recovery.md, hot swap step 3): under load the killed
     rank can reach its backward while another pair's exchange is still going."""
     rollbacks = {e["rollback_to"] for e in events if e["event"] == "shrunk"}
     killed = next(e["time"] for e in events if e["event"] == "fault_injected")
