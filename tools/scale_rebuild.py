@@ -328,7 +328,7 @@ What this says, and what partial rebuild needs (issue 22; it is not built):
   control plane's aside), so pairs connected on first use are released too; with lazy
   pairs the rebuild stage fell by 40-58% at 16 and 32 ranks (docs/benchmarks.md). They are
   not used: torch 2.13's gloo sometimes never completes a lazily connected pair (`python -m
-  tools.gloo_lazy_pairs`: 4 trials of 20 hung lazily, none of 14 with the full mesh).
+  tools.probes.gloo_lazy_pairs`: 4 trials of 20 hung lazily, none of 14 with the full mesh).
 - In torch 2.13 gloo cannot shrink (`supports_shrinking` is false), and shrinking the default
   group destroys every other group: keeping groups means keeping the default group and
   editing it, not making it again.

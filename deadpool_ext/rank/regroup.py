@@ -247,7 +247,7 @@ def set_aside(groups: Iterable[object]) -> SetAside:
     they outlive the default group (destroying it destroys every registered
     group). What ``put_back`` needs to register them in the next world.
     Torch's private registry helpers: the ones its own ``shrink_group`` uses
-    (``python -m tools.keep_groups`` checks them)."""
+    (``python -m tools.probes.keep_groups`` checks them)."""
     world = dist.distributed_c10d._world
     entries = []
     for group in groups:

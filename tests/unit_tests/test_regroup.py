@@ -139,7 +139,7 @@ def test_torch_lets_a_gloo_group_outlive_its_default_group():
     the others made again, and gloo's per-group sequence numbers equal
     after matching operations and unequal after an unreceived send."""
     run = subprocess.run(
-        [sys.executable, "-m", "tools.keep_groups", "--ranks", "4", "--replace", "2"],
+        [sys.executable, "-m", "tools.probes.keep_groups", "--ranks", "4", "--replace", "2"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ It also drops the torch-made groups from a second thread while the main
 thread counts in Python, and adds up the main thread's gaps: whether the
 destructors hold the GIL while they wait for their threads.
 
-    python -m tools.gloo_teardown --groups 20
+    python -m tools.probes.gloo_teardown --groups 20
 
 Figures: docs/benchmarks.md ("Destroying the old groups").
 """
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(*opts.worker, opts.groups)), flush=True)
         os._exit(0)
     port = free_port()
-    command = [sys.executable, "-m", "tools.gloo_teardown", "--groups", str(opts.groups)]
+    command = [sys.executable, "-m", "tools.probes.gloo_teardown", "--groups", str(opts.groups)]
     procs = [
         subprocess.Popen([*command, "--worker", str(rank), str(port)], stdout=subprocess.PIPE)
         for rank in range(2)

@@ -9,7 +9,7 @@ with pairs connected on first use and once with the full mesh made with
 each group; a rank whose exchange has not finished after ``--wait-s`` is
 hung (torch 2.13's gloo waits in ``Pair::waitUntilConnected``).
 
-    python -m tools.gloo_lazy_pairs --ranks 16 --trials 12
+    python -m tools.probes.gloo_lazy_pairs --ranks 16 --trials 12
 
 Figures: docs/benchmarks.md ("Pairs connected on first use").
 """
@@ -63,7 +63,7 @@ def trial(opts, lazy: bool) -> int:
     """How many ranks hung in one trial."""
     port = free_port()
     env = {**os.environ, LAZY_ENV: "1" if lazy else "0"}
-    command = [sys.executable, "-m", "tools.gloo_lazy_pairs", "--worker"]
+    command = [sys.executable, "-m", "tools.probes.gloo_lazy_pairs", "--worker"]
     procs = [
         subprocess.Popen(
             [*command, str(rank), str(port), *vars_of(opts)],

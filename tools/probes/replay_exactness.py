@@ -1,7 +1,7 @@
 """Can a buddy replay its owner's optimizer step bit for bit, and where?
 (--deadpool-mirror-mode grad; needs a GPU.)
 
-    python -m tools.replay_exactness
+    python -m tools.probes.replay_exactness
 
 An owner steps torch's AdamW (foreach, fused, single-tensor; Adam foreach)
 on the GPU, three steps with a changing learning rate and two parameter
@@ -123,7 +123,7 @@ def costs(n=100_000_000) -> dict:
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit(
-            "tools.replay_exactness needs a GPU (on CPU: tests/unit_tests/test_replay.py)"
+            "tools.probes.replay_exactness needs a GPU (on CPU: tests/unit_tests/test_replay.py)"
         )
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
     for name, (cls, options) in KERNELS.items():

@@ -19,7 +19,7 @@ which counts the collectives and the sends and receives a member issued.
 Two members agree after matching operations and disagree after a send
 that was never received.
 
-    python -m tools.keep_groups --ranks 8 --replace 3
+    python -m tools.probes.keep_groups --ranks 8 --replace 3
 
 Prints one line per rank and "kept groups work" when every check passed;
 exits 1 otherwise.
@@ -152,7 +152,7 @@ def sequence_probe(args, rank: int) -> int:
 
 def run(args) -> bool:
     """The replacement, then the sequence probe; True when all passed."""
-    me = [sys.executable, "-m", "tools.keep_groups", "--ranks", str(args.ranks)]
+    me = [sys.executable, "-m", "tools.probes.keep_groups", "--ranks", str(args.ranks)]
     me += ["--replace", str(args.replace)]
     store = open_store(0, master=True)
     port = ["--port", str(store.port)]

@@ -4,7 +4,7 @@ can shrink a communicator in place, and what creating one costs a rank
 locally (its buffers, proxy thread and streams; one GPU cannot host two
 NCCL ranks, so no network part).
 
-    python -m tools.nccl_groups [--groups 20]
+    python -m tools.probes.nccl_groups [--groups 20]
 
 Prints one JSON object: versions, ``supports_shrinking`` and
 ``supports_splitting`` of the NCCL backend, and the milliseconds of each
