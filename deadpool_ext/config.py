@@ -251,6 +251,14 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "a recovery rebuilds tensor, pipeline, data and expert-parallel groups, no "
             "context-parallel one yet; use --context-parallel-size 1 under --deadpool"
         )
+    if config.moe.moe_token_dispatcher_type == "flex":
+        # megatron-core keeps DeepEP's buffer in a module global bound to the
+        # expert-parallel group, out of reach of a recovery's re-pointing.
+        raise ConfigError(
+            "--deadpool with --moe-token-dispatcher-type flex: DeepEP's and HybridEP's "
+            "buffer holds the expert-parallel group that a recovery replaces; use alltoall "
+            "(or allgather) under --deadpool"
+        )
     if config.parallel.overlap_param_gather_with_optimizer_step:
         raise ConfigError(
             "--deadpool with --overlap-param-gather-with-optimizer-step: its optimizer is "

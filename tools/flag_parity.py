@@ -69,7 +69,8 @@ BEHAVIOUR = {
     "--moe-permute-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
     "--moe-router-fusion": "GPU only: Transformer Engine's fused kernel, refused on a CPU",
     "--moe-token-dispatcher-type": "flex is GPU only: DeepEP's or HybridEP's kernels (the "
-    "deep_ep package), refused on a CPU",
+    "deep_ep package), refused on a CPU and under --deadpool (its buffer holds the "
+    "expert-parallel group a recovery replaces)",
     "--moe-enable-deepep": "GPU only (with --moe-token-dispatcher-type flex), deprecated as in "
     "Megatron-LM",
     "--moe-grouped-gemm": "GPU only: Transformer Engine's or the grouped_gemm package's "

@@ -321,7 +321,7 @@ class Trainer:
             source = c.pretrained_checkpoint
             loaded = legacy_checkpoint.load_checkpoint(source, self.config, self.state)
         if loaded is None:
-            if c.exit_on_missing_checkpoint:
+            if c.exit_on_missing_checkpoint and c.load:  # without --load it has no effect
                 raise NothingToResume(
                     f"no checkpoint in --load {c.load} and --exit-on-missing-checkpoint is set"
                 )

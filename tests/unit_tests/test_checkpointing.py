@@ -290,3 +290,24 @@ def test_a_save_with_a_shard_file_cut_short_missing_or_from_elsewhere_is_named(t
     (whole / "common.pt").unlink()
     with pytest.raises(ckpt.CheckpointError, match=r"__0_0.distcp \(missing.*common.pt"):
         ckpt.check_whole(str(whole))
+
+
+def test_exit_on_missing_checkpoint_acts_only_with_a_load_folder(tmp_path):
+    """With --load naming an empty folder the run ends before its first
+    iteration (exit 0, as Megatron-LM); without --load the flag has no
+    effect (the parser says so) and the run starts from scratch."""
+    import types
+
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()
+    from megatron.training.training import NothingToResume, Trainer
+
+    def trainer(*flags):
+        quiet = types.SimpleNamespace(info=lambda *args: None)
+        return types.SimpleNamespace(config=config(*flags), state=None, logger=quiet)
+
+    Trainer.load(trainer("--exit-on-missing-checkpoint"))  # starts from scratch
+    empty = str(tmp_path / "empty")
+    with pytest.raises(NothingToResume, match="--exit-on-missing-checkpoint"):
+        Trainer.load(trainer("--exit-on-missing-checkpoint", "--load", empty))

@@ -411,3 +411,17 @@ def test_recovery_takes_the_place_of_megatron_cores_rerun_in_place(capsys):
     )
     # Control: without --deadpool the mode stays.
     assert parse(layout + given, 8, environ).training.rerun_mode == "validate_results"
+
+
+def test_the_flex_dispatcher_is_refused_under_deadpool(monkeypatch):
+    """megatron-core keeps DeepEP's buffer in a module global bound to the
+    expert-parallel group, which a recovery replaces and cannot re-point
+    there: refused under --deadpool, taken without it (on a GPU with DeepEP)."""
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 8)
+    monkeypatch.setattr(arguments, "_importable", lambda module: True)
+    moe = ["--num-experts", "4", "--expert-model-parallel-size", "2", "--disable-bias-linear"]
+    moe += ["--moe-token-dispatcher-type", "flex"]
+    message = error(DEADPOOL + moe + ["--deadpool-ranks-per-node", "4"], 8)
+    assert "--moe-token-dispatcher-type flex" in message and "--deadpool" in message
+    assert parse(["--use-distributed-optimizer"] + moe, 8)
