@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, NoReturn, Optional
+from typing import Dict, List, Optional
 
 import torch.distributed as dist
 
@@ -291,13 +291,17 @@ def open_nvml(node: int) -> Optional[NvmlReader]:
         return None
 
 
-def main(command: Optional[List[str]] = None) -> NoReturn:
+def main(command: Optional[List[str]] = None) -> int:
     """``command``: the workers' (else this process's ``--command``)."""
     if command is None:
         command = json.loads(sys.argv[sys.argv.index("--command") + 1])
-    # First: forked before this process connects anywhere or starts a
-    # thread, the zygote inherits only the imports (see Zygote.fork).
-    zygote = Zygote.fork(command) if forks_workers() else None
+    zygote = None
+    if forks_workers():
+        # First: forked before this process connects anywhere or starts a
+        # thread, the zygote inherits only the imports (see Zygote.fork).
+        zygote = Zygote.fork(command)
+        if zygote is None:  # the zygote after its agent hung up, or a worker whose script returned
+            return ExitCode.OK
     settings = json.loads(os.environ[P.AGENT_ENV])
     host, port = settings["store"].rsplit(":", 1)
     store = control_connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))

@@ -6,18 +6,9 @@ workers (their buddy plan, heartbeats, recovery reports, resumed, done),
 and answers through signed keys: ``gen`` (the current generation and its
 state) and ``decision/{gen}``.
 
-Failure detection, fastest first:
-  1. an agent sees its worker exit and reports it at once;
-  2. the launcher sees an emulated node's agent exit (standalone);
-  3. a node's heartbeats stop for --deadpool-heartbeat-timeout (node lost);
-  4. a worker's heartbeats stop for the same timeout (a hang: its agent is
-     told to SIGKILL it, which turns it into case 1 for its peers).
-  5. a member still training STUCK_KILL_TIMEOUTS heartbeat timeouts after a
-     failure was announced (stuck where no release reached it): killed too.
-Survivors blocked in a collective are released by their own heartbeat
-thread, which shuts the old generation's connections down as soon as it
-reads a newer generation (rank/generation.py, Generation.release_if_older);
-case 5 is the bound behind it.
+Failures are detected as control/watch.py says; what each means for the
+job is decided here, and the policy (deadpool_ext/policy.py) decides what
+to do about it.
 
 The job's state (``JobState``) moves only along ``NEXT``:
 
@@ -42,13 +33,16 @@ old layout, which no decision could combine with the new one.
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control import watch
 from deadpool_ext.control.detector import Detector
+from deadpool_ext.control.gpu_health import GpuReading
+from deadpool_ext.control.membership import Membership
+from deadpool_ext.control.standby import Replica
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import JobView, Limits, Policy, Wait, abort, grow_by, likely_spares
 from deadpool_ext.protocol import (
@@ -62,7 +56,6 @@ from deadpool_ext.protocol import (
     parse_slot,
     slot_name,
 )
-from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.topology import Grid
 from deadpool_ext.wire import Channel
 
@@ -86,22 +79,8 @@ BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
 UNRECOVERABLE = (S.RESIZING, S.STOPPING)
 
 
-@dataclass
-class Membership:
-    members: Dict[int, str]  # rank -> slot
-    spares: List[str] = field(default_factory=list)  # ready spare slots, in order
-    lost_slots: Set[str] = field(default_factory=set)
-    # Each slot's GPU as its agent last read it, and the ready spares kept
-    # out of ``spares`` because their GPU has a problem (gpu_health.py).
-    gpus: Dict[str, GpuReading] = field(default_factory=dict)
-    withheld: Set[str] = field(default_factory=set)
-
-    def gpu_problems(self, slot: str) -> List[str]:
-        reading = self.gpus.get(slot)
-        return reading.problems() if reading is not None else []
-
-    def rank_of(self, slot: str) -> Optional[int]:
-        return next((r for r, s in self.members.items() if s == slot), None)
+def as_tuple(items: Optional[List]) -> Optional[tuple]:
+    return None if items is None else tuple(items)
 
 
 class Coordinator:
@@ -120,17 +99,11 @@ class Coordinator:
         """``replica``: a channel to the standby coordinator's store, where
         the state goes before anything is published; ``snapshot``: the state
         a standby took over (then nothing is published until ``take_over``)."""
-        self.channel, self.nproc = channel, nproc
-        self.nnodes, self.spare_nodes = nnodes, spare_nodes
-        self.world_size = self.planned_size = nnodes * nproc
+        self.channel, self.clock = channel, clock
         self.events = events or EventLog(None, COORDINATOR_RANK)
         self.settings = settings
-        self.recovery_timeout = settings.recovery_timeout
-        self.clock = clock
         self.detector = Detector(channel, settings.heartbeat_timeout)
-        self.view = Membership(
-            {r: slot_name(r // nproc, r % nproc) for r in range(self.world_size)}
-        )
+        self.view = Membership.launched(nnodes, spare_nodes, nproc)
         self.inbox = channel.reader(P.COORDINATOR_TOPIC)
         self.gen, self.state = 0, S.STARTING
         self.lost: Set[int] = set()
@@ -141,41 +114,26 @@ class Coordinator:
         self.rolled_back: Set[int] = set()  # iterations redone after a NaN or Inf
         self.redoing: Dict[int, int] = {}  # such an iteration -> the rank that found it
         self.doomed: Optional[str] = None  # why the next decision stops the job
-        self.exited: Set[str] = set()  # slots whose process exit an agent reported
         self.abort_grace_s = P.ABORT_GRACE_S
         self.policy = Policy()
         self.plan: Optional[P.Plan] = None  # layout and buddies from rank 0, per world
-        self.buddy: Optional[List[int]] = None
-        self.owner: Optional[List[int]] = None
         self.train_iters: Optional[int] = None
-        self.world: Optional[dict] = None  # size and rank nodes after a shrink
-        self.released: Set[str] = set()  # slots whose replica a shrink dropped
-        self.joined_nodes: Set[int] = set()  # registered with deadpool-launch --join
         self.result: Optional[Decision] = None  # set when the job ends by abort
         self.stopping: Optional[Decision] = None  # a checkpoint-and-stop decision
         self.started_recovery = 0.0
         self.decided_at = 0.0  # when the current generation's decision was made
-        # --deadpool-spare-wait, and the spares that are still starting while
-        # a recovery waits for them.
-        self.spare_wait = settings.spare_wait
-        self.warming: List[str] = []
-        self.beating: Set[int] = set()  # nodes whose agent beat at the last look
         self.took_over_at: Optional[float] = None
         # The groups' own timeout (--distributed-timeout-minutes, from rank
         # 0's plan): what finally frees a rank stuck on gloo's queued send.
         self.group_timeout_s: Optional[float] = None
         self.waited_stuck_gen: Optional[int] = None
         self.waited_gen: Optional[int] = None
-        self.heartbeat_check_s, self.last_heartbeat_check = 0.25, float("-inf")
-        self.progress_timeout = settings.progress_timeout
-        # The standby's copy: the state as last written there, and the lease.
-        self.replica, self.replicated = replica, None
-        self.last_lease = float("-inf")
+        self.replica = None if replica is None else Replica(replica, clock)
         self.last_decision: Optional[dict] = None  # the current generation's, as published
         # With a standby that could take over, decisions need a majority of
         # the nodes alive at the last one: a partition leaves one side deciding.
         self.guards_quorum = replica is not None
-        self.quorum_nodes: Set[int] = set(self.nodes())
+        self.quorum_nodes: Set[int] = set(self.view.nodes())
         if snapshot is None:
             self.publish()
         else:
@@ -184,6 +142,10 @@ class Coordinator:
     @property
     def heartbeat_timeout(self) -> float:
         return self.detector.timeout_s
+
+    @property
+    def recovery_timeout(self) -> float:
+        return self.settings.recovery_timeout
 
     @property
     def progress(self) -> Dict[int, int]:
@@ -208,7 +170,7 @@ class Coordinator:
             state=self.state,
             lost=sorted(self.lost),
             assign={str(r): s for r, s in (assign or {}).items()},
-            world=self.world,
+            world=self.view.world,
             grow=self.state == S.GROWING,
         )
 
@@ -228,20 +190,14 @@ class Coordinator:
 
     @property
     def finished(self) -> bool:
-        return self.result is not None or len(self.done) == self.world_size
-
-    def nodes(self) -> List[int]:
-        return sorted(set(range(self.nnodes + self.spare_nodes)) | self.joined_nodes)
+        return self.result is not None or len(self.done) == self.view.world_size
 
     # ----- one poll -----
     def step(self) -> None:
         for message in self.inbox.poll():
             self.handle(message)
         self.replicate()  # what the messages changed, and the lease
-        # Heartbeats change slowly; reading every key on every poll would
-        # slow the reaction to exits, which matter more.
-        if self.clock() - self.last_heartbeat_check >= self.heartbeat_check_s:
-            self.last_heartbeat_check = self.clock()
+        if self.detector.due(self.clock()):
             self.check_heartbeats()
         if self.state in COLLECTING:
             self.maybe_decide()
@@ -249,13 +205,7 @@ class Coordinator:
             self.maybe_grow()
             self.note_clean_redos()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
-            self.end(
-                abort(
-                    self.gen,
-                    f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s",
-                    self.view.members,
-                )
-            )
+            self.stop(f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s")
 
     def handle(self, body: dict) -> None:
         try:
@@ -264,7 +214,9 @@ class Coordinator:
             # Signed, so from a process of this job: another version, or a bug.
             self.events.emit("message_dropped", gen=self.gen, error=str(error))
             return
-        if isinstance(message, SPEAKS_FOR_A_RANK) and not self.holds(message.rank, message.slot):
+        if isinstance(message, SPEAKS_FOR_A_RANK) and not self.view.holds(
+            message.rank, message.slot
+        ):
             # A process of a lost slot (an orphan, a node back from a partition)
             # must not speak for a rank that is, or will be, someone else's.
             self.events.emit(
@@ -277,91 +229,44 @@ class Coordinator:
         handler = getattr(self, f"on_{message.KIND.value}")
         handler(message)
 
-    def holds(self, rank: int, slot: str) -> bool:
-        return self.view.members.get(rank) == slot and slot not in self.view.lost_slots
-
     def on_plan(self, m: P.Plan) -> None:
         if self.plan is not None:
             return  # a spare that took rank 0 repeats it; only the first counts
-        self.plan, self.buddy, self.owner = m, m.buddy, m.owner
+        self.plan = m
         if m.distributed_timeout_minutes is not None:
             self.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
         self.train_iters = m.train_iters
 
     def on_exit(self, m: P.WorkerExited) -> None:
-        self.exited.add(m.slot)
-        if m.slot in self.released:
-            self.released.discard(m.slot)  # left on a shrink; its agent starts a spare
-            return
+        if self.view.note_exit(m.slot):
+            return  # released by a shrink
         rank = self.view.rank_of(m.slot)
         if rank is not None and rank in self.done:
             return  # finished normally
-        if rank is None and m.slot in self.view.spares:
-            self.view.spares.remove(m.slot)
-        self.view.withheld.discard(m.slot)
-        if m.code == ExitCode.USAGE and not self.finished:
-            # Every process runs the same flags: a spare would refuse them too.
-            self.end(
-                abort(
-                    self.gen,
-                    f"slot {m.slot} (rank {rank}) refused its flags: "
-                    + (m.reason or "see its 'error:' line above").strip(),
-                    self.view.members,
-                )
-            )
-            return
-        if m.code == ExitCode.BUG and not self.finished:
-            # A spare runs the same code and would meet it again.
-            self.end(
-                abort(
-                    self.gen,
-                    f"slot {m.slot} (rank {rank}) stopped on a programming error"
-                    + (f" ({m.reason})" if m.reason else "")
-                    + "; its traceback is in its log. Fix it and resume from the last "
-                    "--save checkpoint",
-                    self.view.members,
-                )
-            )
-            return
-        if m.code == ExitCode.NUMERIC and not self.finished:
-            self.end(
-                abort(
-                    self.gen,
-                    f"rank {rank}'s loss or gradients went NaN or Inf (--deadpool-on-nan stop): "
-                    + (m.reason or "see its log"),
-                    self.view.members,
-                )
-            )
-            return
-        known = m.code in ExitCode._value2member_map_
-        self.lose_slots(
-            [m.slot],
-            f"process exited with code {m.code}" + (f" ({ExitCode(m.code).name})" if known else ""),
-        )
+        fatal = watch.why_an_exit_stops_the_job(m, rank)
+        if fatal is not None and not self.finished:
+            self.stop(fatal)
+        elif fatal is None:
+            self.lose_slots([m.slot], watch.exit_as_loss(m.code))
 
     def on_node(self, m: P.NodeUp) -> None:
         if m.join:
             self.register_node(m.node, m.nproc, str(m.nonce))
-        elif not self.finished and (m.nproc, m.world_size) != (self.nproc, self.planned_size):
+        elif not self.finished and (m.nproc, m.world_size) != (
+            self.view.nproc,
+            self.view.planned_size,
+        ):
             # Its workers would wait for a world that never forms.
-            self.end(
-                abort(
-                    self.gen,
-                    f"node {m.node}'s launcher was started with --nproc-per-node {m.nproc} "
-                    f"and --nnodes {(m.world_size or 0) // max(1, m.nproc)}, node 0's with "
-                    f"{self.nproc} and {self.nnodes}: start every node's launcher with the "
-                    "same --nnodes, --nproc-per-node and --spare-nodes",
-                    self.view.members,
-                )
+            self.stop(
+                f"node {m.node}'s launcher was started with --nproc-per-node {m.nproc} "
+                f"and --nnodes {(m.world_size or 0) // max(1, m.nproc)}, node 0's with "
+                f"{self.view.nproc} and {self.view.nnodes}: start every node's launcher with the "
+                "same --nnodes, --nproc-per-node and --spare-nodes",
             )
 
     def on_spare_ready(self, m: P.SpareReady) -> None:
         slot = m.slot
-        if (
-            slot in self.view.lost_slots
-            or slot in self.view.spares
-            or self.view.rank_of(slot) is not None
-        ):
+        if not self.view.is_new_spare(slot):
             return
         if self.view.gpu_problems(slot):
             self.withhold(slot)
@@ -376,16 +281,10 @@ class Coordinator:
         is kept out of the ready spares until a later reading is clean."""
         for slot, body in m.readings.items():
             reading = GpuReading.from_dict(body)
-            before = self.view.gpus.get(slot)
-            self.view.gpus[slot] = reading
-            if before is None or before.problems() != reading.problems():
+            if self.view.read_gpu(slot, reading):
+                problems, gpu = reading.problems(), reading.summary()
                 self.events.emit(
-                    "gpu_health",
-                    gen=self.gen,
-                    slot=slot,
-                    gpu=reading.summary(),
-                    problems=reading.problems(),
-                    reading=body,
+                    "gpu_health", gen=self.gen, slot=slot, gpu=gpu, problems=problems, reading=body
                 )
             if reading.problems() and slot in self.view.spares:
                 self.view.spares.remove(slot)
@@ -410,14 +309,14 @@ class Coordinator:
         if m.gen != self.gen or self.state not in BUILDING:
             return
         self.joining.add(m.rank)
-        if len(self.joining) == self.world_size:
+        if len(self.joining) == self.view.world_size:
             self.put(P.join_key(self.gen), gen=self.gen)
 
     def on_resumed(self, m: P.Resumed) -> None:
         if m.gen != self.gen or self.state not in BUILDING:
             return
         self.resumed.add(m.rank)
-        if len(self.resumed) == self.world_size:
+        if len(self.resumed) == self.view.world_size:
             # After a checkpoint decision the ranks save and stop.
             self.enter(S.STOPPING if self.stopping else S.TRAINING)
             self.events.emit(
@@ -450,7 +349,7 @@ class Coordinator:
             return  # the rank recovers with the others already
         if self.state in UNRECOVERABLE:
             reason = f"rank {m.rank}: {m.error} while the job was {self.state.value}"
-            self.end(abort(self.gen, reason, self.view.members))
+            self.stop(reason)
             return
         self.events.emit(
             "nan_detected", gen=self.gen, rank=m.rank, iteration=m.iteration, error=m.error
@@ -470,11 +369,8 @@ class Coordinator:
         )
 
     # ----- failures -----
-    def slots_of(self, node: int) -> List[str]:
-        return [slot_name(node, i) for i in range(self.nproc)]
-
     def lose_node(self, node: int, reason: str) -> None:
-        slots = self.slots_of(node)
+        slots = self.view.slots_of(node)
         self.lose_slots(slots, f"node {node} lost: {reason}")
         self.tell_agent(node, Command.KILL_ALL)
 
@@ -488,22 +384,15 @@ class Coordinator:
         slots = [s for s in slots if s not in self.view.lost_slots]
         if not slots or self.finished:
             return
-        self.view.lost_slots.update(slots)
-        self.view.spares = [s for s in self.view.spares if s not in slots]
-        self.view.withheld -= set(slots)
-        ranks = {r for r in map(self.view.rank_of, slots) if r is not None}
+        ranks = self.view.lose(slots)
         if not ranks:
             self.events.emit("spare_lost", gen=self.gen, slots=slots, reason=reason)
             return
         if self.state in UNRECOVERABLE:
             what = "saving its checkpoint" if self.stopping else "being resized"
-            self.end(
-                abort(
-                    self.gen,
-                    f"{reason} (ranks {sorted(ranks)}) while the job was "
-                    f"{what}: resume from the last --save checkpoint",
-                    self.view.members,
-                )
+            self.stop(
+                f"{reason} (ranks {sorted(ranks)}) while the job was "
+                f"{what}: resume from the last --save checkpoint",
             )
             return
         self.lost |= ranks
@@ -540,77 +429,50 @@ class Coordinator:
 
     def register_node(self, node: int, nproc: int, nonce: str) -> None:
         """A repaired or new node (``deadpool-launch --join``): its workers
-        start as spares and count once they report ready. A node index is
-        free when no node had it or every slot of the node it named was lost.
-        The answer goes to the joining agent alone (``admit/{nonce}``): the
-        index's command topic may belong to a live agent."""
-        slots = self.slots_of(node)
-        taken = node in self.nodes() and not all(s in self.view.lost_slots for s in slots)
-        if nproc != self.nproc or taken:
-            why = (
-                f"it runs {nproc} ranks per node, the job {self.nproc}"
-                if nproc != self.nproc
-                else f"node {node} is still part of the job"
-            )
+        start as spares and count once they report ready. The answer goes
+        to the joining agent alone (``admit/{nonce}``): the index's command
+        topic may belong to a live agent."""
+        why = self.view.why_not_join(node, nproc)
+        if why is not None:
             self.events.emit("join_refused", gen=self.gen, node=node, reason=why)
             self.put(P.admission_key(nonce), accepted=False, reason=why)
             return
         self.put(P.admission_key(nonce), accepted=True)
-        self.view.lost_slots.difference_update(slots)
+        slots = self.view.admit(node)
         # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(node, slots)
-        self.joined_nodes.add(node)
         self.quorum_nodes.add(node)
         self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
 
     def check_heartbeats(self) -> None:
-        now, lost = self.clock(), self.view.lost_slots
-        watched = list(self.view.members.values()) + list(self.view.spares)
-        busy = set(watched) | lost | self.released
+        now, view = self.clock(), self.view
+        watched = list(view.members.values()) + list(view.spares)
+        busy = set(watched) | view.lost_slots | view.released
+        every_slot = [slot for node in view.nodes() for slot in view.slots_of(node)]
         sighting = self.detector.look(
-            self.nodes(),
-            [slot for slot in watched if slot not in lost],
-            [slot for node in self.nodes() for slot in self.slots_of(node) if slot not in busy],
+            view.nodes(),
+            [slot for slot in watched if slot not in view.lost_slots],
+            [slot for slot in every_slot if slot not in busy],
             now,
         )
+        silence = f"no heartbeat for {self.heartbeat_timeout:.1f} s"
         for node in sighting.silent_nodes:
-            if slot_name(node, 0) not in self.view.lost_slots:
-                self.lose_node(node, f"no heartbeat for {self.heartbeat_timeout:.1f} s")
-        self.warming = sighting.warming
-        self.beating = sighting.beating
+            if slot_name(node, 0) not in view.lost_slots:
+                self.lose_node(node, silence)
         for slot in sighting.hung_slots:
-            self.kill_and_lose([slot], f"no heartbeat for {self.heartbeat_timeout:.1f} s (hung)")
+            self.kill_and_lose([slot], f"{silence} (hung)")
         if self.state == S.RECOVERING:
             self.kill_stuck(now, sighting.states)
         elif self.state == S.TRAINING:
-            self.kill_hung_computing(now, sighting.states)
-
-    def kill_hung_computing(self, now: float, states: Dict[str, Optional[str]]) -> None:
-        """A training member whose main thread has computed for
-        --deadpool-progress-timeout without finishing its iteration, while
-        a peer waits on it in communication, is blocked where its own
-        heartbeat thread cannot tell (a driver call, a kernel that never
-        ends): killed and lost, its buddy's copy restores it."""
-        timeout, progress = self.progress_timeout, self.detector.progress
-        training = {
-            rank: slot
-            for rank, slot in self.view.members.items()
-            if states.get(slot) == P.WorkerState.TRAINING and slot in progress
-        }
-        if not timeout or not any(
-            progress[s].waiting(now) >= timeout / 2 for s in training.values()
-        ):
-            return
-        hung = [
-            slot
-            for slot in training.values()
-            if progress[slot].computing_without_progress(now) >= timeout
-        ]
-        self.kill_and_lose(
-            hung,
-            f"no progress for {timeout:.0f} s while computing, peers waiting on it "
-            "(hung; its heartbeat thread beat on)",
-        )
+            timeout = self.settings.progress_timeout
+            hung = watch.hung_computing(
+                view.members, sighting.states, self.detector.progress, timeout, now
+            )
+            self.kill_and_lose(
+                hung,
+                f"no progress for {timeout:.0f} s while computing, peers waiting on it "
+                "(hung; its heartbeat thread beat on)",
+            )
 
     def kill_stuck(self, now: float, states: Dict[str, Optional[str]]) -> None:
         """Members that neither reported nor stopped training long after the
@@ -620,15 +482,8 @@ class Coordinator:
         waited = now - self.started_recovery
         if waited < P.STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
             return
-        stuck = [
-            rank
-            for rank, slot in sorted(self.view.members.items())
-            if rank not in self.lost
-            and rank not in self.reports
-            and states.get(slot) == P.WorkerState.TRAINING
-        ]
-        only_copies = self.only_copies()
-        kept = {rank: only_copies[rank] for rank in stuck if rank in only_copies}
+        members = self.view.members
+        stuck, kept = watch.stuck(members, self.lost, set(self.reports), states, self.only_copies())
         if kept and self.waited_stuck_gen != self.gen:
             # Killing it would lose state: its wait ends at the groups' timeout.
             self.waited_stuck_gen = self.gen
@@ -639,27 +494,15 @@ class Coordinator:
                 why=[kept[r] for r in sorted(kept)],
                 up_to_s=self.group_timeout_s,
             )
-        stuck = [self.view.members[rank] for rank in stuck if rank not in kept]
         self.kill_and_lose(
-            stuck,
+            [members[rank] for rank in stuck],
             f"still training {waited:.0f} s after generation {self.gen} "
             "was announced (stuck; its stacks are in the event log)",
         )
 
     def only_copies(self) -> Dict[int, str]:
-        """Live members whose loss would leave an optimizer shard with no
-        copy (a lost rank's, held by its buddy; or their own, when their
-        buddy is lost): rank -> why."""
-        if self.buddy is None:
-            return {}
-        found = {}
-        for rank in sorted(self.view.members):
-            buddy = self.buddy[rank]
-            if rank in self.lost and buddy not in self.lost:
-                found[buddy] = f"holds the only copy of lost rank {rank}'s optimizer shard"
-            elif rank not in self.lost and buddy in self.lost:
-                found.setdefault(rank, f"its optimizer shard's copy was lost with rank {buddy}")
-        return found
+        buddy = None if self.plan is None else self.plan.buddy
+        return watch.only_copies(self.view.members, self.lost, buddy)
 
     # ----- the standby's copy, and a takeover -----
     def replicate(self) -> None:
@@ -669,14 +512,8 @@ class Coordinator:
         since its copy is stale from then on, nobody may turn to it."""
         if self.replica is None:
             return
-        state = json.dumps(self.snapshot(), sort_keys=True)
         try:
-            if state != self.replicated:
-                self.replica.put(P.STATE_KEY, state=state)
-                self.replicated = state
-            if self.clock() - self.last_lease >= P.HEARTBEAT_INTERVAL_S:
-                self.replica.put(P.LEASE_KEY, gen=self.gen)
-                self.last_lease = self.clock()
+            self.replica.write(json.dumps(self.snapshot(), sort_keys=True), self.gen)
         except dist.DistError as error:
             # From now on its copy falls behind: before anything else is
             # published, every process hears that there is no standby.
@@ -687,69 +524,40 @@ class Coordinator:
     def snapshot(self) -> dict:
         """Everything a takeover needs (not the timers, nor the reports of a
         generation: a takeover opens a new one)."""
-        v = self.view
         return {
-            "nnodes": self.nnodes,
-            "spare_nodes": self.spare_nodes,
-            "world_size": self.world_size,
-            "planned_size": self.planned_size,
-            "members": {str(r): slot for r, slot in v.members.items()},
-            "spares": list(v.spares),
-            "lost_slots": sorted(v.lost_slots),
-            "gpus": {slot: reading.to_dict() for slot, reading in v.gpus.items()},
-            "withheld": sorted(v.withheld),
+            "view": self.view.to_dict(),
+            "settings": dataclasses.asdict(self.settings),
             "gen": self.gen,
             "state": self.state.value,
             "lost": sorted(self.lost),
             "done": sorted(self.done),
-            "exited": sorted(self.exited),
-            "released": sorted(self.released),
-            "joined_nodes": sorted(self.joined_nodes),
             "quorum_nodes": sorted(self.quorum_nodes),
             "rolled_back": sorted(self.rolled_back),
             "redoing": {str(i): r for i, r in self.redoing.items()},
             "doomed": self.doomed,
             "plan": None if self.plan is None else self.plan.body(),
             "train_iters": self.train_iters,
-            "world": self.world,
             "stopping": None if self.stopping is None else self.stopping.to_message(),
             "finished": self.finished,
-            "spare_wait": self.spare_wait,
             "group_timeout_s": self.group_timeout_s,
-            "progress_timeout": self.progress_timeout,
-            "heartbeat_timeout": self.heartbeat_timeout,
             "decision": self.last_decision,
             "iterations": self.detector.iterations,
         }
 
     def load(self, snap: dict) -> None:
-        self.nnodes, self.spare_nodes = snap["nnodes"], snap["spare_nodes"]
-        self.world_size, self.planned_size = snap["world_size"], snap["planned_size"]
-        self.view = Membership(
-            {int(r): slot for r, slot in snap["members"].items()},
-            list(snap["spares"]),
-            set(snap["lost_slots"]),
-            {slot: GpuReading.from_dict(body) for slot, body in snap["gpus"].items()},
-            set(snap["withheld"]),
-        )
+        self.view = Membership.from_dict(snap["view"])
+        self.settings = P.CoordinatorSettings(**snap["settings"])
+        self.detector.timeout_s = self.settings.heartbeat_timeout
         self.gen, self.state = snap["gen"], JobState(snap["state"])
         self.lost, self.done = set(snap["lost"]), set(snap["done"])
-        self.exited, self.released = set(snap["exited"]), set(snap["released"])
-        self.joined_nodes, self.quorum_nodes = set(snap["joined_nodes"]), set(snap["quorum_nodes"])
-        self.rolled_back = set(snap["rolled_back"])
+        self.quorum_nodes, self.rolled_back = set(snap["quorum_nodes"]), set(snap["rolled_back"])
         self.redoing = {int(i): r for i, r in snap["redoing"].items()}
-        self.doomed, self.train_iters, self.world = (
-            snap["doomed"],
-            snap["train_iters"],
-            snap["world"],
-        )
+        self.doomed, self.train_iters = snap["doomed"], snap["train_iters"]
         if snap["plan"] is not None:
             self.on_plan(P.parse_message(snap["plan"]))
         if snap["stopping"] is not None:
             self.stopping = Decision.from_message(snap["stopping"])
-        self.spare_wait, self.group_timeout_s = snap["spare_wait"], snap["group_timeout_s"]
-        self.progress_timeout = snap["progress_timeout"]
-        self.detector.timeout_s = snap["heartbeat_timeout"]
+        self.group_timeout_s = snap["group_timeout_s"]
         self.last_decision = snap["decision"]
         self.detector.iterations.update(snap["iterations"])
 
@@ -769,9 +577,9 @@ class Coordinator:
         if self.last_decision is not None:
             self.channel.put(P.decision_key(self.last_decision["gen"]), **self.last_decision)
         self.started_recovery = self.decided_at = self.took_over_at = now
-        slots = [slot for n in self.nodes() for slot in self.slots_of(n)]
+        slots = [slot for n in self.view.nodes() for slot in self.view.slots_of(n)]
         # A process may notice late that node 0 is gone (its host silent).
-        self.detector.expect(self.nodes(), slots, since=now + P.TAKEOVER_GRACE_S)
+        self.detector.expect(self.view.nodes(), slots, since=now + P.TAKEOVER_GRACE_S)
         for slot in sorted(self.view.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         gen = self.gen
@@ -784,9 +592,7 @@ class Coordinator:
             )
         elif self.state == S.RESIZING:  # its joins went to the primary
             why = f"{reason} while the job was being resized"
-            self.end(
-                abort(self.gen, f"{why}: resume from the last --save checkpoint", self.view.members)
-            )
+            self.stop(f"{why}: resume from the last --save checkpoint")
         if self.gen == gen and self.result is None:
             self.publish()  # training goes on, or nothing of the job's was on that node
 
@@ -798,19 +604,15 @@ class Coordinator:
             return False
         waited = self.clock() - self.took_over_at
         limit = self.heartbeat_timeout + P.TAKEOVER_GRACE_S
-        if waited <= limit and not self.alive_nodes() <= self.beating:
+        if waited <= limit and not self.view.alive_nodes() <= self.detector.last.beating:
             return True
         self.took_over_at = None
         return False
 
-    def alive_nodes(self) -> Set[int]:
-        lost = self.view.lost_slots
-        return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
-
     def has_quorum(self) -> bool:
         if not self.guards_quorum:
             return True
-        return 2 * len(self.alive_nodes() & self.quorum_nodes) > len(self.quorum_nodes)
+        return 2 * len(self.view.alive_nodes() & self.quorum_nodes) > len(self.quorum_nodes)
 
     # ----- decisions -----
     def maybe_decide(self) -> None:
@@ -822,18 +624,14 @@ class Coordinator:
                 self.kill_and_lose(slots, f"did not report within {timeout:.0f} s")
             return
         if self.plan is None:
-            self.end(abort(self.gen, "no buddy plan was received from rank 0", self.view.members))
+            self.stop("no buddy plan was received from rank 0")
             return
         if not self.has_quorum():
-            self.end(
-                abort(
-                    self.gen,
-                    f"only nodes {sorted(self.alive_nodes() & self.quorum_nodes)} of "
-                    f"{sorted(self.quorum_nodes)} are alive: with a standby coordinator a "
-                    "decision needs a majority of them (a network partition looks like "
-                    "this); resume from the last --save checkpoint",
-                    self.view.members,
-                )
+            self.stop(
+                f"only nodes {sorted(self.view.alive_nodes() & self.quorum_nodes)} of "
+                f"{sorted(self.quorum_nodes)} are alive: with a standby coordinator a "
+                "decision needs a majority of them (a network partition looks like "
+                "this); resume from the last --save checkpoint",
             )
             return
         if self.settling():
@@ -874,8 +672,8 @@ class Coordinator:
             gen=self.gen,
             lost=len(self.lost),
             ready=len(self.view.spares),
-            warming=sorted(self.warming),
-            up_to_s=self.spare_wait,
+            warming=sorted(self.detector.last.warming),
+            up_to_s=self.settings.spare_wait,
             reason=wait.reason,
         )
 
@@ -884,11 +682,10 @@ class Coordinator:
         plan = self.plan
         limits = Limits(on_spares_exhausted=self.settings.on_spares_exhausted)
         if plan is not None:
-            sizes = plan.data_parallel_sizes
-            limits = Limits(
-                on_spares_exhausted=self.settings.on_spares_exhausted,
+            limits = dataclasses.replace(
+                limits,
                 shrink_unit=plan.shrink_unit,
-                data_parallel_sizes=None if sizes is None else tuple(sizes),
+                data_parallel_sizes=as_tuple(plan.data_parallel_sizes),
                 cannot_resize=plan.cannot_resize,
                 cannot_grow=plan.cannot_grow,
             )
@@ -898,30 +695,30 @@ class Coordinator:
             lost=frozenset(self.lost),
             reports=dict(self.reports),
             spares=tuple(self.view.spares),
-            buddy=None if self.buddy is None else tuple(self.buddy),
-            owner=None if self.owner is None else tuple(self.owner),
+            buddy=None if plan is None else as_tuple(plan.buddy),
+            owner=None if plan is None else as_tuple(plan.owner),
             grid=None if plan is None else self.grid(),
             planned_dp=0 if plan is None else self.planned_dp(),
             limits=limits,
             growing=self.state == S.GROWING,
             doomed=self.doomed,
-            warming=len(self.warming),
+            warming=len(self.detector.last.warming),
             since_failure_s=self.clock() - self.started_recovery,
-            spare_wait_s=self.spare_wait,
+            spare_wait_s=self.settings.spare_wait,
         )
 
     def grid(self) -> Grid:
         tp, pp = self.plan.tp, self.plan.pp
-        return Grid(tp, pp, self.world_size // (tp * pp), self.plan.tp_pp_dp)
+        return Grid(tp, pp, self.view.world_size // (tp * pp), self.plan.tp_pp_dp)
 
     def planned_dp(self) -> int:
-        return self.planned_size // (self.plan.tp * self.plan.pp)
+        return self.view.planned_size // (self.plan.tp * self.plan.pp)
 
     def maybe_grow(self) -> None:
         """Announce a grow once the ready spares fill a whole replica."""
         if (
             self.plan is None
-            or self.world_size >= self.planned_size
+            or self.view.world_size >= self.view.planned_size
             or self.finished
             or self.stopping
         ):
@@ -945,10 +742,10 @@ class Coordinator:
         """The decision's members form the new world. A shrink's dropped
         replicas' live ranks exit and come back as spares; a grow's spares
         join. Rank 0 of the new world then sends the new layout."""
-        self.released |= set(decision.released)
-        self.world_size = decision.world_size
-        self.world = decision.world()
-        self.plan = self.buddy = self.owner = None
+        self.view.released |= set(decision.released)
+        self.view.world_size = decision.world_size
+        self.view.world = decision.world()
+        self.plan = None
         self.detector.iterations.clear()  # the old ranks' progress
         if decision.action == Action.CHECKPOINT:
             self.stopping = decision
@@ -975,7 +772,7 @@ class Coordinator:
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
-        self.quorum_nodes = self.alive_nodes()
+        self.quorum_nodes = self.view.alive_nodes()
         self.enter(state)
         self.last_decision = decision.to_message()
         self.put(P.decision_key(self.gen), **self.last_decision)
@@ -993,6 +790,9 @@ class Coordinator:
         )
         self.publish()
 
+    def stop(self, reason: str) -> None:
+        self.end(abort(self.gen, reason, self.view.members))
+
     def end(self, decision: Decision) -> None:
         self.result = decision
         self.enter(S.ABORTED)
@@ -1006,7 +806,7 @@ class Coordinator:
         reaches each rank's log and the events), unless the grace runs out."""
         waiting = {self.view.members[r] for r in self.reports if r in self.view.members}
         deadline = time.monotonic() + self.abort_grace_s
-        while waiting - self.exited and time.monotonic() < deadline and alive():
+        while waiting - self.view.exited and time.monotonic() < deadline and alive():
             for message in self.inbox.poll():
                 self.handle(message)
             time.sleep(poll_s)
@@ -1015,7 +815,7 @@ class Coordinator:
         """Every active rank has finished an iteration: spares may build data."""
         if (
             self.state == S.STARTING
-            and len(self.progress) == self.world_size
+            and len(self.progress) == self.view.world_size
             and min(self.progress.values()) >= 1
         ):
             self.enter(S.TRAINING)
@@ -1028,7 +828,7 @@ class Coordinator:
             time.sleep(poll_s)
         if self.result is not None:
             self.let_reporters_stop(poll_s, alive)
-        if len(self.done) < self.world_size:
+        if len(self.done) < self.view.world_size:
             return 1
         self.note_clean_redos(done=self.train_iters or 0)
         if self.stopping is not None:

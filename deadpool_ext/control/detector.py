@@ -54,11 +54,19 @@ class Progress:
 
 
 class Detector:
-    def __init__(self, channel: Channel, timeout_s: float):
+    def __init__(self, channel: Channel, timeout_s: float, every_s: float = 0.25):
+        """``every_s``: how often ``due`` lets a look happen. Heartbeats
+        change slowly; reading every key on every poll would slow the
+        coordinator's reaction to exits, which matter more."""
         self.channel, self.timeout_s = channel, timeout_s
+        self.every_s, self.looked_at = every_s, float("-inf")
         self.seen: Dict[str, tuple] = {}  # key -> (seq, local time seen)
         self.iterations: Dict[str, int] = {}  # slot -> the iteration it last beat in
         self.progress: Dict[str, Progress] = {}  # slot -> its main thread's progress
+        self.last = Sighting()  # the last look's
+
+    def due(self, now: float) -> bool:
+        return now - self.looked_at >= self.every_s
 
     def look(
         self, nodes: Iterable[int], watched: Iterable[str], idle: Iterable[str], now: float
@@ -79,6 +87,7 @@ class Detector:
             if stale and self.node_beats(parse_slot(slot)[0], now):
                 sighting.hung_slots.append(slot)
         sighting.warming = [slot for slot in idle if self.starting(slot, beating, now)]
+        self.last, self.looked_at = sighting, now
         return sighting
 
     def starting(self, slot: str, beating_nodes: Set[int], now: float) -> bool:

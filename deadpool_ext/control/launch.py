@@ -196,7 +196,7 @@ def refuse_torchrun_flags(opts) -> None:
     ]
     for refused, why in refusals:
         if refused:
-            raise SystemExit(f"deadpool-launch: {why}")
+            raise ConfigError(why)
 
 
 def use_rendezvous_endpoint(opts) -> None:
@@ -270,24 +270,22 @@ def check(opts) -> None:
     refuse_torchrun_flags(opts)
     use_rendezvous_endpoint(opts)
     if opts.nnodes < 1 or opts.nproc_per_node < 1 or opts.spare_nodes < 0:
-        raise SystemExit(
-            "deadpool-launch: --nnodes and --nproc-per-node must be >= 1, --spare-nodes >= 0"
-        )
+        raise ConfigError("--nnodes and --nproc-per-node must be >= 1, --spare-nodes >= 0")
     if opts.join and (opts.standalone or not opts.master_port or opts.node_rank < 1):
-        raise SystemExit(
-            "deadpool-launch --join: give the running job's --master-addr and "
+        raise ConfigError(
+            "--join: give the running job's --master-addr and "
             "--master-port, and --node-rank >= 1 (node 0 hosts the coordinator); "
             "not --standalone"
         )
     if opts.standby_addr and (opts.standalone or opts.nnodes + opts.spare_nodes < 3):
-        raise SystemExit(
-            "deadpool-launch --standby-addr: a standby coordinator needs a multi-node run "
+        raise ConfigError(
+            "--standby-addr: a standby coordinator needs a multi-node run "
             "(not --standalone, whose launcher is no node) of at least 3 nodes in all "
             "(--nnodes + --spare-nodes): with 2 no single loss leaves a majority"
         )
     if not opts.standalone and not os.environ.get(SECRET_ENV):
-        raise SystemExit(
-            f"deadpool-launch: set {SECRET_ENV} to the same random string on "
+        raise ConfigError(
+            f"set {SECRET_ENV} to the same random string on "
             "every node (e.g. export DEADPOOL_SECRET=$(openssl rand -hex 32) "
             "in the sbatch script)"
         )
@@ -358,7 +356,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
     code = coordinator.run(alive=agents_alive)
-    for node in coordinator.nodes():
+    for node in coordinator.view.nodes():
         coordinator.tell_agent(node, Command.STOP)
     deadline = time.monotonic() + 30
     for proc in agents.values():
@@ -416,21 +414,29 @@ def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen)
     return run_coordinator(opts, coordinator, agents)
 
 
-def main(argv=None) -> int:
+def checked_options(argv) -> argparse.Namespace:
+    """The launcher's options, checked, with the coordinator's settings
+    read from the script's --deadpool* flags; ConfigError says what to change."""
     opts = build_parser().parse_args(argv)
     check(opts)
-    try:  # what the coordinator acts on, as the workers will read it
-        opts.settings = coordinator_settings(opts.script_args)
+    opts.settings = coordinator_settings(opts.script_args)  # as the workers will read it
+    if not opts.standalone and not opts.master_port:
+        raise ConfigError("give --master-port (or MASTER_PORT) on a multi-node run")
+    return opts
+
+
+def main(argv=None) -> int:
+    try:
+        opts = checked_options(argv)
     except ConfigError as error:
-        raise SystemExit(f"deadpool-launch: {error}") from None
+        print(f"deadpool-launch: error: {error}", file=sys.stderr, flush=True)
+        return ExitCode.USAGE
     total = opts.nnodes + opts.spare_nodes
     if opts.standalone:
         os.environ.setdefault(SECRET_ENV, new_secret())
         port = opts.master_port or free_port()
         opts.master_addr = "127.0.0.1"
         return coordinate(opts, "127.0.0.1", port, list(range(total)))
-    if not opts.master_port:
-        raise SystemExit("deadpool-launch: give --master-port (or MASTER_PORT) on a multi-node run")
     if opts.node_rank == 0:
         return coordinate(opts, opts.master_addr, opts.master_port, [0])
     if opts.node_rank == 1 and opts.standby_addr and not opts.join:

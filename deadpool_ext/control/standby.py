@@ -68,3 +68,22 @@ class Standby:
     def has_majority(self) -> bool:
         voters = set(self.state["quorum_nodes"])
         return 2 * len(self.came_over & voters) > len(voters)
+
+
+class Replica:
+    """The primary's side of the standby's copy: the state, written when it
+    changed, and the lease, renewed every heartbeat interval. A write that
+    fails raises (``torch.distributed.DistError``): the standby is gone."""
+
+    def __init__(self, channel: Channel, clock=time.monotonic):
+        self.channel, self.clock = channel, clock
+        self.written: Optional[str] = None
+        self.leased_at = float("-inf")
+
+    def write(self, state: str, gen: int) -> None:
+        if state != self.written:
+            self.channel.put(P.STATE_KEY, state=state)
+            self.written = state
+        if self.clock() - self.leased_at >= P.HEARTBEAT_INTERVAL_S:
+            self.channel.put(P.LEASE_KEY, gen=gen)
+            self.leased_at = self.clock()

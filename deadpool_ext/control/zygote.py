@@ -244,20 +244,21 @@ class Zygote:
         self.workers: Dict[int, ForkedWorker] = {}
 
     @classmethod
-    def fork(cls, command: List[str]) -> "Zygote":
-        """Fork this process into its node's zygote; returns in the parent
-        only. Call it before the process has threads of its own or
-        connections a worker must not inherit, and outside any ``try``: in
-        the zygote, and in each worker forked from it, the script's end
-        (``SystemExit``, an exception) unwinds the caller's stack to the
-        interpreter, as from ``python script``."""
+    def fork(cls, command: List[str]) -> Optional["Zygote"]:
+        """Fork this process into its node's zygote: the parent gets the
+        zygote; None returns in the zygote once its agent hung up, and in a
+        worker whose script returned (its ``main`` then ends). Call it
+        before the process has threads of its own or connections a worker
+        must not inherit, and outside any ``try``: in each worker forked from
+        the zygote, the script's end (``SystemExit``, an exception) unwinds
+        the caller's stack to the interpreter, as from ``python script``."""
         ours, theirs = socket.socketpair()
         agent = os.getpid()
         pid = os.fork()
         if pid == 0:
             ours.close()
             be_zygote(theirs, command, agent)
-            raise SystemExit(0)  # the agent hung up
+            return None
         theirs.close()
         return cls(ForkedProcess(pid), ours)
 

@@ -174,13 +174,8 @@ def _runner():
 
 def _parse(runner, args_defaults, extra_args_provider) -> Config:
     parse = runner.parse_args if runner is not None else arguments.parse_args
-    try:
-        return parse(
-            sys.argv[1:], defaults=args_defaults or {}, extra_args_provider=extra_args_provider
-        )
-    except ConfigError as error:
-        print(f"{sys.argv[0]}: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None  # as Megatron-LM's argparse
+    defaults = args_defaults or {}
+    return parse(sys.argv[1:], defaults=defaults, extra_args_provider=extra_args_provider)
 
 
 IGNORED = (
@@ -194,7 +189,7 @@ IGNORED = (
 
 
 def _check_for_scripts(config: Config) -> None:
-    """What a script's own callbacks cannot do here: refused (exit code 2)
+    """What a script's own callbacks cannot do here: refused (ConfigError)
     or said. Megatron-LM calls the datasets provider once per virtual
     pipeline stage, this trainer once; the attention the flags choose is
     pretrain_gpt.py's layer spec's, not a script's own."""
@@ -206,8 +201,7 @@ def _check_for_scripts(config: Config) -> None:
             "--num-layers-per-virtual-pipeline-stage, or use pretrain_gpt.py"
         )
     if problem:
-        print(f"{sys.argv[0]}: error: {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        raise ConfigError(problem)
     if config.model.attention_backend not in ("auto", "local"):
         warnings.warn(
             f"--attention-backend {config.model.attention_backend} chooses the core attention "
@@ -228,8 +222,9 @@ def pretrain(
     **options,
 ) -> None:
     """Megatron-LM's entry point: parse the flags (with the script's
-    defaults and its own flags), build, train, save. Bad flags end the
-    process with exit code 2 and a line saying what to change."""
+    defaults and its own flags), build, train, save. It is the script's
+    main, and ends the process as Megatron-LM's does: bad flags with exit
+    code 2 and a line saying what to change, a failed run with its code."""
     from megatron.core.enums import ModelType
 
     if model_type != ModelType.encoder_or_decoder:
@@ -241,10 +236,27 @@ def pretrain(
     given += ["process_non_loss_data_func"] if process_non_loss_data_func is not None else []
     if given:
         warnings.warn(f"pretrain(): {', '.join(given)} not supported here: ignored", stacklevel=2)
+    try:
+        code = _train(
+            train_valid_test_dataset_provider,
+            model_provider,
+            forward_step_func,
+            extra_args_provider,
+            args_defaults,
+        )
+    except ConfigError as error:
+        print(f"{sys.argv[0]}: error: {error}", file=sys.stderr, flush=True)
+        code = 2  # argparse's code for bad flags, as Megatron-LM's
+    if code:  # as Megatron-LM: a result that failed validation ends the process so
+        raise SystemExit(code)
+
+
+def _train(datasets_provider, model_provider, forward_step, extra_args_provider, defaults) -> int:
+    """Parse, build, train, save: the run's exit code; ConfigError for bad flags."""
     runner = _runner()
-    config = _parse(runner, args_defaults, extra_args_provider)
+    config = _parse(runner, defaults, extra_args_provider)
     _check_for_scripts(config)
-    config.extra["datasets_provider"] = _DatasetsProvider(train_valid_test_dataset_provider)
+    config.extra["datasets_provider"] = _DatasetsProvider(datasets_provider)
     _Run.config, _Run.args = config, None
     from megatron.training import cpu_compat
 
@@ -253,14 +265,5 @@ def pretrain(
     if runner is None:
         from megatron.training.training import pretrain as train
 
-        code = train(config, provider, forward_step_func)
-        if code:  # as Megatron-LM: a result that failed validation ends the process so
-            raise SystemExit(code)
-        return
-    try:
-        code = runner.run_training(config, provider, forward_step_func)
-    except ConfigError as error:
-        print(f"{sys.argv[0]}: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    if code:
-        raise SystemExit(code)
+        return train(config, provider, forward_step)
+    return runner.run_training(config, provider, forward_step)

@@ -70,6 +70,8 @@ def main() -> int:
     nproc, command = int(sys.argv[1]), [sys.executable, "-u", *sys.argv[2:]]
     # First, before this process has a thread or a connection (Zygote.fork).
     zygote = Zygote.fork(command)
+    if zygote is None:  # the zygote after this process hung up, or a worker whose script returned
+        return 0
     port = free_port()
     workers = [zygote.spawn(rank_env(rank, nproc, port), lambda: None) for rank in range(nproc)]
     try:

@@ -10,7 +10,9 @@
   in the trainer's initialize, nowhere else;
 * every import points up docs/architecture.md's list (``ORDER``), and no
   layer reaches one it must not (``FORBIDDEN``: the launcher side holds no
-  tensors, the trainer runs without deadpool, tools/ is not installed).
+  tensors, the trainer runs without deadpool, tools/ is not installed);
+* a process ends only in a ``main`` (``PROCESS_MAINS`` names the two mains
+  by contract and the exit they share).
 
 Each check has a negative control that feeds it a small cycle or a small
 impure package and asserts that it is caught; so does conftest.py's guard
@@ -44,6 +46,7 @@ PURE_MODULES = [
     "deadpool_ext.inject",  # fault specs (parsing; firing is signals)
     "deadpool_ext.compare",  # how runs are judged equal
     "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
+    "deadpool_ext.control.watch",  # what an exit or a stall means
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
 TORCH_FREE_MODULES = ["deadpool_ext.planning"]
@@ -465,6 +468,93 @@ def test_a_forbidden_reach_through_another_module_is_found(tmp_path):
     found = forbidden_reaches([("pkg.top", ["pkg.low"], "a reason")], str(tmp_path), ["pkg"])
     assert "pkg.top.a -> pkg.helper -> pkg.low.b (a reason)" in found
     assert forbidden_reaches([("pkg.low", ["pkg.top"], "up")], str(tmp_path), ["pkg"]) == []
+
+
+# A process ends only in a ``main`` (or under ``if __name__ == "__main__"``):
+# everything else raises a typed error or returns a code. Two functions are
+# mains by contract, though not by name; wire.leave is how mains exit (its
+# calls are checked as exits).
+PROCESS_MAINS = {
+    ("deadpool_ext.wire", "leave"): "the exit of a main that holds a store client",
+    ("deadpool_ext.rank.main", "run"): "a rank's main: pretrain_gpt.py's main hands it "
+    "the process through run_training",
+    ("megatron.training.megatron_lm", "pretrain"): "Megatron-LM's scripts' main: it ends "
+    "the process as Megatron-LM's does (bad flags: exit code 2)",
+}
+EXITS = {"SystemExit", "sys.exit", "os._exit", "exit", "quit", "leave"}
+
+
+def dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Call):
+        return dotted(node.func)
+    if isinstance(node, ast.Attribute):
+        return f"{dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def is_main_guard(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def exits_outside_main(module: str, tree: ast.AST, mains=PROCESS_MAINS) -> List[str]:
+    """``module:line function`` for each exit (``raise SystemExit``,
+    ``sys.exit``, ``os._exit``, ``wire.leave``) outside a main."""
+    found = []
+
+    def visit(node: ast.AST, function: Optional[str]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if is_main_guard(node) or function == "main" or (module, function) in mains:
+            return
+        is_exit = (isinstance(node, ast.Raise) and node.exc is not None) or isinstance(
+            node, ast.Call
+        )
+        name = dotted(node.exc if isinstance(node, ast.Raise) else node) if is_exit else ""
+        if name in EXITS or name.endswith(".leave"):
+            found.append(f"{module}:{node.lineno} {function or '<module>'}: {name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_processes_end_only_in_main():
+    """A helper that ends the process skips its caller's cleanup and its
+    typed exit code (a configuration error is a usage exit, 2)."""
+    modules = find_modules(REPO, ["deadpool_ext", "megatron.training"])
+    modules["pretrain_gpt"] = os.path.join(REPO, "pretrain_gpt.py")
+    found = [f for m, path in sorted(modules.items()) for f in exits_outside_main(m, parse(path))]
+    assert not found, "exits outside a main:\n" + "\n".join(found)
+    for module, function in PROCESS_MAINS:
+        tree = parse(modules[module])
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert function in defined, f"{module}.{function} is gone: drop it from PROCESS_MAINS"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def check():\n    raise SystemExit('bad flag')\n",
+        "import sys\ndef helper():\n    sys.exit(2)\n",
+        "import os\nclass A:\n    def stop(self):\n        os._exit(1)\n",
+        "from deadpool_ext import wire\ndef f():\n    wire.leave(1)\n",
+        "def f():\n    def main():\n        pass\n    raise SystemExit(1)\n",
+    ],
+)
+def test_an_exit_outside_main_is_found(source):
+    assert exits_outside_main("pkg.m", ast.parse(source))
+
+
+def test_exits_in_main_and_under_the_main_guard_are_allowed():
+    source = "import sys\ndef main():\n    raise SystemExit(2)\n"
+    source += "if __name__ == '__main__':\n    sys.exit(main())\n"
+    assert exits_outside_main("pkg.m", ast.parse(source)) == []
+    assert exits_outside_main("pkg.m", ast.parse("def run():\n    exit(1)\n")) != []
+    assert (
+        exits_outside_main("pkg.m", ast.parse("def run():\n    exit(1)\n"), {("pkg.m", "run"): ""})
+        == []
+    )
 
 
 # ----- negative controls: the checks catch what they claim to -----

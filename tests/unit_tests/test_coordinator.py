@@ -1,6 +1,8 @@
 """The coordinator's state machine, driven by hand: messages in, decisions
 out, with a fake clock for heartbeat timeouts (no worker processes)."""
 
+import dataclasses
+
 import pytest
 
 from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
@@ -37,7 +39,7 @@ def job():
     coordinator = Coordinator(
         Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, settings=settings(), clock=clock
     )
-    coordinator.heartbeat_check_s = 0.0  # every step
+    coordinator.detector.every_s = 0.0  # every step
     worker = Channel(store, SECRET)
     worker.post(
         "coordinator",
@@ -350,7 +352,7 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     decision = Decision.from_message(worker.get("decision/2"))
     assert decision.action == "grow" and decision.rollback_to == 9
     assert decision.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
-    assert coordinator.world_size == 4 and coordinator.view.spares == []
+    assert coordinator.view.world_size == 4 and coordinator.view.spares == []
     resume(coordinator, worker, range(4))
     assert coordinator.state == "training"
 
@@ -366,10 +368,10 @@ def test_a_join_into_a_live_node_is_refused(shrinking_job):
         "reason": "node 1 is still part of the job",
     }
     assert worker.get("admit/b2")["accepted"] is False
-    assert commands.poll() == [] and coordinator.joined_nodes == set()
+    assert commands.poll() == [] and coordinator.view.joined_nodes == set()
     worker.post("coordinator", kind="node", node=5, active=False, join=True, nproc=2, nonce="c3")
     coordinator.step()
-    assert worker.get("admit/c3") == {"accepted": True} and coordinator.joined_nodes == {5}
+    assert worker.get("admit/c3") == {"accepted": True} and coordinator.view.joined_nodes == {5}
 
 
 def test_a_loss_while_resizing_ends_the_job(shrinking_job):
@@ -493,7 +495,7 @@ def spare_wait_job(spares_beat: bool):
         settings=settings("shrink", spare_wait=30.0),
         clock=clock,
     )
-    coordinator.heartbeat_check_s = 0.0
+    coordinator.detector.every_s = 0.0
     worker = Channel(store, SECRET)
     worker.post(
         "coordinator",
@@ -524,7 +526,7 @@ def lose_rank_3_and_report(coordinator, worker, clock):
 def test_a_recovery_waits_for_warming_spares_and_swaps_once(warming_job):
     coordinator, worker, clock = warming_job
     lose_rank_3_and_report(coordinator, worker, clock)
-    assert worker.get("decision/1") is None and coordinator.warming == ["2.0", "2.1"]
+    assert worker.get("decision/1") is None and coordinator.detector.last.warming == ["2.0", "2.1"]
     worker.post("coordinator", kind="spare_ready", slot="2.1")
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
@@ -547,10 +549,10 @@ def test_spares_that_have_not_beaten_yet_on_a_live_node_are_waited_for():
     agent beats, the spare process does not yet. The recovery waits for it
     (and swaps) instead of shrinking; a silent node's slots do not count."""
     coordinator, worker, clock = spare_wait_job(spares_beat=False)
-    assert coordinator.warming == []  # node 2's agent has not beaten either
+    assert coordinator.detector.last.warming == []  # node 2's agent has not beaten either
     worker.put("hb/node/2", seq=1, time=0.0)
     coordinator.step()
-    assert coordinator.warming == ["2.0", "2.1"]
+    assert coordinator.detector.last.warming == ["2.0", "2.1"]
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2])
@@ -671,7 +673,7 @@ def test_a_rank_computing_without_progress_while_peers_wait_is_killed(job):
     After --deadpool-progress-timeout it is killed and swapped; a slow
     iteration whose peers do not wait, or a checkpoint, is not."""
     coordinator, worker, clock = job
-    coordinator.progress_timeout = 10.0  # what rank 0's plan carries
+    coordinator.settings = dataclasses.replace(coordinator.settings, progress_timeout=10.0)
     coordinator.enter(JobState.TRAINING)
     commands = worker.reader("agent/0")
     for second in range(12):  # everyone computes a long iteration: nobody waits
@@ -799,7 +801,8 @@ def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
     assert coordinator.view.spares == [] and coordinator.view.withheld == {"2.0", "2.1"}
     snapshot = coordinator.snapshot()
     assert (
-        snapshot["withheld"] == ["2.0", "2.1"] and snapshot["gpus"]["2.0"]["ecc_uncorrected"] == 1
+        snapshot["view"]["withheld"] == ["2.0", "2.1"]
+        and snapshot["view"]["gpus"]["2.0"]["ecc_uncorrected"] == 1
     )
     gpu_readings(worker, 2, {"2.0": 0, "2.1": 1})
     coordinator.step()

@@ -315,7 +315,7 @@ def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0 and "DEADPOOL_SECRET" in proc.stderr
+    assert proc.returncode == 2 and "DEADPOOL_SECRET" in proc.stderr
 
 
 def test_checkpoint_policy_needs_a_save_directory():

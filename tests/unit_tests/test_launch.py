@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from megatron.training.arguments import ConfigError
+
 from deadpool_ext.control.launch import build_parser, check, worker_command
 
 SCRIPT = ["pretrain_gpt.py", "--num-layers", "2"]
@@ -19,7 +21,7 @@ def parsed(*flags):
 
 
 def refusal(*flags) -> str:
-    with pytest.raises(SystemExit) as stopped:
+    with pytest.raises(ConfigError) as stopped:
         parsed(*flags)
     return str(stopped.value)
 

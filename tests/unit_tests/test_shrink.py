@@ -773,7 +773,9 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     assert any(e["event"] == "node_joined" and e["node"] == 1 for e in found)
     grown = [e for e in found if e["event"] == "grown"]
     assert len(grown) == 8 and len({e["rollback_to"] for e in grown}) == 1
-    assert ITERS > grown[0]["rollback_to"] >= 6
+    # Where the grow starts depends on how far node 0 got before the pause;
+    # never before the point the second shrink resumed from.
+    assert ITERS > grown[0]["rollback_to"] >= decisions[1]["rollback_to"]
     # TensorBoard: the curve once per iteration across three last ranks, and
     # each resize with its data-parallel size.
     scalars = tensorboard_scalars(str(tmp_path / "tb"))

@@ -8,11 +8,13 @@ import json
 import pytest
 import torch.distributed as dist
 
+from megatron.training.arguments import ConfigError
+
 from deadpool_ext import protocol as P
 from deadpool_ext.control import launch
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.control.standby import Standby, Verdict
+from deadpool_ext.control.standby import Replica, Standby, Verdict
 from deadpool_ext.protocol import Decision
 from deadpool_ext.wire import Channel, JobEnded, connect, standby_channel
 
@@ -45,7 +47,7 @@ def coordinator_on(store, clock, replica=None, snapshot=None) -> Coordinator:
         replica=replica,
         snapshot=snapshot,
     )
-    coordinator.heartbeat_check_s = 0.0
+    coordinator.detector.every_s = 0.0
     return coordinator
 
 
@@ -98,8 +100,8 @@ def test_the_standby_holds_every_generation_and_decision_the_workers_can_see(pri
     decision = worker.get("decision/1")
     state = replicated(standby)
     assert state["decision"] == decision and state["state"] == "rebuilding"
-    assert state["members"] == {"0": "0.0", "1": "0.1", "2": "1.0", "3": "2.0"}
-    assert state["spares"] == ["2.1"] and state["lost_slots"] == ["1.1"]
+    assert state["view"]["members"] == {"0": "0.0", "1": "0.1", "2": "1.0", "3": "2.0"}
+    assert state["view"]["spares"] == ["2.1"] and state["view"]["lost_slots"] == ["1.1"]
     assert state["plan"]["buddy"] == BUDDY
 
 
@@ -114,7 +116,7 @@ def test_once_the_standby_cannot_be_written_every_process_hears_there_is_none(pr
     fail over only while the generation says ``standby``)."""
     coordinator, worker, _, _ = primary
     assert worker.get("gen")["standby"] is True
-    coordinator.replica = GoneStandby()
+    coordinator.replica = Replica(GoneStandby())
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     assert coordinator.replica is None and worker.get("gen")["standby"] is False
@@ -255,7 +257,7 @@ def test_without_a_standby_the_same_losses_shrink_the_job():
 def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkeypatch):
     monkeypatch.setenv(P.SECRET_ENV, "x")
     opts = launch.build_parser().parse_args([*flags, "--standby-addr", "h", "pretrain_gpt.py"])
-    with pytest.raises(SystemExit, match="at least 3 nodes in all"):
+    with pytest.raises(ConfigError, match="at least 3 nodes in all"):
         launch.check(opts)
 
 

@@ -216,7 +216,7 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
 def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
     from deadpool_ext.control.launch import build_parser, check
 
-    with pytest.raises(SystemExit) as error:
+    with pytest.raises(ConfigError) as error:
         check(build_parser().parse_args(argv))
     assert message in str(error.value)
 

@@ -73,4 +73,6 @@ def orphan(zygote: Zygote) -> None:
 
 # Forked first, as in the agent's main: outside any try (see Zygote.fork).
 ZYGOTE = Zygote.fork(COMMAND)
+if ZYGOTE is None:  # the zygote after this process hung up, or a worker whose script returned
+    sys.exit(0)
 {"codes": codes, "signals": signals, "orphan": orphan}[SCENARIO](ZYGOTE)
