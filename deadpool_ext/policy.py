@@ -46,6 +46,7 @@ from deadpool_ext.protocol import (
     ON_SPARES_EXHAUSTED,
     Action,
     Decision,
+    Plan,
     Report,
     Source,
     group_members,
@@ -63,6 +64,26 @@ class Limits:
     data_parallel_sizes: Optional[Tuple[int, ...]] = None  # None: any size runs
     cannot_resize: Optional[str] = None  # why the job cannot shrink (None: it can)
     cannot_grow: Optional[str] = None
+
+
+def limits_of(plan: Optional[Plan], on_spares_exhausted: str) -> Limits:
+    """What rank 0's plan says the layout allows (before it came: no more
+    than the setting)."""
+    if plan is None:
+        return Limits(on_spares_exhausted)
+    sizes = plan.data_parallel_sizes
+    return Limits(
+        on_spares_exhausted,
+        plan.shrink_unit,
+        None if sizes is None else tuple(sizes),
+        plan.cannot_resize,
+        plan.cannot_grow,
+    )
+
+
+def grid_of(plan: Plan, world_size: int) -> Grid:
+    """The plan's layout over ``world_size`` ranks."""
+    return Grid(plan.tp, plan.pp, world_size // (plan.tp * plan.pp), plan.tp_pp_dp)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The coordinator: membership, the generation number, and every decision.
+"""The coordinator: it handles the job's messages, moves its state machine,
+publishes each generation and carries out what the policy decides.
 
 It runs on the master node, outside the worker processes, in the launcher.
 It hears from agents (node up, a worker exited, node heartbeats) and from
@@ -6,9 +7,9 @@ workers (their buddy plan, heartbeats, recovery reports, resumed, done),
 and answers through signed keys: ``gen`` (the current generation and its
 state) and ``decision/{gen}``.
 
-Failures are detected as control/watch.py says; what each means for the
-job is decided here, and the policy (deadpool_ext/policy.py) decides what
-to do about it.
+What an exit or a stall means comes from control/watch.py, who is who from
+control/membership.py, and what to do about a loss or a spare from the
+policy (deadpool_ext/policy.py): a decision or a reasoned wait.
 
 The job's state (``JobState``) moves only along ``NEXT``:
 
@@ -42,9 +43,19 @@ from deadpool_ext.control import watch
 from deadpool_ext.control.detector import Detector
 from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.membership import Membership
+from deadpool_ext.control.rollbacks import Rollbacks
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.events import EventLog
-from deadpool_ext.policy import JobView, Limits, Policy, Wait, abort, grow_by, likely_spares
+from deadpool_ext.policy import (
+    JobView,
+    Policy,
+    Wait,
+    abort,
+    grid_of,
+    grow_by,
+    likely_spares,
+    limits_of,
+)
 from deadpool_ext.protocol import (
     COORDINATOR_RANK,
     Action,
@@ -56,7 +67,6 @@ from deadpool_ext.protocol import (
     parse_slot,
     slot_name,
 )
-from deadpool_ext.topology import Grid
 from deadpool_ext.wire import Channel
 
 S = JobState
@@ -111,8 +121,7 @@ class Coordinator:
         self.resumed: Set[int] = set()
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
-        self.rolled_back: Set[int] = set()  # iterations redone after a NaN or Inf
-        self.redoing: Dict[int, int] = {}  # such an iteration -> the rank that found it
+        self.rollbacks = Rollbacks()  # iterations redone after a NaN or Inf
         self.doomed: Optional[str] = None  # why the next decision stops the job
         self.abort_grace_s = P.ABORT_GRACE_S
         self.policy = Policy()
@@ -332,14 +341,9 @@ class Coordinator:
         (their heartbeats say so, or the job's end, or a later rollback
         past it): the fault was transient, and where it showed is said once."""
         done = min(self.progress.values(), default=0) if done is None else done
-        for iteration in [i for i in self.redoing if i <= done]:
-            self.events.emit(
-                "nan_transient",
-                gen=self.gen,
-                iteration=iteration,
-                rank=self.redoing.pop(iteration),
-                why="redone cleanly after rolling back: the first result was transient",
-            )
+        for iteration, rank in self.rollbacks.redone(done):
+            why = "redone cleanly after rolling back: the first result was transient"
+            self.events.emit("nan_transient", gen=self.gen, iteration=iteration, rank=rank, why=why)
 
     def on_numeric(self, m: P.NumericFault) -> None:
         """--deadpool-on-nan rollback: nobody is lost; every rank goes back to
@@ -354,15 +358,13 @@ class Coordinator:
         self.events.emit(
             "nan_detected", gen=self.gen, rank=m.rank, iteration=m.iteration, error=m.error
         )
-        if m.iteration in self.rolled_back:
+        if self.rollbacks.roll_back(m.iteration, m.rank):
             # Decided once every rank has reported, so that each stops saying why.
             self.doomed = (
                 f"rank {m.rank} found a NaN or Inf again in iteration {m.iteration} after "
                 f"every rank went back to its start: not transient ({m.error}); resume "
                 "from the last --save checkpoint once its cause is fixed"
             )
-        self.rolled_back.add(m.iteration)
-        self.redoing[m.iteration] = m.rank
         self.report_again(
             f"rank {m.rank}: {m.error}: rolling every rank back to iteration {m.iteration}'s start",
             iteration=m.iteration - 1,
@@ -532,8 +534,7 @@ class Coordinator:
             "lost": sorted(self.lost),
             "done": sorted(self.done),
             "quorum_nodes": sorted(self.quorum_nodes),
-            "rolled_back": sorted(self.rolled_back),
-            "redoing": {str(i): r for i, r in self.redoing.items()},
+            "rollbacks": self.rollbacks.to_dict(),
             "doomed": self.doomed,
             "plan": None if self.plan is None else self.plan.body(),
             "train_iters": self.train_iters,
@@ -550,8 +551,8 @@ class Coordinator:
         self.detector.timeout_s = self.settings.heartbeat_timeout
         self.gen, self.state = snap["gen"], JobState(snap["state"])
         self.lost, self.done = set(snap["lost"]), set(snap["done"])
-        self.quorum_nodes, self.rolled_back = set(snap["quorum_nodes"]), set(snap["rolled_back"])
-        self.redoing = {int(i): r for i, r in snap["redoing"].items()}
+        self.quorum_nodes = set(snap["quorum_nodes"])
+        self.rollbacks = Rollbacks.from_dict(snap["rollbacks"])
         self.doomed, self.train_iters = snap["doomed"], snap["train_iters"]
         if snap["plan"] is not None:
             self.on_plan(P.parse_message(snap["plan"]))
@@ -679,40 +680,24 @@ class Coordinator:
 
     def job_view(self) -> JobView:
         """What the policy decides from: this generation's state, frozen."""
-        plan = self.plan
-        limits = Limits(on_spares_exhausted=self.settings.on_spares_exhausted)
-        if plan is not None:
-            limits = dataclasses.replace(
-                limits,
-                shrink_unit=plan.shrink_unit,
-                data_parallel_sizes=as_tuple(plan.data_parallel_sizes),
-                cannot_resize=plan.cannot_resize,
-                cannot_grow=plan.cannot_grow,
-            )
+        plan, view = self.plan, self.view
         return JobView(
             gen=self.gen,
-            members=dict(self.view.members),
+            members=dict(view.members),
             lost=frozenset(self.lost),
             reports=dict(self.reports),
-            spares=tuple(self.view.spares),
+            spares=tuple(view.spares),
             buddy=None if plan is None else as_tuple(plan.buddy),
             owner=None if plan is None else as_tuple(plan.owner),
-            grid=None if plan is None else self.grid(),
-            planned_dp=0 if plan is None else self.planned_dp(),
-            limits=limits,
+            grid=None if plan is None else grid_of(plan, view.world_size),
+            planned_dp=0 if plan is None else grid_of(plan, view.planned_size).dp,
+            limits=limits_of(plan, self.settings.on_spares_exhausted),
             growing=self.state == S.GROWING,
             doomed=self.doomed,
             warming=len(self.detector.last.warming),
             since_failure_s=self.clock() - self.started_recovery,
             spare_wait_s=self.settings.spare_wait,
         )
-
-    def grid(self) -> Grid:
-        tp, pp = self.plan.tp, self.plan.pp
-        return Grid(tp, pp, self.view.world_size // (tp * pp), self.plan.tp_pp_dp)
-
-    def planned_dp(self) -> int:
-        return self.view.planned_size // (self.plan.tp * self.plan.pp)
 
     def maybe_grow(self) -> None:
         """Announce a grow once the ready spares fill a whole replica."""
@@ -726,7 +711,7 @@ class Coordinator:
         add = grow_by(self.job_view())
         if add == 0:
             return
-        grid = self.grid()
+        grid = grid_of(self.plan, self.view.world_size)
         self.open_generation(S.GROWING)
         self.events.emit(
             "grow_announced",

@@ -47,6 +47,7 @@ PURE_MODULES = [
     "deadpool_ext.compare",  # how runs are judged equal
     "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
     "deadpool_ext.control.watch",  # what an exit or a stall means
+    "deadpool_ext.control.rollbacks",  # the NaN rollbacks' record
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
 TORCH_FREE_MODULES = ["deadpool_ext.planning"]

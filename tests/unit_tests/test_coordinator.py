@@ -719,7 +719,7 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     for rank in range(4):  # iteration 4 done again, cleanly
         beat(worker, rank, 4, "compute")
     coordinator.step()
-    assert coordinator.redoing == {}
+    assert coordinator.rollbacks.redoing == {}
     worker.post(
         "coordinator", kind="numeric", gen=1, rank=2, slot="1.0", iteration=4, error="found Inf"
     )
