@@ -28,9 +28,19 @@ import torch
 import torch.distributed as dist
 from megatron.training.arguments import ConfigError
 
+from deadpool_ext.protocol import ExitCode
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state.mirror import MirrorError
 from deadpool_ext.state.snapshot import SnapshotError
+
+
+class WorkerExit(Exception):
+    """This process leaves the job with ``code``; only the worker's main
+    (``rank/main.py:run``) exits, once the event log is closed."""
+
+    def __init__(self, code: ExitCode, reason: str):
+        super().__init__(reason)
+        self.code = code
 
 
 class Failure(str, Enum):

@@ -12,7 +12,7 @@ import dataclasses
 import socket
 import threading
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,7 @@ from megatron.training import rank_state
 from megatron.training.arguments import ConfigError
 from megatron.training.config import Config
 from megatron.training.log import get_logger
-from megatron.training.training import Hook, Trainer
+from megatron.training.training import Hook, Trainer, build_trainer
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import nodes_are_emulated, plan_buddies, resize_limits, section
@@ -351,3 +351,37 @@ class FaultHook(Hook):
 
 def deadpool_hooks(config: Config) -> list:
     return [MirrorHook(config)] if section(config).deadpool else []
+
+
+@dataclasses.dataclass(frozen=True)
+class RankHooks:
+    """The hooks a rank trains with, in the order the trainer calls them."""
+
+    mirror: MirrorHook
+    recovery: RecoveryHook
+    faults: FaultHook
+
+    def all(self) -> List[Hook]:
+        return [self.mirror, self.recovery, self.faults]
+
+
+@dataclasses.dataclass(frozen=True)
+class Builders:
+    """What a rank builds its trainer from, at start and again for each new
+    world (a spare's, a shrink's, a grow's): the script's model provider and
+    forward step, and the maker of its hooks (``make_hooks(config, ctx)``)."""
+
+    model_provider: Callable
+    forward_step: Callable
+    make_hooks: Callable[[Config, object], RankHooks]
+
+    def trainer(self, config: Config, hooks: RankHooks, datasets=None, joining=False) -> Trainer:
+        """A trainer with ``hooks``, not set up yet (its groups come first)."""
+        return build_trainer(
+            config,
+            self.model_provider,
+            self.forward_step,
+            hooks.all(),
+            datasets=datasets,
+            joining=joining,
+        )

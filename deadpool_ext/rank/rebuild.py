@@ -12,11 +12,11 @@ main parameters are gathered into the new model as after any optimizer step.
 
 import dataclasses
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from megatron.training import optimizer_layout
 from megatron.training.config import Config
-from megatron.training.training import Trainer, build_trainer
+from megatron.training.training import Trainer
 
 from deadpool_ext.config import experts_of, section
 from deadpool_ext.protocol import Action, Decision
@@ -26,6 +26,7 @@ from deadpool_ext.rank.generation import (
     recording_groups,
     records_groups,
 )
+from deadpool_ext.rank.hooks import Builders, RankHooks
 from deadpool_ext.rank.restore import contributions, grid_of, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
@@ -61,22 +62,22 @@ def expert_peers(config: Config, ring: List[int], rank: int) -> List[int]:
     return [r for r in ring if group_of[r] == group_of[rank]]
 
 
-def rebuild_for(ctx, config: Config, builders, datasets, decision: Decision, rank: int):
+def rebuild_for(
+    ctx, config: Config, builders: Builders, datasets, decision: Decision, rank: int
+) -> Tuple[Trainer, RankHooks]:
     """This rank's trainer and hooks in the decision's world."""
     enter_generation(ctx, config, decision, rank, decision.world_size)
-    model_provider, forward_step, make_hooks = builders
-    hooks = make_hooks(config, ctx)
+    hooks = builders.make_hooks(config, ctx)
     with recording_groups(ctx.generation, enabled=records_groups(config)):
-        trainer = build_trainer(
-            config, model_provider, forward_step, list(hooks), datasets=datasets, joining=True
-        )
+        trainer = builders.trainer(config, hooks, datasets=datasets, joining=True)
         trainer.setup()
     return trainer, hooks
 
 
-def resize(rec, decision: Decision) -> None:
-    """A survivor of the old world (shrink or grow); ``rec`` is its Recovery."""
-    start = time.monotonic()
+def resize(rec, decision: Decision) -> Tuple[Trainer, RankHooks]:
+    """A survivor of the old world (shrink or grow), ``rec`` its Recovery:
+    its trainer and hooks in the new world, restored (``rec`` then adopts
+    them and ``finish``es)."""
     old: Trainer = rec.trainer
     old_rank, R = old.runtime.rank, decision.rollback_to
     old_layout, old_mirror = rec.mirror_hook.layout, rec.mirror
@@ -105,15 +106,15 @@ def resize(rec, decision: Decision) -> None:
     state = optimizer_layout.full_state(old_buckets, shards, experts)
     sidecar = snap.read_sidecar(buffers[ring.index(old_rank)], old_layout)
     del buffers
-    restore_resharded(trainer, hooks, decision, groups, state, sidecar)
+    restore_resharded(trainer, hooks.mirror.layout, decision, groups, state, sidecar)
     if old_mirror is not None:
         old_mirror.close()
-    rec.slots = None
-    rec.adopt(trainer, hooks)
-    finish(rec, decision, start, old_rank)
+    return trainer, hooks
 
 
-def grow_into(ctx, config: Config, builders, datasets, decision: Decision):
+def grow_into(
+    ctx, config: Config, builders: Builders, datasets, decision: Decision
+) -> Tuple[Trainer, RankHooks]:
     """A spare that a grow brings in: its trainer and hooks in the grown
     world, restored from the state its position's first rank sends."""
     config = world_config(config, decision.world())
@@ -121,14 +122,13 @@ def grow_into(ctx, config: Config, builders, datasets, decision: Decision):
         ctx, config, builders, datasets, decision, decision.rank_of(ctx.slot)
     )
     groups = position_groups(grid_of(config), set(decision.renumber.values()))
-    restore_resharded(trainer, hooks, decision, groups, None, None)
+    restore_resharded(trainer, hooks.mirror.layout, decision, groups, None, None)
     return trainer, hooks
 
 
 def finish(rec, decision: Decision, start: float, old_rank: Optional[int]) -> None:
     R = decision.rollback_to
-    rec.generation_built()
-    rec.ctx.gen = decision.gen
+    rec.enter_built(decision)
     rec.resume_at(decision)
     verb = "grew" if decision.action == Action.GROW else "shrank"
     rec.emit(

@@ -28,13 +28,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch.distributed as dist
 
 from megatron.training.log import get_logger
-from megatron.training.training import Trainer, build_trainer
+from megatron.training.training import Trainer
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState, group_members
 from deadpool_ext.rank import rebuild, regroup
-from deadpool_ext.rank.errors import Failure, classify, summary
+from deadpool_ext.rank.errors import Failure, WorkerExit, classify, summary
+from deadpool_ext.rank.hooks import Builders, RankHooks
 from deadpool_ext.rank.generation import (
     enter_generation,
     open_fake_world,
@@ -44,15 +45,6 @@ from deadpool_ext.rank.generation import (
 )
 from deadpool_ext.rank.restore import restore_snapshot
 from deadpool_ext.state.mirror import MirrorError
-
-
-class WorkerExit(Exception):
-    """This process leaves the job with ``code``; only the worker's ``run``
-    exits, once the event log is closed."""
-
-    def __init__(self, code: ExitCode, reason: str):
-        super().__init__(reason)
-        self.code = code
 
 
 def peer_failure_of(
@@ -87,10 +79,11 @@ def peer_failure_text(error: BaseException) -> str:
 
 
 class Recovery:
-    def __init__(self, ctx, trainer: Trainer, hooks: tuple, builders=None):
-        """hooks: (mirror, recovery, faults) as ``main.build_hooks`` makes
-        them; builders: (model_provider, forward_step, make_hooks), what a
-        shrink needs to build this rank's objects again for a smaller world."""
+    def __init__(
+        self, ctx, trainer: Trainer, hooks: RankHooks, builders: Optional[Builders] = None
+    ):
+        """``builders``: what a resize needs to build this rank's objects
+        again for another world."""
         self.ctx = ctx
         self.builders = builders
         self.slots = None  # GroupSlots while the groups are down
@@ -105,16 +98,16 @@ class Recovery:
         self.stage_ms = {}  # the recovery's stages, by event, as this rank timed them
         self.adopt(trainer, hooks)
 
-    def adopt(self, trainer: Trainer, hooks: tuple) -> None:
-        """Train with these objects from now on (at start, and after a shrink)."""
+    def adopt(self, trainer: Trainer, hooks: RankHooks) -> None:
+        """Train with these objects from now on (at start, and after a resize)."""
         self.trainer, self.config = trainer, trainer.config
-        self.mirror_hook, self.recovery_hook, self.fault_hook = hooks
+        self.mirror_hook, self.recovery_hook = hooks.mirror, hooks.recovery
+        self.fault_hook = hooks.faults
         self.logger = get_logger(trainer.runtime.rank)
         timeout = section(self.config).deadpool_heartbeat_timeout
-        self.ctx.stuck_after_s = P.STUCK_REPORT_TIMEOUTS * timeout
-        self.ctx.on_stuck = self._report_stuck
+        self.ctx.watch_stuck(P.STUCK_REPORT_TIMEOUTS * timeout, self._report_stuck)
         keeps = records_groups(self.config) and self.mirror is not None
-        self.ctx.keepable = self.keepable if keeps else None
+        self.ctx.keep_groups_with(self.keepable if keeps else None)
 
     def _report_stuck(self, gen: int, stacks: str) -> None:
         """The heartbeat thread saw generation ``gen`` announced and released
@@ -249,7 +242,11 @@ class Recovery:
     def carry_out(self, decision: Decision) -> None:
         self.finish_tear_down(decision)
         if decision.action.resizes:
-            rebuild.resize(self, decision)
+            start, old_rank = time.monotonic(), self.trainer.runtime.rank
+            trainer, hooks = rebuild.resize(self, decision)
+            self.slots = None
+            self.adopt(trainer, hooks)
+            rebuild.finish(self, decision, start, old_rank)
         else:
             self.rebuild(decision)
             self.restore(decision)
@@ -334,6 +331,11 @@ class Recovery:
         self.intact = None
         self.ctx.generation.release(by="rebuild", keep=self.ctx.generation.sockets_of(keep))
         self.detach(keep)
+
+    def enter_built(self, decision: Decision) -> None:
+        """The decision's generation is built: this rank trains in it."""
+        self.generation_built()
+        self.ctx.gen = decision.gen
 
     def generation_built(self) -> None:
         """Every group of the generation exists: fix the set of connections
@@ -422,8 +424,7 @@ class Recovery:
         marks.append(time.monotonic())
         regroup.attach(self.roots(), self.slots, groups.roles())
         self.slots = None
-        self.generation_built()
-        self.ctx.gen = decision.gen
+        self.enter_built(decision)
         marks.append(time.monotonic())
         ms = [round((b - a) * 1e3, 1) for a, b in zip(marks, marks[1:])]
         self.emit(
@@ -527,18 +528,15 @@ DASHBOARD_STAGES = {
 }
 
 
-def prepare_spare(ctx, rank: int, config, builders, datasets) -> Recovery:
+def prepare_spare(ctx, rank: int, config, builders: Builders, datasets) -> Recovery:
     """A warm spare readies itself for a lost rank: the model and optimizer
     for that position, built against a fake world (its collectives are
     no-ops), with every group swapped for a placeholder. It starts as soon
     as the coordinator names the likely spares, while survivors tear down."""
     start = time.monotonic()
-    model_provider, forward_step, make_hooks = builders
-    hooks = make_hooks(config, ctx)
+    hooks = builders.make_hooks(config, ctx)
     open_fake_world(rank, config.world_size)
-    trainer = build_trainer(
-        config, model_provider, forward_step, list(hooks), datasets=datasets, joining=True
-    )
+    trainer = builders.trainer(config, hooks, datasets=datasets, joining=True)
     trainer.setup()
     rec = Recovery(ctx, trainer, hooks, builders=builders)
     if rec.mirror is None:
@@ -558,7 +556,7 @@ def join(rec: Recovery, decision: Decision) -> Recovery:
     return rec
 
 
-def join_grown(ctx, config, builders, datasets, decision: Decision) -> Recovery:
+def join_grown(ctx, config, builders: Builders, datasets, decision: Decision) -> Recovery:
     """A spare that a grow brings in: it holds no state; its position's
     first rank sends it."""
     start = time.monotonic()

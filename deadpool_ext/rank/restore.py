@@ -65,7 +65,7 @@ def contributions(rec, decision: Decision, ring: List[int]) -> dict:
 
 def restore_resharded(
     trainer: Trainer,
-    hooks,
+    layout: Optional[snap.ShardLayout],
     decision: Decision,
     groups,
     state: Optional[dict],
@@ -74,9 +74,9 @@ def restore_resharded(
     """Lay the full state of this rank's position out in the new buckets,
     take this rank's slice, and restore it. ``state`` is None on a spare
     a grow brings in: after a grow every rank takes the position's first
-    rank's copy."""
+    rank's copy. ``layout``: the mirror's, None without a mirror."""
     new_buckets = optimizer_layout.buckets(trainer.state.model, trainer.state.optimizer)
-    layout = hooks[0].layout or snap.build_layout(trainer.state.optimizer)
+    layout = layout or snap.build_layout(trainer.state.optimizer)
     R, runtime, grid = decision.rollback_to, trainer.runtime, grid_of(trainer.config)
     flats = None if state is None else optimizer_layout.flat_state(new_buckets, state)
     if decision.action == Action.GROW:

@@ -368,6 +368,7 @@ ORDER = [
     "deadpool_ext.rank.regroup",
     "deadpool_ext.rank.generation",
     "deadpool_ext.rank.errors",
+    "deadpool_ext.rank.client",
     "deadpool_ext.rank.restore",
     "deadpool_ext.rank.hooks",
     "deadpool_ext.rank.rebuild",

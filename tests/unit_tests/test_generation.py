@@ -245,7 +245,7 @@ def test_a_generation_releases_what_it_opened_but_the_control_plane(listener):
 
 
 def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
-    from deadpool_ext.rank.main import ControlClient
+    from deadpool_ext.rank.client import ControlClient
 
     ctx = object.__new__(ControlClient)  # the watch alone, no store
     ctx.gen, ctx.state, ctx._announced, ctx.stuck_after_s = 0, "training", None, 0.05
@@ -269,7 +269,7 @@ def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
 def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(monkeypatch):
     """Live peers first finish the transfer they are in: a release in the
     middle of it would leave the sender's queued send to the group timeout."""
-    from deadpool_ext.rank import main as worker
+    from deadpool_ext.rank import client as worker
 
     class Recorded:
         calls = []
@@ -299,7 +299,7 @@ def test_with_groups_to_keep_the_heartbeat_spares_them_until_the_main_thread_blo
     announcement a main thread that still computes is let go on; once it
     waits on a peer it is blocked in a group that could be kept, and
     everything is released."""
-    from deadpool_ext.rank import main as worker
+    from deadpool_ext.rank import client as worker
 
     class Recorded:
         calls = []
@@ -318,7 +318,7 @@ def test_with_groups_to_keep_the_heartbeat_spares_them_until_the_main_thread_blo
     ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
     ctx._main_thread = threading.main_thread().ident
     asked = []
-    ctx.keepable = lambda lost: asked.append(list(lost)) or ["0,1#0"]
+    ctx.keep_groups_with(lambda lost: asked.append(list(lost)) or ["0,1#0"])
     ctx._release_if_superseded({"gen": 1, "lost": [3]})
     time.sleep(0.15)
     ctx._release_if_superseded({"gen": 1, "lost": [3]})
@@ -335,7 +335,7 @@ def test_a_main_thread_is_released_whole_once_blocked_or_past_the_bound():
     """Blocked: waiting on a peer, checkpointing, or with no Python frame to
     tell; a thread that reads as computing goes only past the bound (a spin
     on a GPU stream reads so)."""
-    from deadpool_ext.rank.main import releases_all
+    from deadpool_ext.rank.client import releases_all
 
     early, due, late = (
         P.RELEASE_ALL_AFTER_S / 2,
@@ -358,8 +358,8 @@ def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which
     stops; the main thread's next contact with the control plane raises
     WorkerExit(FAILED), which only the worker's main turns into an exit."""
     from deadpool_ext.protocol import ExitCode, Role, WorkerEnv
-    from deadpool_ext.rank.main import ControlClient
-    from deadpool_ext.rank.recovery import WorkerExit
+    from deadpool_ext.rank.client import ControlClient
+    from deadpool_ext.rank.errors import WorkerExit
     from deadpool_ext.wire import SECRET_ENV
 
     port = free_port()

@@ -431,21 +431,26 @@ import pretrain_gpt
 from deadpool_ext.rank import rebuild, recovery
 from deadpool_ext.config import parse_args
 from deadpool_ext.inject import Injector
+from deadpool_ext.rank.hooks import Builders
 from deadpool_ext.rank.main import build_hooks
 from megatron.training import data
 from megatron.training.tokenizer import build_tokenizer
 
-class Control:  # what a spare's objects read from the control client while they build
+class Control:  # what a spare's objects use of the control client while they build
     gen, slot, iteration = 0, "2.0", 0
     def post(self, *message, **event):
+        pass
+    def watch_stuck(self, after_s, on_stuck):
+        pass
+    def keep_groups_with(self, keepable):
         pass
 
 config = parse_args(sys.argv[1:])
 tokenizer = build_tokenizer(config.tokenizer)
 datasets = data.build_datasets(config, tokenizer)
 no_faults = Injector([], rank=None, node=0, original=False)
-builders = (pretrain_gpt.model_provider, pretrain_gpt.forward_step,
-            functools.partial(build_hooks, injector=no_faults))
+builders = Builders(pretrain_gpt.model_provider, pretrain_gpt.forward_step,
+                    functools.partial(build_hooks, injector=no_faults))
 built = []
 for rank, world in [(5, None), (1, {{"size": 4, "nodes": ["node0"] * 4}})]:
     trainer = recovery.prepare_spare(Control(), rank, rebuild.world_config(config, world),
