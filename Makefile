@@ -120,7 +120,7 @@ bench-shrink: data
 	OMP_NUM_THREADS=1 $(PY) -m tools.bench_shrink
 
 bench-checkpoint: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_checkpoint --output docs/bench_checkpoint.json
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench_checkpoint --output docs/data/bench_checkpoint.json
 
 clean:
 	rm -rf $(VENV) data runs *.egg-info

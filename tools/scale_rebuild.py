@@ -6,7 +6,7 @@ partial one (issue 22, not built), from
   a fake world: nothing runs at scale),
 - one group's costs measured on this machine and the rebuilds measured at
   8, 16 and 32 ranks (``tools.bench_recovery --scale``, recorded in
-  docs/bench_recovery_scale.json),
+  docs/data/bench_recovery_scale.json),
 - the arithmetic of ``deadpool_ext/planning/regroup.py``.
 
 Called by ``tools.scale_report``, which writes the page.
@@ -22,10 +22,10 @@ from deadpool_ext.topology import Grid
 from tools import layout_probe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MEASURED_FILE = os.path.join(REPO, "docs", "bench_recovery_scale.json")
+MEASURED_FILE = os.path.join(REPO, "docs", "data", "bench_recovery_scale.json")
 MEASURE_COMMAND = (
     "python -m tools.bench_recovery --scale 8 16 32 --iters 12 --fail-at 8 "
-    "--output docs/bench_recovery_scale.json"
+    "--output docs/data/bench_recovery_scale.json"
 )
 
 # The layouts: LLaMA-65B's (TP 4, PP 8, Megatron's default rank order, a
@@ -186,7 +186,8 @@ def section(probe_layouts: bool = True) -> str:
     try:
         measured = read_measured()
     except (OSError, ValueError):
-        return "## 3. Recovery time: rebuilding the groups\n\nNo docs/bench_recovery_scale.json.\n"
+        missing = "No docs/data/bench_recovery_scale.json."
+        return f"## 3. Recovery time: rebuilding the groups\n\n{missing}\n"
     costs = measured_costs(measured)
     if not probe_layouts:
         return (

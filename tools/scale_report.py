@@ -7,7 +7,7 @@ time model of rebuilding the process groups (tools/scale_rebuild.py).
 Every number in the page is computed here from deadpool_ext/planning/scale.py,
 deadpool_ext/planning/goodput.py, the real layouts megatron-core builds
 (tools/layout_probe.py, one subprocess) and our recorded measurements
-(docs/bench_recovery.json, docs/bench_recovery_scale.json); the inputs that
+(docs/data/bench_recovery.json, docs/data/bench_recovery_scale.json); the inputs that
 are assumptions are in ``Scenario`` and are labelled so on the page.
 Deterministic: fixed seeds.
 """
@@ -603,7 +603,7 @@ def lost_text(measured: dict) -> str:
         return "deadpool_ext: every rank restores the start of the interrupted iteration"
     interval = measured.get("options", {}).get("save_interval", "?")
     return (
-        f"docs/bench_recovery.json: hot swap redid {hs['iterations_lost']} iterations "
+        f"docs/data/bench_recovery.json: hot swap redid {hs['iterations_lost']} iterations "
         f"beyond the interrupted one; checkpoint-restart lost {cr.get('iterations_lost')} "
         f"(checkpoint every {interval})"
     )
@@ -855,13 +855,13 @@ SOURCES = """\
   TrainMover (arXiv 2412.12636: ~20 s of downtime at 1,024 GPUs), NVIDIA in-process restart:
   collected in ../../shared/notes/recovery-mechanisms.md.
 - Ours: docs/benchmarks.md (issue 3: snapshot sizes of real runs, checksum speed) and
-  docs/bench_recovery.json (hot swap vs checkpoint-restart on CPU).
+  docs/data/bench_recovery.json (hot swap vs checkpoint-restart on CPU).
 """
 
 
 def read_measured() -> dict:
     try:
-        with open(os.path.join(REPO, "docs", "bench_recovery.json")) as f:
+        with open(os.path.join(REPO, "docs", "data", "bench_recovery.json")) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}

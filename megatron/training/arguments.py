@@ -90,6 +90,7 @@ class _Parser(argparse.ArgumentParser):
 UPSTREAM_FLAGS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     "docs",
+    "data",
     "megatron-lm-core_v0.16.1-flags.json",
 )
 

@@ -20,7 +20,7 @@ node through srun.
 Slow (a few minutes on 2 cores) and needs root and Slurm, so it runs only
 under `make test-slurm` (DEADPOOL_TEST_SLURM=1), which starts the cluster.
 With DEADPOOL_SLURM_REPORT=FILE it writes what it saw there
-(docs/slurm-test.log is one such report).
+(docs/data/slurm-test.log is one such report).
 """
 
 import os
