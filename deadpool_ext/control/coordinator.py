@@ -135,14 +135,12 @@ class Coordinator:
         # The groups' own timeout (--distributed-timeout-minutes, from rank
         # 0's plan): what finally frees a rank stuck on gloo's queued send.
         self.group_timeout_s: Optional[float] = None
-        self.waited_stuck_gen: Optional[int] = None
-        self.waited_gen: Optional[int] = None
+        self.said: Set[tuple] = set()  # (event, generation) said once per generation
         self.replica = None if replica is None else Replica(replica, clock)
         self.last_decision: Optional[dict] = None  # the current generation's, as published
         # With a standby that could take over, decisions need a majority of
         # the nodes alive at the last one: a partition leaves one side deciding.
         self.guards_quorum = replica is not None
-        self.quorum_nodes: Set[int] = set(self.view.nodes())
         if snapshot is None:
             self.publish()
         else:
@@ -261,17 +259,10 @@ class Coordinator:
     def on_node(self, m: P.NodeUp) -> None:
         if m.join:
             self.register_node(m.node, m.nproc, str(m.nonce))
-        elif not self.finished and (m.nproc, m.world_size) != (
-            self.view.nproc,
-            self.view.planned_size,
-        ):
-            # Its workers would wait for a world that never forms.
-            self.stop(
-                f"node {m.node}'s launcher was started with --nproc-per-node {m.nproc} "
-                f"and --nnodes {(m.world_size or 0) // max(1, m.nproc)}, node 0's with "
-                f"{self.view.nproc} and {self.view.nnodes}: start every node's launcher with the "
-                "same --nnodes, --nproc-per-node and --spare-nodes",
-            )
+            return
+        differs = self.view.why_node_differs(m.node, m.nproc, m.world_size)
+        if differs is not None and not self.finished:
+            self.stop(differs)
 
     def on_spare_ready(self, m: P.SpareReady) -> None:
         slot = m.slot
@@ -358,13 +349,8 @@ class Coordinator:
         self.events.emit(
             "nan_detected", gen=self.gen, rank=m.rank, iteration=m.iteration, error=m.error
         )
-        if self.rollbacks.roll_back(m.iteration, m.rank):
-            # Decided once every rank has reported, so that each stops saying why.
-            self.doomed = (
-                f"rank {m.rank} found a NaN or Inf again in iteration {m.iteration} after "
-                f"every rank went back to its start: not transient ({m.error}); resume "
-                "from the last --save checkpoint once its cause is fixed"
-            )
+        # A second NaN is decided once every rank has reported, so that each stops saying why.
+        self.doomed = self.rollbacks.roll_back(m) or self.doomed
         self.report_again(
             f"rank {m.rank}: {m.error}: rolling every rank back to iteration {m.iteration}'s start",
             iteration=m.iteration - 1,
@@ -393,28 +379,25 @@ class Coordinator:
         if self.state in UNRECOVERABLE:
             what = "saving its checkpoint" if self.stopping else "being resized"
             self.stop(
-                f"{reason} (ranks {sorted(ranks)}) while the job was "
-                f"{what}: resume from the last --save checkpoint",
+                f"{reason} (ranks {sorted(ranks)}) while the job was {what}: resume from "
+                "the last --save checkpoint"
             )
             return
         self.lost |= ranks
-        self.open_generation(S.RECOVERING)  # a pending grow becomes a recovery
+        iteration = max(self.progress.values(), default=0)
+        self.report_again(reason, iteration, sorted(ranks), slots)  # a grow becomes a recovery
+
+    def report_again(self, reason: str, iteration: int, ranks=(), slots=()) -> None:
+        """A new generation in which every member reports: ``ranks`` (on
+        ``slots``) are lost, or none (all go back to a snapshot all hold)."""
+        self.open_generation(S.RECOVERING)
         self.events.emit(
             "failure_detected",
             gen=self.gen,
-            ranks=sorted(ranks),
-            slots=slots,
+            ranks=list(ranks),
+            slots=list(slots),
             reason=reason,
-            iteration=max(self.progress.values(), default=0),
-        )
-        self.publish(self.likely_spares())
-
-    def report_again(self, reason: str, iteration: int) -> None:
-        """A new generation with nobody lost: every rank reports again and
-        goes back to a snapshot all of them hold."""
-        self.open_generation(S.RECOVERING)
-        self.events.emit(
-            "failure_detected", gen=self.gen, ranks=[], slots=[], reason=reason, iteration=iteration
+            iteration=iteration,
         )
         self.publish(self.likely_spares())
 
@@ -443,7 +426,6 @@ class Coordinator:
         slots = self.view.admit(node)
         # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(node, slots)
-        self.quorum_nodes.add(node)
         self.events.emit("node_joined", gen=self.gen, node=node, slots=slots)
 
     def check_heartbeats(self) -> None:
@@ -486,16 +468,9 @@ class Coordinator:
             return
         members = self.view.members
         stuck, kept = watch.stuck(members, self.lost, set(self.reports), states, self.only_copies())
-        if kept and self.waited_stuck_gen != self.gen:
-            # Killing it would lose state: its wait ends at the groups' timeout.
-            self.waited_stuck_gen = self.gen
-            self.events.emit(
-                "stuck_waited",
-                gen=self.gen,
-                ranks=sorted(kept),
-                why=[kept[r] for r in sorted(kept)],
-                up_to_s=self.group_timeout_s,
-            )
+        if kept:  # killing them would lose state: their wait ends at the groups' timeout
+            why = [kept[r] for r in sorted(kept)]
+            self.say_once("stuck_waited", ranks=sorted(kept), why=why, up_to_s=self.group_timeout_s)
         self.kill_and_lose(
             [members[rank] for rank in stuck],
             f"still training {waited:.0f} s after generation {self.gen} "
@@ -533,7 +508,6 @@ class Coordinator:
             "state": self.state.value,
             "lost": sorted(self.lost),
             "done": sorted(self.done),
-            "quorum_nodes": sorted(self.quorum_nodes),
             "rollbacks": self.rollbacks.to_dict(),
             "doomed": self.doomed,
             "plan": None if self.plan is None else self.plan.body(),
@@ -551,7 +525,6 @@ class Coordinator:
         self.detector.timeout_s = self.settings.heartbeat_timeout
         self.gen, self.state = snap["gen"], JobState(snap["state"])
         self.lost, self.done = set(snap["lost"]), set(snap["done"])
-        self.quorum_nodes = set(snap["quorum_nodes"])
         self.rollbacks = Rollbacks.from_dict(snap["rollbacks"])
         self.doomed, self.train_iters = snap["doomed"], snap["train_iters"]
         if snap["plan"] is not None:
@@ -610,11 +583,6 @@ class Coordinator:
         self.took_over_at = None
         return False
 
-    def has_quorum(self) -> bool:
-        if not self.guards_quorum:
-            return True
-        return 2 * len(self.view.alive_nodes() & self.quorum_nodes) > len(self.quorum_nodes)
-
     # ----- decisions -----
     def maybe_decide(self) -> None:
         waiting = [r for r in self.view.members if r not in self.lost and r not in self.reports]
@@ -627,13 +595,9 @@ class Coordinator:
         if self.plan is None:
             self.stop("no buddy plan was received from rank 0")
             return
-        if not self.has_quorum():
-            self.stop(
-                f"only nodes {sorted(self.view.alive_nodes() & self.quorum_nodes)} of "
-                f"{sorted(self.quorum_nodes)} are alive: with a standby coordinator a "
-                "decision needs a majority of them (a network partition looks like "
-                "this); resume from the last --save checkpoint",
-            )
+        no_quorum = self.view.why_no_quorum() if self.guards_quorum else None
+        if no_quorum is not None:
+            self.stop(no_quorum)
             return
         if self.settling():
             return
@@ -664,13 +628,9 @@ class Coordinator:
         return max(self.recovery_timeout, self.group_timeout_s + 2 * self.heartbeat_timeout)
 
     def note_wait(self, wait: Wait) -> None:
-        """Said once per generation: the event log shows what is awaited."""
-        if self.waited_gen == self.gen:
-            return
-        self.waited_gen = self.gen
-        self.events.emit(
+        """The event log shows what is awaited."""
+        self.say_once(
             "waiting_for_spares",
-            gen=self.gen,
             lost=len(self.lost),
             ready=len(self.view.spares),
             warming=sorted(self.detector.last.warming),
@@ -757,7 +717,7 @@ class Coordinator:
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
-        self.quorum_nodes = self.view.alive_nodes()
+        self.view.quorum_nodes = self.view.alive_nodes()
         self.enter(state)
         self.last_decision = decision.to_message()
         self.put(P.decision_key(self.gen), **self.last_decision)
@@ -774,6 +734,12 @@ class Coordinator:
             **details,
         )
         self.publish()
+
+    def say_once(self, event: str, **fields) -> None:
+        """An event said once per generation."""
+        if (event, self.gen) not in self.said:
+            self.said.add((event, self.gen))
+            self.events.emit(event, gen=self.gen, **fields)
 
     def stop(self, reason: str) -> None:
         self.end(abort(self.gen, reason, self.view.members))

@@ -27,13 +27,18 @@ class Membership:
     released: Set[str] = field(default_factory=set)  # slots whose replica a shrink dropped
     exited: Set[str] = field(default_factory=set)  # slots whose process exit an agent reported
     joined_nodes: Set[int] = field(default_factory=set)  # came with deadpool-launch --join
+    # The nodes alive at the last decision: with a standby coordinator, a
+    # decision needs a majority of them (standby.py says why).
+    quorum_nodes: Set[int] = field(default_factory=set)
 
     @classmethod
     def launched(cls, nnodes: int, spare_nodes: int, nproc: int) -> "Membership":
         """Rank r on node r // nproc; the spare nodes' slots come as spares once ready."""
         world_size = nnodes * nproc
         members = {r: slot_name(r // nproc, r % nproc) for r in range(world_size)}
-        return cls(nnodes, spare_nodes, nproc, members, world_size)
+        view = cls(nnodes, spare_nodes, nproc, members, world_size)
+        view.quorum_nodes = set(view.nodes())
+        return view
 
     @property
     def planned_size(self) -> int:
@@ -59,6 +64,30 @@ class Membership:
     def alive_nodes(self) -> Set[int]:
         lost = self.lost_slots
         return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
+
+    def why_no_quorum(self) -> Optional[str]:
+        """Why no decision may be made (a majority of the nodes alive at the
+        last one is lost), or None."""
+        alive = self.alive_nodes() & self.quorum_nodes
+        if 2 * len(alive) > len(self.quorum_nodes):
+            return None
+        return (
+            f"only nodes {sorted(alive)} of {sorted(self.quorum_nodes)} are alive: with a "
+            "standby coordinator a decision needs a majority of them (a network partition "
+            "looks like this); resume from the last --save checkpoint"
+        )
+
+    def why_node_differs(self, node: int, nproc: int, world_size: Optional[int]) -> Optional[str]:
+        """Why a node's launcher, started for another job size, cannot take
+        part (its workers would wait for a world that never forms), or None."""
+        if (nproc, world_size) == (self.nproc, self.planned_size):
+            return None
+        return (
+            f"node {node}'s launcher was started with --nproc-per-node {nproc} and --nnodes "
+            f"{(world_size or 0) // max(1, nproc)}, node 0's with {self.nproc} and "
+            f"{self.nnodes}: start every node's launcher with the same --nnodes, "
+            "--nproc-per-node and --spare-nodes"
+        )
 
     def is_new_spare(self, slot: str) -> bool:
         """Neither lost, nor a spare already, nor a member."""
@@ -100,6 +129,7 @@ class Membership:
         slots = self.slots_of(node)
         self.lost_slots.difference_update(slots)
         self.joined_nodes.add(node)
+        self.quorum_nodes.add(node)
         return slots
 
     def read_gpu(self, slot: str, reading: GpuReading) -> bool:
@@ -123,6 +153,7 @@ class Membership:
             "released": sorted(self.released),
             "exited": sorted(self.exited),
             "joined_nodes": sorted(self.joined_nodes),
+            "quorum_nodes": sorted(self.quorum_nodes),
         }
 
     @classmethod
@@ -141,4 +172,5 @@ class Membership:
             set(d["released"]),
             set(d["exited"]),
             set(d["joined_nodes"]),
+            set(d["quorum_nodes"]),
         )

@@ -2,7 +2,9 @@
 to redo after a NaN or Inf, and, until the redo is done, the rank that
 found each. Pure: the coordinator says what the record tells it."""
 
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
+
+from deadpool_ext.protocol import NumericFault
 
 
 class Rollbacks:
@@ -10,13 +12,20 @@ class Rollbacks:
         self.rolled_back: Set[int] = set()
         self.redoing: Dict[int, int] = {}  # iteration -> the rank that found its NaN
 
-    def roll_back(self, iteration: int, rank: int) -> bool:
-        """Every rank redoes ``iteration``: whether it was redone before (a
-        NaN again where a rollback already went: no transient fault)."""
-        again = iteration in self.rolled_back
-        self.rolled_back.add(iteration)
-        self.redoing[iteration] = rank
-        return again
+    def roll_back(self, fault: NumericFault) -> Optional[str]:
+        """Every rank redoes the fault's iteration. Why the job must stop
+        instead, or None: a NaN again where a rollback already went is no
+        transient fault."""
+        again = fault.iteration in self.rolled_back
+        self.rolled_back.add(fault.iteration)
+        self.redoing[fault.iteration] = fault.rank
+        if not again:
+            return None
+        return (
+            f"rank {fault.rank} found a NaN or Inf again in iteration {fault.iteration} after "
+            f"every rank went back to its start: not transient ({fault.error}); resume from "
+            "the last --save checkpoint once its cause is fixed"
+        )
 
     def redone(self, done: int) -> List[Tuple[int, int]]:
         """(iteration, rank) of each redo every rank has now finished, once:

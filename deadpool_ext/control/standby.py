@@ -7,7 +7,7 @@ primary), the standby takes over on its own store.
 
 Why a majority: a primary that is only cut off from some nodes keeps
 coordinating the others. It stops deciding once it hears from no more than
-half of the nodes alive at its last decision (``Coordinator.has_quorum``),
+half of the nodes alive at its last decision (``Membership.why_no_quorum``),
 and the standby starts only with more than half of them, so the two can
 never both decide. With fewer than three nodes no single loss leaves a
 majority, so ``deadpool-launch`` refuses a standby there.
@@ -66,7 +66,7 @@ class Standby:
         return Verdict.GIVE_UP if silent > self.timeout_s + self.wait_s else Verdict.WAIT
 
     def has_majority(self) -> bool:
-        voters = set(self.state["quorum_nodes"])
+        voters = set(self.state["view"]["quorum_nodes"])
         return 2 * len(self.came_over & voters) > len(voters)
 
 
