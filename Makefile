@@ -108,19 +108,19 @@ gpu-check-dry-run: setup
 	PYTHON=$(PY) bash tools/gpu_check.sh runs/gpu-check --dry-run
 
 bench: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_training
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.training
 
 bench-mirror: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_mirror
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.mirror
 
 bench-recovery: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_recovery
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.recovery
 
 bench-shrink: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_shrink
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.shrink
 
 bench-checkpoint: data
-	OMP_NUM_THREADS=1 $(PY) -m tools.bench_checkpoint --output docs/data/bench_checkpoint.json
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.checkpoint --output docs/data/bench_checkpoint.json
 
 clean:
 	rm -rf $(VENV) data runs *.egg-info

@@ -5,7 +5,7 @@ partial one (issue 22, not built), from
 - megatron-core's real groups at each size (``tools.layout_probe --groups``,
   a fake world: nothing runs at scale),
 - one group's costs measured on this machine and the rebuilds measured at
-  8, 16 and 32 ranks (``tools.bench_recovery --scale``, recorded in
+  8, 16 and 32 ranks (``tools.bench.recovery --scale``, recorded in
   docs/data/bench_recovery_scale.json),
 - the arithmetic of ``deadpool_ext/planning/regroup.py``.
 
@@ -24,7 +24,7 @@ from tools import layout_probe
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURED_FILE = os.path.join(REPO, "docs", "data", "bench_recovery_scale.json")
 MEASURE_COMMAND = (
-    "python -m tools.bench_recovery --scale 8 16 32 --iters 12 --fail-at 8 "
+    "python -m tools.bench.recovery --scale 8 16 32 --iters 12 --fail-at 8 "
     "--output docs/data/bench_recovery_scale.json"
 )
 

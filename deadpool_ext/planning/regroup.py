@@ -1,7 +1,7 @@
 """What rebuilding a job's process groups costs after a failure, for a full
 rebuild and a partial one: arithmetic on one rank's groups (role -> member
 ranks, as ``python -m tools.layout_probe --groups`` reads them from
-megatron-core) and on one group's costs as ``python -m tools.bench_recovery
+megatron-core) and on one group's costs as ``python -m tools.bench.recovery
 --scale`` measures them (its groups' floor).
 
 Full rebuild (what recovery does): every rank takes part in creating every

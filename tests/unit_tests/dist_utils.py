@@ -10,7 +10,7 @@ from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F40
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
-from tools.bench_common import MOE_LAYERS
+from tools.bench.common import MOE_LAYERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -133,7 +133,7 @@ def test_the_demo_model_learns_gpt2_bpe_text_and_tensorboard_shows_its_curve(
     iteration's TensorBoard loss is the run's own, and the model learns
     (measured: 6.93 = ln 1024 at iteration 1, 6.00 at 20, 5.79 at 60;
     validation 5.90 at 30 and 5.81 at the end)."""
-    from tools.bench_common import demo_args, strip_outputs
+    from tools.bench.common import demo_args, strip_outputs
 
     data = os.path.dirname(corpus_prefix)
     gpt2 = os.path.join(data, "tokenizers", "gpt2")

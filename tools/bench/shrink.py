@@ -15,7 +15,7 @@ ReCoVer's comparison), on emulated nodes with no spare node:
       Reported: wall time and effective throughput (the run's tokens over
       its wall time) of each, relative to failure-free.
 
-    python -m tools.bench_shrink [--iters 60] [--fail-at 20] [--trace 15:7 30:5 45:3]
+    python -m tools.bench.shrink [--iters 60] [--fail-at 20] [--trace 15:7 30:5 45:3]
 """
 
 import argparse
@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import List
 
-from tools.bench_common import (
+from tools.bench.common import (
     checkpoint_restart_command,
     MetricsWatch,
     deadpool_run,

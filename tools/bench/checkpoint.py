@@ -3,10 +3,10 @@ the model and optimizer state, save and load times, and how long an
 --async-save holds training, at several layouts of the same 8 ranks and on
 the large mirror configuration.
 
-    python -m tools.bench_checkpoint [--output FILE]
+    python -m tools.bench.checkpoint [--output FILE]
 
 Workloads: the `make demo` model and flags (distributed optimizer) at three
-layouts of 8 ranks, and bench_mirror's large configuration (2 ranks, DP2,
+layouts of 8 ranks, and tools.bench.mirror's large configuration (2 ranks, DP2,
 19M parameters); 2 iterations with a save after each, the same with
 --async-save, then a run that loads the last save.
 Per layout it reports the bytes of the saved iteration's directory, the
@@ -31,8 +31,8 @@ import tempfile
 from typing import Dict, List
 
 from megatron.training.checkpointing import read_args, read_whole
-from tools.bench_common import ENV, REPO, demo_args, strip_outputs, torchrun_command
-from tools.bench_mirror import LARGE
+from tools.bench.common import ENV, REPO, demo_args, strip_outputs, torchrun_command
+from tools.bench.mirror import LARGE
 
 
 def demo_at(tp: str, pp: str) -> List[str]:

@@ -12,17 +12,17 @@ on two emulated 4-rank nodes), in one run:
       reads the old attempt's gloo addresses from the store and fails.)
   (c) failure-free, through deadpool-launch;
   (d) shrink: deadpool-launch with no spare node, the same node killed at
-      the same point; the job goes on as DP1 (``tools/bench_shrink.py``,
+      the same point; the job goes on as DP1 (``tools/bench/shrink.py``,
       which also runs a trace of several failures against checkpoint-restart).
 
 Reported: time from the failure to the first completed iteration after it
 (with the hot swap's breakdown), time until the job is back at the
 iteration it was in, iterations lost (redone), and total time to finish.
 
-    python -m tools.bench_recovery [--iters 40] [--fail-at 25] [--save-interval 10] [--moe]
+    python -m tools.bench.recovery [--iters 40] [--fail-at 25] [--save-interval 10] [--moe]
 
 ``--moe`` runs the same four on the demo made a mixture of experts
-(``bench_common.MOE_FLAGS``): the MoE row of docs/benchmarks.md.
+(``common.MOE_FLAGS``): the MoE row of docs/benchmarks.md.
 
 ``--scale 8 16 32`` runs only the hot swap, on the demo's model at each of
 those world sizes (TP2 PP2, DP = size / 4: one replica per emulated 4-rank
@@ -51,7 +51,7 @@ import torch.multiprocessing as mp
 
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.events import read_events
-from tools.bench_common import (
+from tools.bench.common import (
     checkpoint_restart_command,
     MetricsWatch,
     demo_workload,

@@ -1,7 +1,7 @@
 """What the benchmarks share (not a script): the demo workload, running it
 under torchrun or deadpool-launch while watching its metrics, the workers of
-a torchrun job, and the one-shrink measurement that bench_recovery.py and
-bench_shrink.py both report. The benchmarks import this module and never
+a torchrun job, and the one-shrink measurement that bench/recovery.py and
+bench/shrink.py both report. The benchmarks import this module and never
 each other."""
 
 import json
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from deadpool_ext.events import read_events
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
@@ -251,7 +251,7 @@ def iteration_seconds(workdir: str, first: int, last: int) -> float:
     return statistics.median(seconds)
 
 
-# ----- one shrink: reported by bench_recovery.py and bench_shrink.py -----
+# ----- one shrink: reported by bench/recovery.py and bench/shrink.py -----
 def one_shrink(opts, workdir: str) -> dict:
     """The demo with no spare node, node 1 killed in iteration
     ``opts.fail_at`` of ``opts.iters``: the job goes on as DP1."""

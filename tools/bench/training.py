@@ -2,7 +2,7 @@
 machine: tokens per second (median over steady iterations) and the time from
 launch to the first completed iteration.
 
-    python -m tools.bench_training [--nproc 8] [--iters 30] [--repeats 2]
+    python -m tools.bench.training [--nproc 8] [--iters 30] [--repeats 2]
 
 Extra arguments after ``--`` are passed to pretrain_gpt.py and override the
 demo's (argparse keeps the last value).
@@ -13,7 +13,7 @@ import json
 import statistics
 import tempfile
 
-from tools.bench_common import run_once
+from tools.bench.common import run_once
 
 
 def summarize(run: dict, tokens_per_iteration: int, warmup: int) -> dict:

@@ -4,7 +4,7 @@ line, with workers forked from each node's zygote and with each worker
 started from its command (DEADPOOL_FORK_WORKERS=0), runs interleaved so that
 drift hits both alike.
 
-    python -m tools.bench_startup [--pairs 3] [--iters 3]
+    python -m tools.bench.startup [--pairs 3] [--iters 3]
 
 Reports each run and the medians side by side, with their ratio.
 """
@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from deadpool_ext.control.zygote import FORK_WORKERS_ENV
-from tools.bench_common import ENV, REPO, MetricsWatch, demo_args, launcher, strip_outputs
+from tools.bench.common import ENV, REPO, MetricsWatch, demo_args, launcher, strip_outputs
 
 MODES = {"forked": "1", "started": "0"}
 

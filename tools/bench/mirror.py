@@ -2,7 +2,7 @@
 each mode (--deadpool-mirror-mode state, grad), runs interleaved (without,
 state, grad, without, state, grad, ...) so drift hits all alike.
 
-    python -m tools.bench_mirror [--config demo|large|moe|both] [--pairs 2] [--iters 20]
+    python -m tools.bench.mirror [--config demo|large|moe|both] [--pairs 2] [--iters 20]
 
 Configurations:
   demo   the `make demo` model on 8 ranks (TP2 PP2 DP2, two emulated nodes).
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tools.bench_common import MOE_FLAGS, demo_args, run_once, strip_outputs
+from tools.bench.common import MOE_FLAGS, demo_args, run_once, strip_outputs
 
 LARGE = [
     "--num-layers",
