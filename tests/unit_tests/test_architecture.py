@@ -23,6 +23,7 @@ import ast
 import multiprocessing
 import os
 import subprocess
+import sys
 import textwrap
 from collections import deque
 from typing import Dict, Iterator, List, Optional, Set
@@ -557,6 +558,35 @@ def test_exits_in_main_and_under_the_main_guard_are_allowed():
         exits_outside_main("pkg.m", ast.parse("def run():\n    exit(1)\n"), {("pkg.m", "run"): ""})
         == []
     )
+
+
+def module_file(name: str, path: List[str]) -> Optional[str]:
+    """Where ``name`` would be imported from, found without importing it."""
+    relative = name.replace(".", os.sep)
+    for root in path:
+        for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+            if os.path.isfile(os.path.join(root, candidate)):
+                return os.path.join(root, candidate)
+    return None
+
+
+def test_the_zygotes_preload_names_modules_that_exist():
+    """The zygote skips a name it cannot import in silence (a worker then
+    reports its own import error): after a rename every spare would import
+    the module again after a failure. Its one name of ours crosses the
+    control -> rank line as a string, as docs/architecture.md says."""
+    tree = parse(os.path.join(REPO, "deadpool_ext", "control", "zygote.py"))
+    preload = next(
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and dotted(node.targets[0]) == "PRELOAD"
+    )
+    path = [REPO] + [p for p in sys.path if p and os.path.isdir(p)]
+    assert [name for name in preload if module_file(name, path) is None] == []
+    assert [name for name in preload if name.startswith("deadpool_ext")] == [
+        "deadpool_ext.rank.main"
+    ]
+    assert module_file("deadpool_ext.rank.no_such_module", path) is None  # the control
 
 
 # ----- negative controls: the checks catch what they claim to -----
