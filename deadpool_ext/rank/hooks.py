@@ -12,7 +12,7 @@ import dataclasses
 import socket
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -375,9 +375,10 @@ class Builders:
     forward_step: Callable
     make_hooks: Callable[[Config, object], RankHooks]
 
-    def trainer(self, config: Config, hooks: RankHooks, datasets=None, joining=False) -> Trainer:
-        """A trainer with ``hooks``, not set up yet (its groups come first)."""
-        return build_trainer(
+    def build(self, config: Config, ctx, datasets=None, joining=False) -> Tuple[Trainer, RankHooks]:
+        """A trainer and its hooks, not set up yet (its groups come first)."""
+        hooks = self.make_hooks(config, ctx)
+        trainer = build_trainer(
             config,
             self.model_provider,
             self.forward_step,
@@ -385,3 +386,4 @@ class Builders:
             datasets=datasets,
             joining=joining,
         )
+        return trainer, hooks

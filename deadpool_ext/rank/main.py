@@ -59,9 +59,8 @@ def build_hooks(config: Config, ctx: ControlClient, injector: Injector) -> RankH
 def start_active(ctx: ControlClient, config: Config, builders: Builders):
     setup_device(config)
     open_default_group(ctx, config, 0, ctx.env.rank, config.world_size)
-    hooks = builders.make_hooks(config, ctx)
     with recording_groups(ctx.generation, enabled=records_groups(config)):
-        trainer = builders.trainer(config, hooks)
+        trainer, hooks = builders.build(config, ctx)
         trainer.setup()
     rec = recovery.Recovery(ctx, trainer, hooks, builders=builders)
     rec.generation_built()

@@ -67,9 +67,8 @@ def rebuild_for(
 ) -> Tuple[Trainer, RankHooks]:
     """This rank's trainer and hooks in the decision's world."""
     enter_generation(ctx, config, decision, rank, decision.world_size)
-    hooks = builders.make_hooks(config, ctx)
     with recording_groups(ctx.generation, enabled=records_groups(config)):
-        trainer = builders.trainer(config, hooks, datasets=datasets, joining=True)
+        trainer, hooks = builders.build(config, ctx, datasets=datasets, joining=True)
         trainer.setup()
     return trainer, hooks
 

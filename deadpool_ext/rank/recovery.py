@@ -534,9 +534,8 @@ def prepare_spare(ctx, rank: int, config, builders: Builders, datasets) -> Recov
     no-ops), with every group swapped for a placeholder. It starts as soon
     as the coordinator names the likely spares, while survivors tear down."""
     start = time.monotonic()
-    hooks = builders.make_hooks(config, ctx)
     open_fake_world(rank, config.world_size)
-    trainer = builders.trainer(config, hooks, datasets=datasets, joining=True)
+    trainer, hooks = builders.build(config, ctx, datasets=datasets, joining=True)
     trainer.setup()
     rec = Recovery(ctx, trainer, hooks, builders=builders)
     if rec.mirror is None:
