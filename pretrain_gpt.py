@@ -189,7 +189,7 @@ def main(argv=None) -> int:
         config = parse_args(argv)
     except ConfigError as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
-        return 2
+        return ConfigError.EXIT_CODE
     from megatron.training import cpu_compat
 
     cpu_compat.import_megatron_core_without_cuda()  # before anything else imports it
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
         return run_training(config, model_provider, step)
     except ConfigError as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
-        return 2
+        return ConfigError.EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     FAILED = 1  # the job (or, for a worker, its coordinator) is lost
-    USAGE = 2  # bad flags: nothing started (argparse's own code)
+    USAGE = 2  # bad flags: nothing started (ConfigError.EXIT_CODE, argparse's own code)
     STOPPED_WITH_CHECKPOINT = 3  # launcher: spares ran out, the state is saved; resumable
     RELEASED = 4  # worker: a shrink dropped its replica; its slot turns spare
     ABORTED = 5  # worker: the coordinator's decision stops the job

@@ -30,7 +30,12 @@ from megatron.training.schedule import GlobalBatch, interleaving_problem_at, sch
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what to change."""
+    """A configuration that cannot run; the message says what to change. A
+    main that catches it ends with ``EXIT_CODE``, argparse's code for bad
+    flags, as Megatron-LM's scripts do (deadpool's agents read it as
+    ``ExitCode.USAGE``)."""
+
+    EXIT_CODE = 2
 
 
 def flag_name(field: dataclasses.Field) -> str:

@@ -246,7 +246,7 @@ def pretrain(
         )
     except ConfigError as error:
         print(f"{sys.argv[0]}: error: {error}", file=sys.stderr, flush=True)
-        code = 2  # argparse's code for bad flags, as Megatron-LM's
+        code = ConfigError.EXIT_CODE
     if code:  # as Megatron-LM: a result that failed validation ends the process so
         raise SystemExit(code)
 

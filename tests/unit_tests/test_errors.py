@@ -110,6 +110,17 @@ def test_flags_refused_by_a_check_in_the_running_job_are_usage():
     assert classify(ConfigError("--deadpool: two nodes hold uneven rank blocks")) == Failure.USAGE
 
 
+def test_a_main_ends_bad_flags_with_the_code_the_agents_read_as_usage():
+    """pretrain_gpt.py, a Megatron-LM script and deadpool-launch end with
+    ConfigError.EXIT_CODE; an agent and the coordinator tell a refusal of
+    the flags by ExitCode.USAGE (megatron/training cannot import it)."""
+    from megatron.training.arguments import ConfigError
+
+    from deadpool_ext.protocol import ExitCode
+
+    assert ConfigError.EXIT_CODE == ExitCode.USAGE == 2  # argparse's code, as Megatron-LM's
+
+
 def test_the_whole_traceback_is_kept_as_text():
     def outer():
         middle()
