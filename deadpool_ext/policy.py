@@ -66,16 +66,20 @@ class Limits:
     cannot_grow: Optional[str] = None
 
 
+def as_tuple(items: Optional[Sequence]) -> Optional[tuple]:
+    """A plan's list, frozen for a view (None stays None)."""
+    return None if items is None else tuple(items)
+
+
 def limits_of(plan: Optional[Plan], on_spares_exhausted: str) -> Limits:
     """What rank 0's plan says the layout allows (before it came: no more
     than the setting)."""
     if plan is None:
         return Limits(on_spares_exhausted)
-    sizes = plan.data_parallel_sizes
     return Limits(
         on_spares_exhausted,
         plan.shrink_unit,
-        None if sizes is None else tuple(sizes),
+        as_tuple(plan.data_parallel_sizes),
         plan.cannot_resize,
         plan.cannot_grow,
     )

@@ -51,6 +51,7 @@ from deadpool_ext.policy import (
     Policy,
     Wait,
     abort,
+    as_tuple,
     grid_of,
     grow_by,
     likely_spares,
@@ -87,10 +88,6 @@ SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done, P.NumericFault)
 BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
 # A loss now cannot be combined with the decision being carried out.
 UNRECOVERABLE = (S.RESIZING, S.STOPPING)
-
-
-def as_tuple(items: Optional[List]) -> Optional[tuple]:
-    return None if items is None else tuple(items)
 
 
 class Coordinator:
@@ -432,11 +429,10 @@ class Coordinator:
         now, view = self.clock(), self.view
         watched = list(view.members.values()) + list(view.spares)
         busy = set(watched) | view.lost_slots | view.released
-        every_slot = [slot for node in view.nodes() for slot in view.slots_of(node)]
         sighting = self.detector.look(
             view.nodes(),
             [slot for slot in watched if slot not in view.lost_slots],
-            [slot for slot in every_slot if slot not in busy],
+            [slot for slot in view.every_slot() if slot not in busy],
             now,
         )
         silence = f"no heartbeat for {self.heartbeat_timeout:.1f} s"
@@ -551,9 +547,10 @@ class Coordinator:
         if self.last_decision is not None:
             self.channel.put(P.decision_key(self.last_decision["gen"]), **self.last_decision)
         self.started_recovery = self.decided_at = self.took_over_at = now
-        slots = [slot for n in self.view.nodes() for slot in self.view.slots_of(n)]
         # A process may notice late that node 0 is gone (its host silent).
-        self.detector.expect(self.view.nodes(), slots, since=now + P.TAKEOVER_GRACE_S)
+        self.detector.expect(
+            self.view.nodes(), self.view.every_slot(), since=now + P.TAKEOVER_GRACE_S
+        )
         for slot in sorted(self.view.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         gen = self.gen

@@ -61,6 +61,9 @@ class Membership:
     def slots_of(self, node: int) -> List[str]:
         return [slot_name(node, i) for i in range(self.nproc)]
 
+    def every_slot(self) -> List[str]:
+        return [slot for node in self.nodes() for slot in self.slots_of(node)]
+
     def alive_nodes(self) -> Set[int]:
         lost = self.lost_slots
         return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
