@@ -22,6 +22,7 @@ from typing import Dict, List, Sequence
 from deadpool_ext.planning import goodput as gp
 from deadpool_ext.planning import scale as ps
 from tools import layout_probe, scale_rebuild
+from tools.bench.common import LARGE_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -363,26 +364,7 @@ PROBED = {
         (1.7, 6.8),
     ),
     "large (2 ranks, DP=2, 19.4 M params)": (
-        [
-            "--num-layers",
-            "6",
-            "--hidden-size",
-            "512",
-            "--num-attention-heads",
-            "8",
-            "--seq-length",
-            "512",
-            "--max-position-embeddings",
-            "512",
-            "--micro-batch-size",
-            "2",
-            "--global-batch-size",
-            "8",
-            "--train-iters",
-            "1",
-            "--lr",
-            "1e-4",
-        ],
+        LARGE_MODEL + ["--train-iters", "1", "--lr", "1e-4"],
         2,
         ps.ModelShape("large", 6, 512, 8, 2048, 512, 512),
         ps.Parallel(1, 1, 2, 2, 8),

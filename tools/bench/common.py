@@ -18,6 +18,25 @@ from deadpool_ext.events import read_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+# The "large" configuration's model (2 ranks at DP 2: 19.4 M parameters, a
+# 116 MB snapshot per rank): the mirror and checkpoint benchmarks and the
+# planner's cross-check (tools/scale_report.py) run it.
+LARGE_MODEL = [
+    "--num-layers",
+    "6",
+    "--hidden-size",
+    "512",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "512",
+    "--max-position-embeddings",
+    "512",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+]
 
 
 # ----- the demo workload -----

@@ -27,23 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tools.bench.common import MOE_FLAGS, demo_args, run_once, strip_outputs
+from tools.bench.common import LARGE_MODEL, MOE_FLAGS, demo_args, run_once, strip_outputs
 
-LARGE = [
-    "--num-layers",
-    "6",
-    "--hidden-size",
-    "512",
-    "--num-attention-heads",
-    "8",
-    "--seq-length",
-    "512",
-    "--max-position-embeddings",
-    "512",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
+LARGE = LARGE_MODEL + [
     "--use-distributed-optimizer",
     "--lr",
     "1e-4",
