@@ -14,6 +14,7 @@ import pytest
 from dist_utils import REPO, worker_env
 from deadpool_ext.planning import scale as ps
 from tools import plan_scale as plan_scale_cli
+from tools.bench.common import LARGE_MODEL
 
 MODEL_FLAGS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
 DEMO = [
@@ -35,18 +36,8 @@ DEMO = [
     "--global-batch-size",
     "32",
 ] + MODEL_FLAGS
-LARGE = [
-    "--num-layers",
-    "6",
-    "--hidden-size",
-    "512",
-    "--num-attention-heads",
-    "8",
-    "--seq-length",
-    "512",
-    "--global-batch-size",
-    "8",
-] + MODEL_FLAGS
+# The benchmarks' large configuration, as they run it.
+LARGE = LARGE_MODEL + ["--train-iters", "1", "--lr", "1e-3"]
 # LLaMA-style, with every option that changes the tensors or the padding:
 # SwiGLU, RMSNorm, grouped-query attention, no biases, untied output layer,
 # rotary positions, bf16, a vocabulary that needs padding, DP = 3.
