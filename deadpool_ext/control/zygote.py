@@ -32,7 +32,9 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
+import time
 from typing import Callable, Dict, List, Optional
 
 from deadpool_ext.lifetime import die_with_parent
@@ -116,7 +118,9 @@ def rename(command: List[str]) -> None:
         fields = f.read().rsplit(")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])
     text = b"\0".join(arg.encode() for arg in command) + b"\0"
-    text = text[: end - start].ljust(end - start, b"\0")
+    # The area's last byte stays NUL: else Linux reads the line as one
+    # string that setproctitle(3) wrote and shows its first argument alone.
+    text = text[: end - start - 1].ljust(end - start, b"\0")
     ctypes.memmove(start, text, len(text))
 
 
@@ -220,19 +224,37 @@ class ForkedWorker:
 
 
 class ForkedProcess:
-    """The part of ``subprocess.Popen`` the agent uses of its zygote."""
+    """A child this process forked, with the part of ``subprocess.Popen``
+    its parent uses (the agent of its zygote, a standalone launcher of the
+    agents it forked)."""
 
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
 
-    def kill(self) -> None:
+    def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, sig)
 
-    def wait(self) -> int:
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def poll(self) -> Optional[int]:
         if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """As ``Popen.wait``: ``subprocess.TimeoutExpired`` after ``timeout`` s."""
+        if timeout is None and self.returncode is None:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
+        deadline = time.monotonic() + (timeout or 0)
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"process {self.pid}", timeout)
+            time.sleep(0.05)
         return self.returncode
 
 

@@ -98,3 +98,53 @@ def test_neither_the_zygote_nor_its_workers_outlive_the_agent(tmp_path):
     driver.wait()
     wait_until(lambda: not alive(seen["zygote"]), 10, "the zygote outlived its agent")
     wait_until(lambda: not alive(seen["worker"]), 10, "a worker outlived its agent")
+
+
+def children(pid: int) -> list:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def command_line(pid: int) -> list:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace").rstrip("\0").split("\0")
+
+
+def test_a_standalone_launcher_forks_each_node_its_agent_and_none_outlives_it(
+    tmp_path, corpus_prefix
+):
+    """--standalone on a CPU: every emulated node's agent is forked from the
+    launcher (one import of megatron-core for all), is its node's session
+    (a node's kill reaches its agent and workers only), shows the agent's
+    command, and dies with the launcher, its workers with it."""
+    from dist_utils import TINY_GPT, launch_command, leftovers, worker_env
+
+    args = TINY_GPT + ["--global-batch-size", "4", "--train-iters", "100000", "--data-path"]
+    args += [corpus_prefix, "--use-distributed-optimizer", "--deadpool"]
+    args += ["--save", str(tmp_path / "ckpt"), "--save-interval", "100000"]
+    flags = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "1"]
+    launcher = subprocess.Popen(launch_command(flags, args), cwd=REPO, env=worker_env())
+    try:
+        wait_until(
+            lambda: len(children(launcher.pid)) == 3
+            and all(len(children(agent)) == 1 for agent in children(launcher.pid)),
+            120,
+            "the launcher did not fork its three agents, each with its zygote",
+        )
+        agents = children(launcher.pid)
+        for agent in agents:
+            assert os.getsid(agent) == agent  # its emulated node's session
+            assert command_line(agent)[1:3] == ["-m", "deadpool_ext.control.agent"]
+        zygotes = [zygote for agent in agents for zygote in children(agent)]
+        wait_until(
+            lambda: all(len(children(zygote)) == 1 for zygote in zygotes),
+            120,
+            "the zygotes did not fork one worker each",
+        )
+        workers = [worker for zygote in zygotes for worker in children(zygote)]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    for pid in agents + zygotes + workers:
+        wait_until(lambda: not alive(pid), 10, f"process {pid} outlived the launcher")
+    assert not leftovers(tmp_path)
