@@ -276,6 +276,15 @@ def launch_commands(args: List[str], spares: int, per_node: bool) -> List[List[s
     ]
 
 
+def start_launcher(command: List[str], env: dict, log) -> subprocess.Popen:
+    """One launcher, its node's session, writing to ``log``. (The test suite
+    forks it from its session's fork server instead: a stand-in with the
+    same signature, tests/unit_tests/forkserver.py.)"""
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def launch(
     args: List[str], spares: int, out: str, limit_s: float, per_node: bool = False
 ) -> Tuple[int, str, bool]:
@@ -292,15 +301,7 @@ def launch(
     )
     with open(os.path.join(out, "log"), "w") as log:
         procs = [
-            subprocess.Popen(
-                command,
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            for command in launch_commands(args, spares, per_node)
+            start_launcher(command, env, log) for command in launch_commands(args, spares, per_node)
         ]
         timed_out = not wait_watching(procs, out, limit_s)
         if timed_out:

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+import forkserver
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
@@ -26,6 +28,7 @@ if REPO not in sys.path:
 # Process.start (its fork, spawn and forkserver starts alike), the rest
 # through the os calls.
 PROCESS_STARTERS = [
+    (forkserver, "start"),  # the session's fork server (forkserver.py)
     (subprocess.Popen, "_execute_child"),
     (multiprocessing.process.BaseProcess, "start"),
     (os, "fork"),

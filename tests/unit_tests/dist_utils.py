@@ -5,6 +5,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
+import forkserver
+
 # Re-exported for the tests: how runs are compared lives in the package.
 from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F401
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
@@ -116,9 +118,7 @@ def forkrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py"
 
 def captured(command: List[str], timeout: float) -> subprocess.CompletedProcess:
     """``command`` run to its end in the repository; output captured."""
-    return subprocess.run(
-        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+    return forkserver.run(command, worker_env(), REPO, timeout)
 
 
 def torchrun(
@@ -241,14 +241,7 @@ def launch_deadpool(
         ],
         deadpool_args(tmp, layout, faults, iters, schedule=schedule),
     )
-    proc = subprocess.run(
-        command,
-        env={**worker_env(), **(env or {})},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = forkserver.run(command, {**worker_env(), **(env or {})}, REPO, timeout)
     return proc, leftovers(tmp)
 
 
@@ -275,9 +268,11 @@ def launch_on_nodes(
         flags += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
         flags += ["--standby-addr", "127.0.0.1"]
         with open(tmp / f"node{node}.log", "w") as log:
+            command = launch_command(flags, args)
             launchers.append(
-                subprocess.Popen(
-                    launch_command(flags, args),
+                forkserver.start(command, env, REPO, log.fileno(), log.fileno(), True)
+                or subprocess.Popen(
+                    command,
                     env=env,
                     cwd=REPO,
                     stdout=log,

@@ -12,11 +12,10 @@ Then a short seeded sample of the randomized campaign (the full campaign,
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 
+import forkserver
 from dist_utils import REPO
 from tools import chaos
 
@@ -104,6 +103,19 @@ EXPECTED_ACTIONS = {
 SHRUNK_TO = {"shrink-as-written": 1, "shrink": 1, "interleaved-shrink": 2}
 
 
+@pytest.fixture(autouse=True)
+def launchers_from_the_fork_server(monkeypatch):
+    """The campaign's launchers forked from the session's fork server (as
+    dist_utils' are), where it can fork them."""
+    started_as_processes = chaos.start_launcher
+
+    def start(command, env, log):
+        forked = forkserver.start(command, env, REPO, log.fileno(), log.fileno(), True)
+        return forked or started_as_processes(command, env, log)
+
+    monkeypatch.setattr(chaos, "start_launcher", start)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("chaos"))
@@ -125,26 +137,13 @@ def test_the_runs_that_once_hung_recover(name, workdir):
 
 
 @pytest.mark.integration
-def test_a_seeded_sample_of_the_fault_campaign(workdir):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tools.chaos",
-            "--trials",
-            "3",
-            "--seed",
-            "2026",
-            "--workdir",
-            workdir,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "3 passed, 0 failed" in proc.stdout
+def test_a_seeded_sample_of_the_fault_campaign(workdir, capsys):
+    """The campaign's command line, in this process (its launchers then come
+    from the fork server)."""
+    code = chaos.main(["--trials", "3", "--seed", "2026", "--workdir", workdir])
+    out = capsys.readouterr().out
+    assert code == 0, out[-4000:]
+    assert "3 passed, 0 failed" in out
 
 
 def test_the_draws_are_replayable_and_cover_the_space():

@@ -126,8 +126,10 @@ def test_a_standalone_launcher_forks_each_node_its_agent_and_none_outlives_it(
     launcher = subprocess.Popen(launch_command(flags, args), cwd=REPO, env=worker_env())
     try:
         wait_until(
-            lambda: len(children(launcher.pid)) == 3
-            and all(len(children(agent)) == 1 for agent in children(launcher.pid)),
+            lambda: (
+                len(children(launcher.pid)) == 3
+                and all(len(children(agent)) == 1 for agent in children(launcher.pid))
+            ),
             120,
             "the launcher did not fork its three agents, each with its zygote",
         )
