@@ -35,7 +35,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from deadpool_ext.lifetime import die_with_parent
 
@@ -130,8 +130,6 @@ def become_worker(
     """In the forked child: turn into ``command`` run with ``env``; returns
     only into the script, which ends the process. It dies with the zygote
     from the start (the worker asks again for its own reasons)."""
-    import runpy
-
     if not die_with_parent(zygote):
         return  # the zygote is gone already, and its agent: nobody waits for this one
     channel.close()
@@ -141,21 +139,50 @@ def become_worker(
     os.environ.clear()
     os.environ.update(env)
     rename(command)
+    run_script(command)
+
+
+def run_script(command: List[str]) -> None:
+    """Run ``command``'s script (or module) in this process as ``python
+    [options] script args`` would: its arguments, the path's first entry."""
+    import runpy
+
     script = script_of(command)
     sys.argv = command[script:]
     if is_module(command):
+        sys.path[0] = os.getcwd()
         runpy.run_module(command[script], run_name="__main__", alter_sys=True)
     else:
+        sys.path[0] = os.path.dirname(os.path.abspath(command[script]))
         runpy.run_path(command[script], run_name="__main__")
+
+
+def wake_on_child_exit() -> Tuple[int, int]:
+    """A pipe that a byte reaches whenever a child ends (select on the first
+    end); the second end is the signal's to write."""
+    wakeup, notify = os.pipe()
+    os.set_blocking(notify, False)
+    signal.set_wakeup_fd(notify)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wakeup, notify
+
+
+def ended_children() -> Iterator[Tuple[int, int]]:
+    """(pid, exit code as ``Popen.returncode``) of each child that ended."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def serve(channel: socket.socket, command: List[str]) -> None:
     """Fork a worker for each request, report each that ends; return when
     the agent hangs up (its workers then die with this process)."""
-    wakeup, notify = os.pipe()
-    os.set_blocking(notify, False)
-    signal.set_wakeup_fd(notify)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wakeup, _ = wake_on_child_exit()
     pending = b""
     while True:
         ready, _, _ = select.select([channel, wakeup], [], [])
@@ -179,14 +206,7 @@ def serve(channel: socket.socket, command: List[str]) -> None:
 
 
 def reap(channel: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        code = os.waitstatus_to_exitcode(status)
+    for pid, code in ended_children():
         channel.sendall((json.dumps({"exited": pid, "code": code}) + "\n").encode())
 
 
@@ -197,7 +217,28 @@ class ZygoteLost(RuntimeError):
     """The zygote ended while the agent needed it."""
 
 
-class ForkedWorker:
+class Signalled:
+    """``subprocess.Popen``'s signalling, for a process known by its ``pid``
+    whose ``returncode`` is set once it was seen to end."""
+
+    pid: int
+    returncode: Optional[int] = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # ended; word of it is on its way
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class ForkedWorker(Signalled):
     """A worker forked by the zygote, with the part of ``subprocess.Popen``
     the agent uses."""
 
@@ -209,34 +250,14 @@ class ForkedWorker:
         self.zygote.collect()
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass  # ended; the zygote's word of it is on its way
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
-class ForkedProcess:
+class ForkedProcess(Signalled):
     """A child this process forked, with the part of ``subprocess.Popen``
     its parent uses (the agent of its zygote, a standalone launcher of the
     agents it forked)."""
 
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:

@@ -17,11 +17,11 @@ import sys
 
 import pytest
 
-import forkserver
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+import forkserver  # noqa: E402  (after the repository is on the path)
 
 # Every route to a new process goes through one of these: subprocess (and
 # os.popen, asyncio) through Popen._execute_child, multiprocessing through

@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from deadpool_ext.control.zygote import Signalled
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What the tests' commands import, beyond a rank's (zygote.PRELOAD).
 EXTRA_PRELOAD = (
@@ -77,9 +79,7 @@ def receive(conn: socket.socket):
 def become(request: dict, fds: List[int], server: int) -> None:
     """In the forked child: turn into the request's command; returns only
     when its script returned (the process then ends as Python's does)."""
-    import runpy
-
-    from deadpool_ext.control.zygote import is_module, rename, script_of
+    from deadpool_ext.control.zygote import rename, run_script
     from deadpool_ext.lifetime import die_with_parent
 
     if not die_with_parent(server):
@@ -94,31 +94,24 @@ def become(request: dict, fds: List[int], server: int) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    command = request["command"]
-    rename(command)
-    script = script_of(command)
-    sys.argv = command[script:]
-    if is_module(command):
-        sys.path[0] = os.getcwd()
-        runpy.run_module(command[script], run_name="__main__", alter_sys=True)
-    else:
-        sys.path[0] = os.path.dirname(os.path.abspath(command[script]))
-        runpy.run_path(command[script], run_name="__main__")
+    rename(request["command"])
+    run_script(request["command"])
 
 
 def serve(listener: socket.socket) -> bool:
     """Fork a process per request, report each that ends. False returns in
     a forked process whose script returned; the server never returns."""
-    wakeup, notify = os.pipe()
-    os.set_blocking(notify, False)
-    signal.set_wakeup_fd(notify)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    from deadpool_ext.control.zygote import ended_children, wake_on_child_exit
+
+    wakeup, notify = wake_on_child_exit()
     clients: Dict[int, socket.socket] = {}
     while True:
         ready, _, _ = select.select([listener, wakeup], [], [])
         if wakeup in ready:
             os.read(wakeup, 4096)
-            report_ends(clients)
+            for pid, code in ended_children():
+                if pid in clients:
+                    send(clients.pop(pid), {"code": code})
         if listener not in ready:
             continue
         conn, _ = listener.accept()
@@ -128,10 +121,8 @@ def serve(listener: socket.socket) -> bool:
         server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            listener.close()
-            conn.close()
-            for other in clients.values():
-                other.close()
+            for sock in [listener, conn, *clients.values()]:
+                sock.close()
             os.close(wakeup)
             os.close(notify)
             become(request, fds, server)
@@ -142,25 +133,14 @@ def serve(listener: socket.socket) -> bool:
         send(conn, {"pid": pid})
 
 
-def report_ends(clients: Dict[int, socket.socket]) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = clients.pop(pid, None)
-        if conn is not None:
-            send(conn, {"code": os.waitstatus_to_exitcode(status)})
-            conn.close()
-
-
 def send(conn: socket.socket, message: dict) -> None:
+    """Send; a process's end closes its connection."""
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
     except OSError:
         pass  # the client gave up on this process
+    if "code" in message:
+        conn.close()
 
 
 def main() -> int:
@@ -180,7 +160,7 @@ def main() -> int:
 # ----- the client (the test process) -----
 
 
-class ServedProcess:
+class ServedProcess(Signalled):
     """A process the server forked, with the part of ``subprocess.Popen``
     the tests use."""
 
@@ -200,19 +180,6 @@ class ServedProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def _read(self, timeout: Optional[float]) -> Optional[int]:
         if self.returncode is not None:

@@ -1,8 +1,12 @@
 """forkrun.py, the tests' torchrun with forked ranks, stands in for torchrun:
 the same training bit for bit, the same variables for a rank, and a job
-that ends when one rank fails."""
+that ends when one rank fails. forkserver.py, which forks the tests' Python
+commands, stands in for starting them."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +99,56 @@ def test_a_failed_rank_stops_the_others_and_fails_the_job(tmp_path):
     assert proc.returncode == 1
     assert "forkrun: rank 1 exited with 3" in proc.stderr
     assert not leftovers(tmp_path), "a rank outlived its job"
+
+
+# What a command's process reports of itself, then its exit.
+SELF_REPORT = """
+import json, os, signal, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+                  "env": os.environ.get("CHECK"), "module": __name__,
+                  "cmdline": open("/proc/self/cmdline", "rb").read().decode().rstrip(chr(0)),
+                  "session": os.getsid(0) == os.getpid(), "stdin": sys.stdin.read()}))
+print("to stderr", file=sys.stderr)
+if os.environ.get("CHECK") == "signal":
+    os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("check", ["exit", "signal"])
+def test_a_served_command_is_the_started_one(tmp_path, check):
+    import forkserver
+    from dist_utils import REPO, worker_env
+
+    (tmp_path / "report.py").write_text(SELF_REPORT)
+    command = [sys.executable, "-u", str(tmp_path / "report.py"), "--a", "b"]
+    env = dict(worker_env(), CHECK=check)
+    started = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    served = forkserver.run(command, env, str(tmp_path), timeout=60)
+    assert forkserver.SERVER.process is not None  # it was served, not started
+    assert (served.returncode, served.stderr) == (started.returncode, started.stderr)
+    assert served.returncode == (3 if check == "exit" else -15)
+    assert json.loads(served.stdout) == json.loads(started.stdout)
+    assert json.loads(served.stdout)["cmdline"].split("\0") == command
+    # A command that other interpreter options start is started as a process.
+    assert forkserver.start([sys.executable, "-X", "dev", "x.py"], env, REPO, 1, 2) is None
+    assert forkserver.start(command, dict(env, PYTHONPATH="x"), REPO, 1, 2) is None
+
+
+def test_a_served_command_in_its_own_session(tmp_path):
+    import forkserver
+
+    from dist_utils import worker_env
+
+    (tmp_path / "report.py").write_text(SELF_REPORT)
+    command = [sys.executable, "-u", str(tmp_path / "report.py")]
+    with open(tmp_path / "out", "w") as out:
+        process = forkserver.start(
+            command, worker_env(), str(tmp_path), out.fileno(), out.fileno(), True
+        )
+        assert process.wait(timeout=60) == 3
+    report = json.loads((tmp_path / "out").read_text().splitlines()[0])
+    assert report["session"] and report["stdin"] == "" and report["module"] == "__main__"
+    assert not os.path.exists(f"/proc/{process.pid}")
