@@ -3,22 +3,25 @@ that has already imported what they import.
 
     python -u forkserver.py SOCKET PADDING     (started by ``start``)
 
-Why: nearly every integration test starts ``python -u script args`` or
-``python -m module args`` (forkrun.py, deadpool-launch, the tools), and each
-such process first spends about 8 s of one core importing torch, megatron-core
-and the launcher before anything of the test's runs; most runs here train for
-a few seconds after that. The server imports all that once per session and
-forks each command's process from there, as a node's zygote forks its
-workers (``deadpool_ext.control.zygote``, whose helpers it uses): the process
-then is the command's (arguments, ``/proc/PID/cmdline``, environment, working
-folder, standard streams, exit code, a session of its own if asked) and runs
-its script as ``python -u`` would, down to the interpreter's exit.
+Why: nearly every integration test starts ``python -u script args``,
+``python -m module args`` or ``python -c code args`` (forkrun.py,
+deadpool-launch, the tools), and each such process first spends about 8 s
+of one core importing torch, megatron-core and the launcher before anything
+of the test's runs; most runs here train for a few seconds after that. The
+server imports all that once per session and forks each command's process
+from there, as a node's zygote forks its workers
+(``deadpool_ext.control.zygote``, whose helpers it uses): the process then
+is the command's (arguments, ``/proc/PID/cmdline``, environment, working
+folder, standard streams, exit code, a session of its own if asked) and
+runs its code as ``python -u`` would, down to the interpreter's exit.
 
-What it cannot be: a command whose interpreter must start otherwise. ``start``
-hands back None (the caller then starts a process as before) for options
-other than ``-u``, for a ``PYTHON*`` variable that differs from the server's
-(read at the interpreter's start: ``PYTHONPATH`` names the fake NVML of
-test_hot_swap's unhealthy spares), and for an interpreter other than ours.
+What it cannot be: a command whose interpreter must start otherwise.
+``start`` hands back None (the caller then starts a process as before) for
+options other than ``-u``, ``-m`` and ``-c``, for a ``PYTHON*`` variable
+that differs from the server's (read at the interpreter's start:
+``PYTHONPATH`` names the fake NVML of test_hot_swap's unhealthy spares),
+for an interpreter other than ours, and for a probe of a fresh interpreter's
+imports, which calls ``subprocess`` itself.
 
 Protocol, over a Unix socket, one connection per process: the client sends
 one JSON line ``{"command", "env", "cwd", "session"}`` with its stdin, stdout
@@ -59,7 +62,10 @@ def preload_all() -> None:
 
     from deadpool_ext.control import zygote
 
-    zygote.preload([sys.executable, "-u", os.path.join(REPO, "pretrain_gpt.py")])
+    # As for a rank of Hugging Face's tokenizer: megatron-core's tokenizers
+    # with transformers (a rank of another imports them without it).
+    script = [sys.executable, "-u", os.path.join(REPO, "pretrain_gpt.py")]
+    zygote.preload(script + ["--tokenizer-type", "HuggingFaceTokenizer"])
     sys.path[0] = os.path.dirname(os.path.abspath(__file__))
     for name in EXTRA_PRELOAD:
         importlib.import_module(name)
@@ -79,7 +85,7 @@ def receive(conn: socket.socket):
 def become(request: dict, fds: List[int], server: int) -> None:
     """In the forked child: turn into the request's command; returns only
     when its script returned (the process then ends as Python's does)."""
-    from deadpool_ext.control.zygote import rename, run_script
+    from deadpool_ext.control.zygote import rename, run_script, script_of
     from deadpool_ext.lifetime import die_with_parent
 
     if not die_with_parent(server):
@@ -95,7 +101,28 @@ def become(request: dict, fds: List[int], server: int) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     rename(request["command"])
-    run_script(request["command"])
+    command = request["command"]
+    if "-c" in command[1 : script_of(command)]:
+        run_code(command)
+    else:
+        run_script(command)
+
+
+def run_code(command: List[str]) -> None:
+    """``python [-u] -c CODE args`` in this process: CODE run as the module
+    ``__main__``, ``sys.argv`` and the path's first entry as Python sets them."""
+    import builtins
+    import types
+
+    from deadpool_ext.control.zygote import script_of
+
+    index = script_of(command)
+    sys.argv = ["-c", *command[index + 1 :]]
+    sys.path[0] = ""
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    exec(compile(command[index], "<string>", "exec"), main.__dict__)
 
 
 def serve(listener: socket.socket) -> bool:
@@ -229,7 +256,7 @@ class Server:
 
         if command[0] != sys.executable or len(command) < 2:
             return False
-        if any(option not in ("-u", "-m") for option in command[1 : script_of(command)]):
+        if any(option not in ("-u", "-m", "-c") for option in command[1 : script_of(command)]):
             return False
         self.ensure_started()
         python = {k for k in {**env, **self.env} if k.startswith("PYTHON")}

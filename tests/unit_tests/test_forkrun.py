@@ -132,6 +132,12 @@ def test_a_served_command_is_the_started_one(tmp_path, check):
     assert served.returncode == (3 if check == "exit" else -15)
     assert json.loads(served.stdout) == json.loads(started.stdout)
     assert json.loads(served.stdout)["cmdline"].split("\0") == command
+    # The same code given with -c.
+    inline = [sys.executable, "-c", SELF_REPORT, "--a", "b"]
+    started = subprocess.run(inline, env=env, cwd=tmp_path, capture_output=True, text=True)
+    served = forkserver.run(inline, env, str(tmp_path), timeout=60)
+    assert (served.returncode, served.stderr) == (started.returncode, started.stderr)
+    assert json.loads(served.stdout) == json.loads(started.stdout)
     # A command that other interpreter options start is started as a process.
     assert forkserver.start([sys.executable, "-X", "dev", "x.py"], env, REPO, 1, 2) is None
     assert forkserver.start(command, dict(env, PYTHONPATH="x"), REPO, 1, 2) is None

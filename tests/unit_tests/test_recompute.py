@@ -6,11 +6,11 @@ run without recompute bit for bit, because megatron-core restores the RNG
 streams before it recomputes. Hot swap with recompute: test_hot_swap.py."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
+import forkserver
 from dist_utils import MOCK_GPT, REPO, curve, read_metrics, run_pretrain, worker_env
 from deadpool_ext.control.launch import free_port
 from megatron.training.arguments import ConfigError, parse_args
@@ -119,14 +119,8 @@ print(json.dumps(calls))
 
 
 def forward_calls(extra) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(free_port()), json.dumps(BASE + extra)],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = [sys.executable, "-c", PROBE, str(free_port()), json.dumps(BASE + extra)]
+    proc = forkserver.run(command, worker_env(), REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
