@@ -1,8 +1,10 @@
 """A process's life bound to its parent's: Linux's parent-death signal.
 
 Workers die with their agent: a lost agent leaves no orphan holding a rank.
-(Agents outlive their launcher: a launcher that hosts the coordinator or
-the standby is a control-plane role, which another node takes over.)
+(Agents outlive their node's launcher: a launcher that hosts the coordinator
+or the standby is a control-plane role, which another node takes over. A
+standalone launcher is the whole control plane of its emulated nodes: the
+agents it forks die with it.)
 """
 
 import ctypes
