@@ -268,10 +268,12 @@ class ForkedProcess(Signalled):
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """As ``Popen.wait``: ``subprocess.TimeoutExpired`` after ``timeout`` s."""
-        if timeout is None and self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        deadline = time.monotonic() + (timeout or 0)
+        if timeout is None:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
         while self.poll() is None:
             if time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"process {self.pid}", timeout)

@@ -268,18 +268,7 @@ def launch_on_nodes(
         flags += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
         flags += ["--standby-addr", "127.0.0.1"]
         with open(tmp / f"node{node}.log", "w") as log:
-            command = launch_command(flags, args)
-            launchers.append(
-                forkserver.start(command, env, REPO, log.fileno(), log.fileno(), True)
-                or subprocess.Popen(
-                    command,
-                    env=env,
-                    cwd=REPO,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+            launchers.append(forkserver.start_logged(launch_command(flags, args), env, REPO, log))
     deadline = time.monotonic() + timeout
     try:
         return [proc.wait(timeout=max(1, deadline - time.monotonic())) for proc in launchers]

@@ -39,7 +39,16 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from deadpool_ext.control.zygote import Signalled
+from deadpool_ext.control.zygote import (
+    Signalled,
+    ended_children,
+    preload,
+    rename,
+    run_script,
+    script_of,
+    wake_on_child_exit,
+)
+from deadpool_ext.lifetime import die_with_parent
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What the tests' commands import, beyond a rank's (zygote.PRELOAD).
@@ -60,12 +69,10 @@ PADDING = 32_000
 def preload_all() -> None:
     import importlib
 
-    from deadpool_ext.control import zygote
-
     # As for a rank of Hugging Face's tokenizer: megatron-core's tokenizers
     # with transformers (a rank of another imports them without it).
     script = [sys.executable, "-u", os.path.join(REPO, "pretrain_gpt.py")]
-    zygote.preload(script + ["--tokenizer-type", "HuggingFaceTokenizer"])
+    preload(script + ["--tokenizer-type", "HuggingFaceTokenizer"])
     sys.path[0] = os.path.dirname(os.path.abspath(__file__))
     for name in EXTRA_PRELOAD:
         importlib.import_module(name)
@@ -85,9 +92,6 @@ def receive(conn: socket.socket):
 def become(request: dict, fds: List[int], server: int) -> None:
     """In the forked child: turn into the request's command; returns only
     when its script returned (the process then ends as Python's does)."""
-    from deadpool_ext.control.zygote import rename, run_script, script_of
-    from deadpool_ext.lifetime import die_with_parent
-
     if not die_with_parent(server):
         return
     signal.set_wakeup_fd(-1)
@@ -100,8 +104,8 @@ def become(request: dict, fds: List[int], server: int) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    rename(request["command"])
     command = request["command"]
+    rename(command)
     if "-c" in command[1 : script_of(command)]:
         run_code(command)
     else:
@@ -113,8 +117,6 @@ def run_code(command: List[str]) -> None:
     ``__main__``, ``sys.argv`` and the path's first entry as Python sets them."""
     import builtins
     import types
-
-    from deadpool_ext.control.zygote import script_of
 
     index = script_of(command)
     sys.argv = ["-c", *command[index + 1 :]]
@@ -128,7 +130,6 @@ def run_code(command: List[str]) -> None:
 def serve(listener: socket.socket) -> bool:
     """Fork a process per request, report each that ends. False returns in
     a forked process whose script returned; the server never returns."""
-    from deadpool_ext.control.zygote import ended_children, wake_on_child_exit
 
     wakeup, notify = wake_on_child_exit()
     clients: Dict[int, socket.socket] = {}
@@ -171,7 +172,6 @@ def send(conn: socket.socket, message: dict) -> None:
 
 
 def main() -> int:
-    from deadpool_ext.lifetime import die_with_parent
 
     if not die_with_parent(int(os.environ["FORKSERVER_PARENT"])):
         return 1
@@ -252,7 +252,6 @@ class Server:
             time.sleep(0.1)
 
     def serves(self, command: List[str], env: Dict[str, str]) -> bool:
-        from deadpool_ext.control.zygote import script_of
 
         if command[0] != sys.executable or len(command) < 2:
             return False
@@ -298,6 +297,15 @@ def start(command, env, cwd, stdout, stderr, new_session=False) -> Optional[Serv
     if not SERVER.serves(command, env):
         return None
     return SERVER.start(command, env, cwd, stdout, stderr, new_session)
+
+
+def start_logged(command, env, cwd, log):
+    """``command`` in a session of its own, its output in ``log`` (an open
+    file): forked by the server where it can be, else started."""
+    served = start(command, env, cwd, log.fileno(), log.fileno(), new_session=True)
+    return served or subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def run(command, env, cwd, timeout: float) -> subprocess.CompletedProcess:

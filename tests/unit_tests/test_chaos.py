@@ -107,13 +107,11 @@ SHRUNK_TO = {"shrink-as-written": 1, "shrink": 1, "interleaved-shrink": 2}
 def launchers_from_the_fork_server(monkeypatch):
     """The campaign's launchers forked from the session's fork server (as
     dist_utils' are), where it can fork them."""
-    started_as_processes = chaos.start_launcher
-
-    def start(command, env, log):
-        forked = forkserver.start(command, env, REPO, log.fileno(), log.fileno(), True)
-        return forked or started_as_processes(command, env, log)
-
-    monkeypatch.setattr(chaos, "start_launcher", start)
+    monkeypatch.setattr(
+        chaos,
+        "start_launcher",
+        lambda command, env, log: forkserver.start_logged(command, env, REPO, log),
+    )
 
 
 @pytest.fixture(scope="module")
