@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import pytest
 
-from dist_utils import REPO, forkrun, tensorboard_scalars, worker_env
+from dist_utils import REPO, captured, forkrun, tensorboard_scalars, worker_env
 from deadpool_ext.control.launch import free_port
 from megatron.training.arguments import ConfigError, parse_args
 from torch.distributed.run import get_args_parser
@@ -138,15 +138,13 @@ def tokenized_corpus(corpus_prefix, tmp_path, tokenizer_type: str, model: str) -
     """The embedded corpus as .bin/.idx with a tokenizer of ``make data``."""
     data = os.path.dirname(corpus_prefix)
     prefix = str(tmp_path / f"corpus_{tokenizer_type}")
-    subprocess.run(
+    proc = captured(
         [sys.executable, "tools/preprocess_data.py", "--input", os.path.join(data, "corpus.jsonl")]
         + ["--output-prefix", prefix, "--tokenizer-type", tokenizer_type]
         + ["--tokenizer-model", model, "--append-eod"],
-        cwd=REPO,
-        env=worker_env(),
-        check=True,
-        capture_output=True,
+        timeout=300,
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return prefix
 
 

@@ -24,7 +24,6 @@ files named."""
 import math
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -32,13 +31,13 @@ import torch
 from dist_utils import (
     REPO,
     assert_same_state,
+    captured,
     checkpoint_state,
     forkrun,
+    forkrun_command,
     model_tensors,
     read_metrics,
     run_pretrain,
-    torchrun_command,
-    worker_env,
 )
 
 pytestmark = pytest.mark.integration
@@ -66,15 +65,10 @@ LEGACY_FILES = ("mp_rank_00_000", "mp_rank_00_001")
 def written(tmp_path_factory):
     """The writer's three directories: torch_dist, torch (legacy), reference."""
     out = tmp_path_factory.mktemp("megatron_lm")
-    command = torchrun_command(4, [])[:-1] + [WRITER, "--out", str(out), "--"]
-    proc = subprocess.run(
-        command + FLAGS + ["--train-iters", str(SAVED_AT)],
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # Its ranks forked as torchrun would start them (forkrun.py); the writer
+    # calls nothing of our trainer.
+    args = ["--out", str(out), "--", *FLAGS, "--train-iters", str(SAVED_AT)]
+    proc = captured(forkrun_command(4, args, script=WRITER), timeout=300)
     assert proc.returncode == 0, f"writer failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert sorted(os.listdir(out / "torch" / f"iter_{SAVED_AT:07d}")) == list(LEGACY_FILES)
     for name in LEGACY_FILES:

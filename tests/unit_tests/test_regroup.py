@@ -1,14 +1,13 @@
 """Re-pointing process groups by identity, wherever objects hold them."""
 
 import functools
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg as fake_pg
-from dist_utils import REPO
+from dist_utils import captured
 
 from deadpool_ext.rank import regroup
 from deadpool_ext.rank.generation import Generation, groups_created, recording_groups
@@ -138,11 +137,8 @@ def test_torch_lets_a_gloo_group_outlive_its_default_group():
     groups without it kept and registered in the next generation's world,
     the others made again, and gloo's per-group sequence numbers equal
     after matching operations and unequal after an unreceived send."""
-    run = subprocess.run(
+    run = captured(
         [sys.executable, "-m", "tools.probes.keep_groups", "--ranks", "4", "--replace", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=240,
     )
     assert run.returncode == 0 and "kept groups work" in run.stdout, run.stdout + run.stderr

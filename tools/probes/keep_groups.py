@@ -27,14 +27,16 @@ exits 1 otherwise.
 
 import argparse
 import datetime
+import functools
 import os
-import subprocess
 import sys
-from typing import Optional
+import traceback
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.zygote import ForkedProcess
 from deadpool_ext.rank import regroup
 
 
@@ -150,42 +152,44 @@ def sequence_probe(args, rank: int) -> int:
     return 0 if matched and unmatched else 1
 
 
+def forked(call: Callable[[], Optional[int]]) -> ForkedProcess:
+    """``call`` in a new process forked from this one, which has imported
+    torch already (a rank made by Popen paid seconds for it). A rank
+    leaves at once, groups and all, as a lost one does: torch's teardown at
+    exit would wait on the unreceived send."""
+    pid = os.fork()
+    if pid:
+        return ForkedProcess(pid)
+    code = 1
+    try:
+        code = call() or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run(args) -> bool:
-    """The replacement, then the sequence probe; True when all passed."""
-    me = [sys.executable, "-m", "tools.probes.keep_groups", "--ranks", str(args.ranks)]
-    me += ["--replace", str(args.replace)]
-    store = open_store(0, master=True)
-    port = ["--port", str(store.port)]
-    old = [subprocess.Popen(me + port + ["--rank", str(r)]) for r in range(args.ranks)]
-    store.wait([f"gone/{args.replace}"])
-    new = subprocess.Popen(me + port + ["--rank", str(args.replace), "--fresh"])
-    codes = [p.wait(timeout=120) for p in old if p.args[-1] != str(args.replace)]
-    codes.append(new.wait(timeout=120))
-    two = free_port()
-    probe = [me + ["--port", str(two), "--rank", str(r), "--sequence"] for r in (0, 1)]
-    codes += [p.wait(timeout=60) for p in [subprocess.Popen(cmd) for cmd in probe]]
-    return not any(codes)
+    """The replacement, then the sequence probe; True when all passed. Every
+    rank is forked before this process opens the store (and its thread):
+    the new one waits on the store until the survivors have left, the two
+    of the sequence probe use a store of their own."""
+    world, probe = free_port(), argparse.Namespace(**{**vars(args), "port": free_port()})
+    args = argparse.Namespace(**{**vars(args), "port": world})
+    ranks = [forked(functools.partial(worker, args, r, False)) for r in range(args.ranks)]
+    ranks.append(forked(functools.partial(worker, args, args.replace, True)))
+    ranks += [forked(functools.partial(sequence_probe, probe, r)) for r in (0, 1)]
+    _store = open_store(world, master=True)  # the ranks' store, open until they end
+    return not any([process.wait(timeout=120) for process in ranks])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--replace", type=int, default=3)
-    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sequence", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.sequence or args.rank is not None:
-        code = (
-            sequence_probe(args, args.rank)
-            if args.sequence
-            else worker(args, args.rank, args.fresh)
-        )
-        # A rank leaves at once, groups and all, as a lost one does: torch's
-        # teardown at exit would wait on the unreceived send.
-        sys.stdout.flush()
-        os._exit(0 if code is None else code)
     if not 0 <= args.replace < args.ranks or args.ranks < 2:
         parser.error("--ranks must be 2 or more and --replace one of its ranks")
     ok = run(args)
