@@ -116,9 +116,13 @@ def forkrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py"
     return FORKRUN + [str(nproc), os.path.join(REPO, script), *args]
 
 
-def captured(command: List[str], timeout: float) -> subprocess.CompletedProcess:
-    """``command`` run to its end in the repository; output captured."""
-    return forkserver.run(command, worker_env(), REPO, timeout)
+def captured(
+    command: List[str], timeout: float, env: Optional[Dict[str, str]] = None
+) -> subprocess.CompletedProcess:
+    """``command`` run to its end in the repository, in ``env`` (the
+    workers' by default); output captured. Served by the fork server where
+    it can be."""
+    return forkserver.run(command, env or worker_env(), REPO, timeout)
 
 
 def torchrun(

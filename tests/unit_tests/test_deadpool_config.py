@@ -2,11 +2,11 @@
 message that says what to change; good ones pass."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
+from dist_utils import captured, worker_env
 from megatron.training import arguments
 from megatron.training.arguments import ConfigError, parse_args
 
@@ -177,7 +177,7 @@ def test_pretrain_gpt_refuses_before_any_process_group():
     """One process standing in for rank 0 of an 8-rank single-node torchrun:
     the error comes from argument parsing, so no rendezvous is attempted."""
     env = dict(
-        os.environ,
+        worker_env(),
         WORLD_SIZE="8",
         LOCAL_WORLD_SIZE="8",
         RANK="0",
@@ -185,12 +185,10 @@ def test_pretrain_gpt_refuses_before_any_process_group():
         MASTER_PORT="1",
         PYTHONWARNINGS="ignore",
     )
-    proc = subprocess.run(
+    proc = captured(
         [sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *BASE, *DEADPOOL, *TP2_PP2],
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
+        env=env,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "pretrain_gpt.py: error: --deadpool found no buddy on another node" in proc.stderr
@@ -295,8 +293,8 @@ def test_a_stall_stops_a_main_thread_phase_of_one_rank():
 
 @pytest.mark.integration
 def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
-    env = {k: v for k, v in os.environ.items() if k != "DEADPOOL_SECRET"}
-    proc = subprocess.run(
+    env = {k: v for k, v in worker_env().items() if k != "DEADPOOL_SECRET"}
+    proc = captured(
         [
             sys.executable,
             "-m",
@@ -309,11 +307,8 @@ def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
             "29500",
             "pretrain_gpt.py",
         ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=60,
+        env=env,
     )
     assert proc.returncode == 2 and "DEADPOOL_SECRET" in proc.stderr
 
@@ -354,18 +349,11 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
 def test_the_launcher_says_why_the_workers_refused_their_flags(bad, says):
     """Every worker refuses the same flags: the job stops at once, saying
     what the workers said (not a missing buddy plan after a timeout)."""
-    from dist_utils import TINY_GPT, launch_command, worker_env
+    from dist_utils import TINY_GPT, launch_command
 
     args = TINY_GPT + DEADPOOL + ["--mock-data", "--train-iters", "2"] + bad
     launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        launch_command(launcher, args),
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = captured(launch_command(launcher, args), timeout=120)
     assert proc.returncode != 0
     stopped = [line for line in proc.stderr.splitlines() if "job stopped" in line]
     assert len(stopped) == 1 and "refused its flags" in stopped[0] and says in stopped[0]

@@ -7,11 +7,11 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
 
+import forkserver
 from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics, state_difference
 from dist_utils import REPO, forkrun_command, run_pretrain, worker_env
@@ -203,14 +203,10 @@ def test_a_killed_run_resumes_from_its_newer_non_persistent_save(
 def kill_when(tmp_path, corpus, args, ready, delay: random.Random = None) -> bool:
     """Starts the 8-rank run and SIGKILLs all of it once ``ready()`` (after
     a random delay of up to 50 ms); whether it was ready before it ended."""
-    job = subprocess.Popen(
-        forkrun_command(8, train_args(tmp_path, corpus, args)),
-        env=worker_env(),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with open(os.devnull, "w") as nowhere:
+        job = forkserver.start_logged(
+            forkrun_command(8, train_args(tmp_path, corpus, args)), worker_env(), REPO, nowhere
+        )
     seen, deadline = False, time.monotonic() + 240
     try:
         while job.poll() is None and time.monotonic() < deadline and not seen:

@@ -73,12 +73,9 @@ def test_a_module_runs_as_python_m_runs_it():
 
 def deadpool_launch(*words: str) -> subprocess.CompletedProcess:
     """deadpool-launch with ``words``, from the repository, to its end."""
-    from dist_utils import REPO, worker_env
+    from dist_utils import captured
 
-    command = [sys.executable, "-m", "deadpool_ext.launch", *words]
-    return subprocess.run(
-        command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300
-    )
+    return captured([sys.executable, "-m", "deadpool_ext.launch", *words], timeout=300)
 
 
 @pytest.mark.integration

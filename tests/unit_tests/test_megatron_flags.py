@@ -6,21 +6,19 @@ deprecated ones) leave the curve bit for bit as it was."""
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy
 import pytest
 
 from dist_utils import (
-    REPO,
+    captured,
     TINY_GPT,
     curve,
     read_metrics,
     run_pretrain,
     tensorboard_scalars,
     torchrun,
-    worker_env,
 )
 
 pytestmark = pytest.mark.integration
@@ -141,14 +139,12 @@ def short_documents(corpus_prefix, tmp_path) -> str:
     source = tmp_path / "short.jsonl"
     source.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines[:4000]))
     prefix = str(tmp_path / "short")
-    subprocess.run(
+    proc = captured(
         [sys.executable, "tools/preprocess_data.py", "--input", str(source)]
         + ["--output-prefix", prefix, "--tokenizer-type", "ByteLevelTokenizer", "--append-eod"],
-        cwd=REPO,
-        env=worker_env(),
-        check=True,
-        capture_output=True,
+        timeout=300,
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return prefix + "_text_document"
 
 

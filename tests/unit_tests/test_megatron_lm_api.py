@@ -5,13 +5,12 @@ this build offers) runs unchanged on 8 ranks as under torchrun, and with
 every rank's final state equal the failure-free run's bit for bit."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 from dist_utils import (
-    REPO,
+    captured,
     assert_same_state,
     checkpoint_state,
     curve,
@@ -19,7 +18,6 @@ from dist_utils import (
     launch_command,
     leftovers,
     read_metrics,
-    worker_env,
 )
 from megatron.training import megatron_lm
 
@@ -113,14 +111,7 @@ def launch(tmp, corpus, spares, faults):
     args += [f"--deadpool-inject={fault}" for fault in faults]
     launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", str(spares)]
     launcher += ["--nproc-per-node", "4"]
-    proc = subprocess.run(
-        launch_command(launcher, args, script=SCRIPT),
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = captured(launch_command(launcher, args, script=SCRIPT), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert not leftovers(tmp)
 

@@ -5,13 +5,12 @@ sizes real runs logged (docs/benchmarks.md); memory terms against their
 published closed forms."""
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
 
-from dist_utils import REPO, worker_env
+from dist_utils import captured
 from deadpool_ext.planning import scale as ps
 from tools import plan_scale as plan_scale_cli
 from tools.bench.common import LARGE_MODEL
@@ -175,15 +174,7 @@ PROBE = (
 def real_layouts():
     """Every rank's layout as megatron-core and deadpool_ext build it."""
     cases = {name: (flags, world, vocab) for name, (flags, world, vocab, *_) in CASES.items()}
-    env = dict(worker_env(), PYTHONPATH=REPO)
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(cases)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = captured([sys.executable, "-c", PROBE, json.dumps(cases)], timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -29,7 +29,6 @@ not of fp32 rounding.
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from typing import List
@@ -38,7 +37,9 @@ import pytest
 import torch
 
 import dist_utils
+import forkserver
 from dist_utils import (
+    captured,
     REPO,
     assert_same_state,
     saved_args,
@@ -485,14 +486,7 @@ def test_a_waiting_spare_prepares_again_for_a_shrunk_world(tmp_path, corpus):
         ITERS,
     )
     env = dict(worker_env(), WORLD_SIZE="8", DEADPOOL_RANKS_PER_NODE="4")
-    proc = subprocess.run(
-        [sys.executable, str(script), *flags],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = captured([sys.executable, str(script), *flags], timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # rank = tp + 2·pp + 4·dp; 8 samples in microbatches of 2 over DP2, then DP1.
     assert json.loads(proc.stdout.splitlines()[-1]) == [[5, 8, 1, 0, 1, 2], [1, 4, 1, 0, 0, 4]]
@@ -633,9 +627,7 @@ def test_the_tolerance_catches_a_wrong_quota_weighting(tmp_path, reference):
         deadpool_args(tmp_path, DP4, ["kill:rank=5:iter=4:phase=backward"], ITERS),
     )
     command[command.index(os.path.join(REPO, "pretrain_gpt.py"))] = str(script)
-    proc = subprocess.run(
-        command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=420
-    )
+    proc = captured(command, timeout=420)
     must_succeed((proc, leftovers(tmp_path)))
     got, want = (read_metrics(p / "metrics.jsonl") for p in (tmp_path, reference))
     assert [(g["consumed_samples"], g["lr"]) for g in got] == [
@@ -699,12 +691,8 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     env = dict(worker_env(), DEADPOOL_SECRET=new_secret())
     events = tmp_path / "events.jsonl"
     with open(tmp_path / "job.log", "w") as log, open(tmp_path / "join.log", "w") as join_log:
-        job = subprocess.Popen(
-            launch_command(["--standalone", *common], args),
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        job = forkserver.start_logged(
+            launch_command(["--standalone", *common], args), env, REPO, log
         )
         joiner, paused = None, []
         try:
@@ -723,14 +711,13 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
             for pid in paused:
                 os.kill(pid, signal.SIGSTOP)
             joined_at = time.time()
-            joiner = subprocess.Popen(
+            joiner = forkserver.start_logged(
                 launch_command(
                     ["--join", "--node-rank", "1", "--master-addr", "127.0.0.1", *common], args
                 ),
-                env=env,
-                cwd=REPO,
-                stdout=join_log,
-                stderr=subprocess.STDOUT,
+                env,
+                REPO,
+                join_log,
             )
             # All four ready before anyone reports, so the grow takes them all.
             # (Only the new node's: node 1's released slot may have warmed up
