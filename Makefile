@@ -76,13 +76,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Everything: unit tests and the integration tests that start real processes.
+# Everything: the unit tests (in-process) and the functional tests, which
+# start real processes.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings --durations=30 tests/unit_tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings --durations=30 tests/unit_tests tests/functional_tests
 
 # Unit tests only (in-process, under a minute).
 test-unit: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings -m "not integration" tests/unit_tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/unit_tests
 
 # A real Slurm cluster on this machine (root, no systemd; Debian's slurmctld,
 # slurmd, munge: tools/slurm_local.sh), then examples/slurm/cpu_demo.sh
@@ -93,7 +94,7 @@ test-slurm: data
 	tools/slurm_local.sh install
 	tools/slurm_local.sh start $(SLURM_NODES)
 	DEADPOOL_TEST_SLURM=1 DEADPOOL_SLURM_REPORT=runs/slurm-test.log OMP_NUM_THREADS=1 \
-		$(PY) -m pytest -q -p no:warnings tests/unit_tests/test_slurm_cluster.py
+		$(PY) -m pytest -q -p no:warnings tests/functional_tests/test_slurm_cluster.py
 
 # What the GPU check (tools/gpu_check.sh) installs on a lent GPU machine,
 # which has no network and Python 3.12 without megatron-core: their wheels,

@@ -10,7 +10,7 @@ would (mock data, Megatron's default data-loader workers) and checks:
     rank's final checkpoint equal the failure-free run's bit for bit;
   * shrink (no spare): every iteration runs with the failure-free run's
     samples and lr, loss and grad norm within 1e-5 relative (dropout is
-    off in these trials; see tests/unit_tests/test_shrink.py for why);
+    off in these trials; see tests/functional_tests/test_shrink.py for why);
   * rank and buddy lost: the job stops with the documented reason;
   * always: every survivor tore its groups down within the heartbeat
     timeout of the failure's detection (the release bound), the job ended
@@ -53,6 +53,7 @@ from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.wire import new_secret
+from tools.workers import worker_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODES, PER_NODE, ITERS, HEARTBEAT_TIMEOUT = 2, 4, 8, 5.0
@@ -279,7 +280,7 @@ def launch_commands(args: List[str], spares: int, per_node: bool) -> List[List[s
 def start_launcher(command: List[str], env: dict, log) -> subprocess.Popen:
     """One launcher, its node's session, writing to ``log``. (The test suite
     forks it from its session's fork server instead: a stand-in with the
-    same signature, tests/unit_tests/forkserver.py.)"""
+    same signature, tests/common/forkserver.py.)"""
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -292,13 +293,7 @@ def launch(
     one launcher per node the job's code is the coordinator's at the end:
     node 1's, which took over from node 0 (the only one killed)."""
     os.makedirs(out, exist_ok=True)
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        DEADPOOL_SECRET=new_secret(),
-    )
+    env = worker_env(DEADPOOL_SECRET=new_secret())
     with open(os.path.join(out, "log"), "w") as log:
         procs = [
             start_launcher(command, env, log) for command in launch_commands(args, spares, per_node)

@@ -95,6 +95,9 @@ BEHAVIOUR = {
     "each rank (Megatron-LM: a worker process that lives as long as the job)",
     "--logging-level": "the training log keeps its own level (MEGATRON_LOG_LEVEL), as "
     "Megatron-LM's printed log does; megatron-core's loggers follow the flag",
+    "--fim-data": "a sample's reordering is drawn from the seed and its index (Megatron-LM: "
+    "from one generator in the order a rank reads, so it changes with the layout and on "
+    "a restart); not with NullTokenizer, ByteLevelTokenizer or TikTokenizer",
 }
 
 

@@ -1082,7 +1082,7 @@ iteration. Checked against the real thing:
 
 {crosscheck}
 
-`tests/unit_tests/test_plan_scale.py` also compares, rank by rank, the planner's tensors and
+`tests/functional_tests/test_plan_scale.py` also compares, rank by rank, the planner's tensors and
 shard size with the layouts megatron-core builds for a LLaMA-style model (SwiGLU, RMSNorm,
 grouped-query attention, no biases, untied output, bf16, padded vocabulary, DP=3).
 

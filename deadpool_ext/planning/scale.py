@@ -7,7 +7,7 @@ their time on the link, and whether the mirror hides inside one iteration.
 Everything here is arithmetic on the model's shape and the hardware's
 published figures; nothing is measured by this module. Where it models our
 code (the snapshot layout) it follows the code exactly, and
-tests/unit_tests/test_plan_scale.py checks it against layouts built by
+tests/functional_tests/test_plan_scale.py checks it against layouts built by
 megatron-core itself (tools/layout_probe.py) and against the sizes real runs
 logged (docs/benchmarks.md).
 

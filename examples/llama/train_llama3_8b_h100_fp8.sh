@@ -6,7 +6,7 @@
 # CPU the flags that need an H100 with Transformer Engine are refused, each with
 # its reason (--fp8-*, --attention-backend fused, --apply-layernorm-1p, --profile
 # without --use-pytorch-profiler): DTYPE=bf16 drops the FP8 ones, as upstream, and
-# tests/unit_tests/test_example_scripts.py runs it with the others taken out too.
+# tests/functional_tests/test_example_scripts.py runs it with the others taken out too.
 # Run it from the repository root as upstream's. For hot swap the launcher
 # becomes deadpool-launch with spare nodes, and --deadpool is added:
 # LAUNCHER="deadpool-launch --spare-nodes 1" DEADPOOL_ARGS=--deadpool (two nodes

@@ -7,7 +7,7 @@
 # which need 32), and a split that gives each split documents of a small corpus
 # (99990,8,2 gives the embedded corpus's valid and test splits none). On a CPU
 # --moe-grouped-gemm is refused with its reason (a GPU kernel):
-# tests/unit_tests/test_example_scripts.py reads the refusal, then runs the script
+# tests/functional_tests/test_example_scripts.py reads the refusal, then runs the script
 # without it. --sequence-parallel at TP 1 is turned off with a warning, as upstream.
 # Run it from the repository root as upstream's. Hot swap does not cover MoE
 # models yet: --deadpool refuses --num-experts with the reason.

@@ -22,6 +22,7 @@ from megatron.training.config import (
     SECTIONS,
     TRACKER,
     Config,
+    DataConfig,
     ModelConfig,
     MoEConfig,
     split_numbers,
@@ -1470,6 +1471,48 @@ def _check_data(config: Config) -> None:
             f"not read it, only {', '.join(kinds)} (Megatron-LM ignores it too)"
         )
     _require(d.num_workers >= 0, "--num-workers must be >= 0")
+    _check_fim(config)
+
+
+def _check_fim(config: Config) -> None:
+    """--fim-data as Megatron-LM checks it, and what its dataset would only
+    meet later (a rate out of range, fragments without their rate)."""
+    from megatron.training.tokenizer import FIM_TOKENIZER_TYPES
+
+    d, kind = config.data, config.tokenizer.tokenizer_type
+    defaults = DataConfig()
+    _ignored_without(
+        "--fim-data",
+        d.fim_data,
+        [
+            (flag_name(f), getattr(d, f.name) != getattr(defaults, f.name))
+            for f in dataclasses.fields(DataConfig)
+            if f.name.startswith("fim_") and f.name != "fim_data"
+        ],
+    )
+    if not d.fim_data:
+        return
+    _require(not d.mock_data, "--fim-data reorders the text of --data-path: drop --mock-data")
+    _require(
+        not config.tokenizer.legacy_tokenizer,
+        "--fim-data: Megatron-LM refuses it with --legacy-tokenizer: drop one",
+    )
+    _require(
+        kind in FIM_TOKENIZER_TYPES,
+        f"--fim-data looks its tokens up in the vocabulary, and --tokenizer-type {kind} has "
+        f"none: use one of {', '.join(FIM_TOKENIZER_TYPES)}",
+    )
+    for flag, rate in (("--fim-rate", d.fim_rate), ("--fim-spm-rate", d.fim_spm_rate)):
+        # Megatron-LM asserts the rate is given: 0 is refused there as well.
+        _require(0 < rate <= 1, f"{flag} {rate} must be in (0, 1]")
+    _require(
+        d.fim_split_sample is None or d.fim_fragment_rate is not None,
+        "--fim-split-sample reorders fragments with --fim-fragment-rate: give it",
+    )
+    _require(
+        d.fim_fragment_rate is None or 0 <= d.fim_fragment_rate <= 1,
+        f"--fim-fragment-rate {d.fim_fragment_rate} must be in [0, 1]",
+    )
 
 
 def _check_data_index(config: Config) -> None:

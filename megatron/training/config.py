@@ -698,6 +698,28 @@ class DataConfig:
     mmap_bin_files: bool = arg(
         True, flag="--no-mmap-bin-files", help="Read the .bin files without memory-mapping them."
     )
+    # Fill-in-the-middle (megatron/training/fim.py): samples reordered as
+    # prefix, suffix, middle with sentinel tokens, as Megatron-LM's FIM dataset.
+    fim_data: bool = arg(False, help="Reorder samples for fill-in-the-middle training.")
+    fim_rate: float = arg(0.5, help="Probability that a sample (or segment) is reordered.")
+    fim_spm_rate: float = arg(
+        0.5,
+        help="Probability that a reordered one is suffix-prefix-middle, not prefix-suffix-middle.",
+    )
+    fim_split_sample: Optional[str] = arg(
+        help="A token around which each sample is cut into fragments, reordered one by one."
+    )
+    fim_fragment_rate: Optional[float] = arg(
+        help="Probability that a fragment is reordered (with --fim-split-sample)."
+    )
+    fim_no_prefix: Optional[str] = arg(
+        help="Leave fragments whose text starts with this as they are."
+    )
+    fim_prefix_token: str = arg("<fim_prefix>", help="The prefix sentinel token.")
+    fim_middle_token: str = arg("<fim_middle>", help="The middle sentinel token.")
+    fim_suffix_token: str = arg("<fim_suffix>", help="The suffix sentinel token.")
+    fim_pad_token: str = arg("<fim_pad>", help="The token a shortened sample is padded with.")
+    fim_eod_token: str = arg("<|endoftext|>", help="The end-of-document token segments are cut at.")
 
 
 # Megatron-LM's --tokenizer-type names (and ours, ByteLevelTokenizer); what

@@ -11,6 +11,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 from megatron.training.config import Config, split_numbers
+from megatron.training.fim import FIMDataset, FIMDatasetConfig, fim_settings
 from megatron.training.schedule import GlobalBatch
 
 
@@ -132,7 +133,11 @@ def gpt_dataset_config(config: Config, tokenizer) -> GPTDatasetConfig:
     nothing from (megatron-core loops forever on a split that owns no
     document, and building an unused one costs time)."""
     d = config.data
-    dataset_config = GPTDatasetConfig(
+    make, fim = GPTDatasetConfig, {}
+    if d.fim_data:
+        make, fim = FIMDatasetConfig, fim_settings(d, tokenizer)
+    dataset_config = make(
+        **fim,
         random_seed=config.training.seed,
         sequence_length=config.model.seq_length,
         blend=blend(d.data_path),
@@ -165,6 +170,8 @@ def build_datasets(config: Config, tokenizer):
     if provider is not None:
         return tuple(provider(config, dataset_sizes(config), tokenizer))
     cls = MockGPTDataset if config.data.mock_data else GPTDataset
+    if config.data.fim_data:
+        cls = FIMDataset
     builder = BlendedMegatronDatasetBuilder(
         cls, dataset_sizes(config), lambda: True, gpt_dataset_config(config, tokenizer)
     )

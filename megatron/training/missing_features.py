@@ -120,11 +120,6 @@ MISSING_FEATURES = (
         prefixes=("--inference-", "--no-inference-"),
     ),
     MissingFeature(
-        "fill-in-the-middle data",
-        "not built here: Megatron-LM's FIM dataset reorders each sample's tokens",
-        prefixes=("--fim-",),
-    ),
-    MissingFeature(
         "linear and sparse attention variants (gated delta net, DSA)",
         "not built here: experimental in megatron-core 0.16, and gated delta net needs "
         "the flash-linear-attention kernels",

@@ -54,6 +54,9 @@ REFUSED = {
 }
 TOKENIZER_TYPES = (DEFAULT_TOKENIZER_TYPE, "HuggingFaceTokenizer", *SENTENCEPIECE_TYPES)
 TOKENIZER_TYPES += ("TikTokenizer", "NullTokenizer", "ByteLevelTokenizer")
+# The kinds whose vocabulary holds token strings, in which --fim-data looks
+# its sentinel tokens up (megatron/training/fim.py).
+FIM_TOKENIZER_TYPES = (DEFAULT_TOKENIZER_TYPE, "HuggingFaceTokenizer", *SENTENCEPIECE_TYPES)
 
 _HF = ("HuggingFaceTokenizer",)
 # The flags each type reads (as Megatron-LM's build); any other one given is refused.

@@ -36,6 +36,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
+from megatron.training.fim import sentinel_ids
 from megatron.training.dashboards import Dashboards
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -889,6 +890,19 @@ def data_parallel_group_with_context():
     return parallel_state.get_data_parallel_group(with_context_parallel=with_cp)
 
 
+def _warn_of_missing_sentinels(config: Config, tokenizer) -> None:
+    """--fim-data's sentinel tokens that the vocabulary lacks take the id of
+    an unknown token, as in Megatron-LM: said, not silent."""
+    _, missing = sentinel_ids(tokenizer, config.data)
+    if missing:
+        print(
+            f"WARNING: --fim-data: the vocabulary has no {', '.join(missing)}: "
+            "the tokenizer gives them its unknown token's id, as in Megatron-LM; "
+            "set --fim-*-token to tokens it has, or use a tokenizer with FIM tokens",
+            flush=True,
+        )
+
+
 def _print_parameter_count(model) -> None:
     """Megatron-LM's line: the parameters of each (TP, PP) position, from its
     first data-parallel replica."""
@@ -951,6 +965,8 @@ def build_trainer(
         )
     if datasets is None:
         datasets = data.build_datasets(config, tokenizer)
+        if runtime.rank == 0 and config.data.fim_data:
+            _warn_of_missing_sentinels(config, tokenizer)
     trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)
     trainer.scale_gradients_by_quota()
     return trainer

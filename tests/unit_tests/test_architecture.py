@@ -12,7 +12,9 @@
   layer reaches one it must not (``FORBIDDEN``: the launcher side holds no
   tensors, the trainer runs without deadpool, tools/ is not installed);
 * a process ends only in a ``main`` (``PROCESS_MAINS`` names the two mains
-  by contract and the exit they share).
+  by contract and the exit they share);
+* tests that start processes are in tests/functional_tests, marked
+  ``integration`` as a whole module, and tests/unit_tests marks none.
 
 Each check has a negative control that feeds it a small cycle or a small
 impure package and asserts that it is caught; so does conftest.py's guard
@@ -30,7 +32,7 @@ from typing import Dict, Iterator, List, Optional, Set
 
 import pytest
 
-from conftest import ProcessInUnitTest, processes_forbidden_unless_integration
+from tests.conftest import ProcessInUnitTest, processes_forbidden_unless_integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -728,6 +730,72 @@ def test_an_integration_test_starts_processes_unhindered():
     before = subprocess.Popen._execute_child
     with processes_forbidden_unless_integration(FakeItem(integration=True)):
         assert subprocess.Popen._execute_child is before
+
+
+# ----- where tests live (as Megatron-LM's): in-process ones in tests/unit_tests,
+# those that start processes in tests/functional_tests -----
+def marks_every_test_integration(tree: ast.Module) -> bool:
+    """A module-level ``pytestmark`` that is, or lists, ``pytest.mark.integration``."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            marks = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+            return any(ast.unparse(m) == "pytest.mark.integration" for m in marks)
+    return False
+
+
+def integration_marks(tree: ast.Module) -> int:
+    """How many times the module uses the mark ``pytest.mark.integration``
+    (as a decorator, a ``pytestmark``, a parameter's mark), not counting
+    what is read off it (``pytest.mark.integration.mark``) or strings."""
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return sum(
+        1
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and id(n) not in inner
+        and ast.unparse(n) == "pytest.mark.integration"
+    )
+
+
+def misplaced_tests(tests_dir: str) -> List[str]:
+    """Test files in the wrong folder: a unit test file that marks anything
+    integration, or a functional one whose tests are not all integration."""
+    wrong = []
+    for folder, functional in (("unit_tests", False), ("functional_tests", True)):
+        root = os.path.join(tests_dir, folder)
+        for name in sorted(os.listdir(root)):
+            if not (name.startswith("test_") and name.endswith(".py")):
+                continue
+            tree = parse(os.path.join(root, name))
+            placed = (
+                marks_every_test_integration(tree) if functional else not integration_marks(tree)
+            )
+            if not placed:
+                wrong.append(f"{folder}/{name}")
+    return wrong
+
+
+def test_process_starting_tests_are_functional_tests_and_the_rest_unit_tests():
+    assert misplaced_tests(os.path.join(REPO, "tests")) == []
+
+
+def test_the_layout_check_sees_a_misplaced_test(tmp_path):
+    for folder in ("unit_tests", "functional_tests"):
+        (tmp_path / folder).mkdir()
+    marked = "import pytest\n\npytestmark = pytest.mark.integration\n\n\ndef test_a():\n    pass\n"
+    one_marked = "import pytest\n\n\n@pytest.mark.integration\ndef test_a():\n    pass\n"
+    (tmp_path / "functional_tests" / "test_ok.py").write_text(marked)
+    (tmp_path / "functional_tests" / "test_unmarked.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "unit_tests" / "test_ok.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "unit_tests" / "test_marked.py").write_text(marked)
+    (tmp_path / "unit_tests" / "test_one_marked.py").write_text(one_marked)
+    assert misplaced_tests(str(tmp_path)) == [
+        "unit_tests/test_marked.py",
+        "unit_tests/test_one_marked.py",
+        "functional_tests/test_unmarked.py",
+    ]
 
 
 # ----- where process groups are made -----

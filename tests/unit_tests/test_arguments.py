@@ -1,15 +1,12 @@
 """Tests for megatron/training/arguments.py: Megatron's derived defaults, every
 generated flag, and one test per bad input (a ConfigError whose message names
-the flag to change), plus pretrain_gpt.py failing fast before any process group.
+the flag to change). pretrain_gpt.py failing fast before any process group,
+and its --help, are in tests/functional_tests/test_arguments.py.
 """
 
 import dataclasses
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import typing
 
 import pytest
@@ -18,8 +15,6 @@ from megatron.training import arguments
 from megatron.training.arguments import ConfigError, build_parser, flag_name, parse_args
 from megatron.training.config import SECTIONS
 from tools import flag_parity
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BASE = {
     "--num-layers": "4",
@@ -538,6 +533,13 @@ def test_every_flag_is_accepted(section, f, tiny_prefix, tmp_path):
             ("--mock-data",),
             1,
         )
+    elif f.name == "fim_data":  # reorders real text, looked up in a vocabulary
+        model = tmp_path / "some.model"
+        model.write_text("")
+        values, expected, drop, world = [], True, ("--mock-data",), 1
+        companion = ["--data-path", tiny_prefix, "--split", "1,1,1"]
+        companion += ["--tokenizer-type", "GPT2BPETokenizer"]
+        companion += ["--vocab-file", str(model), "--merge-file", str(model)]
     elif f.name in TOKENIZER_FILE_FLAGS:
         values, expected, companion = tokenizer_case(f.name, tmp_path)
         drop, world = (), 1
@@ -1120,77 +1122,6 @@ def test_split_leaving_train_split_without_document(tiny_prefix):
         argv("--data-path", tiny_prefix, "--split", "1,98,1", drop=("--mock-data",))
     )
     _names_all(message, "--split", "train")
-
-
-# --- pretrain_gpt.py -----------------------------------------------------------------
-
-
-@pytest.mark.integration
-def test_pretrain_gpt_fails_fast_before_any_process_group():
-    # A port we hold, listening but never accepting: a process group would
-    # connect to it (rank 1 is a store client) and then hang.
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port = listener.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
-        WORLD_SIZE="3",
-        RANK="1",
-        LOCAL_RANK="1",
-        LOCAL_WORLD_SIZE="3",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                os.path.join(REPO, "pretrain_gpt.py"),
-                *argv("--tensor-model-parallel-size", "2"),
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        elapsed = time.monotonic() - start
-        listener.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nobody connected to MASTER_PORT
-    finally:
-        listener.close()
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "pretrain_gpt.py: error:" in proc.stderr
-    _names_all(
-        proc.stderr,
-        "world size 3",
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-    )
-    assert "Traceback" not in proc.stderr
-    assert elapsed < 30, f"took {elapsed:.1f} s to reject the arguments"
-
-
-@pytest.mark.integration
-def test_help_lists_every_flag():
-    import subprocess
-    import sys
-
-    from dist_utils import REPO, worker_env
-
-    proc = subprocess.run(
-        [sys.executable, "pretrain_gpt.py", "--help"],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "--exit-interval" in proc.stdout and "--deadpool-spare-wait" in proc.stdout
 
 
 def test_attention_backends_that_cannot_run_on_a_cpu_are_refused(monkeypatch):

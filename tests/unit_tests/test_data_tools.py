@@ -1,4 +1,6 @@
-"""Tests for the tokenizer builder, tools/preprocess_data.py and tools/prepare_corpus.py."""
+"""Tests for the tokenizer builder, tools/preprocess_data.py and
+tools/prepare_corpus.py, in-process. (preprocess_data.py's worker
+processes are tested in tests/functional_tests/test_data_tools.py.)"""
 
 import importlib.util
 import json
@@ -146,13 +148,6 @@ def test_preprocess_matches_tokenizer(tmp_path):
         # Empty documents are skipped; the others end with eod.
         expected = [tok.tokenize(t) + [tok.eod] for t in texts if t]
         assert _read_documents(prefix) == expected
-
-
-@pytest.mark.integration
-def test_preprocess_workers_deterministic(tmp_path):
-    one = _preprocess(tmp_path, "w1", "--workers", "1")["text"]
-    two = _preprocess(tmp_path, "w2", "--workers", "2")["text"]
-    assert _file_bytes(one) == _file_bytes(two)
 
 
 def test_preprocess_missing_key_is_an_error(tmp_path):

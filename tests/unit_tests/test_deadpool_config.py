@@ -1,18 +1,15 @@
-"""--deadpool flags: bad layouts are refused before any process group, with a
-message that says what to change; good ones pass."""
-
-import os
-import sys
+"""--deadpool flags, parsed in-process: bad layouts are refused before any
+process group, with a message that says what to change; good ones pass.
+(pretrain_gpt.py and the launcher refusing them, as processes, are in
+tests/functional_tests/test_deadpool_config.py.)"""
 
 import pytest
 
-from dist_utils import captured, worker_env
 from megatron.training import arguments
 from megatron.training.arguments import ConfigError, parse_args
 
 from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = [
     "--num-layers",
     "4",
@@ -172,28 +169,6 @@ def test_node_size_comes_from_the_launcher(environ, expected):
     assert ranks_per_node(DeadpoolConfig(deadpool_ranks_per_node=2), 8, environ) == 2
 
 
-@pytest.mark.integration
-def test_pretrain_gpt_refuses_before_any_process_group():
-    """One process standing in for rank 0 of an 8-rank single-node torchrun:
-    the error comes from argument parsing, so no rendezvous is attempted."""
-    env = dict(
-        worker_env(),
-        WORLD_SIZE="8",
-        LOCAL_WORLD_SIZE="8",
-        RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="1",
-        PYTHONWARNINGS="ignore",
-    )
-    proc = captured(
-        [sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *BASE, *DEADPOOL, *TP2_PP2],
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "pretrain_gpt.py: error: --deadpool found no buddy on another node" in proc.stderr
-
-
 LAUNCHED = {"DEADPOOL_SLOT": "0.0", "LOCAL_WORLD_SIZE": "1"}
 
 
@@ -291,28 +266,6 @@ def test_a_stall_stops_a_main_thread_phase_of_one_rank():
         assert says in error(DEADPOOL + ["--deadpool-inject", spec], 2, LAUNCHED), spec
 
 
-@pytest.mark.integration
-def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
-    env = {k: v for k, v in worker_env().items() if k != "DEADPOOL_SECRET"}
-    proc = captured(
-        [
-            sys.executable,
-            "-m",
-            "deadpool_ext.launch",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--master-port",
-            "29500",
-            "pretrain_gpt.py",
-        ],
-        timeout=60,
-        env=env,
-    )
-    assert proc.returncode == 2 and "DEADPOOL_SECRET" in proc.stderr
-
-
 def test_checkpoint_policy_needs_a_save_directory():
     args = DEADPOOL + ["--deadpool-on-spares-exhausted", "checkpoint"]
     assert "add --save DIR" in error(args, 2, LAUNCHED)
@@ -333,30 +286,6 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
     injector.fired.add(stall)  # what the fault hook does as it fires it
     assert injector.due("forward", 4) == []
     assert Injector([stall], rank=1, node=0, original=False).due("forward", 4) == []  # a spare
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    "bad, says",
-    [
-        (["--no-such-flag"], "unknown flag --no-such-flag"),
-        (
-            ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
-            "--num-layers 3 does not split evenly",
-        ),
-    ],
-)
-def test_the_launcher_says_why_the_workers_refused_their_flags(bad, says):
-    """Every worker refuses the same flags: the job stops at once, saying
-    what the workers said (not a missing buddy plan after a timeout)."""
-    from dist_utils import TINY_GPT, launch_command
-
-    args = TINY_GPT + DEADPOOL + ["--mock-data", "--train-iters", "2"] + bad
-    launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "2"]
-    proc = captured(launch_command(launcher, args), timeout=120)
-    assert proc.returncode != 0
-    stopped = [line for line in proc.stderr.splitlines() if "job stopped" in line]
-    assert len(stopped) == 1 and "refused its flags" in stopped[0] and says in stopped[0]
 
 
 def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeout():

@@ -1,5 +1,5 @@
 """GPU health from NVML (deadpool_ext/control/gpu_health.py), against a fake
-NVML whose calls answer from a table (tests/unit_tests/fake_nvml: NVML's
+NVML whose calls answer from a table (tests/common/fake_nvml: NVML's
 constants and errors are the real module's); the agent's checks, and the
 coordinator keeping a spare with a failing GPU out of its decisions."""
 
@@ -10,11 +10,12 @@ import types
 
 import pytest
 
+from dist_utils import COMMON
 from deadpool_ext.control.agent import Agent
 from deadpool_ext.control.gpu_health import GpuReading, NvmlReader, NvmlUnavailable
 from deadpool_ext.protocol import Decision, GpuHealth
 
-FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_nvml", "pynvml.py")
+FAKE = os.path.join(COMMON, "fake_nvml", "pynvml.py")
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""deadpool-launch's command line (deadpool_ext/control/launch.py): torchrun's
-spellings that make sense for a job with warm spares are taken, the others
-refused with the reason; ``-m`` runs a module, as torchrun's."""
+"""deadpool-launch's command line (deadpool_ext/control/launch.py), parsed
+in-process: torchrun's spellings that make sense for a job with warm spares
+are taken, the others refused with the reason; ``-m`` runs a module, as
+torchrun's. The jobs deadpool-launch starts are in
+tests/functional_tests/test_launch.py."""
 
-import subprocess
 import sys
 
 import pytest
@@ -69,47 +70,3 @@ def test_elastic_nnodes_is_refused_with_what_deadpool_does_instead(capsys):
 def test_a_module_runs_as_python_m_runs_it():
     opts = parsed("--standalone", "-m")
     assert worker_command(opts)[:4] == [sys.executable, "-u", "-m", "pretrain_gpt.py"]
-
-
-def deadpool_launch(*words: str) -> subprocess.CompletedProcess:
-    """deadpool-launch with ``words``, from the repository, to its end."""
-    from dist_utils import captured
-
-    return captured([sys.executable, "-m", "deadpool_ext.launch", *words], timeout=300)
-
-
-@pytest.mark.integration
-def test_a_job_started_with_m_trains(tmp_path, corpus_prefix):
-    """``-m pretrain_gpt``: the workers (forked from their node's zygote on a
-    CPU) run the module as python -m would."""
-    from dist_utils import TINY_GPT, read_metrics
-
-    metrics = tmp_path / "metrics.jsonl"
-    args = TINY_GPT + ["--global-batch-size", "4", "--train-iters", "3", "--data-path"]
-    args += [corpus_prefix, "--use-distributed-optimizer", "--deadpool"]
-    args += ["--metrics-file", str(metrics)]
-    launcher = ["--standalone", "--nnodes", "2", "--nproc-per-node", "1", "-m", "pretrain_gpt"]
-    proc = deadpool_launch(*launcher, *args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert [m["iteration"] for m in read_metrics(metrics)] == [1, 2, 3]
-
-
-@pytest.mark.integration
-def test_exit_on_missing_checkpoint_ends_the_job_cleanly(tmp_path, corpus_prefix):
-    """Nothing in --load and --exit-on-missing-checkpoint: exit code 0 and
-    Megatron-LM's line, without deadpool (torchrun) and with it (every rank
-    done, the spare node stopped), before any iteration."""
-    from dist_utils import TINY_GPT, torchrun
-
-    args = TINY_GPT + ["--global-batch-size", "4", "--train-iters", "3", "--data-path"]
-    args += [corpus_prefix, "--use-distributed-optimizer", "--metrics-file"]
-    args += [str(tmp_path / "metrics.jsonl"), "--load", str(tmp_path / "empty")]
-    args += ["--exit-on-missing-checkpoint"]
-    said = "--exit-on-missing-checkpoint is set: exiting"
-    plain = torchrun(1, args, timeout=300)
-    assert plain.returncode == 0 and said in plain.stdout, plain.stdout[-2000:] + plain.stderr
-    launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "1"]
-    proc = deadpool_launch(*launcher, "pretrain_gpt.py", *args, "--deadpool")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert said in proc.stdout + proc.stderr
-    assert not (tmp_path / "metrics.jsonl").exists()

@@ -1,10 +1,10 @@
-"""--train-samples and the schedule in samples, as Megatron-LM: whole
-global batches, schedule lengths in samples, one unit at a time, and a run
-given in samples equal to the same run given in iterations."""
+"""--train-samples and the schedule in samples, as Megatron-LM, in-process:
+whole global batches, schedule lengths in samples, and one unit at a time.
+The real runs (a run given in samples equal to the same run given in
+iterations) are in tests/functional_tests/test_schedule.py."""
 
 import pytest
 
-from dist_utils import TINY_GPT, curve, read_metrics, run_pretrain
 from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.schedule import schedule_in_samples
 
@@ -58,37 +58,3 @@ def test_train_samples_are_whole_global_batches_and_the_schedule_is_in_samples()
 def test_the_two_units_do_not_mix(flags, message):
     with pytest.raises(ConfigError, match=message):
         config(*flags)
-
-
-@pytest.mark.integration
-def test_a_run_in_samples_equals_the_same_run_in_iterations(corpus_prefix, tmp_path):
-    common = TINY_GPT + [
-        "--data-path",
-        corpus_prefix,
-        "--split",
-        "98,2,0",
-        "--global-batch-size",
-        "8",
-    ]
-    runs = {
-        "iters": ["--train-iters", "6", "--lr-warmup-iters", "2", "--lr-decay-iters", "5"],
-        "samples": [
-            "--train-samples",
-            "50",
-            "--lr-warmup-iters",  # TINY_GPT's, in iterations
-            "0",
-            "--lr-warmup-samples",
-            "16",
-            "--lr-decay-samples",
-            "40",
-        ],
-    }
-    runs["control"] = [f if f != "16" else "12" for f in runs["samples"]]
-    curves = {}
-    for name, flags in runs.items():
-        metrics = tmp_path / f"{name}.jsonl"
-        run_pretrain(2, common + flags + ["--metrics-file", str(metrics)])
-        curves[name] = curve(read_metrics(metrics))
-    assert len(curves["iters"]) == 6  # 50 samples: 6 whole batches of 8
-    assert curves["samples"] == curves["iters"]
-    assert curves["control"] != curves["iters"]  # the warm-up in samples is read

@@ -1,5 +1,7 @@
 """torch's scaled_dot_product_attention as megatron-core's core attention
-(megatron/training/sdpa.py), and which attention a run gets (attention.py).
+(megatron/training/sdpa.py), and which attention a run gets (attention.py),
+in-process. A real tensor-parallel run with SDPA and dropout is in
+tests/functional_tests/test_sdpa.py.
 
 The SDPA module must compute what megatron-core's DotProductAttention
 computes, forward and backward, up to the rounding of fp32 (one kernel
@@ -13,7 +15,6 @@ import types
 
 import pytest
 import torch
-from dist_utils import TINY_GPT, curve, read_metrics, run_pretrain
 
 from megatron.training import cpu_compat
 
@@ -233,28 +234,3 @@ def test_backends_that_cannot_run_here_are_refused_with_what_to_change():
     assert core_attention_kind("auto", False, True, local_lacks=mla) == "sdpa"
     assert mla in attention_problem("local", False, True, 0.1, local_lacks=mla)
     assert attention_problem("flash", False, True, 0.0, local_lacks=mla) is None
-
-
-@pytest.mark.integration
-def test_a_tensor_parallel_run_with_sdpa_and_dropout_trains_and_repeats_bit_for_bit(
-    tmp_path, corpus_prefix
-):
-    """pretrain_gpt.py with --attention-backend unfused (SDPA's math kernel)
-    and Megatron's default dropout on TP2: the loss falls, and a second run
-    gives every iteration's loss, grad norm and lr bit for bit, which a hot
-    swap's redone iteration needs of the attention's dropout masks."""
-    curves = []
-    for run in ("a", "b"):
-        metrics = tmp_path / f"{run}.jsonl"
-        output = run_pretrain(
-            2,
-            TINY_GPT
-            + ["--tensor-model-parallel-size", "2", "--attention-backend", "unfused"]
-            + ["--global-batch-size", "4", "--train-iters", "6", "--data-path", corpus_prefix]
-            + ["--metrics-file", str(metrics)],
-        )
-        curves.append(curve(read_metrics(metrics)))
-        assert "core attention: TorchSdpaAttention (--attention-backend unfused)" in output
-    assert [c[0] for c in curves[0]] == list(range(1, 7))
-    assert curves[0][-1][1] < curves[0][0][1]
-    assert curves[0] == curves[1]

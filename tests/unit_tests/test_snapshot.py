@@ -163,7 +163,7 @@ class DistributedOptimizer:
 def test_the_shard_and_adams_step_come_back_where_the_optimizer_keeps_them(per_parameter):
     """torch's Adam keeps its step per parameter; Apex's and Transformer
     Engine's FusedAdam per group (test_replay.GroupStepAdamW keeps it so)."""
-    from test_replay import GroupStepAdamW
+    from tests.unit_tests.test_replay import GroupStepAdamW
 
     cls = torch.optim.AdamW if per_parameter else GroupStepAdamW
     sizes, model_params = [5, 3], [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]

@@ -1,7 +1,9 @@
 """Every --tokenizer-type with a vocabulary learned from the embedded corpus
-(tools/train_tokenizers.py, run by prepare_corpus): Megatron-LM's vocabulary
-size and end-of-document id, exact round trips, GPT-2 BPE ids checked against
-a second, independent BPE implementation, and the .bin/.idx data written."""
+(tools/train_tokenizers.py, run by prepare_corpus), in-process: Megatron-LM's
+vocabulary size and end-of-document id, exact round trips, GPT-2 BPE ids
+checked against a second, independent BPE implementation, and the .bin/.idx
+data written. Training on each kind, and what a zygote imports for them,
+are in tests/functional_tests/test_tokenizers.py."""
 
 import base64
 import json
@@ -177,54 +179,6 @@ def test_the_corpus_is_written_with_gpt2_bpe_ids(corpus):
     assert documents == [tok.tokenize(text) + [tok.eod] for text in texts if text]
 
 
-TRAINED_KINDS = [
-    "GPT2BPETokenizer",
-    "HuggingFaceTokenizer",
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "TikTokenizer",
-]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("kind", TRAINED_KINDS)
-def test_pretrain_gpt_trains_on_data_of_each_kind(corpus, kind, tmp_path):
-    """preprocess_data writes the corpus with ``kind``, pretrain_gpt.py
-    trains on it with the same flags: the embedding table is the
-    tokenizer's vocabulary padded as Megatron-LM pads it, and the first loss
-    is that of uniform guesses over it (small initial weights)."""
-    import math
-
-    from dist_utils import TINY_GPT, read_metrics, run_pretrain
-    from tools import preprocess_data
-
-    directory, vocabularies, texts = corpus
-    source = tmp_path / "part.jsonl"
-    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:120]))
-    flags = ["--tokenizer-type", kind]
-    for name, value in fields(kind, vocabularies).items():
-        flags += ["--" + name.replace("_", "-"), str(value)]
-    prefix = preprocess_data.main(
-        ["--input", str(source), "--output-prefix", str(tmp_path / "part"), "--append-eod", *flags]
-    )["text"]
-    size = build(kind, vocabularies).vocab_size
-    metrics = tmp_path / "metrics.jsonl"
-    out = run_pretrain(
-        1,
-        TINY_GPT
-        + flags
-        + ["--data-path", prefix, "--split", "98,2,0", "--train-iters", "3"]
-        + ["--global-batch-size", "4", "--metrics-file", str(metrics)],
-    )
-    padded = -(-size // 128) * 128
-    assert (
-        f"padded vocab (size: {size}) with {padded - size} dummy tokens (new size: {padded})" in out
-    )
-    first = read_metrics(metrics)[0]["lm_loss"]
-    assert abs(first - math.log(padded)) < 0.1, (first, math.log(padded))
-
-
 def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus):
     from deadpool_ext.planning.slurm import vocabulary
     from megatron.training.arguments import parse_args
@@ -242,37 +196,3 @@ def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus)
     ]
     config = parse_args(argv, world_size=1)
     assert vocabulary(config) == build("GPT2BPETokenizer", vocabularies).vocab_size
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    "flags, with_transformers",
-    [
-        (["--tokenizer-type", "ByteLevelTokenizer"], False),
-        (["--tokenizer-type=HuggingFaceTokenizer"], True),
-        (["--tokenizer-type", "NullTokenizer", "--use-checkpoint-args"], True),
-    ],
-)
-def test_a_zygote_imports_transformers_only_for_ranks_that_may_need_it(flags, with_transformers):
-    """A node's zygote imports the tokenizers for all its ranks: transformers
-    (about 1.3 s of CPU) only where a rank may build Hugging Face's, and then
-    offline, as build_tokenizer would."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys, os; from megatron.training import cpu_compat; "
-        "cpu_compat.import_megatron_core_without_cuda(); "  # as the zygote
-        "from megatron.training.tokenizer import import_for_script_args; "
-        f"import_for_script_args({['--lr', '1e-3', *flags]!r}); "
-        "print(sys.modules.get('transformers') is not None, "
-        "'megatron.core.tokenizers.text' in sys.modules, os.environ.get('HF_HUB_OFFLINE'))"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    imported, package, offline = out.stdout.split()
-    assert (imported, package) == (str(with_transformers), "True")
-    assert offline == ("1" if with_transformers else "None")

@@ -15,9 +15,10 @@ import time
 from typing import List, Optional
 
 from deadpool_ext.events import read_events
+from tools.workers import worker_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+ENV = worker_env()
 # The "large" configuration's model (2 ranks at DP 2: 19.4 M parameters, a
 # 116 MB snapshot per rank): the mirror and checkpoint benchmarks and the
 # planner's cross-check (tools/scale_report.py) run it.
@@ -68,7 +69,7 @@ def strip_outputs(args: list) -> list:
 # DP 8 (TP 1, PP 1): megatron-core's MoE layers need sequence parallelism
 # with TP > 1, which needs Transformer Engine or Apex. Expert-DP 4; node 1
 # (ranks 4-7) holds two whole expert blocks.
-MOE_LAYERS = [  # also the MoE tests' model (tests/unit_tests/dist_utils.py)
+MOE_LAYERS = [  # also the MoE tests' model (tests/common/dist_utils.py)
     "--num-experts",
     "4",
     "--moe-router-topk",

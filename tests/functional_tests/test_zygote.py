@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from dist_utils import REPO
+from dist_utils import COMMON, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ if os.environ["CODE"] == "sleep":
     time.sleep(120)
 sys.exit(int(os.environ["CODE"]))
 """
-DRIVER = os.path.join(os.path.dirname(__file__), "zygote_driver.py")
+DRIVER = os.path.join(COMMON, "zygote_driver.py")
 
 
 def alive(pid: int) -> bool:

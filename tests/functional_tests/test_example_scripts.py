@@ -23,7 +23,7 @@ from dist_utils import REPO, captured, forkrun, tensorboard_scalars, worker_env
 from deadpool_ext.control.launch import free_port
 from megatron.training.arguments import ConfigError, parse_args
 from torch.distributed.run import get_args_parser
-from test_flag_parity import GPT3_175B, LLAMA3_8B_FP8, MIXTRAL_8X7B
+from tests.unit_tests.test_flag_parity import GPT3_175B, LLAMA3_8B_FP8, MIXTRAL_8X7B
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,13 @@
-"""Shared fixtures: the repository on sys.path, a small real corpus, and
-quiet, single-threaded worker processes.
+"""Shared fixtures: the repository and tests/common on sys.path, a small
+real corpus, and quiet, single-threaded worker processes.
 
-Tests are either unit tests (in-process, fast: `pytest -m "not integration"`)
-or integration tests, marked `integration`, that start real processes
-(torchrun, deadpool-launch, subprocess, multiprocessing, Slurm). So that a
-process-starting test cannot be left unmarked by mistake, every unmarked
-test's setup and call run with the ways to start a process replaced by one
-that fails the test and says to mark it.
+Tests are either unit tests (tests/unit_tests: in-process, fast) or
+functional tests (tests/functional_tests), marked `integration`, that start
+real processes (torchrun, deadpool-launch, subprocess, multiprocessing,
+Slurm). So that a process-starting test cannot be left unmarked (or in the
+wrong folder) by mistake, every unmarked test's setup and call run with the
+ways to start a process replaced by one that fails the test and says to
+mark it.
 """
 
 import contextlib
@@ -17,11 +18,16 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# The repository, and the helpers both kinds of test share (tests/common:
+# dist_utils, the fork server, forkrun and the scripts tests run), which
+# they import by name, as the scripts they start do.
+for path in (REPO, os.path.join(TESTS, "common")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
-import forkserver  # noqa: E402  (after the repository is on the path)
+import forkserver  # noqa: E402  (after the helpers are on the path)
 
 # Every route to a new process goes through one of these: subprocess (and
 # os.popen, asyncio) through Popen._execute_child, multiprocessing through

@@ -13,7 +13,7 @@ from dist_utils import REPO, forkrun
 
 pytestmark = pytest.mark.integration
 
-WORKER = os.path.join(REPO, "tests", "unit_tests", "save_worker.py")
+WORKER = os.path.join(REPO, "tests", "common", "save_worker.py")
 # step: the rank whose write fails there
 STEPS = {
     "common": 0,

@@ -14,6 +14,7 @@ import re
 import pytest
 
 from dist_utils import (
+    COMMON,
     MOE,
     float32,
     tensorboard_scalars,
@@ -217,12 +218,12 @@ def references(tmp_path_factory, corpus):
 
 
 def failing_gpus_on_node_2(tmp) -> dict:
-    """The agents' NVML is tests/unit_tests/fake_nvml: node 2's GPUs have
+    """The agents' NVML is tests/common/fake_nvml: node 2's GPUs have
     uncorrectable ECC errors, every other node's are healthy."""
     table = tmp / "nvml.json"
     failing, healthy = [{"ecc_uncorrected": 4}] * 2, [{}] * 2  # a GPU per rank
     table.write_text(json.dumps({"nodes": {"2": failing}, "default": healthy}))
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_nvml")
+    path = os.path.join(COMMON, "fake_nvml")
     return {"FAKE_NVML": str(table), "PYTHONPATH": path + os.pathsep + worker_env()["PYTHONPATH"]}
 
 
@@ -457,7 +458,7 @@ def test_the_coordinator_is_lost_and_the_standby_takes_over_bit_for_bit(
 @pytest.mark.parametrize(
     "faults,spares,reason",
     [
-        # (The default policy would shrink instead: tests/unit_tests/test_shrink.py.)
+        # (The default policy would shrink instead: tests/functional_tests/test_shrink.py.)
         (["kill:rank=1:iter=3"], 0, "spares exhausted"),
         # With DP=2 ranks 0 and 2 are each other's buddy (and on different nodes).
         (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),

@@ -13,8 +13,10 @@ from megatron.training.checkpointing import read_args as saved_args  # noqa: F40
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
 from tools.bench.common import MOE_LAYERS
+from tools.workers import worker_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMMON = os.path.dirname(os.path.abspath(__file__))  # tests/common: these helpers
+REPO = os.path.dirname(os.path.dirname(COMMON))
 
 # The tests' model shape, whatever its depth and data.
 GPT_SHAPE = [
@@ -90,20 +92,10 @@ MOCK_GPT = (
 )
 
 
-def worker_env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-        PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    return env
-
-
 # What starts ``nproc`` ranks of a script: torchrun, or the ranks forked
 # from one zygote (forkrun.py: a quarter of the start) with torchrun's variables.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-FORKRUN = [sys.executable, "-u", os.path.join(REPO, "tests", "unit_tests", "forkrun.py")]
+FORKRUN = [sys.executable, "-u", os.path.join(COMMON, "forkrun.py")]
 
 
 def torchrun_command(nproc: int, args: List[str], script: str = "pretrain_gpt.py") -> List[str]:

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from dist_utils import (
-    REPO,
+    COMMON,
     assert_same_state,
     captured,
     checkpoint_state,
@@ -42,7 +42,7 @@ from dist_utils import (
 
 pytestmark = pytest.mark.integration
 
-WRITER = os.path.join(REPO, "tests", "unit_tests", "megatron_lm_writer.py")
+WRITER = os.path.join(COMMON, "megatron_lm_writer.py")
 SAVED_AT, GBS = 2, 8
 # Megatron-LM's flags, for the writer and pretrain_gpt.py alike. NullTokenizer:
 # Megatron-LM has no ByteLevelTokenizer (TINY_GPT's).

@@ -3,7 +3,7 @@
 For each topology, precision and mirror mode (state: the whole shard every
 iteration; grad: the step's gradients, replayed by the buddy): a failure-free
 run without the mirror is the reference; a run with the mirror
-(tests/unit_tests/mirror_worker.py) dumps, at several iterations, every
+(tests/common/mirror_worker.py) dumps, at several iterations, every
 rank's live optimizer state and the snapshot it holds for its owner, and
 at iteration K throws its model and optimizer away, fetches each rank's
 snapshot back from its buddy into freshly built (and perturbed) objects and
@@ -93,7 +93,7 @@ def deadpool_args(topology, directory, mode="state"):
 
 
 def run_worker(nproc, args, timeout=300):
-    proc = forkrun(nproc, args, timeout, script="tests/unit_tests/mirror_worker.py")
+    proc = forkrun(nproc, args, timeout, script="tests/common/mirror_worker.py")
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 

@@ -1,0 +1,53 @@
+"""Fill-in-the-middle training under a hot swap: a rank killed in a
+--fim-data job comes back from its buddy and the job ends on the
+failure-free run's curve and state, bit for bit. It holds because a
+sample's reordering is keyed by its index (megatron/training/fim.py), not
+drawn in reading order as in Megatron-LM, where the recovered rank would
+read its samples reordered otherwise."""
+
+import os
+
+import pytest
+
+from dist_utils import (
+    assert_same_state,
+    checkpoint_state,
+    curve,
+    launch_deadpool,
+    must_succeed,
+    read_metrics,
+)
+
+pytestmark = pytest.mark.integration
+
+ITERS = 6
+
+
+def layout(corpus_prefix):
+    gpt2 = os.path.join(os.path.dirname(corpus_prefix), "tokenizers", "gpt2")
+    return [
+        *("--num-layers", "2", "--tensor-model-parallel-size", "2", "--use-tp-pp-dp-mapping"),
+        *("--tokenizer-type", "GPT2BPETokenizer"),
+        *("--vocab-file", os.path.join(gpt2, "vocab.json")),
+        *("--merge-file", os.path.join(gpt2, "merges.txt")),
+        *("--fim-data", "--fim-rate", "0.9"),
+    ]
+
+
+def test_a_fim_job_recovers_from_a_killed_rank_bit_for_bit(corpus_prefix, tmp_path, monkeypatch):
+    gpt2_corpus = os.path.join(os.path.dirname(corpus_prefix), "corpus_gpt2_text_document")
+    monkeypatch.setenv("HOT_SWAP_CORPUS", gpt2_corpus)  # deadpool_args' --data-path
+    flags = layout(corpus_prefix)
+    reference, recovered = tmp_path / "reference", tmp_path / "recovered"
+    done = launch_deadpool(reference, flags, 2, 0, 2, [], ITERS)
+    must_succeed(done)
+    assert "--fim-data: the vocabulary has no <fim_prefix>" in done[0].stdout
+    must_succeed(
+        launch_deadpool(recovered, flags, 2, 1, 2, ["kill:rank=2:iter=3:phase=forward"], ITERS)
+    )
+    got, want = read_metrics(recovered / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
+    assert curve(got) == curve(want)
+    assert_same_state(
+        checkpoint_state(str(recovered / "ckpt")), checkpoint_state(str(reference / "ckpt"))
+    )

@@ -1,0 +1,219 @@
+"""Fill-in-the-middle samples (megatron/training/fim.py): each reordered
+segment holds its text around the sentinels in Megatron-LM's PSM and SPM
+orders, a sample keeps its length and its document ends, fragments are
+reordered one by one, and how a sample is reordered depends on the seed and
+its index alone. Then megatron-core's samples reordered by the dataset, the
+sentinels looked up as Megatron-LM does, and --fim-data's flags checked
+before anything starts."""
+
+import os
+
+import numpy
+import pytest
+
+from megatron.training import data
+from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.fim import (
+    FIMDatasetConfig,
+    Reorderer,
+    Sentinels,
+    fit,
+    sample_rng,
+    token_id,
+)
+from megatron.training.tokenizer import build_tokenizer
+
+IDS = Sentinels(prefix=1, middle=2, suffix=3, pad=4, eod=5)
+SPLIT = 6  # --fim-split-sample's token
+
+
+class Characters:
+    """A tokenizer whose tokens are characters (ids are code points)."""
+
+    def tokenize(self, text):
+        return [ord(c) for c in text]
+
+    def detokenize(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def config(**settings) -> FIMDatasetConfig:
+    """The reordering's settings alone (the dataset's other fields unused)."""
+    c = FIMDatasetConfig.__new__(FIMDatasetConfig)
+    defaults = dict(
+        fim_rate=1.0,
+        fim_spm_rate=0.0,
+        fim_fragment_rate=None,
+        fim_split_id=None,
+        fim_no_prefix=None,
+        fim_sentinels=IDS,
+    )
+    for name, value in {**defaults, **settings}.items():
+        setattr(c, name, value)
+    return c
+
+
+def tokens(text: str) -> numpy.ndarray:
+    return numpy.array(Characters().tokenize(text), dtype=numpy.int64)
+
+
+def reorderer(seed: int = 0, index: int = 0, **settings) -> Reorderer:
+    return Reorderer(config(**settings), Characters(), sample_rng(seed, index))
+
+
+def reassembled(out: numpy.ndarray, order: str) -> str:
+    """The text one reordered segment holds, read as ``order``: PSM is
+    <P> prefix <S> suffix <M> middle, SPM <P><S> suffix <M> prefix middle."""
+    text = Characters().detokenize([int(i) for i in out])
+    p, m, s = chr(IDS.prefix), chr(IDS.middle), chr(IDS.suffix)
+    if order == "spm":
+        assert text.startswith(p + s), text
+        suffix, head = text[2:].split(m, 1)
+        return head + suffix
+    assert text.startswith(p), text
+    prefix, rest = text[1:].split(s, 1)
+    suffix, middle = rest.split(m, 1)
+    return prefix + middle + suffix
+
+
+TEXT = "def area(r):\n    return 3.14159 * r * r\n"
+
+
+@pytest.mark.parametrize("spm_rate, order", [(0.0, "psm"), (1.0, "spm")])
+def test_a_reordered_segment_holds_its_text_around_the_sentinels(spm_rate, order):
+    outs = [reorderer(index=i, fim_spm_rate=spm_rate).reorder(tokens(TEXT), 1.0) for i in range(20)]
+    assert all(len(out) == len(TEXT) + 3 for out in outs)
+    assert all(reassembled(out, order) == TEXT for out in outs)
+    # SPM puts the suffix sentinel right after the prefix one; PSM does only
+    # when the prefix is empty.
+    right_after = [int(out[1]) == IDS.suffix for out in outs]
+    assert all(right_after) if order == "spm" else not all(right_after)
+
+
+def test_a_rate_of_zero_leaves_the_segment_as_it_is():
+    out = reorderer().reorder(tokens(TEXT), 0.0)
+    assert out.tolist() == tokens(TEXT).tolist()
+
+
+def test_a_sample_keeps_its_length_and_its_document_ends():
+    first, second = "first document text", "second one"
+    sample = numpy.concatenate([tokens(first), [IDS.eod], tokens(second), [IDS.eod] * 2])
+    out = reorderer().sample(sample)
+    assert len(out) == len(sample)
+    cut = len(first) + 3  # the first segment, reordered, then its end of document
+    assert out[cut] == IDS.eod
+    assert reassembled(out[:cut], "psm") == first
+    long = numpy.concatenate([tokens("x" * 40), [IDS.eod]])
+    assert fit(long, 8, IDS.pad).tolist() == long[:8].tolist()
+    assert fit(tokens("ab"), 4, IDS.pad).tolist() == [97, 98, IDS.pad, IDS.pad]
+
+
+def test_fragments_are_reordered_one_by_one_around_the_split_token():
+    fragments = ["import os", "print(os.sep)", "x = 1"]
+    sample = numpy.concatenate(
+        [numpy.concatenate([tokens(f), [SPLIT]]) for f in fragments[:-1]] + [tokens(fragments[-1])]
+    )
+    out = reorderer(fim_split_id=SPLIT, fim_fragment_rate=1.0).segment(sample)
+    pieces = numpy.split(out, numpy.flatnonzero(out == SPLIT))
+    pieces = [p[1:] if p[0] == SPLIT else p for p in pieces]
+    assert [reassembled(p, "psm") for p in pieces] == fragments
+    untouched = reorderer(fim_split_id=SPLIT, fim_fragment_rate=0.0).segment(sample)
+    assert untouched.tolist() == sample.tolist()
+
+
+def test_no_prefix_leaves_a_fragment_that_starts_with_it():
+    out = reorderer(fim_no_prefix="def ").reorder(tokens(TEXT), 1.0)
+    assert out.tolist() == tokens(TEXT).tolist()
+    other = reorderer(fim_no_prefix="class ").reorder(tokens(TEXT), 1.0)
+    assert len(other) == len(TEXT) + 3
+
+
+def test_a_samples_reordering_depends_on_the_seed_and_its_index_alone():
+    sample = numpy.concatenate([tokens(TEXT), [IDS.eod], tokens(TEXT[::-1])])
+    half = dict(fim_rate=0.5, fim_spm_rate=0.5)
+
+    def read(order, seed=1234):
+        return {i: reorderer(seed, i, **half).sample(sample).tolist() for i in order}
+
+    forward = read(range(40))
+    assert read(reversed(range(40))) == forward  # read in another order (another layout)
+    assert read(range(40), seed=99) != forward  # the seed decides
+    assert len({tuple(v) for v in forward.values()}) > 10  # and so does the index
+
+
+# ----- the dataset on megatron-core's samples, with a real GPT-2 BPE vocabulary -----
+def flags(corpus_prefix, tmp_path, *extra):
+    folder = os.path.dirname(corpus_prefix)
+    gpt2 = os.path.join(folder, "tokenizers", "gpt2")
+    return [
+        *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
+        *("--seq-length", "64", "--max-position-embeddings", "64"),
+        *("--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-3"),
+        *("--train-iters", "4", "--eval-iters", "0"),
+        *("--data-path", os.path.join(folder, "corpus_gpt2_text_document")),
+        *("--vocab-file", os.path.join(gpt2, "vocab.json")),
+        *("--merge-file", os.path.join(gpt2, "merges.txt")),
+        *("--data-cache-path", str(tmp_path / "cache")),
+        *extra,
+    ]
+
+
+def test_the_dataset_reorders_megatron_cores_samples(corpus_prefix, tmp_path):
+    fim = parse_args(flags(corpus_prefix, tmp_path, "--fim-data"), world_size=1)
+    plain = parse_args(flags(corpus_prefix, tmp_path), world_size=1)
+    tokenizer = build_tokenizer(fim.tokenizer)
+    reordered = data.build_datasets(fim, tokenizer)[0]
+    original = data.build_datasets(plain, tokenizer)[0]
+    assert len(reordered) == len(original)
+    changed = 0
+    for i in range(32):
+        got, want = reordered[i], original[i]
+        assert got["tokens"].shape == want["tokens"].shape
+        assert got["tokens"].tolist() == reordered[i]["tokens"].tolist()  # read again: the same
+        changed += got["tokens"].tolist() != want["tokens"].tolist()
+    assert 8 < changed < 32  # --fim-rate 0.5 (and the default SPM rate)
+
+
+def test_sentinels_missing_from_the_vocabulary_take_the_unknown_id_as_in_megatron_lm(
+    corpus_prefix, tmp_path
+):
+    config = parse_args(flags(corpus_prefix, tmp_path, "--fim-data"), world_size=1)
+    tokenizer = build_tokenizer(config.tokenizer)
+    # GPT-2's unknown token is its end of text (Hugging Face's GPT-2 tokenizer too).
+    assert token_id(tokenizer, "<fim_prefix>") == (tokenizer.eod, False)
+    assert token_id(tokenizer, "<|endoftext|>") == (tokenizer.eod, True)
+
+
+def parse_fim(corpus_prefix, tmp_path, *extra):
+    return parse_args(flags(corpus_prefix, tmp_path, *extra), world_size=1)
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--fim-data", "--fim-rate", "0"], "--fim-rate 0.0 must be in (0, 1]"),
+        (["--fim-data", "--fim-spm-rate", "1.5"], "--fim-spm-rate 1.5 must be in (0, 1]"),
+        (["--fim-data", "--fim-split-sample", "x"], "give it"),
+        (["--fim-data", "--fim-fragment-rate", "2"], "must be in [0, 1]"),
+        (["--fim-data", "--tokenizer-type", "ByteLevelTokenizer"], "has none: use one of"),
+        (["--fim-data", "--legacy-tokenizer"], "Megatron-LM refuses it with --legacy-tokenizer"),
+    ],
+)
+def test_fim_flags_are_checked_before_anything_starts(corpus_prefix, tmp_path, extra, says):
+    with pytest.raises(ConfigError) as error:
+        parse_fim(corpus_prefix, tmp_path, *extra)
+    assert says in str(error.value)
+
+
+def test_fim_data_refuses_mock_data(corpus_prefix, tmp_path):
+    args = [a for a in flags(corpus_prefix, tmp_path) if "corpus_gpt2" not in a]
+    args.remove("--data-path")
+    with pytest.raises(ConfigError, match="drop --mock-data"):
+        parse_args(args + ["--mock-data", "--fim-data"], world_size=1)
+
+
+def test_fim_flags_without_fim_data_are_ignored_with_a_warning(corpus_prefix, tmp_path, capsys):
+    parse_fim(corpus_prefix, tmp_path, "--fim-rate", "0.3", "--fim-pad-token", "<pad>")
+    assert (
+        "--fim-rate, --fim-pad-token have no effect without --fim-data" in capsys.readouterr().out
+    )
