@@ -7,12 +7,15 @@ suffix-prefix-middle (SPM); the sample keeps its length (cut, or padded with
 the pad sentinel). With ``--fim-split-sample`` a segment is first cut at
 that token into fragments, each reordered with ``--fim-fragment-rate``.
 
-One difference, on purpose: Megatron-LM draws every decision from one
+Where it differs from Megatron-LM: there every decision comes from one
 generator per dataset, in the order a rank reads its samples, so how a
-sample is reordered depends on the data-parallel layout and on restarts.
-Here it depends on the seed and the sample's index alone, so a resumed,
+sample is reordered depends on the data-parallel layout and on restarts;
+here it depends on the seed and the sample's index alone, so a resumed,
 recovered, shrunk or grown run reads the very samples the failure-free one
-reads (a hot swap's bit-for-bit curve needs that).
+reads (a hot swap's bit-for-bit curve needs that). And an empty segment
+(two end-of-document tokens in a row, or none after the last) stays empty
+and keeps its end-of-document token, where Megatron-LM drops that token and
+may put three bare sentinels in its place.
 
 megatron-core 0.16 does not ship this dataset (Megatron-LM keeps it in its
 training package): the sample is megatron-core's ``GPTDataset``'s, the
