@@ -97,7 +97,8 @@ BEHAVIOUR = {
     "Megatron-LM's printed log does; megatron-core's loggers follow the flag",
     "--fim-data": "a sample's reordering is drawn from the seed and its index (Megatron-LM: "
     "from one generator in the order a rank reads, so it changes with the layout and on "
-    "a restart); not with NullTokenizer, ByteLevelTokenizer or TikTokenizer",
+    "a restart), and empty segments stay empty; not with NullTokenizer, ByteLevelTokenizer "
+    "or TikTokenizer",
 }
 
 

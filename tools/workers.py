@@ -11,10 +11,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def worker_env(**extra: str) -> Dict[str, str]:
     """This process's environment with the above, and ``extra`` on top."""
-    return dict(
+    env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
         PYTHONWARNINGS="ignore",
         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        **extra,
     )
+    env.update(extra)
+    return env

@@ -1509,8 +1509,13 @@ def _check_fim(config: Config) -> None:
         d.fim_split_sample is None or d.fim_fragment_rate is not None,
         "--fim-split-sample reorders fragments with --fim-fragment-rate: give it",
     )
+    _ignored_without(
+        "--fim-split-sample",
+        d.fim_split_sample is not None,
+        [("--fim-fragment-rate", d.fim_fragment_rate is not None)],
+    )
     _require(
-        d.fim_fragment_rate is None or 0 <= d.fim_fragment_rate <= 1,
+        d.fim_split_sample is None or 0 <= d.fim_fragment_rate <= 1,
         f"--fim-fragment-rate {d.fim_fragment_rate} must be in [0, 1]",
     )
 

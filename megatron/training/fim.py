@@ -13,9 +13,9 @@ sample is reordered depends on the data-parallel layout and on restarts;
 here it depends on the seed and the sample's index alone, so a resumed,
 recovered, shrunk or grown run reads the very samples the failure-free one
 reads (a hot swap's bit-for-bit curve needs that). And an empty segment
-(two end-of-document tokens in a row, or none after the last) stays empty
-and keeps its end-of-document token, where Megatron-LM drops that token and
-may put three bare sentinels in its place.
+or fragment (two end-of-document or split tokens in a row, or one that
+ends the sample) stays empty and keeps its token, where Megatron-LM drops
+a repeated end-of-document token and may put three bare sentinels there.
 
 megatron-core 0.16 does not ship this dataset (Megatron-LM keeps it in its
 training package): the sample is megatron-core's ``GPTDataset``'s, the

@@ -36,7 +36,8 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
-from megatron.training.fim import sentinel_ids
+from megatron.training.arguments import ConfigError
+from megatron.training.fim import sentinel_ids, token_id
 from megatron.training.dashboards import Dashboards
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -890,11 +891,22 @@ def data_parallel_group_with_context():
     return parallel_state.get_data_parallel_group(with_context_parallel=with_cp)
 
 
-def _warn_of_missing_sentinels(config: Config, tokenizer) -> None:
-    """--fim-data's sentinel tokens that the vocabulary lacks take the id of
-    an unknown token, as in Megatron-LM: said, not silent."""
-    _, missing = sentinel_ids(tokenizer, config.data)
-    if missing:
+def _check_sentinels(config: Config, tokenizer, say: bool) -> None:
+    """--fim-data's tokens that the vocabulary lacks take the id of an
+    unknown token, as in Megatron-LM: said (``say``), not silent. A tokenizer
+    with no unknown token gives them none: refused here, where Megatron-LM
+    fails at the first reordered sample."""
+    d = config.data
+    _, missing = sentinel_ids(tokenizer, d)
+    split = [d.fim_split_sample] if d.fim_split_sample else []
+    lost = [t for t in missing + split if token_id(tokenizer, t)[0] is None]
+    if lost:
+        raise ConfigError(
+            f"--fim-data: the vocabulary has no {', '.join(lost)} and the tokenizer no unknown "
+            "token to stand for it: set the --fim-*-token or --fim-split-sample flags to "
+            "tokens it has"
+        )
+    if missing and say:
         print(
             f"WARNING: --fim-data: the vocabulary has no {', '.join(missing)}: "
             "the tokenizer gives them its unknown token's id, as in Megatron-LM; "
@@ -964,9 +976,9 @@ def build_trainer(
             flush=True,
         )
     if datasets is None:
+        if config.data.fim_data:
+            _check_sentinels(config, tokenizer, say=runtime.rank == 0)
         datasets = data.build_datasets(config, tokenizer)
-        if runtime.rank == 0 and config.data.fim_data:
-            _warn_of_missing_sentinels(config, tokenizer)
     trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)
     trainer.scale_gradients_by_quota()
     return trainer

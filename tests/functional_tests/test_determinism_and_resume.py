@@ -215,7 +215,10 @@ def kill_when(tmp_path, corpus, args, ready, delay: random.Random = None) -> boo
         if seen and delay is not None:
             time.sleep(delay.uniform(0, 0.05))
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        try:  # the fork server reaps a job that ended by itself
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         job.wait()
     return seen
 

@@ -103,6 +103,10 @@ def test_a_sample_keeps_its_length_and_its_document_ends():
     cut = len(first) + 3  # the first segment, reordered, then its end of document
     assert out[cut] == IDS.eod
     assert reassembled(out[:cut], "psm") == first
+    # An empty segment stays empty and keeps its end of document (Megatron-LM
+    # drops it: fim.py's docstring).
+    ends = numpy.concatenate([[IDS.eod, IDS.eod], tokens(first)])
+    assert reorderer().sample(ends)[:2].tolist() == [IDS.eod, IDS.eod]
     long = numpy.concatenate([tokens("x" * 40), [IDS.eod]])
     assert fit(long, 8, IDS.pad).tolist() == long[:8].tolist()
     assert fit(tokens("ab"), 4, IDS.pad).tolist() == [97, 98, IDS.pad, IDS.pad]
@@ -128,17 +132,16 @@ def test_no_prefix_leaves_a_fragment_that_starts_with_it():
     assert len(other) == len(TEXT) + 3
 
 
-def test_a_samples_reordering_depends_on_the_seed_and_its_index_alone():
+def test_a_samples_reordering_is_drawn_from_the_seed_and_its_index():
     sample = numpy.concatenate([tokens(TEXT), [IDS.eod], tokens(TEXT[::-1])])
     half = dict(fim_rate=0.5, fim_spm_rate=0.5)
 
-    def read(order, seed=1234):
-        return {i: reorderer(seed, i, **half).sample(sample).tolist() for i in order}
+    def read(seed=1234):
+        return [reorderer(seed, i, **half).sample(sample).tolist() for i in range(40)]
 
-    forward = read(range(40))
-    assert read(reversed(range(40))) == forward  # read in another order (another layout)
-    assert read(range(40), seed=99) != forward  # the seed decides
-    assert len({tuple(v) for v in forward.values()}) > 10  # and so does the index
+    assert read() == read()
+    assert read(seed=99) != read()  # the seed decides
+    assert len({tuple(v) for v in read()}) > 10  # and so does the index
 
 
 # ----- the dataset on megatron-core's samples, with a real GPT-2 BPE vocabulary -----
@@ -165,13 +168,15 @@ def test_the_dataset_reorders_megatron_cores_samples(corpus_prefix, tmp_path):
     reordered = data.build_datasets(fim, tokenizer)[0]
     original = data.build_datasets(plain, tokenizer)[0]
     assert len(reordered) == len(original)
+    forward = {i: reordered[i]["tokens"].tolist() for i in range(32)}
+    # Read backwards, as another rank or a recovered one may: the same samples.
+    assert {i: reordered[i]["tokens"].tolist() for i in reversed(range(32))} == forward
     changed = 0
     for i in range(32):
-        got, want = reordered[i], original[i]
-        assert got["tokens"].shape == want["tokens"].shape
-        assert got["tokens"].tolist() == reordered[i]["tokens"].tolist()  # read again: the same
-        changed += got["tokens"].tolist() != want["tokens"].tolist()
-    assert 8 < changed < 32  # --fim-rate 0.5 (and the default SPM rate)
+        want = original[i]["tokens"].tolist()
+        assert len(forward[i]) == len(want)
+        changed += forward[i] != want
+    assert 8 < changed < 32  # --fim-rate 0.5
 
 
 def test_sentinels_missing_from_the_vocabulary_take_the_unknown_id_as_in_megatron_lm(
@@ -184,6 +189,27 @@ def test_sentinels_missing_from_the_vocabulary_take_the_unknown_id_as_in_megatro
     assert token_id(tokenizer, "<|endoftext|>") == (tokenizer.eod, True)
 
 
+class NoUnknown:
+    """A vocabulary without the sentinels, and a tokenizer without an
+    unknown token (Hugging Face's gives None then)."""
+
+    vocab = ["a", "b"]
+    eod = 0
+
+    class _tokenizer:
+        @staticmethod
+        def tokens_to_ids(tokens):
+            return [None for _ in tokens]
+
+
+def test_sentinels_without_an_id_are_refused_before_training(corpus_prefix, tmp_path):
+    from megatron.training.training import _check_sentinels
+
+    config = parse_args(flags(corpus_prefix, tmp_path, "--fim-data"), world_size=1)
+    with pytest.raises(ConfigError, match="no unknown token to stand for it"):
+        _check_sentinels(config, NoUnknown(), say=False)
+
+
 def parse_fim(corpus_prefix, tmp_path, *extra):
     return parse_args(flags(corpus_prefix, tmp_path, *extra), world_size=1)
 
@@ -194,7 +220,7 @@ def parse_fim(corpus_prefix, tmp_path, *extra):
         (["--fim-data", "--fim-rate", "0"], "--fim-rate 0.0 must be in (0, 1]"),
         (["--fim-data", "--fim-spm-rate", "1.5"], "--fim-spm-rate 1.5 must be in (0, 1]"),
         (["--fim-data", "--fim-split-sample", "x"], "give it"),
-        (["--fim-data", "--fim-fragment-rate", "2"], "must be in [0, 1]"),
+        (["--fim-data", "--fim-split-sample", "x", "--fim-fragment-rate", "2"], "in [0, 1]"),
         (["--fim-data", "--tokenizer-type", "ByteLevelTokenizer"], "has none: use one of"),
         (["--fim-data", "--legacy-tokenizer"], "Megatron-LM refuses it with --legacy-tokenizer"),
     ],
