@@ -3,7 +3,7 @@
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import forkserver
 
@@ -138,6 +138,17 @@ def run_pretrain(nproc: int, args: List[str], timeout: float = 300) -> str:
             f"run failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
     return proc.stdout
+
+
+def gpt2_bpe_data(corpus_prefix: str) -> Tuple[str, List[str]]:
+    """The corpus in GPT-2 BPE ids beside ``corpus_prefix`` (the conftest's
+    corpus), and the --vocab-file and --merge-file flags of its tokenizer
+    (GPT2BPETokenizer, Megatron-LM's default type)."""
+    folder = os.path.dirname(corpus_prefix)
+    gpt2 = os.path.join(folder, "tokenizers", "gpt2")
+    files = ["--vocab-file", os.path.join(gpt2, "vocab.json")]
+    files += ["--merge-file", os.path.join(gpt2, "merges.txt")]
+    return os.path.join(folder, "corpus_gpt2_text_document"), files
 
 
 def assert_same_state(a, b, path: str = "") -> None:

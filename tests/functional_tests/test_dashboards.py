@@ -8,7 +8,14 @@ import os
 
 import pytest
 
-from dist_utils import TINY_GPT, float32, read_metrics, run_pretrain, tensorboard_scalars
+from dist_utils import (
+    TINY_GPT,
+    float32,
+    gpt2_bpe_data,
+    read_metrics,
+    run_pretrain,
+    tensorboard_scalars,
+)
 from megatron.training.config import TRACKER
 
 pytestmark = pytest.mark.integration
@@ -135,8 +142,7 @@ def test_the_demo_model_learns_gpt2_bpe_text_and_tensorboard_shows_its_curve(
     validation 5.90 at 30 and 5.81 at the end)."""
     from tools.bench.common import demo_args, strip_outputs
 
-    data = os.path.dirname(corpus_prefix)
-    gpt2 = os.path.join(data, "tokenizers", "gpt2")
+    corpus, tokenizer_files = gpt2_bpe_data(corpus_prefix)
     args = strip_outputs(demo_args())
     at = args.index("--data-path")
     assert args[at : at + 4] == [
@@ -145,9 +151,8 @@ def test_the_demo_model_learns_gpt2_bpe_text_and_tensorboard_shows_its_curve(
         "--tokenizer-type",
         "ByteLevelTokenizer",
     ]
-    args[at : at + 4] = ["--data-path", os.path.join(data, "corpus_gpt2_text_document")]
-    args += ["--vocab-file", os.path.join(gpt2, "vocab.json")]
-    args += ["--merge-file", os.path.join(gpt2, "merges.txt")]
+    args[at : at + 4] = ["--data-path", corpus]
+    args += tokenizer_files
     args += [
         "--metrics-file",
         str(tmp_path / "metrics.jsonl"),

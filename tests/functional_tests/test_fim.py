@@ -5,14 +5,13 @@ sample's reordering is keyed by its index (megatron/training/fim.py), not
 drawn in reading order as in Megatron-LM, where the recovered rank would
 read its samples reordered otherwise."""
 
-import os
-
 import pytest
 
 from dist_utils import (
     assert_same_state,
     checkpoint_state,
     curve,
+    gpt2_bpe_data,
     launch_deadpool,
     must_succeed,
     read_metrics,
@@ -23,21 +22,14 @@ pytestmark = pytest.mark.integration
 ITERS = 6
 
 
-def layout(corpus_prefix):
-    gpt2 = os.path.join(os.path.dirname(corpus_prefix), "tokenizers", "gpt2")
-    return [
+def test_a_fim_job_recovers_from_a_killed_rank_bit_for_bit(corpus_prefix, tmp_path, monkeypatch):
+    corpus, tokenizer_files = gpt2_bpe_data(corpus_prefix)
+    monkeypatch.setenv("HOT_SWAP_CORPUS", corpus)  # deadpool_args' --data-path
+    flags = [
         *("--num-layers", "2", "--tensor-model-parallel-size", "2", "--use-tp-pp-dp-mapping"),
-        *("--tokenizer-type", "GPT2BPETokenizer"),
-        *("--vocab-file", os.path.join(gpt2, "vocab.json")),
-        *("--merge-file", os.path.join(gpt2, "merges.txt")),
+        *("--tokenizer-type", "GPT2BPETokenizer", *tokenizer_files),  # over TINY_GPT's
         *("--fim-data", "--fim-rate", "0.9"),
     ]
-
-
-def test_a_fim_job_recovers_from_a_killed_rank_bit_for_bit(corpus_prefix, tmp_path, monkeypatch):
-    gpt2_corpus = os.path.join(os.path.dirname(corpus_prefix), "corpus_gpt2_text_document")
-    monkeypatch.setenv("HOT_SWAP_CORPUS", gpt2_corpus)  # deadpool_args' --data-path
-    flags = layout(corpus_prefix)
     reference, recovered = tmp_path / "reference", tmp_path / "recovered"
     done = launch_deadpool(reference, flags, 2, 0, 2, [], ITERS)
     must_succeed(done)

@@ -6,11 +6,10 @@ its index alone. Then megatron-core's samples reordered by the dataset, the
 sentinels looked up as Megatron-LM does, and --fim-data's flags checked
 before anything starts."""
 
-import os
-
 import numpy
 import pytest
 
+from dist_utils import gpt2_bpe_data
 from megatron.training import data
 from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.fim import (
@@ -146,16 +145,13 @@ def test_a_samples_reordering_is_drawn_from_the_seed_and_its_index():
 
 # ----- the dataset on megatron-core's samples, with a real GPT-2 BPE vocabulary -----
 def flags(corpus_prefix, tmp_path, *extra):
-    folder = os.path.dirname(corpus_prefix)
-    gpt2 = os.path.join(folder, "tokenizers", "gpt2")
+    corpus, tokenizer_files = gpt2_bpe_data(corpus_prefix)
     return [
         *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
         *("--seq-length", "64", "--max-position-embeddings", "64"),
         *("--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-3"),
         *("--train-iters", "4", "--eval-iters", "0"),
-        *("--data-path", os.path.join(folder, "corpus_gpt2_text_document")),
-        *("--vocab-file", os.path.join(gpt2, "vocab.json")),
-        *("--merge-file", os.path.join(gpt2, "merges.txt")),
+        *("--data-path", corpus, *tokenizer_files),
         *("--data-cache-path", str(tmp_path / "cache")),
         *extra,
     ]
