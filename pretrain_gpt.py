@@ -169,11 +169,22 @@ def loss_func(loss_mask, output_tensor, check_for_nan: bool = True, check_for_sp
     return loss, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator, model, check_for_nan: bool = True, check_for_spike=False):
+def forward_step(
+    data_iterator,
+    model,
+    check_for_nan: bool = True,
+    check_for_spike=False,
+    return_schedule_plan: bool = False,
+):
+    """The microbatch's output and its loss function; with
+    return_schedule_plan (megatron-core's combined 1F1B schedule, under
+    --overlap-moe-expert-parallel-comm) the model's plan of the same forward
+    in its place, which the schedule runs."""
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
-    # The loss mask too: multi-token prediction's losses are masked by it.
-    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     checks = dict(check_for_nan=check_for_nan, check_for_spike=check_for_spike)
+    # The loss mask too: multi-token prediction's losses are masked by it.
+    run = model.build_schedule_plan if return_schedule_plan else model
+    output = run(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     return output, partial(loss_func, loss_mask, **checks)
 
 

@@ -265,6 +265,16 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "two distributed optimizers (the first model chunk's apart), whose mirrors and "
             "recoveries are not tested yet; drop the flag under --deadpool"
         )
+    gpu_features = arguments.gpu_features_given(config)
+    if gpu_features:
+        # Each holds state bound to the process groups or the schedule (TE's
+        # userbuffers and graphs, the combined 1F1B plans, the offload
+        # manager's copies) that no recovery has been shown to rebuild.
+        raise ConfigError(
+            f"--deadpool with {', '.join(gpu_features)}: no recovery with it has been "
+            "shown yet (it runs on GPUs only, and keeps state bound to the process groups "
+            "or the schedule); drop it under --deadpool"
+        )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)

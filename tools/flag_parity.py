@@ -95,6 +95,19 @@ BEHAVIOUR = {
     "each rank (Megatron-LM: a worker process that lives as long as the job)",
     "--logging-level": "the training log keeps its own level (MEGATRON_LOG_LEVEL), as "
     "Megatron-LM's printed log does; megatron-core's loggers follow the flag",
+    "--tp-comm-overlap": "GPU only: Transformer Engine's userbuffers, refused on a CPU and "
+    "under --deadpool (no recovery shown with them)",
+    "--overlap-moe-expert-parallel-comm": "GPU only: megatron-core's combined 1F1B schedule, "
+    "refused on a CPU and under --deadpool (no recovery shown with it)",
+    "--delay-wgrad-compute": "GPU only (with --overlap-moe-expert-parallel-comm)",
+    "--fine-grained-activation-offloading": "GPU only: copies on CUDA streams, refused on a "
+    "CPU and under --deadpool (no recovery shown with it)",
+    "--cuda-graph-impl": "GPU only: transformer_engine, refused on a CPU and under --deadpool "
+    "(a graph replays the communicators it captured); local (megatron-core's own) not here",
+    "--cuda-graph-scope": "Transformer Engine's scopes only (full_iteration is local's)",
+    "--external-cuda-graph": "GPU only (--cuda-graph-impl transformer_engine), deprecated as "
+    "in Megatron-LM",
+    "--te-rng-tracker": "GPU only: Transformer Engine's tracker, refused on a CPU",
     "--fim-data": "a sample's reordering is drawn from the seed and its index (Megatron-LM: "
     "from one generator in the order a rank reads, so it changes with the layout and on "
     "a restart), and empty segments stay empty; not with NullTokenizer, ByteLevelTokenizer "

@@ -40,9 +40,16 @@ def git(checkout: str, *args: str) -> str:
     ).stdout
 
 
+def show(checkout: str, tag: str, path: str) -> Optional[str]:
+    """A file of the checkout at ``tag``, or None where it has none there."""
+    found = subprocess.run(["git", "-C", checkout, "cat-file", "-e", f"{tag}:{path}"])
+    return git(checkout, "show", f"{tag}:{path}") if found.returncode == 0 else None
+
+
 def extract(checkout: str, tag: str = TAG) -> Dict[str, Dict[str, dict]]:
     """Each training config's MODEL_ARGS and ENV_VARS ({"args", "env"}) by
-    its case's path."""
+    its case's path, and its GPUS_PER_NODE ("gpus") where it names one (its
+    CI then runs it on one node of that many GPUs)."""
     import yaml
 
     found = {}
@@ -55,7 +62,14 @@ def extract(checkout: str, tag: str = TAG) -> Dict[str, Dict[str, dict]]:
         if not args or "inference" in path or config.get("TEST_TYPE") == "ckpt-convert":
             continue
         env = {k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}
-        found[os.path.dirname(path)[len(CASES) + 1 :]] = {"args": args, "env": env}
+        case = {"args": args, "env": env}
+        gpus = ((config.get("MODEL_ENV_VARS") or {}).get("MODEL_ARGS") or {}).get("GPUS_PER_NODE")
+        if gpus is not None:
+            case["gpus"] = int(gpus)
+        files = {flag: args[flag] for flag in READ if flag in args}
+        if files:  # as at the tag; one not there stays unread (a run fails to open it)
+            case["files"] = {flag: show(checkout, tag, path) for flag, path in files.items()}
+        found[os.path.dirname(path)[len(CASES) + 1 :]] = case
     return found
 
 
@@ -88,6 +102,8 @@ TOKENIZER_MODELS = {
     "TikTokenizer": "tokenizers/tiktoken.json",
     "HuggingFaceTokenizer": "tokenizers/hf",
 }
+# Files in Megatron-LM's tree that configs name, kept with the extracted flags.
+READ = ("--tp-comm-overlap-cfg",)
 WRITTEN = ("--save", "--load", "--tensorboard-dir", "--data-cache-path", "--wandb-save-dir")
 
 
@@ -108,11 +124,14 @@ def synthetic_corpus(prefix: str, documents: int = 4000, vocab: int = 50257) -> 
     return prefix
 
 
-def command_line(args: Dict[str, object], data: str, scratch: str) -> List[str]:
+def command_line(
+    args: Dict[str, object], data: str, scratch: str, files: Optional[Dict[str, str]] = None
+) -> List[str]:
     """A config's flags as Megatron-LM's CI passes them (true: the flag,
     false: left out), its paths pointed at ``data`` (make data's folder, for
-    its tokenizers) and ``scratch`` (what a run writes, and a corpus of
-    GPT-2 ids: ``synthetic_corpus``)."""
+    its tokenizers) and ``scratch`` (what a run writes, a corpus of GPT-2
+    ids: ``synthetic_corpus``, and the files of Megatron-LM's tree it names,
+    ``files`` by flag)."""
     kind = args.get("--tokenizer-type", "GPT2BPETokenizer")
     argv = []
     for flag, value in args.items():
@@ -130,6 +149,11 @@ def command_line(args: Dict[str, object], data: str, scratch: str) -> List[str]:
             argv += [corpus if "$" in v else v for v in str(value).split()]
         elif flag in WRITTEN:
             argv.append(os.path.join(scratch, flag.strip("-")))
+        elif (files or {}).get(flag) is not None:
+            path = os.path.join(scratch, os.path.basename(str(value)))
+            with open(path, "w") as f:
+                f.write(files[flag])
+            argv.append(path)
         else:
             argv += ci_words(str(value))
     return argv
@@ -153,10 +177,12 @@ def ci_words(value: str) -> List[str]:
     return value.split()
 
 
-def world_size(args: Dict[str, object]) -> int:
-    """The fewest of Megatron-LM's CI nodes (8 GPUs each) that hold both the
-    dense model-parallel grid (TP x CP x PP) and the experts' (expert TP x
-    EP x PP)."""
+def world_size(args: Dict[str, object], gpus: Optional[int] = None) -> int:
+    """The GPUs the config names (one node of them), else the fewest of
+    Megatron-LM's CI nodes (8 GPUs each) that hold both the dense
+    model-parallel grid (TP x CP x PP) and the experts' (expert TP x EP x PP)."""
+    if gpus is not None:
+        return gpus
 
     def size(flag: str, default: int = 1) -> int:
         return int(args.get(flag, default))
@@ -178,7 +204,8 @@ def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str])
     from megatron.training import arguments
     from megatron.training.arguments import ConfigError
 
-    env = dict(config_env, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(min(world, 8)), RANK="1")
+    local, rank = min(world, 8), min(1, world - 1)
+    env = dict(config_env, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(local), RANK=str(rank))
     with (
         mock.patch.dict(os.environ, env),
         mock.patch.object(arguments, "_cuda_available", lambda: True),
@@ -225,8 +252,32 @@ def parse_all(configs: Dict[str, Dict[str, dict]], data: str, scratch: str) -> D
         if unknown:
             outcome[case] = "unknown flags: " + why_unknown(unknown)
             continue
-        argv = command_line(args, data, scratch)
-        outcome[case] = parse_on_a_gpu_node(argv, world_size(args), config["env"]) or "parses"
+        argv = command_line(args, data, scratch, config.get("files"))
+        outcome[case] = (
+            parse_on_a_gpu_node(argv, world_size(args, config.get("gpus")), config["env"])
+            or "parses"
+        )
+    return outcome
+
+
+def parse_on_this_host(
+    configs: Dict[str, Dict[str, dict]], cases: Sequence[str], data: str, scratch: str
+) -> Dict[str, str]:
+    """``cases`` parsed on this machine as it is (on a CPU, what needs a GPU
+    is refused with its reason): 'parses' or the refusal. ``scratch`` holds
+    parse_all's corpus."""
+    from deadpool_ext.config import parse_args
+    from megatron.training.arguments import ConfigError
+
+    outcome = {}
+    for case in cases:
+        config = configs[case]
+        argv = command_line(config["args"], data, scratch, config.get("files"))
+        try:
+            parse_args(argv, world_size=world_size(config["args"], config.get("gpus")))
+            outcome[case] = "parses"
+        except ConfigError as error:
+            outcome[case] = f"refused: {error}"
     return outcome
 
 
@@ -283,11 +334,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         with tempfile.TemporaryDirectory() as scratch:
             outcome = parse_all(load(), opts.parse, scratch)
-        parsed = sum(o == "parses" for o in outcome.values())
-        print(f"{parsed} of {len(outcome)} parse as on a GPU node and build their configuration")
+            parsed = [case for case, o in outcome.items() if o == "parses"]
+            here = parse_on_this_host(load(), parsed, opts.parse, scratch)
+        print(
+            f"{len(parsed)} of {len(outcome)} parse as on a GPU node and build their configuration"
+        )
         for case, why in outcome.items():
             if why != "parses":
                 print(f"  {case}: {why[:300]}")
+        print(f"of those {len(parsed)}, on this machine:")
+        reasons = collections.Counter(why[:160] for why in here.values())
+        print("\n".join(f"  {count:3d} {why}" for why, count in reasons.most_common()))
     return 0
 
 

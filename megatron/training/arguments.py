@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import typing
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -23,6 +24,7 @@ from megatron.training.config import (
     TRACKER,
     Config,
     DataConfig,
+    GpuConfig,
     ModelConfig,
     MoEConfig,
     split_numbers,
@@ -317,6 +319,7 @@ def fill_defaults(config: Config) -> None:
 
         config.tokenizer.tokenizer_type = DEFAULT_TOKENIZER_TYPE  # as Megatron-LM's pretrain_gpt.py
     fill_moe_defaults(config)
+    fill_cuda_graph_defaults(config)
     if t.recompute_activations:
         t.recompute_granularity = "selective"  # as Megatron-LM
     if t.fp16 and t.loss_scale is None and t.check_for_nan_in_loss_and_grad:
@@ -335,6 +338,23 @@ def fill_defaults(config: Config) -> None:
         p.sequence_parallel = False
     if not _cuda_available() or config.parallel.cpu:
         config.parallel.distributed_backend = "gloo"
+
+
+def fill_cuda_graph_defaults(config: Config) -> None:
+    """As Megatron-LM: --external-cuda-graph is the deprecated spelling of
+    --cuda-graph-impl transformer_engine, and CUDA graphs turn on Transformer
+    Engine's random-state tracker."""
+    g = config.gpu
+    if g.external_cuda_graph:
+        _require(
+            g.cuda_graph_impl == "none",
+            "--external-cuda-graph is deprecated: give --cuda-graph-impl transformer_engine alone",
+        )
+        _warn("--external-cuda-graph is deprecated: use --cuda-graph-impl transformer_engine")
+        g.cuda_graph_impl = "transformer_engine"
+    if g.cuda_graph_impl != "none" and not g.te_rng_tracker:
+        _warn("turning --te-rng-tracker on: CUDA graphs need it (as Megatron-LM)")
+        g.te_rng_tracker = True
 
 
 def fill_moe_defaults(config: Config) -> None:
@@ -463,6 +483,7 @@ def validate(config: Config) -> None:
         _check_determinism,
         _check_schedule_source,
         _check_fp8,
+        _check_gpu_features,
         _check_data,
         _check_checkpoint,
         _check_logging,
@@ -1004,6 +1025,7 @@ def _check_with_megatron_core(config: Config) -> None:
         and config.training.recompute_granularity is None
         and config.model.mtp_num_layers is None
         and config.parallel.pipeline_model_parallel_layout is None
+        and not gpu_features_given(config)
     ):
         return
     model_setup = _import_with_megatron_core("megatron.training.model_setup")
@@ -1079,6 +1101,159 @@ def _check_fp8(config: Config) -> None:
         not t.fp8_param_gather or config.parallel.use_distributed_optimizer,
         "--fp8-param-gather goes with --use-distributed-optimizer (as Megatron-LM)",
     )
+
+
+def gpu_features_given(config: Config) -> List[str]:
+    """The GPU-only features of the gpu section that a run asks for, by flag."""
+    g = config.gpu
+    given = [
+        ("--tp-comm-overlap", g.tp_comm_overlap),
+        ("--overlap-moe-expert-parallel-comm", g.overlap_moe_expert_parallel_comm),
+        ("--delay-wgrad-compute", g.delay_wgrad_compute),
+        ("--fine-grained-activation-offloading", g.fine_grained_activation_offloading),
+        (
+            "--external-cuda-graph"
+            if g.external_cuda_graph
+            else "--cuda-graph-impl " + g.cuda_graph_impl,
+            g.cuda_graph_impl != "none",
+        ),
+        ("--te-rng-tracker", g.te_rng_tracker and g.cuda_graph_impl == "none"),
+    ]
+    return [flag for flag, on in given if on]
+
+
+def _check_gpu_features(config: Config) -> None:
+    """Megatron-LM's rules for the gpu section, and where each runs: on a GPU
+    with Transformer Engine (megatron-core checks the rest of each when it
+    builds its configuration, _check_with_megatron_core)."""
+    g = config.gpu
+    on_gpu = config.parallel.distributed_backend == "nccl"
+    given = gpu_features_given(config)
+    _require(
+        not given or (on_gpu and _uses_transformer_engine(config)),
+        f"{', '.join(given)}: GPU only, with Transformer Engine (CUDA streams and its "
+        "kernels): drop it here",
+    )
+    _check_tp_comm_overlap(config)
+    _require(
+        not g.delay_wgrad_compute or g.overlap_moe_expert_parallel_comm,
+        "--delay-wgrad-compute goes with --overlap-moe-expert-parallel-comm",
+    )
+    _ignored_without(
+        "--overlap-moe-expert-parallel-comm",
+        g.overlap_moe_expert_parallel_comm,
+        [("--ep-overlap-early-attn-memory-release", g.ep_overlap_early_attn_memory_release)],
+    )
+    _check_activation_offloading(config)
+    _check_cuda_graphs(config)
+
+
+def _check_tp_comm_overlap(config: Config) -> None:
+    g = config.gpu
+    defaults = GpuConfig()
+    _ignored_without(
+        "--tp-comm-overlap",
+        g.tp_comm_overlap,
+        [("--tp-comm-overlap-cfg", g.tp_comm_overlap_cfg is not None)]
+        + [
+            (flag_name(f), getattr(g, f.name) != getattr(defaults, f.name))
+            for f in dataclasses.fields(GpuConfig)
+            if f.name.startswith("tp_comm_") and f.name != "tp_comm_overlap_cfg"
+        ],
+    )
+    if not g.tp_comm_overlap:
+        return
+    _require(
+        config.parallel.sequence_parallel,
+        "--tp-comm-overlap overlaps sequence-parallel communication: add --sequence-parallel",
+    )
+    cfg = g.tp_comm_overlap_cfg
+    _require(
+        cfg is None or os.path.isfile(cfg),
+        f"--tp-comm-overlap-cfg {cfg}: no such file",
+    )
+
+
+def _check_activation_offloading(config: Config) -> None:
+    g = config.gpu
+    _ignored_without(
+        "--fine-grained-activation-offloading",
+        g.fine_grained_activation_offloading,
+        [
+            ("--offload-modules", bool(g.offload_modules)),
+            (
+                "--min-offloaded-tensor-size",
+                g.min_offloaded_tensor_size != GpuConfig().min_offloaded_tensor_size,
+            ),
+        ],
+    )
+    if not g.fine_grained_activation_offloading:
+        return
+    _require(
+        bool(g.offload_modules),
+        "--fine-grained-activation-offloading needs --offload-modules (what to offload)",
+    )
+    _require(
+        _importable("cuda") and _importable("pynvml"),
+        "--fine-grained-activation-offloading pins each rank to its GPU's CPUs, as "
+        "Megatron-LM, with the cuda-python and nvidia-ml-py packages: install them",
+    )
+    version = _package_version("transformer_engine")
+    _require(
+        version is None or version < (2, 10) or os.environ.get("NVTE_CPU_OFFLOAD_V1") == "1",
+        "--fine-grained-activation-offloading with Transformer Engine 2.10 or later needs "
+        "NVTE_CPU_OFFLOAD_V1=1 in the environment (else it offloads the weights too)",
+    )
+
+
+# --cuda-graph-scope's values (megatron-core's CudaGraphScope names, less
+# full_iteration: the scope of megatron-core's own graphs, not here).
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full")
+
+
+def _check_cuda_graphs(config: Config) -> None:
+    g = config.gpu
+    _require(
+        g.cuda_graph_impl != "local",
+        "--cuda-graph-impl local (megatron-core's own graphs) is not here: use transformer_engine",
+    )
+    bad = [scope for scope in g.cuda_graph_scope if scope not in CUDA_GRAPH_SCOPES]
+    _require(
+        not bad,
+        f"--cuda-graph-scope {' '.join(bad)}: not a scope of Transformer Engine's graphs "
+        f"(choose from {', '.join(CUDA_GRAPH_SCOPES[:-1])})",
+    )
+    _ignored_without(
+        "--cuda-graph-impl",
+        g.cuda_graph_impl != "none",
+        [
+            ("--cuda-graph-scope", g.cuda_graph_scope != []),
+            (
+                "--cuda-graph-warmup-steps",
+                g.cuda_graph_warmup_steps != GpuConfig().cuda_graph_warmup_steps,
+            ),
+        ],
+    )
+    if g.cuda_graph_impl == "none":
+        return
+    _require(g.cuda_graph_warmup_steps >= 0, "--cuda-graph-warmup-steps must be >= 0")
+    _require(
+        "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        or os.environ.get("NCCL_GRAPH_REGISTER") == "0",
+        "CUDA graphs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True need "
+        "NCCL_GRAPH_REGISTER=0 in the environment (an illegal memory access otherwise)",
+    )
+
+
+def _package_version(name: str) -> Optional[Tuple[int, ...]]:
+    """An installed package's version as numbers (major, minor), or None."""
+    from importlib import metadata
+
+    try:
+        numbers = re.findall(r"\d+", metadata.version(name))
+    except metadata.PackageNotFoundError:
+        return None
+    return tuple(int(n) for n in numbers[:2])
 
 
 def _importable(module: str) -> bool:

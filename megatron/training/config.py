@@ -992,6 +992,118 @@ class LoggingConfig:
     wandb_entity: Optional[str] = arg(help="Weights & Biases entity (team).")
 
 
+@dataclass(kw_only=True)
+class GpuConfig:
+    """Megatron-LM's GPU-only features: communication overlaps, activation
+    offloading and CUDA graphs (megatron-core's and Transformer Engine's, with
+    their flags, defaults and rules; refused on a CPU, and under --deadpool
+    until a recovery with them is shown)."""
+
+    tp_comm_overlap: bool = arg(
+        False,
+        help="Overlap tensor-parallel communication with the GEMMs (Transformer Engine's "
+        "userbuffers; with --sequence-parallel).",
+    )
+    tp_comm_overlap_cfg: Optional[str] = arg(
+        help="A YAML file of Transformer Engine's userbuffer settings per GEMM (default: its own)."
+    )
+    tp_comm_bootstrap_backend: str = arg(
+        "nccl",
+        help="The backend that sets up the userbuffers' communicators.",
+        choices=["nccl", "mpi", "gloo"],
+    )
+    tp_comm_overlap_ag: bool = arg(
+        True,
+        flag="--disable-tp-comm-overlap-ag",
+        aliases=("--no-tp-comm-overlap-ag",),
+        help="Do not overlap the all-gathers with the GEMMs (--tp-comm-overlap).",
+    )
+    tp_comm_overlap_rs: bool = arg(
+        True,
+        flag="--disable-tp-comm-overlap-rs",
+        aliases=("--no-tp-comm-overlap-rs",),
+        help="Do not overlap the reduce-scatters with the GEMMs (--tp-comm-overlap).",
+    )
+    tp_comm_overlap_rs_dgrad: bool = arg(
+        False, help="Overlap the reduce-scatter with the data-gradient GEMM (--tp-comm-overlap)."
+    )
+    tp_comm_bulk_dgrad: bool = arg(
+        True,
+        flag="--disable-tp-comm-bulk-dgrad",
+        aliases=("--no-tp-comm-bulk-dgrad",),
+        help="Do not overlap the bulk all-gather with the data-gradient GEMM (--tp-comm-overlap).",
+    )
+    tp_comm_bulk_wgrad: bool = arg(
+        True,
+        flag="--disable-tp-comm-bulk-wgrad",
+        aliases=("--no-tp-comm-bulk-wgrad",),
+        help="Do not overlap the bulk reduce-scatter with the weight-gradient GEMM "
+        "(--tp-comm-overlap).",
+    )
+    tp_comm_split_ag: bool = arg(
+        True,
+        flag="--disable-tp-comm-split-ag",
+        aliases=("--no-tp-comm-split-ag",),
+        help="Overlap the all-gathers as one atomic GEMM, not split (--tp-comm-overlap).",
+    )
+    tp_comm_split_rs: bool = arg(
+        True,
+        flag="--disable-tp-comm-split-rs",
+        aliases=("--no-tp-comm-split-rs",),
+        help="Overlap the reduce-scatters as one atomic GEMM, not split (--tp-comm-overlap).",
+    )
+    overlap_moe_expert_parallel_comm: bool = arg(
+        False,
+        help="Overlap the MoE layers' expert-parallel all-to-all with another microbatch's "
+        "compute (megatron-core's combined 1F1B schedule).",
+    )
+    delay_wgrad_compute: bool = arg(
+        False,
+        help="Delay the experts' weight-gradient GEMMs to overlap more communication "
+        "(with --overlap-moe-expert-parallel-comm).",
+    )
+    ep_overlap_early_attn_memory_release: bool = arg(
+        False,
+        help="Free the attention's activations early in the combined 1F1B schedule "
+        "(with --overlap-moe-expert-parallel-comm).",
+    )
+    fine_grained_activation_offloading: bool = arg(
+        False,
+        help="Keep the activations of --offload-modules in host memory between forward "
+        "and backward.",
+    )
+    offload_modules: List[str] = arg(
+        [],
+        help="What --fine-grained-activation-offloading offloads: attn_norm, qkv_linear, "
+        "core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.",
+    )
+    min_offloaded_tensor_size: int = arg(
+        1024 * 1024, help="Smaller activations stay on the GPU (elements)."
+    )
+    cuda_graph_impl: str = arg(
+        "none",
+        help="CUDA graphs: transformer_engine captures the layers' forward and backward "
+        "after --cuda-graph-warmup-steps iterations (local, megatron-core's own, is not "
+        "here).",
+        choices=["none", "local", "transformer_engine"],
+    )
+    cuda_graph_scope: List[str] = arg(
+        [],
+        help="What the graphs capture: attn, mlp, moe, moe_router, moe_preprocess "
+        "(default: whole layers).",
+    )
+    cuda_graph_warmup_steps: int = arg(
+        3, help="Iterations run before the CUDA graphs are captured."
+    )
+    external_cuda_graph: bool = arg(
+        False, help="Deprecated in Megatron-LM: the same as --cuda-graph-impl transformer_engine."
+    )
+    te_rng_tracker: bool = arg(
+        False,
+        help="Transformer Engine's random-state tracker (on with CUDA graphs, which need it).",
+    )
+
+
 SECTIONS = {
     "model": ModelConfig,
     "parallel": ParallelConfig,
@@ -1002,6 +1114,7 @@ SECTIONS = {
     "tokenizer": TokenizerConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
+    "gpu": GpuConfig,
 }
 
 
@@ -1018,6 +1131,7 @@ class Config:
     tokenizer: TokenizerConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     world_size: int = 1
     extra: dict = field(default_factory=dict)  # sections added by extensions
 

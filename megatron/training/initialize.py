@@ -20,7 +20,7 @@ from megatron.core.rerun_state_machine import (
 )
 
 from megatron.training import cpu_compat, gpu_sharing, optimizer_layout
-from megatron.training.config import Config
+from megatron.training.config import Config, GpuConfig
 
 
 @dataclass
@@ -125,14 +125,53 @@ def start_validation(config: Config) -> None:
     )
 
 
-def set_seeds(seed: int) -> None:
+def set_seeds(seed: int, gpu: GpuConfig) -> None:
     """Megatron's seeding: pipeline stages differ, DP peers agree, and the
-    model-parallel RNG tracker gives TP ranks their dropout streams."""
+    model-parallel RNG tracker gives TP ranks their dropout streams
+    (Transformer Engine's tracker with --te-rng-tracker, one that CUDA graphs
+    can capture with them)."""
     seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        seed,
+        te_rng_tracker=gpu.te_rng_tracker,
+        use_cudagraphable_rng=gpu.cuda_graph_impl != "none",
+    )
+
+
+def init_tp_communicators(config: Config) -> None:
+    """--tp-comm-overlap: Transformer Engine's userbuffers for one
+    microbatch's sequence-parallel activations, set up as Megatron-LM sets
+    them up (its YAML settings per GEMM from --tp-comm-overlap-cfg)."""
+    import yaml
+    from transformer_engine.pytorch import module as te_module
+
+    g, m, p, t = config.gpu, config.model, config.parallel, config.training
+    settings = {}
+    if g.tp_comm_overlap_cfg is not None:
+        with open(g.tp_comm_overlap_cfg) as f:
+            settings = yaml.safe_load(f) or {}
+    rows = config.batch.micro_batch_size * m.seq_length // p.context_parallel_size
+    common = dict(
+        shape=[rows, m.hidden_size],
+        tp_size=p.tensor_model_parallel_size,
+        ub_cfgs=settings,
+        bootstrap_backend=g.tp_comm_bootstrap_backend,
+    )
+    modes = getattr(te_module.base, "UserBufferQuantizationMode", None)
+    if modes is None:  # Transformer Engine before 2.7
+        te_module.base.initialize_ub(use_fp8=t.fp8 is not None, **common)
+        return
+    quantization = [modes.FP8 if t.fp8 else modes.NONE]
+    if (
+        t.fp8
+        and t.first_last_layers_bf16
+        and (t.num_layers_at_start_in_bf16 > 0 or t.num_layers_at_end_in_bf16 > 0)
+    ):
+        quantization.append(modes.NONE)  # the bf16 layers' buffers
+    te_module.base.initialize_ub(quantization_modes=quantization, **common)
 
 
 def logging_level(config: Config):
@@ -157,9 +196,18 @@ def initialize(config: Config) -> Runtime:
     """Everything between a validated config and building the model."""
     set_logging_level(config)
     on_cpu = setup_device(config)
+    if config.gpu.fine_grained_activation_offloading:
+        from megatron.core.pipeline_parallel.utils import set_ideal_affinity_for_current_gpu
+
+        set_ideal_affinity_for_current_gpu()  # as Megatron-LM: host copies near the GPU
+    if config.gpu.cuda_graph_impl == "transformer_engine":
+        # As Megatron-LM: graphs are captured off the default stream.
+        torch.cuda.set_stream(torch.cuda.Stream())
     init_process_groups(config)
+    if config.gpu.tp_comm_overlap:
+        init_tp_communicators(config)
     start_validation(config)
-    set_seeds(config.training.seed)
+    set_seeds(config.training.seed, config.gpu)
     return Runtime(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),

@@ -21,24 +21,15 @@ class MissingFeature:
 
 MISSING_FEATURES = (
     MissingFeature(
-        "CUDA graphs",
-        "GPU only and not built here: a captured graph replays the communicators of the "
-        "process groups it was captured with, and a recovery replaces those groups",
+        "megatron-core's own CUDA graphs",
+        "not built here (--cuda-graph-impl local and the inference graphs): Transformer "
+        "Engine's are, --cuda-graph-impl transformer_engine",
         flags=(
             "--enable-cuda-graph",
-            "--external-cuda-graph",
-            "--te-rng-tracker",
             "--inference-rng-tracker",
             "--decode-only-cuda-graphs",
             "--moe-pad-experts-for-cuda-graph-inference",
         ),
-        prefixes=("--cuda-graph-",),
-    ),
-    MissingFeature(
-        "tensor-parallel communication overlap (Transformer Engine's userbuffers)",
-        "GPU only and not built here: its buffers are registered with the tensor-parallel "
-        "group at start, and a recovery replaces that group",
-        prefixes=("--tp-comm-", "--no-tp-comm-", "--disable-tp-comm-"),
     ),
     MissingFeature(
         "fully sharded data parallelism (Megatron-FSDP, torch FSDP2)",
@@ -60,24 +51,10 @@ MISSING_FEATURES = (
         prefixes=("--fsdp-", "--torch-fsdp2-"),
     ),
     MissingFeature(
-        "MoE expert-parallel communication overlap",
-        "not built here: it runs megatron-core's combined 1F1B schedule on a schedule "
-        "plan that the forward step returns",
-        flags=(
-            "--overlap-moe-expert-parallel-comm",
-            "--delay-wgrad-compute",
-            "--ep-overlap-early-attn-memory-release",
-        ),
-    ),
-    MissingFeature(
-        "activation offloading to host memory",
-        "GPU only (copies on CUDA streams) and not built here",
-        flags=(
-            "--fine-grained-activation-offloading",
-            "--offload-modules",
-            "--min-offloaded-tensor-size",
-            "--cpu-offloading-num-layers",
-        ),
+        "layer-wise activation offloading",
+        "GPU only (copies on CUDA streams) and not built here: the fine-grained one is "
+        "(--fine-grained-activation-offloading)",
+        flags=("--cpu-offloading-num-layers",),
     ),
     MissingFeature(
         "optimizer offloading to the CPU",
@@ -93,8 +70,8 @@ MISSING_FEATURES = (
     ),
     MissingFeature(
         "the Muon optimizer",
-        "not here: megatron-core's Muon needs the emerging_optimizers package, which is "
-        "not on PyPI",
+        "not here: megatron-core's Muon needs the emerging_optimizers package, whose "
+        "releases need Python 3.12 (these machines have 3.11)",
         prefixes=("--muon-",),
     ),
     MissingFeature(

@@ -62,6 +62,7 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         **moe_settings(config),
         **latent_attention_settings(config),
         **fusion_settings(config, on_cpu),
+        **gpu_settings(config),
         num_layers=m.num_layers,
         mtp_num_layers=m.mtp_num_layers,
         mtp_loss_scaling_factor=m.mtp_loss_scaling_factor,
@@ -124,6 +125,34 @@ def transformer_config(config: Config, on_cpu: bool) -> TransformerConfig:
         first_last_layers_bf16=t.first_last_layers_bf16,
         num_layers_at_start_in_bf16=t.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=t.num_layers_at_end_in_bf16,
+    )
+
+
+def gpu_settings(config: Config) -> dict:
+    """megatron-core's fields for the GPU-only features (arguments.py refuses
+    them elsewhere): Transformer Engine's tensor-parallel overlap, the MoE
+    communication overlap, activation offloading and CUDA graphs."""
+    g = config.gpu
+    return dict(
+        tp_comm_overlap=g.tp_comm_overlap,
+        tp_comm_overlap_ag=g.tp_comm_overlap_ag,
+        tp_comm_overlap_rs=g.tp_comm_overlap_rs,
+        tp_comm_overlap_rs_dgrad=g.tp_comm_overlap_rs_dgrad,
+        tp_comm_bulk_dgrad=g.tp_comm_bulk_dgrad,
+        tp_comm_bulk_wgrad=g.tp_comm_bulk_wgrad,
+        tp_comm_split_ag=g.tp_comm_split_ag,
+        tp_comm_split_rs=g.tp_comm_split_rs,
+        tp_comm_bootstrap_backend=g.tp_comm_bootstrap_backend,
+        overlap_moe_expert_parallel_comm=g.overlap_moe_expert_parallel_comm,
+        delay_wgrad_compute=g.delay_wgrad_compute,
+        ep_overlap_early_attn_memory_release=g.ep_overlap_early_attn_memory_release,
+        fine_grained_activation_offloading=g.fine_grained_activation_offloading,
+        offload_modules=list(g.offload_modules),
+        min_offloaded_tensor_size=g.min_offloaded_tensor_size,
+        cuda_graph_impl=g.cuda_graph_impl,
+        cuda_graph_scope=list(g.cuda_graph_scope),
+        cuda_graph_warmup_steps=g.cuda_graph_warmup_steps,
+        use_te_rng_tracker=g.te_rng_tracker,
     )
 
 

@@ -37,7 +37,9 @@ from megatron.core.transformer.module import param_is_not_shared
 from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
 from megatron.training.config import Config
 from megatron.training.arguments import ConfigError
+from megatron.training.cuda_graphs import cuda_graph_hooks
 from megatron.training.fim import sentinel_ids, token_id
+from megatron.training.hooks import Hook  # noqa: F401 - extensions import it from here too
 from megatron.training.dashboards import Dashboards
 from megatron.training.initialize import Runtime, initialize
 from megatron.training.log import (
@@ -58,32 +60,6 @@ from megatron.training.tokenizer import build_tokenizer
 class NothingToResume(Exception):
     """--exit-on-missing-checkpoint and no checkpoint to load: the run ends
     before its first iteration, with exit code 0 as Megatron-LM's does."""
-
-
-class Hook:
-    """Override what you need; every method is optional. In the order the
-    trainer calls them within an iteration: before_step, then per training
-    microbatch before_microbatch and after_forward (its output, which a hook
-    may register a backward hook on), before_grad_reduce (at the end of
-    backward), before_optimizer_step, before_param_sync (after the optimizer
-    updated the shard, before the parameter all-gather), after_step. Around
-    a checkpoint save: before_save, and after_save with its outcome once it
-    ended (for --async-save, iterations later)."""
-
-    def on_setup(self, trainer: "Trainer") -> None: ...
-    def before_step(self, trainer: "Trainer") -> None: ...
-    def before_microbatch(self, trainer: "Trainer") -> None: ...
-    def after_forward(self, trainer: "Trainer", output: torch.Tensor) -> None: ...
-    def before_grad_reduce(self, trainer: "Trainer") -> None: ...
-    def before_optimizer_step(self, trainer: "Trainer") -> None: ...
-    def before_param_sync(self, trainer: "Trainer") -> None: ...
-    def after_step(self, trainer: "Trainer", metrics: dict) -> None: ...
-    def before_save(self, trainer: "Trainer") -> None: ...
-    def after_save(self, trainer: "Trainer", outcome: saving.Outcome) -> None: ...
-    def log_fields(self, trainer: "Trainer") -> List[str]:
-        return []
-
-    def on_train_end(self, trainer: "Trainer") -> None: ...
 
 
 @dataclass
@@ -199,12 +175,16 @@ class Trainer:
         for hook in self.hooks:
             getattr(hook, name)(self, *args)
 
-    def _forward_step(self, data_iterator, model):
+    def _forward_step(self, data_iterator, model, **options):
         """A microbatch (training or validation): hooks around the user's
-        forward step."""
+        forward step. megatron-core's combined 1F1B schedule asks for a
+        schedule plan instead of the output (``return_schedule_plan``);
+        hooks then see no output (that schedule is refused under --deadpool,
+        whose hooks read it)."""
         self._call("before_microbatch")
-        output, loss_func = self.forward_step(data_iterator, model)
-        self._call("after_forward", output)
+        output, loss_func = self.forward_step(data_iterator, model, **options)
+        if not options.get("return_schedule_plan"):
+            self._call("after_forward", output)
         return output, loss_func
 
     def _finalize_grads(self, *args, **kwargs):
@@ -979,6 +959,7 @@ def build_trainer(
         if config.data.fim_data:
             _check_sentinels(config, tokenizer, say=runtime.rank == 0)
         datasets = data.build_datasets(config, tokenizer)
+    hooks = [*cuda_graph_hooks(config), *hooks]
     trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)
     trainer.scale_gradients_by_quota()
     return trainer

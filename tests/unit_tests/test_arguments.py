@@ -400,6 +400,9 @@ SPECIAL = {
         2,
     ),
     "profile": ([], True, ["--use-pytorch-profiler", "--tensorboard-dir", "tb"], (), 1),
+    # Without their GPU feature (refused here): taken, with a warning.
+    "cuda_graph_scope": (["attn", "mlp"], ["attn", "mlp"], [], (), 1),
+    "offload_modules": (["core_attn"], ["core_attn"], [], (), 1),
     **{
         name: (
             values,
@@ -441,6 +444,14 @@ UNSUPPORTED = {
     "moe_router_fusion": (MOE, ()),
     "moe_token_dispatcher_type": (["flex", *MOE], ()),
     "moe_enable_deepep": (MOE, ()),
+    # GPU only, with Transformer Engine: refused on CPU.
+    "tp_comm_overlap": ([], ()),
+    "overlap_moe_expert_parallel_comm": (MOE, ()),
+    "delay_wgrad_compute": (["--overlap-moe-expert-parallel-comm", *MOE], ()),
+    "fine_grained_activation_offloading": (["--offload-modules", "core_attn"], ()),
+    "cuda_graph_impl": (["transformer_engine"], ()),
+    "external_cuda_graph": ([], ()),
+    "te_rng_tracker": ([], ()),
 }
 
 
@@ -1244,14 +1255,17 @@ def test_moe_with_the_tp_pp_dp_order_is_refused_where_megatron_core_would_stop()
 def test_an_unknown_flag_is_told_apart_from_megatron_lms_that_are_not_here_yet():
     message = _config_error(
         argv("--num-layer", "4", "--max-seqlen-per-dp-cp-rank", "8", "--zzz")
-        + ["--use-torch-fsdp2", "--cuda-graph-impl", "local", "--cuda-graph-scope", "attn"]
+        + ["--use-torch-fsdp2", "--enable-cuda-graph", "--decode-only-cuda-graphs"]
     )
     assert "unknown flag --num-layer: did you mean --num-layers?" in message
     assert "--max-seqlen-per-dp-cp-rank is Megatron-LM's, not supported here yet" in message
     assert "unknown flag --zzz" in message and "did you mean" not in message.split("--zzz")[1]
     # A flag of a feature that is not here: the feature and why, its flags together.
     _names_all(message, "--use-torch-fsdp2: Megatron-LM's fully sharded", "--use-distributed-opt")
-    assert "--cuda-graph-impl, --cuda-graph-scope: Megatron-LM's CUDA graphs, GPU only" in message
+    assert (
+        "--enable-cuda-graph, --decode-only-cuda-graphs: Megatron-LM's megatron-core's own "
+        "CUDA graphs, not built here"
+    ) in message
 
 
 def test_the_deprecated_rotary_flag_selects_rope(capsys):

@@ -342,3 +342,34 @@ def test_the_flex_dispatcher_is_refused_under_deadpool(monkeypatch):
     message = error(DEADPOOL + moe + ["--deadpool-ranks-per-node", "4"], 8)
     assert "--moe-token-dispatcher-type flex" in message and "--deadpool" in message
     assert parse(["--use-distributed-optimizer"] + moe, 8)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap"], None),
+        (["--cuda-graph-impl", "transformer_engine"], "--cuda-graph-impl transformer_engine"),
+        (
+            ["--offload-modules", "core_attn", "--fine-grained-activation-offloading"],
+            None,
+        ),
+        (
+            ["--num-experts", "4", "--expert-model-parallel-size", "2", "--disable-bias-linear"]
+            + ["--moe-token-dispatcher-type", "alltoall", "--overlap-moe-expert-parallel-comm"],
+            None,
+        ),
+    ],
+    ids=["tp-overlap", "cuda-graphs", "offloading", "moe-overlap"],
+)
+def test_the_gpu_only_features_are_refused_under_deadpool(monkeypatch, flags, named):
+    """No recovery with them has been shown (each keeps state bound to the
+    process groups or the schedule): refused under --deadpool by name, taken
+    without it, on a GPU node with Transformer Engine."""
+    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
+    monkeypatch.setattr(arguments, "_gpu_count", lambda: 8)
+    monkeypatch.setattr(arguments, "_importable", lambda module: True)
+    environ = {"LOCAL_WORLD_SIZE": "4"}
+    gpu = ["--bf16", "--transformer-impl", "transformer_engine"]
+    message = error(DEADPOOL + gpu + flags, 8, environ)
+    assert (named or flags[-1]) in message and "drop it under --deadpool" in message
+    assert parse(["--use-distributed-optimizer"] + gpu + flags, 8, environ)

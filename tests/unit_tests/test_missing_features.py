@@ -24,9 +24,12 @@ def test_each_feature_selects_flags_of_megatron_lms():
 
 
 def test_flags_are_grouped_by_their_feature_in_order():
-    groups = by_feature(["--cuda-graph-impl", "--zzz", "--grpo-kl-beta", "--cuda-graph-scope"])
+    groups = by_feature(["--use-torch-fsdp2", "--zzz", "--grpo-kl-beta", "--fsdp-double-buffer"])
     assert [(f.name if f else None, flags) for f, flags in groups.items()] == [
-        ("CUDA graphs", ["--cuda-graph-impl", "--cuda-graph-scope"]),
+        (
+            "fully sharded data parallelism (Megatron-FSDP, torch FSDP2)",
+            ["--use-torch-fsdp2", "--fsdp-double-buffer"],
+        ),
         (None, ["--zzz"]),
         ("reinforcement learning (GRPO)", ["--grpo-kl-beta"]),
     ]
