@@ -43,19 +43,20 @@ def curve_difference(got: List[dict], want: List[dict]) -> Optional[str]:
 
 
 def shrink_difference(
-    got: List[dict], want: List[dict], fault_iteration: int, dropout: bool
+    got: List[dict], want: List[dict], fault_iteration: int, rank_drawn_dropout: bool = False
 ) -> Optional[str]:
     """None when a shrunk run kept the failure-free one's course: the same
     iterations, samples and lr, and loss and grad norm within
-    SHRINK_TOLERANCE; with dropout on (masks drawn by other replicas after
-    the shrink), equal up to the iteration before the fault and finite after."""
+    SHRINK_TOLERANCE. With dropout drawn from each rank's stream
+    (--no-deadpool-sample-rng), a moved microbatch draws other masks: then
+    equal up to the iteration before the fault, and finite after."""
     if [m["iteration"] for m in got] != [m["iteration"] for m in want]:
         return f"iterations {[m['iteration'] for m in got]}"
     for g, w in zip(got, want):
         if g["consumed_samples"] != w["consumed_samples"] or g["lr"] != w["lr"]:
             return f"iteration {g['iteration']}: samples or lr differ"
         for key in ("lm_loss", "grad_norm"):
-            if dropout and g["iteration"] >= fault_iteration - 1:
+            if rank_drawn_dropout and g["iteration"] >= fault_iteration - 1:
                 bad = not abs(g[key]) < float("inf")
             else:
                 bad = abs(g[key] - w[key]) > SHRINK_TOLERANCE * abs(w[key])

@@ -102,6 +102,14 @@ class DeadpoolConfig:
         "a transient fault; NaN again: the job stops), or stop, as Megatron-LM's check.",
         choices=["rollback", "stop"],
     )
+    deadpool_sample_rng: bool = arg(
+        True,
+        flag="--no-deadpool-sample-rng",
+        help="Draw Megatron-LM's per-rank random streams instead of seeding each training "
+        "microbatch's draws (dropout) from its first sample, stage and model chunk: then a "
+        "shrink, a grow or a resume at another data-parallel size changes the masks of the "
+        "microbatches that move, and the curve drifts with dropout on.",
+    )
     deadpool_on_spares_exhausted: str = arg(
         ON_SPARES_EXHAUSTED,
         help="When a rank is lost and no spare is left: shrink (drop the "
@@ -267,13 +275,13 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
         )
     gpu_features = arguments.gpu_features_given(config)
     if gpu_features:
-        # Each holds state bound to the process groups or the schedule (TE's
-        # userbuffers and graphs, the combined 1F1B plans, the offload
-        # manager's copies) that no recovery has been shown to rebuild.
+        # TE's userbuffers and graphs hold the process groups a recovery
+        # replaces; the combined 1F1B plans, the offload manager's copies and
+        # TE's random-state tracker are state no recovery has been run with.
         raise ConfigError(
             f"--deadpool with {', '.join(gpu_features)}: no recovery with it has been "
-            "shown yet (it runs on GPUs only, and keeps state bound to the process groups "
-            "or the schedule); drop it under --deadpool"
+            "shown yet (GPU only; it keeps state a recovery would have to rebuild); drop it "
+            "under --deadpool"
         )
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")

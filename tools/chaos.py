@@ -9,8 +9,8 @@ would (mock data, Megatron's default data-loader workers) and checks:
   * hot swap (spares enough): the loss, grad-norm and lr curve and every
     rank's final checkpoint equal the failure-free run's bit for bit;
   * shrink (no spare): every iteration runs with the failure-free run's
-    samples and lr, loss and grad norm within 1e-5 relative (dropout is
-    off in these trials; see tests/functional_tests/test_shrink.py for why);
+    samples and lr, loss and grad norm within 1e-5 relative (dropout on:
+    its masks follow the sample, --deadpool-sample-rng);
   * rank and buddy lost: the job stops with the documented reason;
   * always: every survivor tore its groups down within the heartbeat
     timeout of the failure's detection (the release bound), the job ended
@@ -29,8 +29,8 @@ launcher per node (not --standalone), a spare node and node 1's standby
 (--standby-addr), which must take over; the rest is drawn as usual, and the
 check is the hot swap's.
 
-Failure-free references are run once per (topology, model, dropout) and
-shared between trials.
+Failure-free references are run once per (topology, model, dropout, random
+streams) and shared between trials.
 """
 
 import argparse
@@ -94,7 +94,8 @@ class Trial:
     iteration: int
     phase: str
     delay_ms: int
-    with_dropout: Optional[bool] = None  # default: on, unless the job shrinks
+    with_dropout: bool = True
+    sample_rng: bool = True  # --deadpool-sample-rng (off: each rank's stream, as Megatron-LM)
     spare_wait: Optional[float] = None  # --deadpool-spare-wait, default the flag's
     expect: Optional[str] = None  # swap, shrink or stop; default from the draw
     iters: int = ITERS
@@ -116,11 +117,13 @@ class Trial:
 
     @property
     def dropout(self) -> bool:
-        """Shrunk runs are compared within a tolerance, which dropout masks
-        drawn by another replica would break."""
-        if self.with_dropout is not None:
-            return self.with_dropout
-        return self.expected != "shrink"
+        return self.with_dropout
+
+    @property
+    def rank_drawn_dropout(self) -> bool:
+        """Dropout masks drawn from each rank's stream: a shrink moves
+        microbatches to ranks that draw other masks."""
+        return self.with_dropout and not self.sample_rng
 
     def describe(self) -> str:
         vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
@@ -251,6 +254,8 @@ def job_args(trial: Trial, out: str) -> List[str]:
     ]
     if not trial.dropout:
         args += ["--hidden-dropout", "0", "--attention-dropout", "0"]
+    if not trial.sample_rng:
+        args += ["--no-deadpool-sample-rng"]
     if trial.virtual_stages > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(trial.virtual_stages)]
     args += ["--deadpool-mirror-mode", trial.mirror_mode]
@@ -420,7 +425,7 @@ def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
     )
     if [m["iteration"] for m in got] != list(range(1, trial.iters + 1)):
         return f"iterations {[m['iteration'] for m in got]}"
-    return shrink_difference(got, want, trial.iteration, trial.dropout)
+    return shrink_difference(got, want, trial.iteration, trial.rank_drawn_dropout)
 
 
 def stuck_survivors(events: List[dict]) -> List[int]:
@@ -485,7 +490,7 @@ def check(trial: Trial, out: str, ref: Optional[str], code: int, tail: str) -> O
 def reference(trial: Trial, workdir: str, limit_s: float) -> str:
     key = (
         f"ref-tp{trial.tp}-pp{trial.pp}-vpp{trial.virtual_stages}-{trial.model}-"
-        f"{'drop' if trial.dropout else 'nodrop'}"
+        f"{'drop' if trial.dropout else 'nodrop'}{'' if trial.sample_rng else '-rankrng'}"
         f"-{trial.iters}"
     )
     out = os.path.join(workdir, key)

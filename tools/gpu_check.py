@@ -324,7 +324,7 @@ def judge_shrink(work: str) -> dict:
         if not os.path.isdir(os.path.join(work, name)):
             continue
         fault_iteration = int(SHRINK_FAULT.split("iter=")[1].split(":")[0])
-        difference = shrink_difference(got, want, fault_iteration, dropout=False)
+        difference = shrink_difference(got, want, fault_iteration)
         difference = difference if got and want else "a run left no metrics"
         drift = max(
             (

@@ -5,7 +5,9 @@
 * ``RecoveryHook``: progress for the heartbeats, a failure announced by
   the coordinator seen between microbatches, the buddy plan for the
   coordinator, the first iteration after a recovery;
-* ``FaultHook``: where ``--deadpool-inject`` faults fire.
+* ``FaultHook``: where ``--deadpool-inject`` faults fire;
+* and ``sample_rng.SampleRngHook``: each training microbatch's random
+  draws seeded from its sample (--deadpool-sample-rng).
 """
 
 import dataclasses
@@ -31,6 +33,7 @@ from deadpool_ext.protocol import WorkerState
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.rank.generation import open_mirror_groups
+from deadpool_ext.rank.sample_rng import SampleRngHook
 from deadpool_ext.state.mirror import Mirror
 from deadpool_ext.topology import BuddyMap
 
@@ -350,7 +353,12 @@ class FaultHook(Hook):
 
 
 def deadpool_hooks(config: Config) -> list:
-    return [MirrorHook(config)] if section(config).deadpool else []
+    """Under torchrun: the mirror, and the draws that follow the sample as
+    under deadpool-launch (the same curve either way)."""
+    dp = section(config)
+    if not dp.deadpool:
+        return []
+    return ([SampleRngHook(config)] if dp.deadpool_sample_rng else []) + [MirrorHook(config)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,9 +368,11 @@ class RankHooks:
     mirror: MirrorHook
     recovery: RecoveryHook
     faults: FaultHook
+    sample_rng: Optional[Hook] = None  # --deadpool-sample-rng (sample_rng.py)
 
     def all(self) -> List[Hook]:
-        return [self.mirror, self.recovery, self.faults]
+        keyed = [self.sample_rng] if self.sample_rng is not None else []
+        return keyed + [self.mirror, self.recovery, self.faults]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from deadpool_ext.rank.generation import (
 )
 from deadpool_ext.rank.client import ControlClient
 from deadpool_ext.rank.hooks import Builders, FaultHook, MirrorHook, RankHooks, RecoveryHook
+from deadpool_ext.rank.sample_rng import SampleRngHook
 from deadpool_ext.wire import (
     leave,
 )
@@ -53,6 +54,7 @@ def build_hooks(config: Config, ctx: ControlClient, injector: Injector) -> RankH
         mirror_hook,
         RecoveryHook(ctx, mirror_hook, config),
         FaultHook(injector, ctx, mirror_hook),
+        SampleRngHook(config) if section(config).deadpool_sample_rng else None,
     )
 
 

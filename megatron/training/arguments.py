@@ -1130,20 +1130,26 @@ def _check_gpu_features(config: Config) -> None:
     on_gpu = config.parallel.distributed_backend == "nccl"
     given = gpu_features_given(config)
     _require(
-        not given or (on_gpu and _uses_transformer_engine(config)),
-        f"{', '.join(given)}: GPU only, with Transformer Engine (CUDA streams and its "
-        "kernels): drop it here",
+        not given or on_gpu,
+        f"{', '.join(given)}: GPU only (CUDA streams and kernels): drop it here",
+    )
+    # All but the MoE overlap's schedule are Transformer Engine's.
+    with_te = [flag for flag in given if flag != "--overlap-moe-expert-parallel-comm"]
+    _require(
+        not with_te or _uses_transformer_engine(config),
+        f"{', '.join(with_te)}: needs Transformer Engine (--transformer-impl "
+        "transformer_engine, its package installed): drop it here",
     )
     _check_tp_comm_overlap(config)
-    _require(
-        not g.delay_wgrad_compute or g.overlap_moe_expert_parallel_comm,
-        "--delay-wgrad-compute goes with --overlap-moe-expert-parallel-comm",
-    )
-    _ignored_without(
-        "--overlap-moe-expert-parallel-comm",
-        g.overlap_moe_expert_parallel_comm,
-        [("--ep-overlap-early-attn-memory-release", g.ep_overlap_early_attn_memory_release)],
-    )
+    for flag, given in (
+        ("--delay-wgrad-compute", g.delay_wgrad_compute),
+        ("--ep-overlap-early-attn-memory-release", g.ep_overlap_early_attn_memory_release),
+    ):  # megatron-core refuses either alone
+        _require(
+            not given or g.overlap_moe_expert_parallel_comm,
+            f"{flag} goes with --overlap-moe-expert-parallel-comm",
+        )
+    _check_delayed_wgrad(config)
     _check_activation_offloading(config)
     _check_cuda_graphs(config)
 
@@ -1171,6 +1177,22 @@ def _check_tp_comm_overlap(config: Config) -> None:
     _require(
         cfg is None or os.path.isfile(cfg),
         f"--tp-comm-overlap-cfg {cfg}: no such file",
+    )
+
+
+def _check_delayed_wgrad(config: Config) -> None:
+    """Megatron-LM's Transformer Engine versions for --delay-wgrad-compute."""
+    version = _package_version("transformer_engine")
+    if not config.gpu.delay_wgrad_compute or version is None:
+        return
+    _require(
+        not config.parallel.overlap_grad_reduce or version >= (2, 8),
+        "--delay-wgrad-compute with --overlap-grad-reduce needs Transformer Engine 2.8 or later",
+    )
+    _require(
+        config.training.gradient_accumulation_fusion or version >= (2, 7),
+        "--delay-wgrad-compute with --no-gradient-accumulation-fusion needs Transformer "
+        "Engine 2.7 or later",
     )
 
 

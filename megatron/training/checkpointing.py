@@ -194,7 +194,9 @@ def rng_states() -> List[dict]:
 
 def rng_object() -> ShardedObject:
     """The RNG states as one object per (pp, tp) position: data-parallel
-    peers draw alike, so one of them is saved."""
+    peers draw alike, so one of them is saved (under --deadpool-sample-rng
+    they end an iteration in different states, which the next microbatch's
+    reseed overwrites: nothing draws before it)."""
     ps = parallel_state
     return ShardedObject(
         "rng_state",

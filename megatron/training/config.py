@@ -1044,13 +1044,13 @@ class GpuConfig:
         True,
         flag="--disable-tp-comm-split-ag",
         aliases=("--no-tp-comm-split-ag",),
-        help="Overlap the all-gathers as one atomic GEMM, not split (--tp-comm-overlap).",
+        help="Do not split the all-gathers' GEMMs into chunks to overlap (--tp-comm-overlap).",
     )
     tp_comm_split_rs: bool = arg(
         True,
         flag="--disable-tp-comm-split-rs",
         aliases=("--no-tp-comm-split-rs",),
-        help="Overlap the reduce-scatters as one atomic GEMM, not split (--tp-comm-overlap).",
+        help="Do not split the reduce-scatters' GEMMs into chunks to overlap (--tp-comm-overlap).",
     )
     overlap_moe_expert_parallel_comm: bool = arg(
         False,

@@ -98,8 +98,17 @@ def args_view(config: Config) -> argparse.Namespace:
         consumed_train_samples=0,
         fp16_lm_cross_entropy=False,
         train_iters=t.train_iters,
+        cuda_graph_scope=_cuda_graph_scopes(config),
     )
     return args
+
+
+def _cuda_graph_scopes(config: Config) -> list:
+    """--cuda-graph-scope as Megatron-LM's parser gives it: megatron-core's
+    CudaGraphScope members ('full', deprecated, stays a string)."""
+    from megatron.core.transformer.enums import CudaGraphScope
+
+    return [s if s == "full" else CudaGraphScope[s] for s in config.gpu.cuda_graph_scope]
 
 
 def _params_dtype(config: Config):

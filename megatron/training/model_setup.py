@@ -152,7 +152,6 @@ def gpu_settings(config: Config) -> dict:
         cuda_graph_impl=g.cuda_graph_impl,
         cuda_graph_scope=list(g.cuda_graph_scope),
         cuda_graph_warmup_steps=g.cuda_graph_warmup_steps,
-        use_te_rng_tracker=g.te_rng_tracker,
     )
 
 

@@ -73,6 +73,18 @@ class Progress:
     floating_point_operations: float = 0.0  # so far, as Megatron-LM counts them
 
 
+@dataclass(frozen=True)
+class MicrobatchPosition:
+    """A training microbatch's place: its model chunk, its number among this
+    rank's microbatches of the iteration, and the index of its first sample
+    in the run, which is the same whichever data-parallel rank runs it
+    (data.MicrobatchSampler's order)."""
+
+    chunk: int
+    number: int
+    first_sample: int
+
+
 @dataclass
 class _LogWindow:
     """Sums since the last log line, for Megatron's interval averages."""
@@ -143,6 +155,10 @@ class Trainer:
         self.dashboards = None  # TensorBoard and W&B, once set up
         self.window = _LogWindow()
         self.train_iterator = None
+        # The training microbatch in forward (for hooks; None outside
+        # training's forward-backward), and each chunk's count so far.
+        self.microbatch: Optional[MicrobatchPosition] = None
+        self._microbatches_started: Optional[List[int]] = None
         # 0, or the code the run stops with when a result failed validation
         # (megatron-core's rerun state machine: 16 resume elsewhere, 17 failed).
         self.exit_code = 0
@@ -181,11 +197,36 @@ class Trainer:
         schedule plan instead of the output (``return_schedule_plan``);
         hooks then see no output (that schedule is refused under --deadpool,
         whose hooks read it)."""
+        self.microbatch = self._next_position(model)
         self._call("before_microbatch")
         output, loss_func = self.forward_step(data_iterator, model, **options)
         if not options.get("return_schedule_plan"):
             self._call("after_forward", output)
         return output, loss_func
+
+    def _next_position(self, model) -> Optional[MicrobatchPosition]:
+        """The position of the training microbatch about to run on ``model``
+        (a chunk's microbatches run in order in every schedule); None in
+        validation."""
+        if self._microbatches_started is None:
+            return None
+        chunk = self._chunk_index(model)
+        number = self._microbatches_started[chunk]
+        self._microbatches_started[chunk] += 1
+        slot = number * self.config.data_parallel_size + self.runtime.dp_rank
+        first = self.progress.consumed_samples + slot * self.config.batch.micro_batch_size
+        return MicrobatchPosition(chunk, number, first)
+
+    def _chunk_index(self, model) -> int:
+        """Which model chunk ``model`` is: a chunk, or the model inside its
+        wrappers (megatron-core's combined 1F1B schedule passes that)."""
+        for index, chunk in enumerate(self.state.model):
+            wrapped = chunk
+            while wrapped is not None:
+                if wrapped is model:
+                    return index
+                wrapped = getattr(wrapped, "module", None)
+        raise ValueError("the schedule ran a model that is none of the trainer's chunks")
 
     def _finalize_grads(self, *args, **kwargs):
         self._call("before_grad_reduce")
@@ -361,15 +402,19 @@ class Trainer:
             for chunk in state.model:
                 chunk.zero_grad_buffer()
             state.optimizer.zero_grad()
-            losses = self.forward_backward(
-                forward_step_func=self._forward_step,
-                data_iterator=self.train_iterator,
-                model=state.model,
-                num_microbatches=self.num_microbatches,
-                seq_length=cfg.model.seq_length,
-                micro_batch_size=cfg.batch.micro_batch_size,
-                forward_only=False,
-            )
+            self._microbatches_started = [0] * len(state.model)
+            try:
+                losses = self.forward_backward(
+                    forward_step_func=self._forward_step,
+                    data_iterator=self.train_iterator,
+                    model=state.model,
+                    num_microbatches=self.num_microbatches,
+                    seq_length=cfg.model.seq_length,
+                    micro_batch_size=cfg.batch.micro_batch_size,
+                    forward_only=False,
+                )
+            finally:
+                self._microbatches_started, self.microbatch = None, None
         checkpoint, stop, code = machine.should_checkpoint_and_exit()
         if stop:
             self.stop_on_failed_validation(checkpoint, code)

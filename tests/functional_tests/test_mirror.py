@@ -249,6 +249,9 @@ def test_pretrain_gpt_with_deadpool_trains_the_same_curve(case, tmp_path, corpus
     if (case["topology"], case["precision"], case["mode"]) != ("dp4", "fp32", "state"):
         pytest.skip("one entry-point run is enough; the worker covers the rest")
     args = base_args("dp4", "fp32", corpus_prefix, tmp_path) + deadpool_args("dp4", tmp_path)
+    # The mirror alone: the reference, without --deadpool, draws dropout from
+    # each rank's streams (--deadpool-sample-rng would seed them by sample).
+    args += ["--no-deadpool-sample-rng"]
     stdout = run_pretrain(case["ranks"], args)
     assert curve(read_metrics(tmp_path / "metrics.jsonl")) == curve(
         read_metrics(case["reference"] / "metrics.jsonl")

@@ -373,6 +373,7 @@ ORDER = [
     "deadpool_ext.rank.errors",
     "deadpool_ext.rank.client",
     "deadpool_ext.rank.restore",
+    "deadpool_ext.rank.sample_rng",
     "deadpool_ext.rank.hooks",
     "deadpool_ext.rank.rebuild",
     "deadpool_ext.rank.recovery",

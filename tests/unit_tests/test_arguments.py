@@ -448,6 +448,7 @@ UNSUPPORTED = {
     "tp_comm_overlap": ([], ()),
     "overlap_moe_expert_parallel_comm": (MOE, ()),
     "delay_wgrad_compute": (["--overlap-moe-expert-parallel-comm", *MOE], ()),
+    "ep_overlap_early_attn_memory_release": (MOE, ()),  # alone: megatron-core refuses it
     "fine_grained_activation_offloading": (["--offload-modules", "core_attn"], ()),
     "cuda_graph_impl": (["transformer_engine"], ()),
     "external_cuda_graph": ([], ()),

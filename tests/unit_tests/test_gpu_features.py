@@ -75,12 +75,16 @@ def test_each_feature_is_refused_on_a_cpu_by_name(flags, named):
     assert named in str(caught.value) and "GPU only" in str(caught.value)
 
 
-def test_each_feature_needs_transformer_engine_on_a_gpu_too():
+def test_transformer_engines_features_need_it_on_a_gpu_too():
     no_te = lambda module: module != "transformer_engine"  # noqa: E731
     message = refusal(["--cuda-graph-impl", "transformer_engine"], importable=no_te)
-    assert "Transformer Engine" in message
-    # Control: with it, taken.
+    assert "--cuda-graph-impl transformer_engine: needs Transformer Engine" in message
+    # Control: with it, taken; megatron-core's own schedule needs no TE.
     on_a_gpu_node(["--cuda-graph-impl", "transformer_engine"])
+    overlap = MOE_EP2 + ["--overlap-moe-expert-parallel-comm"]
+    assert on_a_gpu_node(overlap, 2, importable=no_te).gpu.overlap_moe_expert_parallel_comm
+    message = refusal(overlap + ["--delay-wgrad-compute"], 2, importable=no_te)
+    assert "--delay-wgrad-compute: needs Transformer Engine" in message
 
 
 def test_tensor_parallel_overlap_follows_megatron_lms_rules(tmp_path, capsys):
@@ -107,9 +111,9 @@ def test_the_moe_overlap_reaches_megatron_core_which_checks_it():
     flags = MOE_EP2 + ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     tf = transformer_config(on_a_gpu_node(flags, 2), on_cpu=False)
     assert tf.overlap_moe_expert_parallel_comm and tf.delay_wgrad_compute
-    assert "--delay-wgrad-compute goes with --overlap-moe-expert-parallel-comm" in refusal(
-        MOE_EP2 + ["--delay-wgrad-compute"], 2
-    )
+    for alone in ("--delay-wgrad-compute", "--ep-overlap-early-attn-memory-release"):
+        message = refusal(MOE_EP2 + [alone], 2)
+        assert f"{alone} goes with --overlap-moe-expert-parallel-comm" in message
     # megatron-core's own rule, said at parse time: the overlap needs experts
     # spread over ranks.
     one_rank = ["--num-experts", "4", "--disable-bias-linear", "--moe-token-dispatcher-type"]
@@ -137,7 +141,7 @@ def test_cuda_graphs_follow_megatron_lms_rules(monkeypatch, capsys):
     config = on_a_gpu_node(graphs + ["--cuda-graph-warmup-steps", "0"])
     assert "turning --te-rng-tracker on" in capsys.readouterr().out
     tf = transformer_config(config, on_cpu=False)
-    assert tf.cuda_graph_impl == "transformer_engine" and tf.use_te_rng_tracker
+    assert tf.cuda_graph_impl == "transformer_engine" and config.gpu.te_rng_tracker
     assert tf.cuda_graph_scope == [CudaGraphScope.attn, CudaGraphScope.mlp]
     assert tf.cuda_graph_warmup_steps == 0
     assert "local (megatron-core's own graphs) is not here" in refusal(
@@ -171,7 +175,7 @@ def test_no_feature_no_megatron_core_fields_changed():
     megatron-core's defaults (no overlap, no graphs, no offloading)."""
     tf = transformer_config(on_a_gpu_node([]), on_cpu=False)
     assert not (tf.tp_comm_overlap or tf.overlap_moe_expert_parallel_comm)
-    assert not (tf.fine_grained_activation_offloading or tf.use_te_rng_tracker)
+    assert not tf.fine_grained_activation_offloading
     assert tf.cuda_graph_impl == "none" and cuda_graph_hooks(on_a_gpu_node([])) == []
 
 
