@@ -61,15 +61,20 @@ demo: demo-reference
 # again only when that changes, so a second `make demo` skips it.
 demo-reference: override RUN_DIR := $(REFERENCE_DIR)
 demo-reference: data
-	@if [ "$$(cat $(RUN_DIR)/command.txt 2>/dev/null)" = '$(REFERENCE_COMMAND)' ]; then \
-		echo "failure-free reference: reusing $(RUN_DIR) (same command line)"; \
+	@if [ "$$(cat $(RUN_DIR)/command.txt 2>/dev/null)" = '$(REFERENCE_KEY)' ]; then \
+		echo "failure-free reference: reusing $(RUN_DIR) (same command line and code)"; \
 	else \
 		echo "failure-free reference run, same seed, in $(RUN_DIR):" && \
 		echo '$(REFERENCE_COMMAND)' && rm -rf $(RUN_DIR) && \
 		OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore $(REFERENCE_COMMAND) && \
-		echo '$(REFERENCE_COMMAND)' > $(RUN_DIR)/command.txt; \
+		echo '$(REFERENCE_KEY)' > $(RUN_DIR)/command.txt; \
 	fi
 REFERENCE_COMMAND = $(LAUNCH) pretrain_gpt.py $(DEMO_ARGS) $(DEADPOOL_ARGS)
+# A reference is reused only for the same command line and the same code
+# (the commit and any change on top of it): other code may train another curve.
+CODE_ID = $(shell (git rev-parse HEAD && git diff HEAD && git ls-files --others \
+	--exclude-standard) 2>/dev/null | sha1sum | cut -c1-12)
+REFERENCE_KEY = $(REFERENCE_COMMAND) (code $(CODE_ID))
 
 # ruff's settings are in pyproject.toml; .ci/run lints before testing.
 lint: setup
