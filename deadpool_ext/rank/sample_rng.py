@@ -25,10 +25,11 @@ import hashlib
 from typing import TYPE_CHECKING
 
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import parallel_state
 
 from megatron.training.config import Config
 from megatron.training.hooks import Hook
+from megatron.training.initialize import seed_model_parallel_streams
 
 if TYPE_CHECKING:
     from megatron.training.training import Trainer
@@ -62,8 +63,4 @@ class SampleRngHook(Hook):
         # stream) and its tracker's. Not torch.manual_seed, which also makes
         # lazy calls for every other kind of device (0.3 ms each time).
         torch.default_generator.manual_seed(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(
-            seed,
-            te_rng_tracker=self.gpu.te_rng_tracker,
-            use_cudagraphable_rng=self.gpu.cuda_graph_impl != "none",
-        )
+        seed_model_parallel_streams(seed, self.gpu)

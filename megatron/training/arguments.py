@@ -1141,12 +1141,12 @@ def _check_gpu_features(config: Config) -> None:
         "transformer_engine, its package installed): drop it here",
     )
     _check_tp_comm_overlap(config)
-    for flag, given in (
+    for flag, alone in (
         ("--delay-wgrad-compute", g.delay_wgrad_compute),
         ("--ep-overlap-early-attn-memory-release", g.ep_overlap_early_attn_memory_release),
     ):  # megatron-core refuses either alone
         _require(
-            not given or g.overlap_moe_expert_parallel_comm,
+            not alone or g.overlap_moe_expert_parallel_comm,
             f"{flag} goes with --overlap-moe-expert-parallel-comm",
         )
     _check_delayed_wgrad(config)

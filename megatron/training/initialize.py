@@ -134,6 +134,14 @@ def set_seeds(seed: int, gpu: GpuConfig) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    seed_model_parallel_streams(seed, gpu)
+
+
+def seed_model_parallel_streams(seed: int, gpu: GpuConfig) -> None:
+    """megatron-core's tracker and the device's default stream from ``seed``
+    (Transformer Engine's tracker with --te-rng-tracker, streams CUDA graphs
+    can capture with them): at start, and for each microbatch under
+    --deadpool-sample-rng."""
     tensor_parallel.model_parallel_cuda_manual_seed(
         seed,
         te_rng_tracker=gpu.te_rng_tracker,
