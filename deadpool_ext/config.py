@@ -25,7 +25,9 @@ from deadpool_ext.inject import InjectError, parse_faults
 from deadpool_ext.protocol import (
     ERROR_FILE_ENV,
     HEARTBEAT_TIMEOUT_S,
+    ON_SDC,
     ON_SPARES_EXHAUSTED,
+    WEIGHT_CHECK_INTERVAL,
     PROGRESS_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     SPARE_WAIT_S,
@@ -101,6 +103,16 @@ class DeadpoolConfig:
         "the iteration's start from the in-memory snapshots and redoes it once (a clean redo: "
         "a transient fault; NaN again: the job stops), or stop, as Megatron-LM's check.",
         choices=["rollback", "stop"],
+    )
+    deadpool_on_sdc: str = arg(
+        ON_SDC,
+        help="When two copies that must agree differ (a parameter between data-parallel "
+        "replicas: --check-weight-hash-across-dp-replicas-interval, every iteration by default "
+        "under --deadpool; a step and the buddy's replay of it: --deadpool-mirror-mode grad): "
+        "rollback takes every rank back to the iteration's start from memory and redoes it, "
+        "and swaps a rank caught again within a window for a spare (or shrinks); swap replaces "
+        "the suspect rank at once; stop ends the job, as Megatron-LM's check.",
+        choices=["rollback", "swap", "stop"],
     )
     deadpool_sample_rng: bool = arg(
         True,
@@ -328,6 +340,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
         )
     take_over_result_validation(config)
+    check_replicas_every_iteration(config)
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= 0:
@@ -378,6 +391,16 @@ def take_over_result_validation(config: Config) -> None:
             "NaN or Inf from the buddies' mirror, in place of megatron-core's rerun in place"
         )
     t.rerun_mode = "disabled"
+
+
+def check_replicas_every_iteration(config: Config) -> None:
+    """Megatron-LM's weight-hash check, every iteration under --deadpool
+    unless the flag asks for another interval: a difference is redone from
+    memory (--deadpool-on-sdc), and the digest costs one read of the
+    parameters (docs/benchmarks.md)."""
+    t = config.training
+    if t.check_weight_hash_across_dp_replicas_interval is None:
+        t.check_weight_hash_across_dp_replicas_interval = WEIGHT_CHECK_INTERVAL
 
 
 def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> None:

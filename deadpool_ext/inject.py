@@ -31,6 +31,20 @@
     disk-full:rank=0:iter=4             every file write of rank 0 fails (EFBIG, as on
                                         a full disk) while it saves the checkpoint that
                                         ends iteration 4 (--save-interval must make one)
+    flip:rank=2:iter=5:target=param:bit=30
+                                        silent data corruption: one bit of one element,
+                                        drawn from seed=S (default 0) with the rank and
+                                        the iteration (bit too, unless given), flips in
+                                        rank 2's memory, where the target lies and when:
+                                          param      a parameter at rest, after iteration
+                                                     5's step (its all-gather) ended
+                                          grad       a gradient before iteration 5's
+                                                     reduction
+                                          optimizer  the shard (main parameter or Adam's
+                                                     moments) after iteration 5's update,
+                                                     before the all-gather
+                                          mirror     the owner's replica this rank holds,
+                                                     in iteration 5's forward
 
 Phases: forward (default), backward, grad-reduce, optimizer (after the
 shard update, before the parameter all-gather), mirror (in the mirror's
@@ -70,7 +84,16 @@ ACTIONS = (
     "nan",
     "nan-always",
     "disk-full",
+    "flip",
 )
+FLIP_TARGETS = ("param", "grad", "optimizer", "mirror")
+# Where each flip target fires (a point FaultHook passes).
+FLIP_POINTS = {
+    "param": "after-step",
+    "grad": "grad-reduce",
+    "optimizer": "optimizer",
+    "mirror": "forward",
+}
 # Faults that poison the forward output rather than fire at a point.
 POISONS = ("nan", "nan-always")
 # Where a stall stops the main thread (mirror runs in its own thread).
@@ -89,6 +112,9 @@ class Fault:
     iteration: Optional[int]
     phase: str
     delay_ms: int = 0
+    target: Optional[str] = None  # flip's
+    bit: Optional[int] = None  # flip's, else drawn
+    seed: int = 0  # flip's draw of the element (and bit)
 
     def targets(self, rank: int, node: int) -> bool:
         return self.rank == rank if self.rank is not None else self.node == node
@@ -100,6 +126,8 @@ class Fault:
         poison acts on the forward's output."""
         if self.action in POISONS:
             return "output"
+        if self.action == "flip":
+            return FLIP_POINTS[self.target]
         return "start" if self.node is not None and self.phase == "forward" else self.phase
 
     @property
@@ -110,19 +138,15 @@ class Fault:
 
 def parse_fault(spec: str) -> Fault:
     parts = spec.split(":")
-    action, fields = parts[0], {}
+    action = parts[0]
     if action not in ACTIONS:
         raise InjectError(
             f"--deadpool-inject {spec}: the action must be one of {', '.join(ACTIONS)}"
         )
-    for part in parts[1:]:
-        key, _, value = part.partition("=")
-        if key not in ("rank", "node", "iter", "phase", "delay") or not value or key in fields:
-            raise InjectError(
-                f"--deadpool-inject {spec}: '{part}' is not rank=N, node=N, "
-                "iter=N, phase=NAME or delay=MS (each once)"
-            )
-        fields[key] = value
+    if action == "flip":
+        return parse_flip(spec, parts[1:])
+    keys = {"rank": "N", "node": "N", "iter": "N", "phase": "NAME", "delay": "MS"}
+    fields = spec_fields(spec, parts[1:], keys)
     if ("rank" in fields) == ("node" in fields):
         raise InjectError(f"--deadpool-inject {spec}: name exactly one of rank=N or node=N")
     phase = fields.get("phase", "forward")
@@ -167,6 +191,47 @@ def parse_fault(spec: str) -> Fault:
         number.get("iter"),
         phase,
         number.get("delay", 0),
+    )
+
+
+def spec_fields(spec: str, parts: List[str], keys: dict) -> dict:
+    """key=value parts, each key one of ``keys`` (key: what its value is), once."""
+    fields = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key not in keys or not value or key in fields:
+            said = [f"{k}={v}" for k, v in keys.items()]
+            raise InjectError(
+                f"--deadpool-inject {spec}: '{part}' is not {', '.join(said[:-1])} or "
+                f"{said[-1]} (each once)"
+            )
+        fields[key] = value
+    return fields
+
+
+def parse_flip(spec: str, parts: List[str]) -> Fault:
+    keys = {"rank": "N", "iter": "N", "target": "NAME", "bit": "N", "seed": "N"}
+    fields = spec_fields(spec, parts, keys)
+    if not {"rank", "iter", "target"} <= set(fields):
+        raise InjectError(f"--deadpool-inject {spec}: flip takes rank=N, iter=N and target=NAME")
+    if fields["target"] not in FLIP_TARGETS:
+        raise InjectError(
+            f"--deadpool-inject {spec}: target must be one of {', '.join(FLIP_TARGETS)}"
+        )
+    if not all(v.isdigit() for k, v in fields.items() if k != "target"):
+        raise InjectError(f"--deadpool-inject {spec}: rank, iter, bit and seed are integers >= 0")
+    number = {k: int(v) for k, v in fields.items() if k != "target"}
+    if number["iter"] == 0:
+        raise InjectError(f"--deadpool-inject {spec}: iterations count from 1: iter=0 never comes")
+    return Fault(
+        "flip",
+        number["rank"],
+        None,
+        number["iter"],
+        FLIP_POINTS[fields["target"]],
+        target=fields["target"],
+        bit=number.get("bit"),
+        seed=number.get("seed", 0),
     )
 
 

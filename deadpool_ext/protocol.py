@@ -22,6 +22,12 @@ RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
 PROGRESS_TIMEOUT_S = 300.0
 SPARE_WAIT_S = 60.0  # --deadpool-spare-wait
 ON_SPARES_EXHAUSTED = "shrink"  # --deadpool-on-spares-exhausted
+ON_SDC = "rollback"  # --deadpool-on-sdc
+# --check-weight-hash-across-dp-replicas-interval under --deadpool when not given.
+WEIGHT_CHECK_INTERVAL = 1
+# --deadpool-on-sdc rollback: the same rank caught again within this many
+# iterations of its last catch is a failing node, swapped for a spare.
+SDC_REPEAT_WINDOW = 1000
 # A topic slot claimed and not written this long is passed over (its poster
 # died between claiming and writing, or was an outsider).
 CLAIMED_SLOT_DEADLINE_S = 2.0
@@ -347,14 +353,19 @@ class Done(Message):
 @dataclass
 class NumericFault(Message):
     """A rank's loss or gradients went NaN or Inf (--deadpool-on-nan
-    rollback): every rank goes back to the iteration's start and redoes it."""
+    rollback), or two copies that must agree differ (--deadpool-on-sdc):
+    every rank goes back to the iteration's start and redoes it, unless the
+    coordinator swaps a suspect or stops."""
 
     KIND: ClassVar[Kind] = Kind.NUMERIC
     gen: int
     rank: int
     slot: str
     iteration: int  # the one that failed, 1-based
-    error: str  # megatron-core's validation message
+    error: str  # megatron-core's validation message, or the check's
+    check: str = "nan"  # or a corruption check: weight-hash, mirror-replay
+    suspects: List[int] = field(default_factory=list)  # ranks that may hold the bad copy
+    on_sdc: str = ON_SDC  # --deadpool-on-sdc
 
 
 @dataclass

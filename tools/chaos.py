@@ -14,7 +14,9 @@ would (mock data, Megatron's default data-loader workers) and checks:
   * rank and buddy lost: the job stops with the documented reason;
   * always: every survivor tore its groups down within the heartbeat
     timeout of the failure's detection (the release bound), the job ended
-    before the trial's time limit, and no process was left behind.
+    before the trial's time limit, no process was left behind, and no
+    corruption check (every iteration: the replicas' digests; in grad mode
+    the buddy's replay) raised a false alarm.
 
 A hang is a failed trial: every worker's stacks are dumped (py-spy when
 installed, else faulthandler through SIGUSR1) into the trial's folder.
@@ -468,8 +470,19 @@ def check_release_bound(events: List[dict]) -> Optional[str]:
     return None
 
 
+def false_alarms(events: List[dict]) -> Optional[str]:
+    """No bit flipped in a chaos trial: any corruption caught is a false one."""
+    caught = [e for e in events if e["event"] == "sdc_detected"]
+    if not caught:
+        return None
+    return f"false alarm: {caught[0]['check']} check in iteration {caught[0]['iteration']}"
+
+
 def check(trial: Trial, out: str, ref: Optional[str], code: int, tail: str) -> Optional[str]:
     events = read_jsonl(os.path.join(out, "events.jsonl"))
+    alarm = false_alarms(events)
+    if alarm:
+        return alarm
     if trial.expected == "stop":
         if code == 0:
             return "the job finished although a rank and its buddy were lost"

@@ -43,7 +43,7 @@ from deadpool_ext.control import watch
 from deadpool_ext.control.detector import Detector
 from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.membership import Membership
-from deadpool_ext.control.rollbacks import Rollbacks
+from deadpool_ext.control.rollbacks import Corruptions, Rollbacks
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import (
@@ -119,6 +119,7 @@ class Coordinator:
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
         self.rollbacks = Rollbacks()  # iterations redone after a NaN or Inf
+        self.corruptions = Corruptions()  # silent data corruption caught (--deadpool-on-sdc)
         self.doomed: Optional[str] = None  # why the next decision stops the job
         self.abort_grace_s = P.ABORT_GRACE_S
         self.policy = Policy()
@@ -343,6 +344,9 @@ class Coordinator:
             reason = f"rank {m.rank}: {m.error} while the job was {self.state.value}"
             self.stop(reason)
             return
+        if m.check != "nan":
+            self.on_corruption(m)
+            return
         self.events.emit(
             "nan_detected", gen=self.gen, rank=m.rank, iteration=m.iteration, error=m.error
         )
@@ -352,6 +356,28 @@ class Coordinator:
             f"rank {m.rank}: {m.error}: rolling every rank back to iteration {m.iteration}'s start",
             iteration=m.iteration - 1,
         )
+
+    def on_corruption(self, m: P.NumericFault) -> None:
+        """--deadpool-on-sdc: roll every rank back to the doubted iteration's
+        start, swap the suspect (a repeat, or swap), or stop."""
+        verdict = self.corruptions.decide(m)
+        self.events.emit(
+            "sdc_detected",
+            gen=self.gen,
+            rank=m.rank,
+            check=m.check,
+            iteration=m.iteration,
+            suspects=m.suspects,
+            action=verdict.action,
+            error=m.error,
+        )
+        if verdict.action == "swap":
+            self.corruptions.forget(verdict.rank)
+            self.kill_and_lose([self.view.members[verdict.rank]], verdict.why)
+            return
+        if verdict.action == "stop":  # decided once every rank has reported, to say why
+            self.doomed = verdict.why
+        self.report_again(verdict.why, iteration=m.iteration - 1)
 
     # ----- failures -----
     def lose_node(self, node: int, reason: str) -> None:
@@ -505,6 +531,7 @@ class Coordinator:
             "lost": sorted(self.lost),
             "done": sorted(self.done),
             "rollbacks": self.rollbacks.to_dict(),
+            "corruptions": self.corruptions.to_dict(),
             "doomed": self.doomed,
             "plan": None if self.plan is None else self.plan.body(),
             "train_iters": self.train_iters,
@@ -522,6 +549,7 @@ class Coordinator:
         self.gen, self.state = snap["gen"], JobState(snap["state"])
         self.lost, self.done = set(snap["lost"]), set(snap["done"])
         self.rollbacks = Rollbacks.from_dict(snap["rollbacks"])
+        self.corruptions = Corruptions.from_dict(snap["corruptions"])
         self.doomed, self.train_iters = snap["doomed"], snap["train_iters"]
         if snap["plan"] is not None:
             self.on_plan(P.parse_message(snap["plan"]))

@@ -10,6 +10,8 @@
     validation under --check-for-nan-in-loss-and-grad). With --deadpool-on-nan
     rollback every rank goes back to the iteration's start and redoes it;
     with stop the job stops (``ExitCode.NUMERIC``), as Megatron-LM's check.
+    So is a silent data corruption (``SilentCorruption``: copies that must
+    agree differ); the coordinator decides by --deadpool-on-sdc.
   * USAGE: a check of the flags that needs the running job (the buddies
     planned from the real hostnames): the flags must change, so the job
     stops with ``ExitCode.USAGE``, as for flags refused before it started.
@@ -30,6 +32,7 @@ from megatron.training.arguments import ConfigError
 
 from deadpool_ext.protocol import ExitCode
 from deadpool_ext.rank.generation import FailureAnnounced
+from deadpool_ext.state.digest import SilentCorruption
 from deadpool_ext.state.mirror import MirrorError
 from deadpool_ext.state.snapshot import SnapshotError
 
@@ -94,6 +97,8 @@ def classify(error: BaseException) -> Failure:
         return Failure.LOCAL
     if any(m in text for m in BUG_MESSAGES):
         return Failure.BUG
+    if isinstance(error, SilentCorruption):
+        return Failure.NUMERIC
     if isinstance(error, RuntimeError) and any(m in text for m in NUMERIC_MESSAGES):
         return Failure.NUMERIC
     if isinstance(error, PEER_TYPES):

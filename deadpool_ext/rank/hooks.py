@@ -6,8 +6,10 @@
   the coordinator seen between microbatches, the buddy plan for the
   coordinator, the first iteration after a recovery;
 * ``FaultHook``: where ``--deadpool-inject`` faults fire;
-* and ``sample_rng.SampleRngHook``: each training microbatch's random
-  draws seeded from its sample (--deadpool-sample-rng).
+* ``sample_rng.SampleRngHook``: each training microbatch's random
+  draws seeded from its sample (--deadpool-sample-rng);
+* and ``sdc.ReplicaDigestCheck``: the parameters' digests against the
+  other data-parallel replicas' at every iteration's start.
 """
 
 import dataclasses
@@ -30,10 +32,12 @@ from deadpool_ext.config import nodes_are_emulated, plan_buddies, resize_limits,
 from deadpool_ext.events import EventLog
 from deadpool_ext.inject import Fault, Injector, fire, free_disk
 from deadpool_ext.protocol import WorkerState
+from deadpool_ext.rank.flips import flip
 from deadpool_ext.rank.generation import FailureAnnounced
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.rank.generation import open_mirror_groups
 from deadpool_ext.rank.sample_rng import SampleRngHook
+from deadpool_ext.rank.sdc import ReplicaDigestCheck
 from deadpool_ext.state.mirror import Mirror
 from deadpool_ext.topology import BuddyMap
 
@@ -65,8 +69,10 @@ def runtime_buddies(config: Config) -> BuddyMap:
 
 
 class MirrorHook(Hook):
-    def __init__(self, config: Config):
-        self.config = config
+    def __init__(self, config: Config, recovers: bool = False):
+        """recovers: a recovery redoes an iteration whose step the buddy's
+        replay doubts (deadpool-launch); else the mirror only resyncs."""
+        self.config, self.recovers = config, recovers
         self.mirror: Optional[Mirror] = None
         self.layout: Optional[snap.ShardLayout] = None
         self.events: Optional[EventLog] = None
@@ -113,6 +119,7 @@ class MirrorHook(Hook):
             self.events,
             device,
             dp.deadpool_mirror_mode,
+            raise_on_divergence=self.recovers,
         )
         self.mirror.allocate("device" if in_device else "cpu")
         if buddies.same_node:
@@ -179,6 +186,19 @@ class MirrorHook(Hook):
         self.events.emit(
             "mirror_done", iteration=trainer.progress.iteration, held=self.mirror.held_iteration()
         )
+        corruption, self.mirror.corruption = self.mirror.corruption, None
+        if corruption is not None:
+            # The last step is checked after training ended (and after the
+            # final save): nothing is left to redo it in.
+            get_logger(trainer.runtime.rank).error("deadpool: after the last step: %s", corruption)
+            self.events.emit(
+                "sdc_detected",
+                check=corruption.check,
+                iteration=corruption.iteration,
+                suspects=corruption.suspects,
+                action="none: training had ended",
+                error=str(corruption),
+            )
         self.mirror.close()
         self.events.close()
 
@@ -302,6 +322,9 @@ class FaultHook(Hook):
     def before_param_sync(self, trainer: Trainer) -> None:
         self.at("optimizer", self.current())
 
+    def after_step(self, trainer: Trainer, metrics: dict) -> None:
+        self.at("after-step", trainer.progress.iteration)
+
     def before_save(self, trainer: Trainer) -> None:
         self.at("save", trainer.progress.iteration)
 
@@ -318,13 +341,20 @@ class FaultHook(Hook):
             if phase == "start":
                 self.wait_for_the_node(fault)
             self.injector.fired.add(fault)
+            if fault.action == "flip":
+                self.emitted(
+                    fault,
+                    iteration,
+                    **flip(fault, self.trainer, self.mirror_hook.mirror, iteration),
+                )
+                continue
             self.emitted(fault, iteration)
             if fault.delay_ms:
                 threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
             else:
                 fire(fault)
 
-    def emitted(self, fault: Fault, iteration: Optional[int]) -> None:
+    def emitted(self, fault: Fault, iteration: Optional[int], **details) -> None:
         self.mirror_hook.events.emit(
             "fault_injected",
             gen=self.ctx.gen,
@@ -333,6 +363,7 @@ class FaultHook(Hook):
             phase=fault.phase,
             node=fault.node,
             delay_ms=fault.delay_ms,
+            **({"target": fault.target, **details} if fault.action == "flip" else {}),
         )
 
     def wait_for_the_node(self, fault: Fault) -> None:
@@ -352,13 +383,21 @@ class FaultHook(Hook):
         return sum(1 for name in nodes if name == f"node{self.ctx.node}")
 
 
+def replica_check(config: Config) -> Optional[ReplicaDigestCheck]:
+    interval = config.training.check_weight_hash_across_dp_replicas_interval
+    return None if interval is None else ReplicaDigestCheck(interval)
+
+
 def deadpool_hooks(config: Config) -> list:
-    """Under torchrun: the mirror, and the draws that follow the sample as
-    under deadpool-launch (the same curve either way)."""
+    """Under torchrun: the mirror, the draws that follow the sample as under
+    deadpool-launch (the same curve either way), and the replicas' digests
+    (a difference stops the run: nothing redoes the iteration)."""
     dp = section(config)
     if not dp.deadpool:
         return []
-    return ([SampleRngHook(config)] if dp.deadpool_sample_rng else []) + [MirrorHook(config)]
+    keyed = [SampleRngHook(config)] if dp.deadpool_sample_rng else []
+    check = replica_check(config)
+    return keyed + ([check] if check is not None else []) + [MirrorHook(config)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,10 +408,12 @@ class RankHooks:
     recovery: RecoveryHook
     faults: FaultHook
     sample_rng: Optional[Hook] = None  # --deadpool-sample-rng (sample_rng.py)
+    replicas: Optional[Hook] = None  # the parameters' digests (sdc.py)
 
     def all(self) -> List[Hook]:
-        keyed = [self.sample_rng] if self.sample_rng is not None else []
-        return keyed + [self.mirror, self.recovery, self.faults]
+        """The replicas are checked before the mirror snapshots the state."""
+        first = [h for h in (self.sample_rng, self.replicas) if h is not None]
+        return first + [self.mirror, self.recovery, self.faults]
 
 
 @dataclasses.dataclass(frozen=True)

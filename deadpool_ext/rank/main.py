@@ -40,7 +40,14 @@ from deadpool_ext.rank.generation import (
     records_groups,
 )
 from deadpool_ext.rank.client import ControlClient
-from deadpool_ext.rank.hooks import Builders, FaultHook, MirrorHook, RankHooks, RecoveryHook
+from deadpool_ext.rank.hooks import (
+    Builders,
+    FaultHook,
+    MirrorHook,
+    RankHooks,
+    RecoveryHook,
+    replica_check,
+)
 from deadpool_ext.rank.sample_rng import SampleRngHook
 from deadpool_ext.wire import (
     leave,
@@ -49,12 +56,13 @@ from deadpool_ext.wire import (
 
 def build_hooks(config: Config, ctx: ControlClient, injector: Injector) -> RankHooks:
     """The hooks a rank trains with."""
-    mirror_hook = MirrorHook(config)
+    mirror_hook = MirrorHook(config, recovers=True)
     return RankHooks(
         mirror_hook,
         RecoveryHook(ctx, mirror_hook, config),
         FaultHook(injector, ctx, mirror_hook),
         SampleRngHook(config) if section(config).deadpool_sample_rng else None,
+        replica_check(config),
     )
 
 

@@ -44,16 +44,17 @@ from deadpool_ext.rank.generation import (
     records_groups,
 )
 from deadpool_ext.rank.restore import restore_snapshot
+from deadpool_ext.state.digest import SilentCorruption
 from deadpool_ext.state.mirror import MirrorError
 
 
 def peer_failure_of(
-    work: Callable[[], None], on_numeric: Optional[Callable[[str], None]] = None
+    work: Callable[[], None], on_numeric: Optional[Callable[[BaseException, str], bool]] = None
 ) -> Optional[str]:
     """Run ``work``: None when it returns, the failure's text when a peer
-    failed (or, given ``on_numeric``, a NaN or Inf was found: it is told,
-    and the job rolls back as from a failure); any other failure goes up
-    to the worker's main."""
+    failed (or a NaN, an Inf or a corruption was found and ``on_numeric``
+    reported it: the job rolls back as from a failure); any other failure
+    goes up to the worker's main."""
     try:
         work()
         return None
@@ -61,8 +62,9 @@ def peer_failure_of(
         kind = classify(error)
         if kind == Failure.NUMERIC and on_numeric is not None:
             text = peer_failure_text(error)
-            on_numeric(text)
-            return text
+            if on_numeric(error, text):
+                return text
+            raise
         if kind != Failure.PEER:
             raise
         return peer_failure_text(error)
@@ -199,21 +201,28 @@ class Recovery:
         def loop() -> None:
             self.completed = self.trainer.loop()
 
-        rollback = section(self.config).deadpool_on_nan in (None, "rollback")
-        return peer_failure_of(loop, self.report_numeric if rollback else None)
+        return peer_failure_of(loop, self.report_numeric)
 
-    def report_numeric(self, error: str) -> None:
+    def report_numeric(self, error: BaseException, text: str) -> bool:
         """This rank's loss or gradients went NaN or Inf in the iteration in
-        progress: the coordinator rolls every rank back to its start."""
-        self.ctx.post(
-            P.NumericFault(
-                gen=self.ctx.gen,
-                rank=self.trainer.runtime.rank,
-                slot=self.ctx.slot,
-                iteration=self.trainer.progress.iteration + 1,
-                error=error,
-            )
+        progress, or a check found a corrupted copy: the coordinator rolls
+        every rank back (or swaps the suspect, or stops; --deadpool-on-sdc).
+        False when the job stops here instead (--deadpool-on-nan stop)."""
+        dp = section(self.config)
+        fault = dict(
+            gen=self.ctx.gen,
+            rank=self.trainer.runtime.rank,
+            slot=self.ctx.slot,
+            iteration=self.trainer.progress.iteration + 1,
+            error=text,
+            on_sdc=dp.deadpool_on_sdc,
         )
+        if isinstance(error, SilentCorruption):
+            fault.update(iteration=error.iteration, check=error.check, suspects=error.suspects)
+        elif dp.deadpool_on_nan == "stop":
+            return False
+        self.ctx.post(P.NumericFault(**fault))
+        return True
 
     # ----- survivor -----
     def recover(self, error: str, after_gen: Optional[int] = None) -> Decision:

@@ -24,6 +24,17 @@ advances its replica by the owner's step, and its seal must give the
 owner's checksum. A second, tiny message goes back the other way with the
 verdict; on a mismatch both sides fall back to a whole snapshot at the next
 iteration, and the held copy stays the last one that matched.
+
+A mismatch is also a check for silent data corruption (``raise_on_divergence``,
+under deadpool-launch): the buddy first verifies the replica it replayed from
+against its seal. A replica that fails it was corrupted in the buddy's memory
+(verdict ``CORRUPT_COPY``: a whole snapshot next, training goes on). One that
+passes means the owner's step and the replay disagree: the owner drops its
+snapshot of that iteration and raises ``SilentCorruption`` before its next
+step, and every rank redoes the step from the iteration before. The redo is
+the third opinion: when the owner seals that iteration again, the same
+checksum as its first result means the replay was wrong, another means its
+first step was (event ``sdc_resolved``).
 """
 
 import queue
@@ -36,6 +47,7 @@ import torch.distributed as dist
 
 from deadpool_ext.state import replay
 from deadpool_ext.state import snapshot as snap
+from deadpool_ext.state.digest import SilentCorruption
 from deadpool_ext.events import EventLog
 
 
@@ -52,7 +64,8 @@ class MirrorError(RuntimeError):
 HALT_GRACE_S = 2.0
 # The verdict message (grad mode) travels with its own tag.
 VERDICT_TAG = 1
-MATCHED, DIVERGED = 1, 2
+MATCHED, DIVERGED, CORRUPT_COPY = 1, 2, 3
+REPLAY_CHECK, COPY_CHECK = "mirror-replay", "mirror-copy"
 
 
 def send_and_receive(operations: list, tag: int = 0) -> None:
@@ -116,10 +129,12 @@ class Mirror:
         events: EventLog,
         device: Optional[torch.device] = None,
         mode: str = "state",
+        raise_on_divergence: bool = False,
     ):
         """device: None on CPU; on GPU the CUDA device (``allocate`` then puts
         the buffers in pinned host memory or in device memory). mode: state
-        or grad (see the module doc)."""
+        or grad (see the module doc). raise_on_divergence: a replay mismatch
+        is a suspected corruption (see the module doc), not only a resync."""
         self.optimizer, self.layout = optimizer, layout
         self.rank, self.buddy, self.owner = rank, buddy, owner
         # A job shrunk to one replica: own snapshots only (for a grow).
@@ -138,6 +153,9 @@ class Mirror:
         self.own_index: Optional[int] = None  # last sealed own snapshot
         self.held_index: Optional[int] = None  # last verified held snapshot
         self.error: Optional[BaseException] = None
+        self.raise_on_divergence = raise_on_divergence
+        self.corruption: Optional[SilentCorruption] = None  # raised before the next step
+        self.disputed = {}  # iteration -> the checksum of the owner's first, doubted result
         self.last = {}  # stage timings of the last job, for the event log
         self._lock = threading.Lock()
         self._packed = threading.Event()
@@ -273,6 +291,9 @@ class Mirror:
         self.wait_packed()
         self.wait_idle()
         self.last["wait_ms"] = (time.perf_counter() - start) * 1e3
+        corruption, self.corruption = self.corruption, None
+        if corruption is not None:
+            raise corruption
 
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -316,7 +337,7 @@ class Mirror:
                 snap.header(buffer)[snap.H_MAGIC] = 0
         self.own_index, self.held_index = source_index, None
         self.resync()
-        self.error, self._pending = None, 0
+        self.error, self._pending, self.corruption = None, 0, None
         self._packed.set()
         self._jobs = queue.Queue()
         self._thread = self._new_thread()
@@ -389,6 +410,7 @@ class Mirror:
         t1 = time.perf_counter()
         snap.seal(buffer, self.layout, iteration, self.rank, snap.encode_sidecar(sidecar))
         self.own_index = index
+        self._settle_dispute(iteration, buffer)
         t2 = time.perf_counter()
         if self.local:
             self.last.update(pack_ms=(t1 - t0) * 1e3, seal_ms=(t2 - t1) * 1e3)
@@ -410,9 +432,9 @@ class Mirror:
         if self._abandoned():
             return
         t3 = time.perf_counter()
-        matched = self._take(incoming, receive, iteration, target)
+        verdict = self._take(incoming, receive, iteration, target)
         if "grad" in kinds:
-            self._exchange_verdicts(send, receive, matched, iteration)
+            self._exchange_verdicts(send, receive, verdict, iteration)
         if send == "state":  # the buddy verified it, or its mirror stopped
             self.send_synced = self.replaying
         if self._abandoned():
@@ -435,9 +457,9 @@ class Mirror:
             **{k: round(v, 3) for k, v in self.last.items()},
         )
 
-    def _take(self, incoming: torch.Tensor, kind: str, iteration: int, target: int) -> bool:
+    def _take(self, incoming: torch.Tensor, kind: str, iteration: int, target: int) -> int:
         """Verify the owner's snapshot, or advance the replica by its packet;
-        the held copy moves on only to a whole, matching one."""
+        the held copy moves on only to a whole, matching one. The verdict."""
         if kind == "state":
             snap.verify(incoming, self.layout, iteration=iteration, owner=self.owner)
             self.receive_synced = self.replaying
@@ -457,18 +479,67 @@ class Mirror:
                 self.events.emit(
                     "mirror_diverged", iteration=iteration, owner=self.owner, error=str(error)
                 )
-                return False
+                return self._judge_replica(source, iteration)
         with self._lock:
             self.held_index = target
-        return True
+        return MATCHED
 
-    def _exchange_verdicts(self, send: str, receive: str, matched: bool, iteration: int) -> None:
+    def _judge_replica(self, source: torch.Tensor, iteration: int) -> int:
+        """After a replay mismatch: was the replica it started from intact?"""
+        try:
+            snap.verify(source, self.layout, owner=self.owner)
+        except snap.SnapshotError as error:
+            with self._lock:
+                self.held_index = None  # nothing verified is held until the resync
+            self.events.emit(
+                "sdc_detected",
+                check=COPY_CHECK,
+                iteration=iteration,
+                suspects=[self.rank],
+                action="resync",
+                error=f"the replica of rank {self.owner}'s shard held here: {error}",
+            )
+            return CORRUPT_COPY
+        return DIVERGED
+
+    def _doubt_own(self, iteration: int) -> None:
+        """The buddy's replay of our step from an intact replica disagrees:
+        drop our snapshot of it (a rollback must go to the one before) and
+        raise before the next step."""
+        buffer = self.own[self.own_index]
+        self.disputed[iteration] = int(snap.header(buffer)[snap.H_CHECKSUM])
+        snap.header(buffer)[snap.H_MAGIC] = 0
+        self.corruption = SilentCorruption(
+            REPLAY_CHECK,
+            iteration,
+            [self.rank],
+            f"rank {self.buddy}'s replay of this rank's step from its intact replica gives "
+            "another state",
+        )
+
+    def _settle_dispute(self, iteration: int, buffer: torch.Tensor) -> None:
+        """The redo of a doubted step is the third opinion."""
+        first = self.disputed.pop(iteration, None)
+        if first is None:
+            return
+        same = int(snap.header(buffer)[snap.H_CHECKSUM]) == first
+        self.events.emit(
+            "sdc_resolved",
+            check=REPLAY_CHECK,
+            iteration=iteration,
+            blamed=self.buddy if same else self.rank,
+            why="the redo reproduced this rank's first result: the buddy's replay was wrong"
+            if same
+            else "the redo differs from this rank's first result: its first step was corrupt",
+        )
+
+    def _exchange_verdicts(self, send: str, receive: str, verdict: int, iteration: int) -> None:
         """Tell the owner whether its packet reproduced its state, and learn
         the same from the buddy; a mismatch means a whole snapshot next."""
         mine, theirs = self.verdicts
         operations = []
         if receive == "grad":
-            mine.fill_(MATCHED if matched else DIVERGED)
+            mine.fill_(verdict)
             operations.append((dist.isend, mine, self.owner, self.group_with(self.owner)))
         if send == "grad":
             theirs.zero_()
@@ -477,6 +548,8 @@ class Mirror:
         if send == "grad" and int(theirs.item()) != MATCHED:
             self.send_synced = False
             self.events.emit("mirror_resync", iteration=iteration, buddy=self.buddy)
+            if int(theirs.item()) == DIVERGED and self.raise_on_divergence:
+                self._doubt_own(iteration)
 
     def group_with(self, peer: int):
         """The pair group this rank shares with its buddy or its owner."""

@@ -17,7 +17,6 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.utils import check_param_hashes_across_dp_replicas
 from megatron.core.num_microbatches_calculator import (
     init_num_microbatches_calculator,
     unset_num_microbatches_calculator,
@@ -38,6 +37,7 @@ from megatron.training import checkpointing, data, legacy_checkpoint, moe_metric
 from megatron.training.config import Config
 from megatron.training.arguments import ConfigError
 from megatron.training.cuda_graphs import cuda_graph_hooks
+from megatron.training.replica_check import replica_check_hooks
 from megatron.training.fim import sentinel_ids, token_id
 from megatron.training.hooks import Hook  # noqa: F401 - extensions import it from here too
 from megatron.training.dashboards import Dashboards
@@ -158,6 +158,7 @@ class Trainer:
         # The training microbatch in forward (for hooks; None outside
         # training's forward-backward), and each chunk's count so far.
         self.microbatch: Optional[MicrobatchPosition] = None
+        self.stepping = False  # in the optimizer's step (before_param_sync's window)
         self._microbatches_started: Optional[List[int]] = None
         # 0, or the code the run stops with when a result failed validation
         # (megatron-core's rerun state machine: 16 resume elsewhere, 17 failed).
@@ -233,7 +234,9 @@ class Trainer:
         return finalize_model_grads(*args, **kwargs)
 
     def _before_param_sync(self) -> None:
-        self._call("before_param_sync")
+        """Only for the step's all-gather: a restore gathers too."""
+        if self.stepping:
+            self._call("before_param_sync")
 
     def restart_at(self, progress: Progress) -> None:
         """Go on from ``progress`` (a restored state's): read data from there."""
@@ -422,7 +425,11 @@ class Trainer:
         self.empty_unused_memory(level=1)
         self._call("before_optimizer_step")
         self.timers("optimizer", log_level=1).start(barrier=True)
-        update_successful, grad_norm, num_zeros = state.optimizer.step()
+        self.stepping = True
+        try:
+            update_successful, grad_norm, num_zeros = state.optimizer.step()
+        finally:
+            self.stepping = False
         self.timers("optimizer").stop()
         if update_successful:
             state.scheduler.step(increment=batch_size)
@@ -567,7 +574,6 @@ class Trainer:
             self.config, self.runtime.is_last_rank, (p.iteration, p.consumed_samples)
         )
         self._call("on_setup")
-        self.maybe_check_weight_hashes(start=True)
         self.profiler.begin()
 
     def train(self) -> Progress:
@@ -602,7 +608,6 @@ class Trainer:
                 return False
             metrics["seconds"] = time.perf_counter() - start
             self.advance(metrics)
-            self.maybe_check_weight_hashes()
             self.profiler.after_iteration(self.progress.iteration)
             self._call("after_step", metrics)
             self.window.add(
@@ -618,31 +623,6 @@ class Trainer:
             if self.maybe_save_and_exit():
                 return False
         return True
-
-    def maybe_check_weight_hashes(self, start: bool = False) -> None:
-        """--check-weight-hash-across-dp-replicas-interval, as Megatron-LM: at
-        the start and every interval, every parameter's SHA-1 against the
-        other data-parallel replicas' (megatron-core's check); a difference
-        is corruption, and the run stops."""
-        interval = self.config.training.check_weight_hash_across_dp_replicas_interval
-        it = self.progress.iteration
-        if interval is None or not (start or it % interval == 0):
-            return
-        overlapped = self.config.parallel.overlap_param_gather
-        if overlapped:  # the parameters' all-gather ends first
-            for chunk in self.state.model:
-                chunk.disable_forward_pre_hook()
-        same = check_param_hashes_across_dp_replicas(self.state.model, cross_check=True)
-        if overlapped:
-            for chunk in self.state.model:
-                chunk.enable_forward_pre_hook()
-        if not same:
-            raise RuntimeError(
-                f"parameter hashes differ between data-parallel replicas after iteration {it}"
-            )
-        dist.barrier()
-        if self.runtime.rank == 0:
-            print(f">>> Weight hashes match after {it} iterations...", flush=True)
 
     def advance(self, metrics: dict) -> None:
         p = self.progress
@@ -1005,6 +985,7 @@ def build_trainer(
             _check_sentinels(config, tokenizer, say=runtime.rank == 0)
         datasets = data.build_datasets(config, tokenizer)
     hooks = [*cuda_graph_hooks(config), *hooks]
+    hooks = [*replica_check_hooks(config, hooks), *hooks]
     trainer = Trainer(config, runtime, state, forward_step, datasets, hooks, joining)
     trainer.scale_gradients_by_quota()
     return trainer

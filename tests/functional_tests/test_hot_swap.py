@@ -99,6 +99,24 @@ SCENARIOS = {
     # Rank 1's loss turns NaN once in iteration 4: every rank goes back to the
     # iteration's start from its own snapshot and redoes it (nobody replaced).
     "nan": (SMALL, 2, 1, 2, ["nan:rank=1:iter=4"]),
+    # Silent data corruption (grad mode; ranks 1 and 3 are replicas, 3 holds
+    # 1's mirror): a parameter of rank 1 after step 2 (the replicas' digests
+    # differ at 3's start: rolled back), rank 3's copy of rank 1's shard (its
+    # replay fails: resent whole, training untouched), rank 2's Adam state
+    # after step 4 (its buddy's replay disagrees: rolled back) and again
+    # after step 6 (caught twice: rank 2 is swapped for a spare).
+    "flips": (
+        SMALL,
+        2,
+        1,
+        2,
+        [
+            "flip:rank=1:iter=2:target=param",
+            "flip:rank=3:iter=3:target=mirror",
+            "flip:rank=2:iter=4:target=optimizer",
+            "flip:rank=2:iter=6:target=optimizer",
+        ],
+    ),
     "pp-node": (WITH_PP, 2, 1, 4, ["kill:node=1:iter=4:phase=backward"]),
     # Rank 6 (second stage of replica 1) dies in forward, between the
     # interleaved schedule's chunks; its spare builds both chunks.
@@ -177,6 +195,7 @@ EXTRA = {
     "recompute-full": ["--recompute-granularity", "full", "--recompute-method", "uniform"]
     + ["--recompute-num-layers", "1"],
     "recompute-selective": ["--recompute-activations"],
+    "flips": ["--deadpool-mirror-mode", "grad"],
     **{name: KEEP for name in SCENARIOS if name.startswith("keep-")},
 }
 
@@ -269,7 +288,10 @@ def test_events_tell_the_recovery(recovered):
     kinds = [e["event"] for e in events]
     # One recovery per failure, except a failure during a recovery, which
     # that recovery absorbs (a stuck rank's kill among them).
-    faults = [f for f in SCENARIOS[name][4] if not f.startswith("disk-full")]
+    # (A flipped mirror copy is sent again whole: nothing to recover.)
+    faults = [
+        f for f in SCENARIOS[name][4] if not f.startswith("disk-full") and "target=mirror" not in f
+    ]
     during = sum(
         "phase=recovery" in f or (f.startswith("stall") and name.endswith("stuck")) for f in faults
     )
@@ -330,6 +352,8 @@ def test_events_tell_the_recovery(recovered):
     for e in sorted(events, key=lambda e: e["time"]):
         if e["event"] == "fault_injected" and e["action"] == "disk-full":
             continue
+        if e["event"] == "fault_injected" and e.get("target") == "mirror":
+            continue
         if e["event"] == "fault_injected" and e["iteration"] is not None:
             latest = e["iteration"] - (2 if e["phase"] == "mirror" else 1)
             earliest = latest - (e["node"] is not None and e["phase"] == "backward")
@@ -352,6 +376,17 @@ def test_events_tell_the_recovery(recovered):
         assert all(g.endswith("healthy") for g in decision["gpus"].values())
     if name == "oom":
         assert detected[0]["ranks"] == [2] and "code 7 (LOCAL_FAILURE)" in detected[0]["reason"]
+    if name == "flips":
+        caught = [e for e in events if e["event"] == "sdc_detected"]
+        assert [(e["check"], e["iteration"], e["suspects"], e["action"]) for e in caught] == [
+            ("weight-hash", 3, [1, 3], "rollback"),
+            ("mirror-copy", 3, [3], "resync"),
+            ("mirror-replay", 4, [2], "rollback"),
+            ("mirror-replay", 6, [2], "swap"),
+        ]
+        resolved = [e for e in events if e["event"] == "sdc_resolved"]
+        assert [(e["iteration"], e["blamed"]) for e in resolved] == [(4, 2)]
+        assert [e["ranks"] for e in detected] == [[], [], [2]]
     if name == "stall":
         assert "no progress for 6 s while computing" in detected[0]["reason"]
         assert detected[0]["ranks"] == [1]
@@ -464,8 +499,15 @@ def test_the_coordinator_is_lost_and_the_standby_takes_over_bit_for_bit(
         (["kill:rank=0:iter=3", "kill:rank=2:iter=3"], 1, "were both lost"),
         # A NaN each time iteration 3 runs: rolled back once, then the job stops.
         (["nan-always:rank=1:iter=3"], 1, "found a NaN or Inf again in iteration 3"),
+        # Replicas 1 and 3 disagree twice: with two replicas nobody can tell
+        # which of them holds the bad copy, so none is kept silently.
+        (
+            ["flip:rank=1:iter=2:target=param", "flip:rank=3:iter=4:target=param"],
+            1,
+            "cannot tell which of the ranks holds the bad copy",
+        ),
     ],
-    ids=["spares-exhausted", "rank-and-buddy-lost", "persistent-nan"],
+    ids=["spares-exhausted", "rank-and-buddy-lost", "persistent-nan", "corruption-twice"],
 )
 def test_unrecoverable_failures_stop_the_job_clearly(tmp_path, corpus, faults, spares, reason):
     proc, left = launch(

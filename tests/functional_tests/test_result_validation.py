@@ -99,19 +99,22 @@ def test_replicas_whose_weights_differ_stop_the_run(monkeypatch):
     is megatron-core's, run above): a difference stops it by name."""
     from types import SimpleNamespace
 
-    from megatron.training import training
+    from megatron.training import replica_check
 
-    monkeypatch.setattr(training, "check_param_hashes_across_dp_replicas", lambda *a, **k: False)
-    config = SimpleNamespace(
-        training=SimpleNamespace(check_weight_hash_across_dp_replicas_interval=2),
-        parallel=SimpleNamespace(overlap_param_gather=False),
+    monkeypatch.setattr(
+        replica_check, "check_param_hashes_across_dp_replicas", lambda *a, **k: False
     )
     trainer = SimpleNamespace(
-        config=config, progress=SimpleNamespace(iteration=3), state=SimpleNamespace(model=[])
+        config=SimpleNamespace(parallel=SimpleNamespace(overlap_param_gather=False)),
+        progress=SimpleNamespace(iteration=3),
+        state=SimpleNamespace(model=[]),
     )
-    training.Trainer.maybe_check_weight_hashes(trainer)  # not at an interval: no check
+    hook = replica_check.ReplicaHashCheck(interval=2)
+    hook.after_step(trainer, {})  # not at an interval: no check
     trainer.progress.iteration = 4
     with pytest.raises(
         RuntimeError, match="differ between data-parallel replicas after iteration 4"
     ):
-        training.Trainer.maybe_check_weight_hashes(trainer)
+        hook.after_step(trainer, {})
+    with pytest.raises(RuntimeError, match="after iteration 4"):
+        hook.on_setup(trainer)  # and at the start, as Megatron-LM

@@ -50,7 +50,7 @@ PURE_MODULES = [
     "deadpool_ext.compare",  # how runs are judged equal
     "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
     "deadpool_ext.control.watch",  # what an exit or a stall means
-    "deadpool_ext.control.rollbacks",  # the NaN rollbacks' record
+    "deadpool_ext.control.rollbacks",  # the NaN rollbacks' and corruptions' records
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
 TORCH_FREE_MODULES = ["deadpool_ext.planning"]
@@ -374,6 +374,8 @@ ORDER = [
     "deadpool_ext.rank.client",
     "deadpool_ext.rank.restore",
     "deadpool_ext.rank.sample_rng",
+    "deadpool_ext.rank.sdc",
+    "deadpool_ext.rank.flips",
     "deadpool_ext.rank.hooks",
     "deadpool_ext.rank.rebuild",
     "deadpool_ext.rank.recovery",

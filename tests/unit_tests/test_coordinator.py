@@ -730,6 +730,29 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     assert coordinator.finished and "again in iteration 4" in coordinator.result.reason
 
 
+def test_a_corruption_is_redone_and_the_same_suspect_caught_again_is_swapped(job):
+    """--deadpool-on-sdc rollback: the first catch rolls every rank back
+    (nobody lost); the suspect caught again is killed and replaced."""
+    coordinator, worker, clock = job
+    commands = worker.reader("agent/0")
+    coordinator.enter(JobState.TRAINING)
+    corruption = dict(
+        kind="numeric", rank=1, slot="0.1", error="digests differ", check="mirror-replay"
+    )
+    worker.post("coordinator", gen=0, iteration=4, suspects=[1], **corruption)
+    coordinator.step()
+    assert worker.get("gen")["gen"] == 1 and worker.get("gen")["lost"] == []
+    report_all(worker, 1, [0, 1, 2, 3])
+    coordinator.step()
+    decision = Decision.from_message(worker.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {}
+    resume(coordinator, worker, range(4))
+    worker.post("coordinator", gen=1, iteration=6, suspects=[1], **corruption)
+    coordinator.step()
+    assert coordinator.lost == {1}
+    assert {"kind": "kill", "slot": "0.1"} in commands.poll()
+
+
 def test_a_job_that_cannot_resize_ends_with_the_reason_when_spares_run_out(shrinking_job):
     """An MoE job's plan says it cannot shrink: losing a node with no spare
     ends it (instead of a shrink its ranks could not carry out)."""

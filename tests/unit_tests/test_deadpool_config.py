@@ -373,3 +373,18 @@ def test_the_gpu_only_features_are_refused_under_deadpool(monkeypatch, flags, na
     message = error(DEADPOOL + gpu + flags, 8, environ)
     assert (named or flags[-1]) in message and "drop it under --deadpool" in message
     assert parse(["--use-distributed-optimizer"] + gpu + flags, 8, environ)
+
+
+def test_the_replicas_are_checked_every_iteration_under_deadpool_unless_told_otherwise():
+    """Megatron-LM's --check-weight-hash-across-dp-replicas-interval: off by
+    default, every iteration under --deadpool, and the flag's value wins."""
+    interval = "--check-weight-hash-across-dp-replicas-interval"
+    assert parse([], 2).training.check_weight_hash_across_dp_replicas_interval is None
+    config = parse(DEADPOOL, 2, LAUNCHED)
+    assert config.training.check_weight_hash_across_dp_replicas_interval == 1
+    assert config.extra["deadpool"].deadpool_on_sdc == "rollback"
+    given = parse(DEADPOOL + [interval, "10", "--deadpool-on-sdc", "swap"], 2, LAUNCHED)
+    assert given.training.check_weight_hash_across_dp_replicas_interval == 10
+    assert given.extra["deadpool"].deadpool_on_sdc == "swap"
+    message = error(DEADPOOL + ["--deadpool-on-sdc", "ignore"], 2, LAUNCHED)
+    assert "choose from 'rollback', 'swap', 'stop'" in message

@@ -137,10 +137,14 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> di
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=stderr, text=True
         )
-        first_iteration = None
+        first_iteration, elapsed_ms = None, []
         for line in proc.stdout:
             if first_iteration is None and re.search(r" iteration +1/", line):
                 first_iteration = time.time() - start
+            # The log line's time: the whole iteration, hooks included.
+            found = re.search(r"elapsed time per iteration \(ms\): ([0-9.]+)", line)
+            if found:
+                elapsed_ms.append(float(found.group(1)))
         failed = proc.wait() != 0
         stderr.seek(0)
         lines = stderr.readlines()
@@ -155,6 +159,7 @@ def run_once(nproc: int, iters: int, extra: list, workdir: str, base=None) -> di
     return {
         "launch_to_first_iteration_s": first_iteration,
         "records": records,
+        "elapsed_ms": elapsed_ms,  # per log line (every iteration with --log-interval 1)
         "total_s": time.time() - start,
         "args": args,
     }

@@ -1,0 +1,160 @@
+"""Silent data corruption, in-process: what a digest sees, which replica
+the majority names, what --deadpool-on-sdc decides, the flip fault's specs
+and its bit arithmetic. (Flips in running jobs, caught and redone bit for
+bit: tests/functional_tests/test_hot_swap.py, scenario "flips", and
+``python -m tools.sdc_campaign``.)"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron.training.replica_check import ReplicaHashCheck, replica_check_hooks
+
+from deadpool_ext import protocol as P
+from deadpool_ext.control.rollbacks import Corruptions
+from deadpool_ext.inject import InjectError, parse_fault
+from deadpool_ext.rank.flips import flip_bit
+from deadpool_ext.rank.sdc import ReplicaDigestCheck
+from deadpool_ext.state.digest import SilentCorruption, odd_ones_out, tensor_digest
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_one_flipped_bit_anywhere_changes_the_digest(dtype):
+    tensor = torch.randn(4099).to(dtype)
+    before = tensor_digest(tensor)
+    assert tensor_digest(tensor.clone()) == before
+    for index in (0, 2048, 4098):
+        for bit in range(tensor.element_size() * 8):
+            flip_bit(tensor, index, bit)
+            assert tensor_digest(tensor) != before, (index, bit)
+            flip_bit(tensor, index, bit)
+    assert tensor_digest(tensor) == before
+
+
+def test_flip_bit_flips_exactly_one_bit_the_sign_bit_too():
+    tensor = torch.tensor([1.5, -2.0, 3.0])
+    flip_bit(tensor, 1, 31)
+    assert tensor.tolist() == [1.5, 2.0, 3.0]
+    flip_bit(tensor, 0, 0)
+    assert tensor[0].item() == pytest.approx(1.5 + 2**-23)
+
+
+def test_the_majority_names_the_odd_replica_and_two_cannot_tell():
+    assert odd_ones_out([7, 7, 7]) is None
+    assert odd_ones_out([7, 7, 9, 7]) == [2]
+    assert odd_ones_out([7, 9]) == [0, 1]  # two replicas: either may be wrong
+    assert odd_ones_out([7, 7, 9, 9]) == [0, 1, 2, 3]  # a tie names everyone
+    assert odd_ones_out([1, 2, 3]) == [0, 1, 2]
+
+
+def fault(iteration, suspects, on_sdc="rollback", check="weight-hash"):
+    return P.NumericFault(
+        gen=0,
+        rank=0,
+        slot="0.0",
+        iteration=iteration,
+        error="x",
+        check=check,
+        suspects=suspects,
+        on_sdc=on_sdc,
+    )
+
+
+def test_a_first_catch_is_redone_and_a_repeat_within_the_window_swaps_the_rank():
+    record = Corruptions(window=100)
+    assert record.decide(fault(10, [3])).action == "rollback"
+    assert record.decide(fault(500, [5])).action == "rollback"  # another rank
+    again = record.decide(fault(60, [3]))
+    assert (again.action, again.rank) == ("swap", 3)
+    assert "caught again within 100 iterations" in again.why
+    assert record.decide(fault(400, [3])).action == "rollback"  # outside the window
+
+
+def test_a_swapped_rank_starts_afresh():
+    record = Corruptions(window=100)
+    record.decide(fault(10, [3]))
+    assert record.decide(fault(11, [3])).action == "swap"
+    record.forget(3)
+    assert record.decide(fault(12, [3])).action == "rollback"
+
+
+def test_a_pair_caught_twice_stops_the_job_rather_than_keep_the_bad_copy():
+    record = Corruptions(window=100)
+    assert record.decide(fault(10, [1, 3])).action == "rollback"
+    verdict = record.decide(fault(12, [1, 3]))
+    assert verdict.action == "stop" and "cannot tell which" in verdict.why
+
+
+def test_swap_and_stop_policies():
+    record = Corruptions()
+    swap = record.decide(fault(5, [2], on_sdc="swap", check="mirror-replay"))
+    assert (swap.action, swap.rank) == ("swap", 2) and "--deadpool-on-sdc swap" in swap.why
+    # Two suspects: nobody to swap, so the iteration is redone.
+    assert record.decide(fault(5, [0, 2], on_sdc="swap")).action == "rollback"
+    stop = record.decide(fault(5, [2], on_sdc="stop"))
+    assert stop.action == "stop" and "mirror" not in stop.why and "weight-hash" in stop.why
+
+
+def test_the_record_survives_a_takeover():
+    record = Corruptions()
+    record.decide(fault(10, [1, 3]))
+    again = Corruptions.from_dict(record.to_dict())
+    assert again.decide(fault(11, [1, 3])).action == "stop"
+
+
+def test_a_corruption_travels_with_its_check_and_suspects():
+    message = fault(4, [2], check="mirror-replay")
+    parsed = P.parse_message(message.body())
+    assert (parsed.check, parsed.suspects, parsed.on_sdc) == ("mirror-replay", [2], "rollback")
+    nan = P.parse_message(
+        {k: v for k, v in message.body().items() if k not in ("check", "suspects")}
+    )
+    assert nan.check == "nan" and nan.suspects == []
+
+
+def test_the_error_names_the_check_the_iteration_and_the_suspects():
+    error = SilentCorruption("weight-hash", 7, [1, 3], "digests differ")
+    assert str(error).startswith(
+        "silent data corruption (weight-hash) in iteration 7, suspect rank(s) 1, 3: "
+    )
+
+
+@pytest.mark.parametrize(
+    "spec,where",
+    [
+        ("flip:rank=2:iter=5:target=param:bit=30", ("after-step", 30)),
+        ("flip:rank=0:iter=1:target=grad", ("grad-reduce", None)),
+        ("flip:rank=0:iter=3:target=optimizer:seed=9", ("optimizer", None)),
+        ("flip:rank=1:iter=3:target=mirror", ("forward", None)),
+    ],
+)
+def test_flip_specs(spec, where):
+    parsed = parse_fault(spec)
+    assert (parsed.point, parsed.bit) == where and parsed.action == "flip"
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("flip:rank=2:iter=5", "flip takes rank=N, iter=N and target=NAME"),
+        ("flip:rank=2:iter=5:target=activation", "target must be one of param, grad"),
+        ("flip:node=1:iter=5:target=param", "'node=1' is not rank=N"),
+        ("flip:rank=2:iter=0:target=param", "iter=0 never comes"),
+        ("flip:rank=2:iter=5:target=param:bit=x", "integers >= 0"),
+    ],
+)
+def test_bad_flip_specs_say_what_to_write(spec, message):
+    with pytest.raises(InjectError, match=message):
+        parse_fault(spec)
+
+
+def test_megatron_lms_check_is_added_unless_an_extension_checks_instead():
+    config = SimpleNamespace(
+        training=SimpleNamespace(check_weight_hash_across_dp_replicas_interval=None)
+    )
+    assert replica_check_hooks(config, []) == []
+    config.training.check_weight_hash_across_dp_replicas_interval = 5
+    (hook,) = replica_check_hooks(config, [])
+    assert type(hook) is ReplicaHashCheck and hook.interval == 5
+    assert replica_check_hooks(config, [ReplicaDigestCheck(1)]) == []
