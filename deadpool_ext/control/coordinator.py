@@ -119,6 +119,9 @@ class Coordinator:
         self.joining: Set[int] = set()
         self.done: Set[int] = set()
         self.rollbacks = Rollbacks()  # iterations redone after a NaN or Inf
+        # Why the generations since the last decision opened: the decision
+        # says so (the dashboards' recovery line names the rank and the check).
+        self.reasons: List[str] = []
         self.corruptions = Corruptions()  # silent data corruption caught (--deadpool-on-sdc)
         self.doomed: Optional[str] = None  # why the next decision stops the job
         self.abort_grace_s = P.ABORT_GRACE_S
@@ -414,6 +417,7 @@ class Coordinator:
         """A new generation in which every member reports: ``ranks`` (on
         ``slots``) are lost, or none (all go back to a snapshot all hold)."""
         self.open_generation(S.RECOVERING)
+        self.reasons.append(reason)
         self.events.emit(
             "failure_detected",
             gen=self.gen,
@@ -634,6 +638,9 @@ class Coordinator:
         if decision.action == Action.ABORT:
             self.end(decision)
             return
+        if not decision.reason and self.reasons:
+            decision = dataclasses.replace(decision, reason="; ".join(self.reasons))
+        self.reasons = []
         if decision.action.resizes:
             self.apply_resize(decision)
             return

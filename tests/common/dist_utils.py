@@ -305,6 +305,16 @@ def tensorboard_scalars(directory):
     return scalars
 
 
+def tensorboard_texts(directory, tag):
+    """The text entries written under ``tag``, in step order (purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(directory, size_guidance={"tensors": 0})
+    events.Reload()
+    name = next(t for t in events.Tags()["tensors"] if t.startswith(tag))
+    return [e.tensor_proto.string_val[0].decode() for e in events.Tensors(name)]
+
+
 def float32(value):
     import numpy
 

@@ -18,6 +18,7 @@ from dist_utils import (
     MOE,
     float32,
     tensorboard_scalars,
+    tensorboard_texts,
     assert_same_state,
     saved_args,
     checkpoint_state,
@@ -422,6 +423,12 @@ def test_tensorboard_shows_the_recovered_curve_and_each_recovery(recovered):
     assert all(v > 0 for _, v in scalars["deadpool/restore-ms"])
     if name == "unhealthy-spare":  # the spares left out for their GPUs
         assert [v for _, v in scalars["deadpool/spares-withheld"]] == [2]
+    if name == "flips":  # each recovery's line names the check and the suspects
+        lines = tensorboard_texts(str(tmp / "tb"), "deadpool/recovery")
+        assert len(lines) == 3, lines
+        assert "weight-hash check, iteration 3, suspect rank(s) 1, 3" in lines[0]
+        assert "mirror-replay check, iteration 4, suspect rank(s) 2" in lines[1]
+        assert "rank 2 is replaced as a failing node" in lines[2]
 
 
 def test_saves_that_fail_or_die_stop_nothing(recovered):
