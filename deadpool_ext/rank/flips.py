@@ -11,7 +11,7 @@ import torch
 from megatron.training.training import Trainer
 
 from deadpool_ext.inject import Fault
-from deadpool_ext.rank.sdc import parameter_buffers
+from deadpool_ext.rank.sdc import ddp_buffers
 from deadpool_ext.state import snapshot as snap
 from deadpool_ext.state.mirror import Mirror
 
@@ -24,10 +24,9 @@ def candidates(
     """(name, flat tensor) of every place the target names on this rank."""
     model = trainer.state.model
     if fault.target == "param":
-        return [(f"parameter buffer {i}", d) for i, (d, _) in enumerate(parameter_buffers(model))]
+        return [(f"parameter buffer {i}", b.param_data) for i, b in enumerate(ddp_buffers(model))]
     if fault.target == "grad":
-        buffers = [b for chunk in model for b in chunk.buffers + chunk.expert_parallel_buffers]
-        return [(f"gradient buffer {i}", b.grad_data) for i, b in enumerate(buffers)]
+        return [(f"gradient buffer {i}", b.grad_data) for i, b in enumerate(ddp_buffers(model))]
     if fault.target == "optimizer":
         found = []
         for i, segment in enumerate(snap.build_layout(trainer.state.optimizer).segments):

@@ -27,20 +27,27 @@ import torch.distributed as dist
 from megatron.training.replica_check import ReplicaHashCheck, parameters_gathered
 from megatron.training.training import Trainer
 
-from deadpool_ext.state.digest import SilentCorruption, odd_ones_out, tensor_digest
+from deadpool_ext.state.digest import (
+    SilentCorruption,
+    odd_ones_out,
+    signed64,
+    tensor_digest,
+    unsigned64,
+)
 
 CHECK = "weight-hash"
 
 
+def ddp_buffers(model: list) -> list:
+    """megatron-core's parameter-and-gradient buffers of every model chunk,
+    experts' too (their data-parallel group is the expert one)."""
+    return [b for chunk in model for b in chunk.buffers + chunk.expert_parallel_buffers]
+
+
 def parameter_buffers(model: list) -> List[Tuple[torch.Tensor, object]]:
     """(flat parameters, the data-parallel group that holds them alike) of
-    each of megatron-core's parameter buffers, experts' with the expert
-    data-parallel group."""
-    found = []
-    for chunk in model:
-        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
-            found.append((buffer.param_data, buffer.data_parallel_group))
-    return found
+    each buffer."""
+    return [(b.param_data, b.data_parallel_group) for b in ddp_buffers(model)]
 
 
 class ReplicaDigestCheck(ReplicaHashCheck):
@@ -66,11 +73,7 @@ class ReplicaDigestCheck(ReplicaHashCheck):
     def compare(self, trainer: Trainer, group, digests: List[int]) -> None:
         """All-gather the group's digests; raise if a replica differs."""
         device = None if trainer.runtime.on_cpu else torch.cuda.current_device()
-        mine = torch.tensor(
-            [d - (1 << 64) if d >= 1 << 63 else d for d in digests],
-            dtype=torch.int64,
-            device=device,
-        )
+        mine = torch.tensor([signed64(d) for d in digests], dtype=torch.int64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
         dist.all_gather(everyone, mine, group=group)
         ranks = dist.get_process_group_ranks(group)
@@ -85,5 +88,5 @@ class ReplicaDigestCheck(ReplicaHashCheck):
                 iteration,
                 [ranks[i] for i in odd],
                 f"parameter buffer {index}'s digests across data-parallel ranks {ranks} are "
-                f"{[f'{v & ((1 << 64) - 1):#x}' for v in column]}",
+                f"{[f'{unsigned64(v):#x}' for v in column]}",
             )

@@ -3,15 +3,15 @@
 A digest is 64 bits over a tensor's bytes: xxHash's XXH3 on the host (one
 read of memory, the hash snapshots are sealed with), a position-weighted
 word sum on a device (computed where the tensor lies: copying parameters to
-the host every iteration would cost more than the check).
+the host every iteration would cost more than the check; a device snapshot's
+checksum is the same sum over chunks). Digests travel and are stored as
+signed 64-bit words (``signed64``), and are shown unsigned (``unsigned64``).
 """
 
 from typing import List, Optional
 
 import torch
 import xxhash
-
-_MASK = (1 << 64) - 1
 
 
 class SilentCorruption(RuntimeError):
@@ -29,6 +29,23 @@ class SilentCorruption(RuntimeError):
         )
 
 
+def unsigned64(value: int) -> int:
+    return value % (1 << 64)
+
+
+def signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def weighted_word_sum(words: torch.Tensor, chunk_words: int = 1) -> int:
+    """Position-weighted sum of 64-bit words modulo 2**64: the words are
+    summed per chunk of ``chunk_words``, and chunk i has the odd weight
+    2i+3 (a word of the first chunk counts 3x)."""
+    chunks = words.view(-1, chunk_words).sum(dim=1)
+    weights = torch.arange(1, chunks.numel() + 1, dtype=torch.int64, device=words.device)
+    return unsigned64(int((chunks * (2 * weights + 1)).sum().item()))
+
+
 def tensor_digest(tensor: torch.Tensor) -> int:
     """64 bits over the tensor's bytes (contiguous ones; any dtype)."""
     data = tensor.detach().reshape(-1).view(torch.uint8)
@@ -37,9 +54,7 @@ def tensor_digest(tensor: torch.Tensor) -> int:
     pad = (-data.numel()) % 8
     if pad:
         data = torch.cat([data, data.new_zeros(pad)])
-    words = data.view(torch.int64)
-    weights = torch.arange(1, words.numel() + 1, dtype=torch.int64, device=words.device)
-    return int((words * (2 * weights + 1)).sum().item()) & _MASK
+    return weighted_word_sum(data.view(torch.int64))
 
 
 def odd_ones_out(digests: List[int]) -> Optional[List[int]]:

@@ -28,13 +28,13 @@ import torch
 
 from megatron.training.optimizer_layout import inner_optimizers, steps_per_parameter
 from deadpool_ext.state import snapshot as snap
+from deadpool_ext.state.digest import unsigned64
 
 PACKET_MAGIC = 0x44504752414450  # "DPGRADP"
 # header slots
 P_MAGIC, P_ITERATION, P_NUMEL, P_SIDECAR, P_EXTRAS, P_CHECKSUM = range(6)
 # Parameter-group entries that travel: the optimizer's scalars and flags.
 _SCALARS = (bool, int, float, str, type(None))
-_WORD = (1 << 64) - 1  # checksums are stored as signed 64-bit words
 
 
 class ReplayMismatch(RuntimeError):
@@ -180,8 +180,8 @@ def apply(
     if actual != expected:
         snap.header(target)[snap.H_MAGIC] = 0
         raise ReplayMismatch(
-            f"the replica of iteration {iteration} has digest {actual & _WORD:#x}, "
-            f"its owner's state {expected & _WORD:#x}"
+            f"the replica of iteration {iteration} has digest {unsigned64(actual):#x}, "
+            f"its owner's state {unsigned64(expected):#x}"
         )
     return iteration
 

@@ -29,6 +29,8 @@ from typing import List, Optional, Tuple
 import torch
 import xxhash
 
+from deadpool_ext.state.digest import signed64, unsigned64, weighted_word_sum
+
 from megatron.training.optimizer_layout import (
     REGIONS,
     inner_optimizers,
@@ -208,7 +210,7 @@ def checksum(buffer: torch.Tensor) -> int:
     """The buffer's checksum with its own header slot read as zero (see the
     module doc): XXH3-64 on the host, the weighted word sum on a device."""
     if buffer.device.type != "cpu":  # the slot (weight 3) taken back out
-        return _unsigned(_weighted_sum(buffer) - 3 * int(header(buffer)[H_CHECKSUM]))
+        return unsigned64(_weighted_sum(buffer) - 3 * int(header(buffer)[H_CHECKSUM]))
     h = header(buffer).clone()
     h[H_CHECKSUM] = 0
     hasher = xxhash.xxh3_64()
@@ -218,19 +220,9 @@ def checksum(buffer: torch.Tensor) -> int:
 
 
 def _weighted_sum(buffer: torch.Tensor) -> int:
-    """Position-weighted sum of 64-bit words modulo 2**64; chunk i has the
-    odd weight 2i+3, so a word of the header chunk counts 3x."""
-    chunks = buffer.view(torch.int64).view(-1, CHUNK_WORDS).sum(dim=1)
-    weights = torch.arange(1, chunks.numel() + 1, dtype=torch.int64, device=buffer.device)
-    return _unsigned(int((chunks * (2 * weights + 1)).sum().item()))
-
-
-def _unsigned(value: int) -> int:
-    return value % (1 << 64)
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
+    """The position-weighted sum over whole checksum chunks: a word of the
+    header chunk counts 3x."""
+    return weighted_word_sum(buffer.view(torch.int64), CHUNK_WORDS)
 
 
 def seal(
@@ -249,7 +241,7 @@ def seal(
     h.zero_()
     h[H_MAGIC], h[H_ITERATION], h[H_NUMEL] = MAGIC, iteration, layout.numel
     h[H_SIDECAR], h[H_OWNER] = len(sidecar), owner
-    h[H_CHECKSUM] = _signed(checksum(buffer))
+    h[H_CHECKSUM] = signed64(checksum(buffer))
 
 
 def verify(
@@ -267,7 +259,7 @@ def verify(
         raise SnapshotError(
             f"snapshot holds {int(h[H_NUMEL])} elements per state, this layout {layout.numel}"
         )
-    expected = _unsigned(int(h[H_CHECKSUM]))
+    expected = unsigned64(int(h[H_CHECKSUM]))
     actual = checksum(buffer)
     if actual != expected:
         raise SnapshotError(
@@ -286,7 +278,7 @@ def to_host(buffer: torch.Tensor, layout: ShardLayout) -> torch.Tensor:
     weighted sum, which a host copy would never verify against."""
     verify(buffer, layout)
     host = buffer.to("cpu", copy=True)
-    header(host)[H_CHECKSUM] = _signed(checksum(host))
+    header(host)[H_CHECKSUM] = signed64(checksum(host))
     return host
 
 

@@ -158,3 +158,18 @@ def test_megatron_lms_check_is_added_unless_an_extension_checks_instead():
     (hook,) = replica_check_hooks(config, [])
     assert type(hook) is ReplicaHashCheck and hook.interval == 5
     assert replica_check_hooks(config, [ReplicaDigestCheck(1)]) == []
+
+
+def test_the_device_digest_sees_every_flipped_bit_of_a_word():
+    """The weighted word sum (what a GPU computes in place of XXH3), run
+    here on the host's words: any one bit of any word changes it."""
+    from deadpool_ext.state.digest import weighted_word_sum
+
+    words = torch.randint(-(2**62), 2**62, (513,), dtype=torch.int64)
+    before = weighted_word_sum(words)
+    for index in (0, 256, 512):
+        for bit in range(64):
+            flip_bit(words, index, bit)
+            assert weighted_word_sum(words) != before, (index, bit)
+            flip_bit(words, index, bit)
+    assert weighted_word_sum(words) == before
