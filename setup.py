@@ -37,9 +37,14 @@ setup(
         # megatron-core's rank layout of partial distributed optimizers
         # (--num-distributed-optimizer-instances) rearranges ranks with it.
         "einops",
+        # --deadpool-metrics-port: the coordinator's state for Prometheus
+        "prometheus_client",
     ],
     entry_points={
-        "console_scripts": ["deadpool-launch = deadpool_ext.launch:main"],
+        "console_scripts": [
+            "deadpool-launch = deadpool_ext.launch:main",
+            "deadpool-ctl = deadpool_ext.ctl:main",
+        ],
         # megatron.training.pretrain (a script written against Megatron-LM's
         # API) runs with recovery through it; megatron/training never imports it.
         "megatron.training.runners": ["deadpool = deadpool_ext.entry"],

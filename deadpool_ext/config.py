@@ -31,6 +31,10 @@ from deadpool_ext.protocol import (
     PROGRESS_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     SPARE_WAIT_S,
+    STRAGGLER_FACTOR,
+    STRAGGLER_WINDOW,
+    ON_STRAGGLER,
+    METRICS_ADDR,
     CoordinatorSettings,
 )
 
@@ -137,6 +141,34 @@ class DeadpoolConfig:
         "(imports, device, data) when too few are ready, to swap once instead of applying "
         "--deadpool-on-spares-exhausted and growing back; 0 never waits.",
     )
+    deadpool_straggler_factor: float = arg(
+        STRAGGLER_FACTOR,
+        help="A node whose compute time per iteration (forward and backward, without waits "
+        "for peers), over the last --deadpool-straggler-window iterations, is this many times "
+        "the other nodes' median is a straggler: reported in the events, on the dashboards "
+        "and in the metrics; 0: no watch.",
+    )
+    deadpool_straggler_window: int = arg(
+        STRAGGLER_WINDOW,
+        help="Iterations over which each node's compute time is taken (its median) for "
+        "--deadpool-straggler-factor.",
+    )
+    deadpool_on_straggler: str = arg(
+        ON_STRAGGLER,
+        help="When a straggler is found: report it (the default), or swap its node for a "
+        "ready spare node at the next iteration boundary, handing its ranks' state over "
+        "without redoing an iteration (a drain, as deadpool-ctl drain).",
+        choices=["report", "swap"],
+    )
+    deadpool_metrics_port: Optional[int] = arg(
+        help="Serve the coordinator's state as Prometheus metrics on this port (node 0's "
+        "launcher; docs/operations.md lists them); none by default."
+    )
+    deadpool_metrics_addr: str = arg(
+        METRICS_ADDR,
+        help="The address the --deadpool-metrics-port endpoint listens on (loopback by "
+        "default; 0.0.0.0 for every interface).",
+    )
     deadpool_inject: Optional[List[str]] = arg(
         help="Fault injection, repeatable: kill:rank=R:iter=N[:phase=P], kill:node=K:iter=N, "
         "hang:rank=R:iter=N, stall:rank=R:iter=N[:phase=P]; phases forward, backward, "
@@ -157,6 +189,7 @@ def coordinator_settings(script_args: List[str]) -> CoordinatorSettings:
     parser = arguments.build_parser({"deadpool": DeadpoolConfig})
     namespace, _ = parser.parse_known_args(script_args)
     dp = DeadpoolConfig(**{f.name: getattr(namespace, f.name) for f in fields(DeadpoolConfig)})
+    check_operations(dp)  # the launcher refuses them before anything starts
     return CoordinatorSettings(
         heartbeat_timeout=dp.deadpool_heartbeat_timeout,
         recovery_timeout=dp.deadpool_recovery_timeout,
@@ -164,6 +197,11 @@ def coordinator_settings(script_args: List[str]) -> CoordinatorSettings:
         spare_wait=dp.deadpool_spare_wait,
         on_spares_exhausted=dp.deadpool_on_spares_exhausted,
         events=dp.deadpool_events,
+        straggler_factor=dp.deadpool_straggler_factor,
+        straggler_window=dp.deadpool_straggler_window,
+        on_straggler=dp.deadpool_on_straggler,
+        metrics_port=dp.deadpool_metrics_port,
+        metrics_addr=dp.deadpool_metrics_addr,
     )
 
 
@@ -352,6 +390,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
             "spares that are still starting)"
         )
+    check_operations(dp)
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
         raise ConfigError(
             "--deadpool-on-spares-exhausted checkpoint writes the job's state to "
@@ -375,6 +414,23 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     for fault in faults:
         check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
     plan_buddies(config, environ)
+
+
+def check_operations(dp: DeadpoolConfig) -> None:
+    """The straggler watch's and the metrics endpoint's values."""
+    if dp.deadpool_straggler_factor < 0 or 0 < dp.deadpool_straggler_factor <= 1:
+        raise ConfigError(
+            "--deadpool-straggler-factor must be > 1 (how many times slower than the other "
+            "nodes), or 0 for no watch"
+        )
+    if dp.deadpool_straggler_window < 1:
+        raise ConfigError("--deadpool-straggler-window must be at least 1 iteration")
+    if dp.deadpool_on_straggler == "swap" and dp.deadpool_straggler_factor == 0:
+        raise ConfigError(
+            "--deadpool-on-straggler swap needs the watch: drop --deadpool-straggler-factor 0"
+        )
+    if dp.deadpool_metrics_port is not None and not 0 <= dp.deadpool_metrics_port < 65536:
+        raise ConfigError("--deadpool-metrics-port must be a TCP port (0 to 65535)")
 
 
 def take_over_result_validation(config: Config) -> None:

@@ -45,6 +45,14 @@
                                                      before the all-gather
                                           mirror     the owner's replica this rank holds,
                                                      in iteration 5's forward
+    drain:node=1:iter=4                 a planned event, not a fault: at the start of
+                                        iteration 4 node 1's ranks ask the coordinator to
+                                        drain their node, as deadpool-ctl drain 1 does
+                                        (signed with the job's secret, on the same topic)
+    slow:node=1:iter=10:factor=3        a straggler: from iteration 10 on, node 1's ranks
+                                        (or rank=R's) compute 3 times as long (each sleeps
+                                        the difference at the end of its backward); a spare
+                                        that takes their place is not slowed
 
 Phases: forward (default), backward, grad-reduce, optimizer (after the
 shard update, before the parameter all-gather), mirror (in the mirror's
@@ -85,6 +93,8 @@ ACTIONS = (
     "nan-always",
     "disk-full",
     "flip",
+    "slow",
+    "drain",
 )
 FLIP_TARGETS = ("param", "grad", "optimizer", "mirror")
 # Where each flip target fires (a point FaultHook passes).
@@ -115,6 +125,7 @@ class Fault:
     target: Optional[str] = None  # flip's
     bit: Optional[int] = None  # flip's, else drawn
     seed: int = 0  # flip's draw of the element (and bit)
+    factor: float = 1.0  # slow's
 
     def targets(self, rank: int, node: int) -> bool:
         return self.rank == rank if self.rank is not None else self.node == node
@@ -145,6 +156,8 @@ def parse_fault(spec: str) -> Fault:
         )
     if action == "flip":
         return parse_flip(spec, parts[1:])
+    if action == "slow":
+        return parse_slow(spec, parts[1:])
     keys = {"rank": "N", "node": "N", "iter": "N", "phase": "NAME", "delay": "MS"}
     fields = spec_fields(spec, parts[1:], keys)
     if ("rank" in fields) == ("node" in fields):
@@ -160,7 +173,9 @@ def parse_fault(spec: str) -> Fault:
         raise InjectError(
             f"--deadpool-inject {spec}: {action} poisons the forward output: no phase or delay"
         )
-    if action in ("kill-agent", "kill-launcher") and ("rank" in fields or phase != "forward"):
+    if action in ("kill-agent", "kill-launcher", "drain") and (
+        "rank" in fields or phase != "forward"
+    ):
         raise InjectError(
             f"--deadpool-inject {spec}: {action} takes node=N and iter=N (at the start "
             "of that iteration)"
@@ -235,6 +250,28 @@ def parse_flip(spec: str, parts: List[str]) -> Fault:
     )
 
 
+def parse_slow(spec: str, parts: List[str]) -> Fault:
+    fields = spec_fields(spec, parts, {"rank": "N", "node": "N", "iter": "N", "factor": "F"})
+    if ("rank" in fields) == ("node" in fields) or not {"iter", "factor"} <= set(fields):
+        raise InjectError(
+            f"--deadpool-inject {spec}: slow takes node=N (or rank=N), iter=N and factor=F"
+        )
+    try:
+        factor = float(fields.pop("factor"))
+    except ValueError:
+        factor = 0.0
+    if not factor > 1 or not all(v.isdigit() for v in fields.values()):
+        raise InjectError(
+            f"--deadpool-inject {spec}: factor is a number > 1; rank, node and iter are integers"
+        )
+    number = {k: int(v) for k, v in fields.items()}
+    if number["iter"] == 0:
+        raise InjectError(f"--deadpool-inject {spec}: iterations count from 1: iter=0 never comes")
+    return Fault(
+        "slow", number.get("rank"), number.get("node"), number["iter"], "grad-reduce", factor=factor
+    )
+
+
 def parse_faults(specs: Optional[List[str]]) -> List[Fault]:
     return [parse_fault(spec) for spec in specs or []]
 
@@ -246,6 +283,18 @@ class Injector:
     def __init__(self, faults: List[Fault], rank: Optional[int], node: int, original: bool):
         self.faults = [f for f in faults if original and f.targets(rank, node)]
         self.fired = set()
+        self.slowed = False  # a slowdown began (said once)
+
+    def slowdown(self, iteration: int) -> float:
+        """How many times as long this process computes in ``iteration``."""
+        factors = [f.factor for f in self.slowdowns() if iteration >= f.iteration]
+        return max(factors, default=1.0)
+
+    def slowdowns(self) -> List[Fault]:
+        return [f for f in self.faults if f.action == "slow"]
+
+    def slow_fault(self) -> Fault:
+        return self.slowdowns()[0]
 
     def due(self, phase: str, iteration: Optional[int] = None) -> List[Fault]:
         """The faults whose point this is and that have not fired yet. The
@@ -257,6 +306,7 @@ class Injector:
             for fault in self.faults
             if fault not in self.fired
             and fault.point == phase
+            and fault.action != "slow"  # lasts: FaultHook.slow_down
             and (phase == "recovery" or fault.iteration == iteration)
         ]
 

@@ -31,6 +31,14 @@ the snapshot of the rank that contributes it.
     each only if its shards stay held by a kept rank;
   * checkpoint and stop (``shrink(view, stop=True)``): the survivors gather
     every shard as a shrink does, save it and stop;
+  * drain (``drain``), planned: the ranks of named nodes leave at an
+    iteration boundary, nobody lost. With ready spares on other nodes it is
+    a hot swap whose rollback is the boundary itself (every rank stopped
+    there, and each leaving rank's snapshot of it reached its buddy first):
+    nothing is redone. Without, the job shrinks as if they were lost. A
+    drain nothing can carry out is refused: the job goes on as it was;
+  * stop (``stop_here``), planned: every rank saves the boundary's state
+    and the job ends (deadpool-ctl stop);
   * grow (``grow``), when the ready spares make up whole replicas
     again, at an iteration boundary and never past the launched size. The
     running replicas keep their order and positions; the new ones come
@@ -39,7 +47,7 @@ the snapshot of the rank that contributes it.
     was lost: every shard comes from its owner's own snapshot.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from deadpool_ext.protocol import (
@@ -109,6 +117,11 @@ class JobView:
     warming: int = 0  # spares still starting
     since_failure_s: float = 0.0
     spare_wait_s: float = 0.0  # --deadpool-spare-wait
+    # A planned generation (every rank stopped at its iteration's end): the
+    # nodes asked to leave and their ranks, or a stop asked for.
+    drained_nodes: Tuple[int, ...] = ()
+    draining: FrozenSet[int] = frozenset()
+    stop_requested: Optional[str] = None  # why (None: no stop)
 
 
 @dataclass(frozen=True)
@@ -511,6 +524,69 @@ def grow(view: JobView) -> Decision:
     )
 
 
+# ----- planned: drain and stop -----
+def drain(view: JobView) -> Decision:
+    """The draining nodes' ranks leave at the boundary every rank stopped
+    at: to spares on other nodes while enough are ready (their state from
+    the boundary's snapshot, which reached the buddies before the
+    reports), else by a shrink (--deadpool-on-spares-exhausted shrink or
+    checkpoint). A drain nothing can carry out is refused, never a reason
+    to stop the job."""
+    nodes = set(view.drained_nodes)
+    leaving = view.draining
+    usable = tuple(s for s in view.spares if parse_slot(s)[0] not in nodes)
+    as_lost = replace(view, lost=leaving, spares=usable, growing=False)
+    on_exhausted = view.limits.on_spares_exhausted
+    if len(usable) >= len(leaving) and view.buddy is not None:
+        decision = swap(as_lost)
+    elif on_exhausted == "shrink" and not view.limits.cannot_resize:
+        decision = shrink(as_lost)
+    else:
+        why = view.limits.cannot_resize or f"--deadpool-on-spares-exhausted is {on_exhausted}"
+        return go_on(view, f"{len(usable)} ready spare(s) for {len(leaving)} rank(s), and {why}")
+    if decision.action == Action.ABORT:
+        return go_on(view, decision.reason)
+    released = sorted(set(decision.released) | {view.members[r] for r in leaving})
+    warnings = list(decision.warnings)
+    boundary = max((max(rep.own, default=0) for rep in view.reports.values()), default=0)
+    if decision.rollback_to is not None and decision.rollback_to < boundary:
+        warnings.append(
+            f"the leaving ranks' state of iteration {boundary} did not reach their buddies: "
+            f"iterations {decision.rollback_to + 1}..{boundary} are redone"
+        )
+    return replace(
+        decision,
+        reason=f"node(s) {sorted(nodes)} drained",
+        released=released,
+        drained=sorted(nodes),
+        warnings=warnings,
+    )
+
+
+def go_on(view: JobView, why: str) -> Decision:
+    """Nothing changes: every rank resumes from its own snapshot of the
+    boundary (a drain that could not be carried out, or spares that left)."""
+    sources = {rank: [rank, Source.OWN] for rank in view.members}
+    iteration = newest_common(sources, dict(view.reports))
+    if iteration is None:
+        return abort(view.gen, f"{why}; and no snapshot iteration every rank holds", view.members)
+    return Decision(
+        gen=view.gen,
+        action=Action.RECOVER,
+        rollback_to=iteration,
+        members=dict(view.members),
+        warnings=[f"not drained: {why}"] if view.draining else [why],
+    )
+
+
+def stop_here(view: JobView) -> Decision:
+    """Every rank saves the boundary's state, and the job ends."""
+    decision = go_on(view, "")
+    if decision.action == Action.ABORT:
+        return decision
+    return replace(decision, reason=view.stop_requested or "", warnings=[], stop=True)
+
+
 # ----- the policy -----
 def waits_for_spares(view: JobView) -> Optional[Wait]:
     """Too few spares are ready but enough are starting: wait for them, up
@@ -528,14 +604,17 @@ def waits_for_spares(view: JobView) -> Optional[Wait]:
 
 def likely_spares(view: JobView) -> Dict[int, str]:
     """The spares a swap will take if nothing else fails (those told to
-    start building now); none where no swap is possible."""
+    start building now), for the lost ranks or those of draining nodes;
+    none where no swap is possible."""
+    movers = view.lost or view.draining
+    spares = [s for s in view.spares if parse_slot(s)[0] not in view.drained_nodes]
     if (
         view.buddy is None
-        or len(view.spares) < len(view.lost)
-        or any(view.buddy[r] in view.lost for r in view.lost)
+        or len(spares) < len(movers)
+        or any(view.buddy[r] in movers for r in movers)
     ):
         return {}
-    return choose_spares(sorted(view.lost), view.spares, view.members, view.buddy, view.owner)[0]
+    return choose_spares(sorted(movers), spares, view.members, view.buddy, view.owner)[0]
 
 
 def grow_by(view: JobView) -> int:
@@ -553,6 +632,10 @@ class Policy:
     def decide(self, view: JobView) -> Union[Decision, Wait]:
         if view.doomed is not None:
             return abort(view.gen, view.doomed, view.members)
+        if view.stop_requested is not None and not view.lost:
+            return stop_here(view)
+        if view.draining and not view.lost:
+            return drain(view)
         if view.growing:
             return grow(view)
         wait = waits_for_spares(view)

@@ -74,6 +74,12 @@ RELEASE_ALL_COMPUTING_AFTER_S = 10 * RELEASE_GRACE_S
 # failure is announced): a spare whose GPU went bad is taken out of the ready
 # spares within this (control/gpu_health.py).
 GPU_HEALTH_INTERVAL_S = 10.0
+# How often an agent inside a Slurm job reads its node's state (scontrol,
+# control/slurm_state.py): a node the administrators mark DRAIN is drained
+# from the job at the next iteration boundary after the reading that saw it.
+# Each reading asks slurmctld once per node: every few seconds is cheap for
+# it and quick enough next to a maintenance window's hours.
+SLURM_STATE_INTERVAL_S = 5.0
 # After an abort, how long the ranks that reported may take to read it and
 # stop on their own before their agents are told to stop them.
 ABORT_GRACE_S = 10.0
@@ -86,6 +92,25 @@ COORDINATOR_RANK = -1  # the coordinator's "rank" in the event log
 # coordinator lost.
 TAKEOVER_WAIT_S = 60.0
 STANDBY_PORT_OFFSET = 1  # the standby's store listens on --master-port + 1
+# --deadpool-straggler-factor / -window: a node whose compute time per
+# iteration (forward and backward, without waits) is this many times the
+# other nodes' median, over the last ``window`` iterations each, is a
+# straggler; --deadpool-on-straggler says what then happens.
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_WINDOW = 5
+ON_STRAGGLER = "report"
+# A drained node's workers that have not ended this long after its agent
+# was told to leave (a spare, a member that has not read its release) are
+# stopped with SIGTERM.
+LEAVE_GRACE_S = 10.0
+# deadpool-ctl: how long it waits for the coordinator's answer.
+CONTROL_REPLY_WAIT_S = 15.0
+# Where ``deadpool-launch --standalone`` leaves the address and secret of its
+# job for deadpool-ctl on the same host (a folder only its user can read).
+RUN_DIR_ENV = "DEADPOOL_RUN_DIR"
+# --deadpool-metrics-addr: where the Prometheus endpoint listens (with
+# --deadpool-metrics-port); loopback unless asked.
+METRICS_ADDR = "127.0.0.1"
 
 
 class ExitCode(IntEnum):
@@ -117,6 +142,9 @@ class JobState(str, Enum):
     GROWING = "growing"  # spares fill a replica; every rank reports at its iteration's end
     REBUILDING = "rebuilding"  # a swap decided; the new generation builds and restores
     RESIZING = "resizing"  # a shrink, grow or checkpoint decided; carried out
+    # Planned: named nodes leave, or the job stops (deadpool-ctl, Slurm's
+    # DRAIN, a straggler); every rank reports at its iteration's end.
+    DRAINING = "draining"
     STOPPING = "stopping"  # resumed after a checkpoint decision: saving, then done
     ABORTED = "aborted"
 
@@ -178,6 +206,7 @@ def parse_slot(slot: str) -> Tuple[int, int]:
 
 # ----- where things live in the store -----
 COORDINATOR_TOPIC = "coordinator"
+CONTROL_TOPIC = "control"  # requests from deadpool-ctl and from agents
 GEN_KEY = "gen"
 # In the standby's store: the primary's state (written before anything the
 # primary publishes, so the standby knows every decision a process can have
@@ -207,6 +236,10 @@ def admission_key(nonce: str) -> str:
     return f"admit/{nonce}"
 
 
+def control_reply_key(nonce: str) -> str:
+    return f"control/reply/{nonce}"
+
+
 def worker_heartbeat_key(slot: str) -> str:
     return f"hb/{slot}"
 
@@ -228,6 +261,7 @@ class Kind(str, Enum):
     NUMERIC = "numeric"
     LOST_PRIMARY = "lost_primary"
     GPU_HEALTH = "gpu_health"
+    CONTROL = "control"
 
 
 class Message:
@@ -301,6 +335,11 @@ class CoordinatorSettings:
     spare_wait: float = SPARE_WAIT_S
     on_spares_exhausted: str = ON_SPARES_EXHAUSTED
     events: Optional[str] = None  # --deadpool-events
+    straggler_factor: float = STRAGGLER_FACTOR
+    straggler_window: int = STRAGGLER_WINDOW
+    on_straggler: str = ON_STRAGGLER
+    metrics_port: Optional[int] = None  # --deadpool-metrics-port
+    metrics_addr: str = METRICS_ADDR
 
 
 @dataclass
@@ -388,6 +427,27 @@ class GpuHealth(Message):
     readings: Dict[str, dict]
 
 
+class Request(str, Enum):
+    """What an operator (deadpool-ctl) or an agent asks of a running job."""
+
+    STATUS = "status"
+    DRAIN = "drain"  # the node's ranks hand over to spares (or the job shrinks); it leaves
+    STOP = "stop"  # save a checkpoint at the next iteration boundary and end the job
+
+
+@dataclass
+class ControlRequest(Message):
+    """An operator's request (deadpool-ctl), or an agent's (its node was
+    marked DRAIN by Slurm). The answer goes to ``control_reply_key(nonce)``."""
+
+    KIND: ClassVar[Kind] = Kind.CONTROL
+    request: str
+    nonce: str
+    node: Optional[int] = None  # DRAIN's node
+    reason: str = ""
+    by: str = "deadpool-ctl"
+
+
 MESSAGES = {
     cls.KIND: cls
     for cls in (
@@ -402,6 +462,7 @@ MESSAGES = {
         NumericFault,
         LostPrimary,
         GpuHealth,
+        ControlRequest,
     )
 }
 
@@ -424,6 +485,7 @@ class Command(str, Enum):
     KILL = "kill"  # SIGKILL one worker (``slot``)
     KILL_ALL = "kill_all"  # the node is lost: SIGKILL every worker
     STOP = "stop"  # the job ends: SIGTERM every worker
+    LEAVE = "leave"  # the node was drained: restart no worker; end once none is left
 
 
 # ----- the decision of a generation -----
@@ -449,6 +511,8 @@ class Decision:
     # and the ready spares it left out because their GPU has a problem.
     gpus: Dict[str, str] = field(default_factory=dict)
     withheld: List[str] = field(default_factory=list)
+    drained: List[int] = field(default_factory=list)  # nodes that leave (their slots: released)
+    stop: bool = False  # the members save a checkpoint at rollback_to and the job ends
 
     def __post_init__(self):
         self.action = Action(self.action)

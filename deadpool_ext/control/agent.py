@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control import slurm_state
 from deadpool_ext.control.gpu_health import NvmlReader, NvmlUnavailable
 from deadpool_ext.control.zygote import Zygote, forks_workers
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
@@ -53,6 +54,7 @@ class Agent:
         zygote: Optional[Zygote] = None,
         scratch: Optional[str] = None,
         gpus: Optional[NvmlReader] = None,
+        slurm_node: Optional[str] = None,
     ):
         """``standby``: host:port of the standby coordinator's store, which
         this agent turns to when it loses the primary, waiting up to
@@ -62,7 +64,9 @@ class Agent:
         the workers' error files (default: the system's temporary folder);
         a standalone launcher gives its own, which it removes whatever
         became of the agent. ``gpus``: NVML, to read the health of the
-        workers' GPUs (None where there is none)."""
+        workers' GPUs (None where there is none). ``slurm_node``: this
+        node's Slurm name, whose state is watched for a DRAIN (None outside
+        a Slurm job)."""
         self.channel, self.node, self.nproc = channel, node, nproc
         self.active, self.world_size, self.command = active, world_size, command
         self.store_addr, self.heartbeat_s = store_addr, heartbeat_s
@@ -75,6 +79,9 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
+        # Drained: no worker is started again; those still running after
+        # the grace (spares, a member that did not read its release) stop.
+        self.leaving_by: Optional[float] = None
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.standby_in_sync = False  # as the last generation read said
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
@@ -82,6 +89,9 @@ class Agent:
         self.last_beat = 0.0
         self.gpus, self.gpu_verdicts = gpus, None
         self.next_gpu_check, self.checked_failure_gen = 0.0, None
+        self.slurm_node, self.slurm_reading = slurm_node, None
+        self.next_slurm_check = 0.0
+        self.slurm_drain_asked = False  # for the DRAIN marking read last
 
     def error_file(self, slot: str) -> str:
         return os.path.join(self.error_dir, f"{slot}.error")
@@ -163,6 +173,63 @@ class Agent:
             body = {slot: reading.to_dict() for slot, reading in readings.items()}
             self.channel.post(P.COORDINATOR_TOPIC, P.GpuHealth(node=self.node, readings=body))
 
+    def check_slurm(self) -> None:
+        """Read this node's Slurm state every SLURM_STATE_INTERVAL_S, in the
+        background (control/slurm_state.py), and act on each reading."""
+        if self.slurm_node is None:
+            return
+        if self.slurm_reading is None:
+            if time.monotonic() >= self.next_slurm_check:
+                self.start_slurm_reading()
+            return
+        if self.slurm_reading.done():
+            text, self.slurm_reading = self.slurm_reading.text, None
+            self.next_slurm_check = time.monotonic() + P.SLURM_STATE_INTERVAL_S
+            self.on_slurm_state(text)
+
+    def start_slurm_reading(self) -> None:
+        try:
+            self.slurm_reading = slurm_state.Reading(self.slurm_node)
+        except RuntimeError as error:  # no thread to be had: the watch stops, never the node
+            print(
+                f"deadpool agent {self.node}: Slurm state no longer watched: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.slurm_node = None
+
+    def on_slurm_state(self, text: Optional[str]) -> None:
+        """Ask for this node's drain once per DRAIN marking. A failed
+        reading (None) changes nothing: the next one may work. A node
+        resumed and marked again is asked for again."""
+        if text is None:
+            return
+        reason = slurm_state.drain_reason(text)
+        if reason is None:
+            self.slurm_drain_asked = False
+        elif not self.slurm_drain_asked:
+            self.ask_drain(slurm_state.node_state(text), reason)
+            self.slurm_drain_asked = True
+
+    def ask_drain(self, state: str, reason: str) -> None:
+        """The request deadpool-ctl drain would send, for this node. Asking
+        again is harmless; the coordinator's answer and the drain itself go
+        to its event log."""
+        why = f"Slurm marked {self.slurm_node} {state}: {reason}"
+        print(
+            f"deadpool agent {self.node}: {why}; asking to drain this node",
+            file=sys.stderr,
+            flush=True,
+        )
+        request = P.ControlRequest(
+            request=P.Request.DRAIN.value,
+            nonce=secrets.token_hex(8),
+            node=self.node,
+            reason=why,
+            by="slurm",
+        )
+        self.channel.post(P.CONTROL_TOPIC, request)
+
     def beat_when_due(self) -> None:
         if time.monotonic() - self.last_beat >= self.heartbeat_s:
             self.beat()
@@ -181,6 +248,14 @@ class Agent:
             self.check_gpus(now=True)
 
     def watch_once(self) -> None:
+        # Commands first: a drained node's LEAVE comes before its workers'
+        # release, which must then not start spares in their slots.
+        for command in self.commands.poll():
+            self.obey(command)
+        if self.leaving_by is not None and time.monotonic() > self.leaving_by:
+            self.leaving_by = float("inf")
+            for proc in self.workers.values():
+                proc.terminate()
         for slot, proc in list(self.workers.items()):
             code = proc.poll()
             if code is not None:
@@ -189,13 +264,11 @@ class Agent:
                     reason = self.written_reason(slot) if code != ExitCode.OK else None
                     exited = P.WorkerExited(slot=slot, code=code, reason=reason)
                     self.channel.post(P.COORDINATOR_TOPIC, exited)
-                if code == ExitCode.RELEASED and not self.stopping:
+                if code == ExitCode.RELEASED and not self.stopping and self.leaving_by is None:
                     # A shrink dropped its replica: the slot serves as a warm spare.
                     self.start_worker(parse_slot(slot)[1], active=False)
         if self.nonce is not None:
             self.check_admission()
-        for command in self.commands.poll():
-            self.obey(command)
 
     def check_admission(self) -> None:
         """A joining node waits for the coordinator's answer; refused, it stops."""
@@ -213,6 +286,11 @@ class Agent:
         if kind == Command.KILL and command.get("slot") in self.workers:
             self.workers[command["slot"]].kill()
             self.workers[command["slot"]].send_signal(signal.SIGCONT)  # a stopped one too
+        elif kind == Command.LEAVE and self.leaving_by is None:
+            print(
+                f"deadpool agent {self.node}: drained, leaving the job", file=sys.stderr, flush=True
+            )
+            self.leaving_by = time.monotonic() + P.LEAVE_GRACE_S
         elif kind in (Command.KILL_ALL, Command.STOP):
             self.stopping = kind == Command.STOP
             for proc in self.workers.values():
@@ -249,6 +327,7 @@ class Agent:
             self.beat_when_due()
             self.watch_once()
             self.check_gpus()
+            self.check_slurm()
             time.sleep(0.02)
 
     def fail_over(self) -> bool:
@@ -319,6 +398,7 @@ def main(command: Optional[List[str]] = None) -> int:
         zygote=zygote,
         scratch=settings.get("scratch"),
         gpus=open_nvml(settings["node"]),
+        slurm_node=slurm_state.own_node(os.environ),
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.obey({"kind": Command.STOP}))
     threading.current_thread().name = f"deadpool-agent-{settings['node']}"

@@ -15,13 +15,25 @@ The job's state (``JobState``) moves only along ``NEXT``:
 
   STARTING -> TRAINING -> RECOVERING (a loss: the survivors report)
                        -> GROWING (spares fill a replica: everyone reports)
-  RECOVERING / GROWING -> REBUILDING (a swap decided) -> TRAINING
+                       -> DRAINING (nodes asked to leave, or a stop asked
+                          for: everyone reports at its iteration's end)
+  RECOVERING / GROWING / DRAINING
+                       -> REBUILDING (a swap decided) -> TRAINING
+                                     (a stop decided) -> STOPPING
                        -> RESIZING (a shrink or grow decided) -> TRAINING
                                    (a checkpoint decided) -> STOPPING
   any -> ABORTED (no decision can keep the job)
 
-A loss while RECOVERING, GROWING or REBUILDING opens the next generation
-(RECOVERING again); while RESIZING or STOPPING it ends the job.
+A loss while RECOVERING, GROWING, DRAINING or REBUILDING opens the next
+generation (RECOVERING again; a drain or stop asked for waits for the next
+TRAINING); while RESIZING or STOPPING it ends the job.
+
+Operations (``operations`` below): deadpool-ctl's requests (status, drain a
+node, stop) and an agent's (Slurm marked its node DRAIN) come on their own
+topic, signed with the job's secret; the answer goes to a key the request
+names. Each rank's compute time per iteration comes with its heartbeats;
+``StragglerWatch`` says which node is slow, and --deadpool-on-straggler swap
+drains it while a spare node is ready.
 
 Sizes: while spares last a lost rank is swapped; then the job shrinks
 (--deadpool-on-spares-exhausted shrink), and it grows back towards its
@@ -45,6 +57,7 @@ from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.membership import Membership
 from deadpool_ext.control.rollbacks import Corruptions, Rollbacks
 from deadpool_ext.control.standby import Replica
+from deadpool_ext.control.stragglers import StragglerWatch
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import (
     JobView,
@@ -73,16 +86,19 @@ from deadpool_ext.wire import Channel
 S = JobState
 # The states each state may move to; anything else is a bug of the coordinator.
 NEXT = {
-    S.STARTING: {S.TRAINING, S.RECOVERING, S.ABORTED},
-    S.TRAINING: {S.RECOVERING, S.GROWING, S.ABORTED},
+    S.STARTING: {S.TRAINING, S.RECOVERING, S.DRAINING, S.ABORTED},
+    S.TRAINING: {S.RECOVERING, S.GROWING, S.DRAINING, S.ABORTED},
     S.RECOVERING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
     S.GROWING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
-    S.REBUILDING: {S.TRAINING, S.RECOVERING, S.ABORTED},
+    S.DRAINING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
+    S.REBUILDING: {S.TRAINING, S.RECOVERING, S.STOPPING, S.ABORTED},
     S.RESIZING: {S.TRAINING, S.STOPPING, S.ABORTED},
     S.STOPPING: {S.ABORTED},
     S.ABORTED: set(),
 }
-COLLECTING = (S.RECOVERING, S.GROWING)  # members report for a decision
+COLLECTING = (S.RECOVERING, S.GROWING, S.DRAINING)  # members report for a decision
+# Every rank stops at its iteration's end, not within an iteration.
+AT_BOUNDARY = (S.GROWING, S.DRAINING)
 # Messages a member sends about its own rank.
 SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done, P.NumericFault)
 BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
@@ -142,6 +158,23 @@ class Coordinator:
         # With a standby that could take over, decisions need a majority of
         # the nodes alive at the last one: a partition leaves one side deciding.
         self.guards_quorum = replica is not None
+        # Operations: requests come on their own topic through a channel of
+        # their own, whose count of rejected (unsigned or forged) values is
+        # the requests refused; nodes asked to drain (node -> why), a stop
+        # asked for, what each recovery was for, and the straggler watch.
+        requests = Channel(channel.store, channel.secret, address=channel.address)
+        self.requests = requests.reader(P.CONTROL_TOPIC)
+        self.malformed_requests = 0
+        self.drains: Dict[int, str] = {}
+        self.drain_asked_at: Optional[float] = None  # the oldest drain asked for
+        self.drained_nodes: Set[int] = set()  # left by a drain (until one joins again)
+        self.draining: List[int] = []  # the nodes of the DRAINING generation
+        self.stop_request: Optional[str] = None
+        self.recoveries: Dict[str, int] = {}  # by cause
+        self.cause: Optional[str] = None  # what opened the current generation
+        self.last_recovery: Optional[dict] = None
+        self.stragglers = StragglerWatch(settings.straggler_factor, settings.straggler_window)
+        self.status_listeners: List = []  # called with status() after every poll
         if snapshot is None:
             self.publish()
         else:
@@ -169,9 +202,9 @@ class Coordinator:
     # ----- outputs -----
     def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
         """``assign``: the spares a decision will most likely pick, so that
-        they can build their model while the survivors tear down. ``grow``
-        tells workers to stop at their next iteration boundary, not within
-        an iteration."""
+        they can build their model while the survivors tear down.
+        ``boundary`` tells workers to stop at their next iteration boundary,
+        not within an iteration (a grow, a drain, a stop)."""
         self.put(
             P.GEN_KEY,
             gen=self.gen,
@@ -179,7 +212,7 @@ class Coordinator:
             lost=sorted(self.lost),
             assign={str(r): s for r, s in (assign or {}).items()},
             world=self.view.world,
-            grow=self.state == S.GROWING,
+            boundary=self.state in AT_BOUNDARY,
         )
 
     def put(self, key: str, **body) -> None:
@@ -204,16 +237,25 @@ class Coordinator:
     def step(self) -> None:
         for message in self.inbox.poll():
             self.handle(message)
+        for request in self.requests.poll():
+            self.on_request(request)
         self.replicate()  # what the messages changed, and the lease
         if self.detector.due(self.clock()):
             self.check_heartbeats()
+            self.watch_stragglers()
         if self.state in COLLECTING:
             self.maybe_decide()
         elif self.state == S.TRAINING:
-            self.maybe_grow()
+            self.maybe_plan() or self.maybe_grow()
             self.note_clean_redos()
+        elif self.state == S.STARTING:
+            self.maybe_plan()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.stop(f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s")
+        if self.status_listeners:
+            status = self.status()
+            for listener in self.status_listeners:
+                listener(status)
 
     def handle(self, body: dict) -> None:
         try:
@@ -246,8 +288,8 @@ class Coordinator:
         self.train_iters = m.train_iters
 
     def on_exit(self, m: P.WorkerExited) -> None:
-        if self.view.note_exit(m.slot):
-            return  # released by a shrink
+        if self.view.note_exit(m.slot) or parse_slot(m.slot)[0] in self.drained_nodes:
+            return  # released by a shrink, or its node was drained
         rank = self.view.rank_of(m.slot)
         if rank is not None and rank in self.done:
             return  # finished normally
@@ -320,9 +362,9 @@ class Coordinator:
         if len(self.resumed) == self.view.world_size:
             # After a checkpoint decision the ranks save and stop.
             self.enter(S.STOPPING if self.stopping else S.TRAINING)
-            self.events.emit(
-                "recovered", gen=self.gen, seconds=round(self.clock() - self.started_recovery, 3)
-            )
+            seconds = round(self.clock() - self.started_recovery, 3)
+            self.events.emit("recovered", gen=self.gen, seconds=seconds)
+            self.note_recovered(seconds)
             self.publish()
 
     def on_done(self, m: P.Done) -> None:
@@ -358,6 +400,7 @@ class Coordinator:
         self.report_again(
             f"rank {m.rank}: {m.error}: rolling every rank back to iteration {m.iteration}'s start",
             iteration=m.iteration - 1,
+            cause="nan",
         )
 
     def on_corruption(self, m: P.NumericFault) -> None:
@@ -380,7 +423,220 @@ class Coordinator:
             return
         if verdict.action == "stop":  # decided once every rank has reported, to say why
             self.doomed = verdict.why
-        self.report_again(verdict.why, iteration=m.iteration - 1)
+        self.report_again(verdict.why, iteration=m.iteration - 1, cause="sdc")
+
+    # ----- operations: requests, drains, stop, stragglers -----
+    def on_request(self, body: dict) -> None:
+        """A signed request (deadpool-ctl's, or an agent's): answered at the
+        key it names. Unsigned or forged ones never get here (the channel
+        drops and counts them); a signed one of the wrong shape is counted."""
+        try:
+            m = P.parse_message(body)
+            if not isinstance(m, P.ControlRequest):
+                raise P.ProtocolError(f"{m.KIND.value} is no request")
+            request = P.Request(m.request)
+        except (P.ProtocolError, ValueError) as error:
+            self.malformed_requests += 1
+            self.events.emit("request_refused", gen=self.gen, error=str(error))
+            return
+        if request == P.Request.STATUS:
+            answer = {"ok": True, "status": self.status()}
+        else:
+            refused = self.request_drain(m) if request == P.Request.DRAIN else self.request_stop(m)
+            answer = {"ok": refused is None, "message": refused or self.accepted(request, m)}
+        self.put(P.control_reply_key(m.nonce), **answer)
+
+    def accepted(self, request: P.Request, m: P.ControlRequest) -> str:
+        if request == P.Request.DRAIN:
+            return f"node {m.node} leaves the job at the next iteration boundary"
+        return "the job saves a checkpoint at the next iteration boundary and ends"
+
+    def request_drain(self, m: P.ControlRequest) -> Optional[str]:
+        """Why node ``m.node`` cannot be drained, or None: it will be."""
+        view = self.view
+        if self.finished or self.state in (S.STOPPING, S.ABORTED) or self.stop_request:
+            return "the job is ending"
+        if m.node not in view.nodes():
+            return f"no node {m.node} in this job (its nodes: {view.nodes()})"
+        if m.node not in view.alive_nodes():
+            return f"node {m.node} is no longer part of the job"
+        if m.node not in self.drains and m.node not in self.draining:
+            if not self.drains:
+                self.drain_asked_at = self.clock()
+            self.drains[m.node] = m.reason or f"asked by {m.by}"
+            self.events.emit(
+                "drain_requested", gen=self.gen, node=m.node, reason=self.drains[m.node], by=m.by
+            )
+        return None
+
+    def request_stop(self, m: P.ControlRequest) -> Optional[str]:
+        if self.finished or self.state in (S.STOPPING, S.ABORTED):
+            return "the job is ending already"
+        if self.stop_request is None:
+            self.stop_request = m.reason or f"stopped by {m.by}"
+            self.events.emit("stop_requested", gen=self.gen, reason=self.stop_request, by=m.by)
+        return None
+
+    def maybe_plan(self) -> bool:
+        """While training: start the stop or the drains asked for (a node
+        with no rank leaves at once); whether a generation opened."""
+        if self.plan is None or self.finished:
+            return False
+        if self.stop_request is not None:
+            self.open_generation(S.DRAINING, "stop")
+        else:
+            for node in [n for n in self.drains if not self.ranks_on(n)]:
+                self.send_off(node, self.drains.pop(node))
+            if not self.drains or self.spares_warm_for_drains():
+                return False
+            self.open_generation(S.DRAINING, "drain")
+            self.draining = sorted(self.drains)
+        self.events.emit(
+            "planned",
+            gen=self.gen,
+            cause=self.cause,
+            nodes=self.draining,
+            reason=self.stop_request or "; ".join(self.drains[n] for n in self.draining),
+            iteration=max(self.progress.values(), default=0),
+        )
+        self.publish(self.likely_spares())
+        return True
+
+    def spares_warm_for_drains(self) -> bool:
+        """Too few spares are ready for the drains asked for but enough are
+        starting: train on while they warm up (up to --deadpool-spare-wait
+        after the first request), then drain, to spares or by a shrink."""
+        leaving = set(self.drains)
+        needed = sum(len(self.ranks_on(n)) for n in leaving)
+        ready = [s for s in self.view.spares if parse_slot(s)[0] not in leaving]
+        warming = [s for s in self.detector.last.warming if parse_slot(s)[0] not in leaving]
+        waited = self.clock() - (self.drain_asked_at or self.clock())
+        if len(ready) >= needed or len(ready) + len(warming) < needed:
+            return False
+        if waited >= self.settings.spare_wait:
+            return False
+        self.say_once(
+            "drain_waits_for_spares",
+            nodes=sorted(leaving),
+            ready=len(ready),
+            warming=sorted(warming),
+            up_to_s=self.settings.spare_wait,
+        )
+        return True
+
+    def ranks_on(self, node: int) -> List[int]:
+        return sorted(r for r, slot in self.view.members.items() if parse_slot(slot)[0] == node)
+
+    def draining_ranks(self) -> List[int]:
+        return [r for node in self.draining for r in self.ranks_on(node)]
+
+    def settle_drains(self, decision: Decision) -> None:
+        """The nodes a decision drained leave (their agents end once their
+        workers are gone); those it could not drain stay, and are no longer asked for."""
+        for node in self.draining:
+            why = self.drains.pop(node, "")
+            if node in decision.drained:
+                self.send_off(node, why)
+            else:
+                warnings = "; ".join(decision.warnings)
+                self.events.emit("drain_refused", gen=self.gen, node=node, reason=warnings)
+        self.draining = []
+
+    def send_off(self, node: int, why: str) -> None:
+        """A drained node: its slots count as gone (it may join again with
+        deadpool-launch --join), and its agent stops its workers and ends."""
+        slots = self.view.slots_of(node)
+        self.view.lose(slots)
+        self.drained_nodes.add(node)
+        self.tell_agent(node, Command.LEAVE)
+        self.events.emit("node_drained", gen=self.gen, node=node, slots=slots, reason=why)
+
+    def note_recovered(self, seconds: float) -> None:
+        """What the generation that resumed was for, and how long it took."""
+        cause = self.cause or "failure"
+        self.recoveries[cause] = self.recoveries.get(cause, 0) + 1
+        decision = self.last_decision or {}
+        report_s = max(0.0, self.decided_at - self.started_recovery)
+        self.last_recovery = {
+            "generation": self.gen,
+            "cause": cause,
+            "action": decision.get("action"),
+            "reason": decision.get("reason", ""),
+            "seconds": seconds,
+            "rollback_to": decision.get("rollback_to"),
+            "stages": {"report": round(report_s, 3), "rebuild": round(seconds - report_s, 3)},
+        }
+
+    def watch_stragglers(self) -> None:
+        """Feed the members' compute times to the watch; a straggler found is
+        said once, and with --deadpool-on-straggler swap its node is drained
+        while a spare node is ready for it."""
+        if self.settings.straggler_factor == 0 or self.state != S.TRAINING:
+            return
+        members = {s for s in self.view.members.values() if s not in self.view.lost_slots}
+        self.stragglers.keep_only(members)
+        for slot, body in self.detector.compute.items():
+            if slot in members:
+                self.stragglers.observe(slot, parse_slot(slot)[0], body)
+        for straggler in self.stragglers.newly_found():
+            self.events.emit("straggler", gen=self.gen, **dataclasses.asdict(straggler))
+        if self.settings.on_straggler == "swap":
+            for node in sorted(set(self.stragglers.found) - set(self.drains)):
+                self.swap_straggler(node)
+
+    def swap_straggler(self, node: int) -> None:
+        """Drained once enough spares are ready on other nodes (a straggler
+        is not worth a shrink: the job would lose a replica's throughput)."""
+        ranks = self.ranks_on(node)
+        free = [s for s in self.view.spares if parse_slot(s)[0] != node]
+        if len(free) < len(ranks):
+            why = f"{len(free)} ready spare(s) for its {len(ranks)} rank(s)"
+            self.say_once("straggler_kept", node=node, reason=why)
+            return
+        ratio = self.stragglers.found[node].ratio
+        reason = f"straggler: {ratio:.1f}x the other nodes' compute time"
+        self.request_drain(
+            P.ControlRequest(
+                request="drain", nonce="", node=node, reason=reason, by="straggler watch"
+            )
+        )
+
+    def status(self) -> dict:
+        """The job as deadpool-ctl status and the metrics show it."""
+        view = self.view
+        nodes = {}
+        for node in view.nodes():
+            ranks = self.ranks_on(node)
+            role = "active" if ranks else "spare"
+            if node in self.draining or node in self.drains:
+                role = "draining"
+            elif node in self.drained_nodes:
+                role = "drained"
+            elif node not in view.alive_nodes():
+                role = "lost"
+            nodes[str(node)] = {
+                "role": role,
+                "ranks": ranks,
+                "compute_s": self.stragglers.node_time(node),
+            }
+        return {
+            "state": self.state.value,
+            "generation": self.gen,
+            "iteration": min(self.progress.values(), default=None),
+            "world_size": view.world_size,
+            "planned_world_size": view.planned_size,
+            "members": {str(r): slot for r, slot in sorted(view.members.items())},
+            "spares": {"ready": list(view.spares), "warming": sorted(self.detector.last.warming)},
+            "nodes": nodes,
+            "recoveries": dict(self.recoveries),
+            "last_recovery": self.last_recovery,
+            "stragglers": {
+                str(n): dataclasses.asdict(s) for n, s in sorted(self.stragglers.found.items())
+            },
+            "drains_pending": {str(n): why for n, why in sorted(self.drains.items())},
+            "stop_requested": self.stop_request,
+            "rejected_requests": self.requests.channel.rejected + self.malformed_requests,
+        }
 
     # ----- failures -----
     def lose_node(self, node: int, reason: str) -> None:
@@ -413,10 +669,12 @@ class Coordinator:
         iteration = max(self.progress.values(), default=0)
         self.report_again(reason, iteration, sorted(ranks), slots)  # a grow becomes a recovery
 
-    def report_again(self, reason: str, iteration: int, ranks=(), slots=()) -> None:
+    def report_again(
+        self, reason: str, iteration: int, ranks=(), slots=(), cause: str = "failure"
+    ) -> None:
         """A new generation in which every member reports: ``ranks`` (on
         ``slots``) are lost, or none (all go back to a snapshot all hold)."""
-        self.open_generation(S.RECOVERING)
+        self.open_generation(S.RECOVERING, cause)
         self.reasons.append(reason)
         self.events.emit(
             "failure_detected",
@@ -428,9 +686,12 @@ class Coordinator:
         )
         self.publish(self.likely_spares())
 
-    def open_generation(self, state: JobState) -> None:
-        """A failure or a grow: the next generation starts collecting reports."""
+    def open_generation(self, state: JobState, cause: str) -> None:
+        """A failure, a grow, a drain or a stop: the next generation starts
+        collecting reports."""
         self.enter(state)
+        self.cause = cause
+        self.draining = []  # a drain's generation names its nodes after this
         self.gen += 1
         self.reports, self.resumed, self.joining = {}, set(), set()
         self.started_recovery = self.clock()
@@ -450,6 +711,7 @@ class Coordinator:
             self.put(P.admission_key(nonce), accepted=False, reason=why)
             return
         self.put(P.admission_key(nonce), accepted=True)
+        self.drained_nodes.discard(node)
         slots = self.view.admit(node)
         # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(node, slots)
@@ -544,6 +806,11 @@ class Coordinator:
             "group_timeout_s": self.group_timeout_s,
             "decision": self.last_decision,
             "iterations": self.detector.iterations,
+            "drains": {str(n): why for n, why in self.drains.items()},
+            "drained_nodes": sorted(self.drained_nodes),
+            "stop_request": self.stop_request,
+            "recoveries": self.recoveries,
+            "last_recovery": self.last_recovery,
         }
 
     def load(self, snap: dict) -> None:
@@ -562,6 +829,11 @@ class Coordinator:
         self.group_timeout_s = snap["group_timeout_s"]
         self.last_decision = snap["decision"]
         self.detector.iterations.update(snap["iterations"])
+        self.drains = {int(n): why for n, why in snap.get("drains", {}).items()}
+        self.drained_nodes = set(snap.get("drained_nodes", []))
+        self.stop_request = snap.get("stop_request")
+        self.recoveries = dict(snap.get("recoveries", {}))
+        self.last_recovery = snap.get("last_recovery")
 
     def take_over(self, node: int, reason: str, node_alive: bool = False) -> None:
         """The standby's first act as the coordinator, on its own store: put
@@ -686,6 +958,9 @@ class Coordinator:
             limits=limits_of(plan, self.settings.on_spares_exhausted),
             growing=self.state == S.GROWING,
             doomed=self.doomed,
+            drained_nodes=tuple(self.draining),
+            draining=frozenset(self.draining_ranks()),
+            stop_requested=self.stop_request if self.state == S.DRAINING else None,
             warming=len(self.detector.last.warming),
             since_failure_s=self.clock() - self.started_recovery,
             spare_wait_s=self.settings.spare_wait,
@@ -698,13 +973,15 @@ class Coordinator:
             or self.view.world_size >= self.view.planned_size
             or self.finished
             or self.stopping
+            or self.drains
+            or self.stop_request
         ):
             return
         add = grow_by(self.job_view())
         if add == 0:
             return
         grid = grid_of(self.plan, self.view.world_size)
-        self.open_generation(S.GROWING)
+        self.open_generation(S.GROWING, "grow")
         self.events.emit(
             "grow_announced",
             gen=self.gen,
@@ -749,6 +1026,10 @@ class Coordinator:
         self.view.members = decision.members
         self.view.spares = [s for s in self.view.spares if s not in decision.replaced.values()]
         self.lost = set()
+        self.view.released |= set(decision.released)
+        self.settle_drains(decision)
+        if decision.stop:
+            self.stopping = decision
         self.view.quorum_nodes = self.view.alive_nodes()
         self.enter(state)
         self.last_decision = decision.to_message()
@@ -757,6 +1038,9 @@ class Coordinator:
             "decision",
             gen=self.gen,
             action=decision.action,
+            reason=decision.reason,
+            drained=decision.drained,
+            stop=decision.stop,
             rollback_to=decision.rollback_to,
             warnings=decision.warnings,
             spares_left=len(self.view.spares),
@@ -811,6 +1095,9 @@ class Coordinator:
             time.sleep(poll_s)
         if self.result is not None:
             self.let_reporters_stop(poll_s, alive)
+        for node in sorted(set(self.drains) | set(self.draining)):
+            why = "the job ended before an iteration boundary was reached"
+            self.events.emit("drain_refused", gen=self.gen, node=node, reason=why)
         if len(self.done) < self.view.world_size:
             return 1
         self.note_clean_redos(done=self.train_iters or 0)
@@ -821,5 +1108,6 @@ class Coordinator:
                 reason=self.stopping.reason,
                 iteration=self.stopping.rollback_to,
             )
-            return ExitCode.STOPPED_WITH_CHECKPOINT
+            # Asked for (deadpool-ctl stop): the job ended as it should.
+            return ExitCode.OK if self.stopping.stop else ExitCode.STOPPED_WITH_CHECKPOINT
         return 0

@@ -63,6 +63,9 @@ class Detector:
         self.seen: Dict[str, tuple] = {}  # key -> (seq, local time seen)
         self.iterations: Dict[str, int] = {}  # slot -> the iteration it last beat in
         self.progress: Dict[str, Progress] = {}  # slot -> its main thread's progress
+        # slot -> its compute time per iteration as its last beat gave it
+        # (median seconds over its recent iterations, how many, up to which).
+        self.compute: Dict[str, dict] = {}
         self.last = Sighting()  # the last look's
 
     def due(self, now: float) -> bool:
@@ -116,6 +119,8 @@ class Detector:
             self.iterations[slot] = body["iteration"]
         if body is not None:
             self.progress.setdefault(slot, Progress()).observe(body, now)
+            if body.get("compute") is not None:
+                self.compute[slot] = body["compute"]
         return body, stale
 
     def heartbeat(self, key: str, now: float) -> Tuple[Optional[dict], bool]:
@@ -150,3 +155,4 @@ class Detector:
             self.channel.forget(key)
         for slot in slots:
             self.progress.pop(slot, None)
+            self.compute.pop(slot, None)

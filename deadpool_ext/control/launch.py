@@ -43,6 +43,8 @@ from megatron.training.arguments import ConfigError
 
 from deadpool_ext.config import coordinator_settings
 from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.jobs import remove_job, write_job
+from deadpool_ext.control.metrics import MetricsServer
 from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
 from deadpool_ext.events import EventLog
@@ -370,6 +372,12 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     agents = start_agents(opts, local_nodes, address, scratch)
     if agents is None:
         return ExitCode.OK  # a forked agent's process, ended (see fork_agent)
+    # For deadpool-ctl on this host: a standalone job's secret and port are made up here.
+    job = (
+        write_job(store_host, port, os.environ[SECRET_ENV], os.getpid())
+        if opts.standalone
+        else None
+    )
     try:
         store = connect(store_host, port, is_master=True)
         channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
@@ -377,6 +385,8 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         return run_coordinator(opts, coordinator, agents)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if job is not None:
+            remove_job(job)
 
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
@@ -412,11 +422,17 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         for node, proc in list(agents.items()):
             if proc.poll() is not None and not coordinator.finished:
                 del agents[node]
-                coordinator.lose_node(node, f"agent exited with code {proc.returncode}")
+                if node not in coordinator.drained_nodes:  # a drained node's agent ends
+                    coordinator.lose_node(node, f"agent exited with code {proc.returncode}")
         return True
 
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
-    code = coordinator.run(alive=agents_alive)
+    metrics = serve_metrics(opts.settings, coordinator)
+    try:
+        code = coordinator.run(alive=agents_alive)
+    finally:
+        if metrics is not None:
+            metrics.stop()
     for node in coordinator.view.nodes():
         coordinator.tell_agent(node, Command.STOP)
     deadline = time.monotonic() + 30
@@ -433,6 +449,22 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     coordinator.events.close()
     return code
+
+
+def serve_metrics(settings, coordinator: Coordinator) -> Optional[MetricsServer]:
+    """--deadpool-metrics-port: the coordinator's status for Prometheus,
+    refreshed after every poll."""
+    if settings.metrics_port is None:
+        return None
+    server = MetricsServer()
+    port = server.start(settings.metrics_port, settings.metrics_addr)
+    coordinator.status_listeners.append(server.update)
+    print(
+        f"deadpool-launch: metrics at http://{settings.metrics_addr}:{port}/metrics",
+        file=sys.stderr,
+        flush=True,
+    )
+    return server
 
 
 def stand_by(opts) -> int:

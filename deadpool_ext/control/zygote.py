@@ -136,6 +136,7 @@ def become_worker(
     os.close(wakeup)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's own ignores it
     os.environ.clear()
     os.environ.update(env)
     rename(command)
@@ -359,6 +360,10 @@ def be_zygote(channel: socket.socket, command: List[str], agent: int) -> None:
     hangs up (the workers then die with it)."""
     if not die_with_parent(agent):
         return  # the agent is gone already
+    # A SIGTERM to the whole node (Slurm's time limit, scancel --signal=TERM)
+    # is for the workers, which save a checkpoint, and for the agent; the
+    # zygote ends when its agent hangs up, and its death would end them all.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rename([sys.executable, "-m", __spec__.name, json.dumps(command)])
     preload(command)
     serve(channel, command)

@@ -76,6 +76,8 @@ class ControlClient:
         self.heartbeat_s = heartbeat_s
         self.gen = 0  # the generation this process trains in
         self.iteration = None  # last started iteration, for the coordinator
+        # Its compute time per iteration (hooks.ComputeClock), for the straggler watch.
+        self.compute: Optional[dict] = None
         self.state = WorkerState.STARTING
         self.latest = {"gen": 0, "state": P.JobState.STARTING}
         self._main_thread = threading.main_thread().ident
@@ -110,6 +112,7 @@ class ControlClient:
                         iteration=self.iteration,
                         state=self.state,
                         where=whereabouts.where(self._main_thread),
+                        compute=self.compute,
                     )
                     last_beat = time.monotonic()
                 latest = self._beat_channel.get(P.GEN_KEY)
@@ -183,15 +186,16 @@ class ControlClient:
         return self.channel is not used
 
     def _release_if_superseded(self, latest: dict) -> None:
-        """A newer generation that is not a grow means the groups held now
+        """A newer generation that does not stop at the boundary (a grow, a
+        drain, a stop) means the groups held now
         are dead: RELEASE_GRACE_S later, shut their connections down, so a
         main thread blocked in a collective (and every peer blocked on this
         rank) is released then, not when its peers' sockets happen to close.
         Groups a hot swap may keep are spared while the main thread may still
         stop on its own (``releases_all``); a main thread blocked in a group
-        with a lost member is freed without them. A grow lets the iteration
-        finish; ranks release at the boundary."""
-        if latest.get("grow"):
+        with a lost member is freed without them. A boundary's generation
+        lets the iteration finish; ranks release at the boundary."""
+        if latest.get("boundary"):
             return
         gen = int(latest["gen"])
         if self._superseded is None or self._superseded[0] != gen:
@@ -212,7 +216,7 @@ class ControlClient:
 
     def _report_if_stuck(self, latest: dict) -> None:
         gen = int(latest["gen"])
-        if gen <= self.gen or latest.get("grow") or self.state != WorkerState.TRAINING:
+        if gen <= self.gen or latest.get("boundary") or self.state != WorkerState.TRAINING:
             return
         if self._announced is None or self._announced[0] != gen:
             self._announced = (gen, time.monotonic())
@@ -243,15 +247,21 @@ class ControlClient:
     def post(self, message: P.Message) -> None:
         self._control_plane(lambda channel: channel.post(P.COORDINATOR_TOPIC, message))
 
+    def request(self, message: P.ControlRequest) -> None:
+        """An operator's request, on their topic (a planned event in a test)."""
+        self._control_plane(lambda channel: channel.post(P.CONTROL_TOPIC, message))
+
     def failure_announced(self) -> bool:
-        """A new generation: a failure, or a grow (see ``grow_announced``)."""
+        """A new generation: a failure, or one that stops at the iteration's
+        end (see ``boundary_announced``)."""
         if self.coordinator_lost is not None:
             raise WorkerExit(ExitCode.FAILED, self.coordinator_lost)
         return self.latest["gen"] > self.gen
 
-    def grow_announced(self) -> bool:
-        """The new generation grows the job: stop at the iteration's end."""
-        return self.failure_announced() and bool(self.latest.get("grow"))
+    def boundary_announced(self) -> bool:
+        """The new generation grows the job, drains nodes or stops it: stop
+        at the iteration's end, nobody is lost."""
+        return self.failure_announced() and bool(self.latest.get("boundary"))
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

@@ -6,14 +6,18 @@
   the coordinator seen between microbatches, the buddy plan for the
   coordinator, the first iteration after a recovery;
 * ``FaultHook``: where ``--deadpool-inject`` faults fire;
+* ``ComputeClock``: each iteration's compute time (forward and backward,
+  before the gradient reduction's waits), for the straggler watch;
 * ``sample_rng.SampleRngHook``: each training microbatch's random
   draws seeded from its sample (--deadpool-sample-rng);
 * and ``sdc.ReplicaDigestCheck``: the parameters' digests against the
   other data-parallel replicas' at every iteration's start.
 """
 
+import collections
 import dataclasses
 import socket
+import statistics
 import threading
 import time
 from typing import Callable, List, Optional, Tuple
@@ -249,7 +253,7 @@ class RecoveryHook(Hook):
         self.ctx.iteration = trainer.progress.iteration
         self.ctx.state = WorkerState.TRAINING
         if self.ctx.failure_announced():
-            why = " to grow the job" if self.ctx.grow_announced() else ""
+            why = " (at the iteration boundary)" if self.ctx.boundary_announced() else ""
             raise FailureAnnounced(
                 f"the coordinator announced generation {self.ctx.latest['gen']}{why}"
             )
@@ -258,8 +262,9 @@ class RecoveryHook(Hook):
         """A survivor computing its own microbatches would notice a failure
         only at its next collective with the lost ranks (for a pipeline
         stage, at the end of backward): look at the announced generation
-        before every microbatch instead. A grow waits for the boundary."""
-        if self.ctx.failure_announced() and not self.ctx.grow_announced():
+        before every microbatch instead. A grow, a drain or a stop waits for
+        the boundary."""
+        if self.ctx.failure_announced() and not self.ctx.boundary_announced():
             raise FailureAnnounced(f"the coordinator announced generation {self.ctx.latest['gen']}")
 
     def resumed(self, report) -> None:
@@ -284,12 +289,56 @@ class RecoveryHook(Hook):
             trainer.dashboards.text("deadpool/recovery", line, trainer.progress.iteration)
 
 
+class ComputeClock(Hook):
+    """Times each iteration's compute: from its first microbatch to the end
+    of backward, before the gradient reduction, where a rank waits for its
+    slowest data-parallel peer. (With pipeline stages the time includes
+    their sends and receives; a tensor-parallel group's waits stay inside
+    its node.) The heartbeats carry the median of the last ``window``
+    iterations to the coordinator's straggler watch. Called after every
+    other hook, so that what they do in the window (an injected slowdown)
+    counts."""
+
+    def __init__(self, ctx, window: int):
+        self.ctx = ctx
+        self.times = collections.deque(maxlen=window)
+        self.started: Optional[float] = None
+
+    def before_step(self, trainer: Trainer) -> None:
+        self.started = None
+
+    def before_microbatch(self, trainer: Trainer) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def before_grad_reduce(self, trainer: Trainer) -> None:
+        if self.started is None:
+            return
+        self.times.append(time.perf_counter() - self.started)
+        self.ctx.compute = {
+            "seconds": round(statistics.median(self.times), 6),
+            "count": len(self.times),
+            "iteration": trainer.progress.iteration + 1,
+        }
+
+    def elapsed(self) -> float:
+        """The iteration's compute so far."""
+        return 0.0 if self.started is None else time.perf_counter() - self.started
+
+
 class FaultHook(Hook):
     """Fires the ``--deadpool-inject`` faults at their phase; the iteration
     is Megatron's 1-based number of the iteration in progress."""
 
-    def __init__(self, injector: Injector, ctx, mirror_hook: MirrorHook):
+    def __init__(
+        self,
+        injector: Injector,
+        ctx,
+        mirror_hook: MirrorHook,
+        clock: Optional[ComputeClock] = None,
+    ):
         self.injector, self.ctx, self.mirror_hook = injector, ctx, mirror_hook
+        self.clock = clock
         self.trainer: Optional[Trainer] = None
 
     def on_setup(self, trainer: Trainer) -> None:
@@ -318,6 +367,18 @@ class FaultHook(Hook):
 
     def before_grad_reduce(self, trainer: Trainer) -> None:
         self.at("grad-reduce", self.current())
+        self.slow_down(self.current())
+
+    def slow_down(self, iteration: int) -> None:
+        """slow:node=N:iter=I:factor=F: from iteration I on, this rank's
+        compute takes F times as long (it sleeps the difference at the end
+        of backward, inside the compute the clock times)."""
+        factor = self.injector.slowdown(iteration)
+        if factor > 1 and self.clock is not None:
+            if not self.injector.slowed:
+                self.injector.slowed = True
+                self.emitted(self.injector.slow_fault(), iteration)
+            time.sleep((factor - 1) * self.clock.elapsed())
 
     def before_param_sync(self, trainer: Trainer) -> None:
         self.at("optimizer", self.current())
@@ -338,9 +399,13 @@ class FaultHook(Hook):
                 # Let the iteration's starting snapshot reach the buddy, so
                 # the run redoes exactly the interrupted iteration.
                 self.mirror_hook.mirror.wait_idle()
-            if phase == "start":
+            if phase == "start" and fault.action != "drain":
                 self.wait_for_the_node(fault)
             self.injector.fired.add(fault)
+            if fault.action == "drain":
+                self.emitted(fault, iteration)
+                self.ask_for_drain(fault)
+                continue
             if fault.action == "flip":
                 self.emitted(
                     fault,
@@ -353,6 +418,18 @@ class FaultHook(Hook):
                 threading.Timer(fault.delay_ms / 1e3, fire, (fault,)).start()
             else:
                 fire(fault)
+
+    def ask_for_drain(self, fault: Fault) -> None:
+        """What deadpool-ctl drain sends (every rank of the node asks; the
+        coordinator takes the first)."""
+        request = P.ControlRequest(
+            request=P.Request.DRAIN.value,
+            nonce=f"inject-{self.ctx.slot}",
+            node=fault.node,
+            reason=f"--deadpool-inject {fault.action}:node={fault.node}:iter={fault.iteration}",
+            by="--deadpool-inject",
+        )
+        self.ctx.request(request)
 
     def emitted(self, fault: Fault, iteration: Optional[int], **details) -> None:
         self.mirror_hook.events.emit(
@@ -409,11 +486,15 @@ class RankHooks:
     faults: FaultHook
     sample_rng: Optional[Hook] = None  # --deadpool-sample-rng (sample_rng.py)
     replicas: Optional[Hook] = None  # the parameters' digests (sdc.py)
+    clock: Optional[ComputeClock] = None  # the straggler watch's compute time
 
     def all(self) -> List[Hook]:
-        """The replicas are checked before the mirror snapshots the state."""
+        """The replicas are checked before the mirror snapshots the state;
+        the clock comes last, so that the compute it times includes the
+        other hooks' (an injected slowdown's)."""
         first = [h for h in (self.sample_rng, self.replicas) if h is not None]
-        return first + [self.mirror, self.recovery, self.faults]
+        last = [self.clock] if self.clock is not None else []
+        return first + [self.mirror, self.recovery, self.faults] + last
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ from deadpool_ext.rank.generation import (
 from deadpool_ext.rank.client import ControlClient
 from deadpool_ext.rank.hooks import (
     Builders,
+    ComputeClock,
     FaultHook,
     MirrorHook,
     RankHooks,
@@ -57,12 +58,15 @@ from deadpool_ext.wire import (
 def build_hooks(config: Config, ctx: ControlClient, injector: Injector) -> RankHooks:
     """The hooks a rank trains with."""
     mirror_hook = MirrorHook(config, recovers=True)
+    dp = section(config)
+    clock = ComputeClock(ctx, dp.deadpool_straggler_window)
     return RankHooks(
         mirror_hook,
         RecoveryHook(ctx, mirror_hook, config),
-        FaultHook(injector, ctx, mirror_hook),
-        SampleRngHook(config) if section(config).deadpool_sample_rng else None,
+        FaultHook(injector, ctx, mirror_hook, clock),
+        SampleRngHook(config) if dp.deadpool_sample_rng else None,
         replica_check(config),
+        clock,
     )
 
 

@@ -155,19 +155,26 @@ class Recovery:
             error = self._train_until_failure()
             if error is None:
                 break
-            if self.recover(error).action == Action.CHECKPOINT:
-                self.save_and_stop()
+            decision = self.recover(error)
+            if decision.action == Action.CHECKPOINT or decision.stop:
+                self.save_and_stop(decision)
                 return
         if self.completed:  # not stopped early by a signal or an exit flag (saved then)
             self.trainer.wrap_up()
         self.trainer.finish()
 
-    def save_and_stop(self) -> None:
-        """Spares ran out under --deadpool-on-spares-exhausted checkpoint:
-        the survivors hold every shard; save them and end without training on."""
+    def save_and_stop(self, decision: Decision) -> None:
+        """Spares ran out under --deadpool-on-spares-exhausted checkpoint
+        (the survivors hold every shard), or a stop was asked for: save and
+        end without training on."""
         start = time.monotonic()
-        outcome = self.trainer.save(wait=True)
         directory = self.config.checkpoint.save
+        if directory is None:  # a stop asked for in a job that saves nothing
+            self.emit("checkpoint_skipped", reason="no --save")
+            self.logger.warning("deadpool: %s; no --save: nothing saved", decision.reason)
+            self.trainer.finish()
+            return
+        outcome = self.trainer.save(wait=True)
         self.emit(
             "checkpoint_saved" if outcome.ok else "checkpoint_failed",
             directory=directory,
@@ -182,6 +189,14 @@ class Recovery:
                 self.trainer.progress.iteration,
                 directory,
                 "; ".join(outcome.errors),
+                directory,
+            )
+            return
+        if decision.stop:
+            self.logger.warning(
+                "deadpool: %s: saved iteration %d to %s; --load it to go on.",
+                decision.reason,
+                self.trainer.progress.iteration,
                 directory,
             )
             return
@@ -263,9 +278,9 @@ class Recovery:
     def tear_down(self) -> None:
         start = time.monotonic()
         self.trainer.abandon_iteration()
-        if self.mirror is not None and self.ctx.grow_announced():
+        if self.mirror is not None and self.ctx.boundary_announced():
             # Nobody is lost: let the boundary's snapshot reach the buddy,
-            # so a grow redoes no iteration.
+            # so a grow or a drain redoes no iteration.
             self._mirror_step("drain", self.mirror.wait_idle)
         # Shut this generation's connections down (the heartbeat thread may
         # have done it already): every peer blocked on this rank, and the
@@ -310,8 +325,9 @@ class Recovery:
 
     def may_keep_groups(self) -> bool:
         """Groups are kept (``adopt`` gave the heartbeat thread ``keepable``)
-        and this is a failure (a grow resizes)."""
-        return self.ctx.keepable is not None and not self.ctx.grow_announced()
+        and this is a failure (a grow resizes; a drain replaces ranks that
+        did not fail, whose groups then go)."""
+        return self.ctx.keepable is not None and not self.ctx.boundary_announced()
 
     def keepable(self, lost) -> List[str]:
         """This rank's groups without a ``lost`` member, but those that carry
@@ -409,10 +425,13 @@ class Recovery:
 
     def release(self, decision: Decision) -> None:
         """This rank's replica leaves the job (a shrink): exit, and the agent
-        starts a warm spare in this slot."""
-        self.emit("released", for_gen=decision.gen, reason="its replica was dropped")
+        starts a warm spare in this slot. Or its node was drained: exit, and
+        the agent ends (the coordinator told it to leave)."""
+        drained = self.ctx.node in decision.drained
+        why = f"node {self.ctx.node} was drained" if drained else "its replica was dropped"
+        self.emit("released", for_gen=decision.gen, reason=why)
         self.events.close()
-        raise WorkerExit(ExitCode.RELEASED, "its replica was dropped")
+        raise WorkerExit(ExitCode.RELEASED, why)
 
     # ----- the new generation -----
     def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:

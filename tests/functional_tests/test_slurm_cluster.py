@@ -13,6 +13,10 @@ node through srun.
   the coordinator, the job finishes on the spare node bit for bit, and the
   standby's node ends the job that Slurm would otherwise hold;
 * one node's launcher alone SIGKILLed: its workers die with it;
+* the same where the administrators mark an active node DRAIN in Slurm
+  (scontrol update State=DRAIN): its agent asks for its drain, the spare
+  node takes its ranks at the next iteration boundary, nothing is redone,
+  and the curve and final checkpoints equal the failure-free job's;
 * a submission stopped by SIGTERM sent to every job step (what
   `#SBATCH --signal=TERM@T` does before the time limit): every rank saves a
   checkpoint at the same iteration and the job ends cleanly.
@@ -35,6 +39,7 @@ import pytest
 from dist_utils import REPO, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics
 from deadpool_ext.events import read_events
+from deadpool_ext.protocol import SLURM_STATE_INTERVAL_S
 
 pytestmark = [
     pytest.mark.integration,
@@ -462,4 +467,119 @@ def test_first_node_failure_keeps_the_failure_free_curve_and_state_bit_for_bit(
         f"the standby took over {takeover[0]['time'] - killed_at:.1f} s after the kill, "
         f"training again {recovered[-1]['time'] - killed_at:.1f} s after it; the curve "
         "and final checkpoints equal the failure-free job's bit for bit"
+    )
+
+
+# ----- the administrators drain a node -----
+DRAIN_REASON = "maintenance: swap a DIMM (deadpool test)"
+# The agents read Slurm's node state every SLURM_STATE_INTERVAL_S (5 s),
+# which is 10 or more of this job's iterations: slowed 8 times (a pure
+# delay, the numbers unchanged; the spares never slowed), the job is still
+# training when the drain lands. The straggler watch is off: node 0 is
+# slower than the spare node that takes node 1's ranks.
+SLOWED = [
+    "--deadpool-inject",
+    "slow:node=0:iter=1:factor=8",
+    "--deadpool-inject",
+    "slow:node=1:iter=1:factor=8",
+    "--deadpool-straggler-factor",
+    "0",
+]
+
+
+def scontrol_update(node: str, *fields: str) -> None:
+    run("scontrol", "update", f"NodeName={node}", *fields)
+
+
+@pytest.fixture(scope="module")
+def slurm_drain(reference, report, tmp_path_factory):
+    """After iteration 5 the administrators mark the second active node
+    (deadpool node 1) DRAIN in Slurm: its agent reads that, asks the
+    coordinator to drain it, and at the next iteration boundary its ranks
+    hand over to the spare node and it leaves; the job goes on."""
+    seen = {}
+
+    def drain_node(job):
+        wait_for_iteration(run_dir, 5, job)
+        node = job_nodes(job)[1]
+        seen.update(node=node, marked_at=time.time())
+        scontrol_update(node, "State=DRAIN", f"Reason={DRAIN_REASON}")
+        seen["state"] = node_state(node)
+
+    run_dir = tmp_path_factory.mktemp("slurm") / "slurm-drain"
+    try:
+        result = timed_job(run_dir, report, "Slurm drain", SLOWED, drain_node)
+        seen["state_after"] = node_state(seen["node"])
+    finally:
+        if "node" in seen:
+            scontrol_update(seen["node"], "State=RESUME")
+    result.update(seen)
+    report.add(
+        f"({' '.join(SLOWED)})",
+        f"after iteration 5: scontrol update NodeName={seen['node']} State=DRAIN "
+        f"Reason='{DRAIN_REASON}' -> Slurm marked it {seen['state']} "
+        f"({seen['state_after']} once the job ended; then State=RESUME)",
+    )
+    return result
+
+
+def test_a_node_slurm_marks_drain_leaves_at_an_iteration_boundary(slurm_drain, report):
+    """Nothing failed and nothing is redone: every rank stopped at the
+    decision's boundary, the spare node took node 1's ranks, node 1 left."""
+    lines = log_lines(slurm_drain["dir"])
+    assert "DRAIN" in slurm_drain["state"], slurm_drain["state"]
+    assert slurm_drain["fields"]["JobState"] == "COMPLETED", lines[-60:]
+    assert slurm_drain["fields"]["ExitCode"] == "0:0", slurm_drain["fields"]
+    assert any("first node exited with 0" in line for line in lines)
+    node = slurm_drain["node"]
+    events = read_events(str(slurm_drain["dir"] / "events.jsonl"))
+    kinds = [e["event"] for e in events]
+    assert "failure_detected" not in kinds, [e for e in events if e["event"] == "failure_detected"]
+    asked = [e for e in events if e["event"] == "drain_requested"]
+    assert [(e["node"], e["by"]) for e in asked] == [(1, "slurm")], asked
+    assert asked[0]["reason"].startswith(f"Slurm marked {node} ") and asked[0]["reason"].endswith(
+        f"DRAIN: {DRAIN_REASON}"
+    ), asked
+    # Read within one polling interval (and scontrol's answer, on a loaded machine).
+    assert 0 < asked[0]["time"] - slurm_drain["marked_at"] < SLURM_STATE_INTERVAL_S + 10, asked
+    decision = next(e for e in events if e["event"] == "decision")
+    assert decision["action"] == "recover" and decision["drained"] == [1], decision
+    assert sorted(decision["replaced"]) == ["4", "5", "6", "7"], decision
+    assert all(slot.startswith("2.") for slot in decision["replaced"].values()), decision
+    stopped = {e["rank"]: e["iteration"] for e in events if e["event"] == "failure_seen"}
+    assert sorted(stopped) == list(range(8)), stopped
+    assert set(stopped.values()) == {decision["rollback_to"]}, (stopped, decision)
+    assert decision["rollback_to"] < ITERS, decision  # the drain landed before the end
+    assert [e["node"] for e in events if e["event"] == "node_drained"] == [1]
+    said = [line for line in lines if "asking to drain this node" in line]
+    assert len(said) == 1 and f"Slurm marked {node} " in said[0], said
+    assert not left_behind(slurm_drain["dir"])
+    marked = slurm_drain["marked_at"]
+    report.add("", "events (coordinator; seconds after scontrol marked the node DRAIN):")
+    report.add(
+        *[
+            f"  {e['time'] - marked:6.1f} s  {e['event']}: "
+            + ", ".join(f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
+            for e in events
+            if e["rank"] == -1
+        ]
+    )
+    report.add(f"  the agent of {node}: {said[0]}")
+
+
+def test_a_slurm_drain_keeps_the_failure_free_curve_and_state_bit_for_bit(
+    slurm_drain, reference, report
+):
+    events = read_events(str(slurm_drain["dir"] / "events.jsonl"))
+    assert [e["drained"] for e in events if e["event"] == "decision"] == [[1]]  # a swap to compare
+    got = read_metrics(slurm_drain["dir"] / "metrics.jsonl")
+    want = read_metrics(reference["dir"] / "metrics.jsonl")
+    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
+    assert curve(got) == curve(want)
+    assert_same_state(
+        checkpoint_state(str(slurm_drain["dir"] / "checkpoints")),
+        checkpoint_state(str(reference["dir"] / "checkpoints")),
+    )
+    report.add(
+        "Slurm drain: the curve and final checkpoints equal the failure-free job's bit for bit"
     )

@@ -51,6 +51,7 @@ PURE_MODULES = [
     "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
     "deadpool_ext.control.watch",  # what an exit or a stall means
     "deadpool_ext.control.rollbacks",  # the NaN rollbacks' and corruptions' records
+    "deadpool_ext.control.stragglers",  # which node is slow
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
 TORCH_FREE_MODULES = ["deadpool_ext.planning"]
@@ -382,6 +383,7 @@ ORDER = [
     "deadpool_ext.rank.main",
     "deadpool_ext.entry",
     "deadpool_ext.launch",
+    "deadpool_ext.ctl",
     "tools",
 ]
 

@@ -81,7 +81,7 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
         "lost": [3],
         "assign": {"3": "2.0"},
         "world": None,
-        "grow": False,
+        "boundary": False,
         "standby": False,
     }
     report_all(worker, 1, [0, 1, 2])
@@ -344,11 +344,11 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     assert coordinator.gen == 1 and coordinator.view.spares == ["1.1"]
     worker.post("coordinator", kind="spare_ready", slot="1.0")
     coordinator.step()
-    assert worker.get("gen")["grow"] is True and coordinator.gen == 2
+    assert worker.get("gen")["boundary"] is True and coordinator.gen == 2
     assert coordinator.state == "growing"
     report_all(worker, 2, [0, 1], own=(9, 8))
     coordinator.step()
-    assert coordinator.state == "resizing" and worker.get("gen")["grow"] is False
+    assert coordinator.state == "resizing" and worker.get("gen")["boundary"] is False
     decision = Decision.from_message(worker.get("decision/2"))
     assert decision.action == "grow" and decision.rollback_to == 9
     assert decision.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
@@ -411,7 +411,7 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
         coordinator.view.lost_slots.discard(slot)
         worker.post("coordinator", kind="spare_ready", slot=slot)
     coordinator.step()
-    assert coordinator.gen == 1 and not worker.get("gen")["grow"]
+    assert coordinator.gen == 1 and not worker.get("gen")["boundary"]
     assert coordinator.state == "stopping"
     for rank in (0, 1):
         worker.post("coordinator", kind="done", rank=rank, slot=coordinator.view.members[rank])

@@ -1,0 +1,69 @@
+"""Where a standalone job leaves its address and secret for deadpool-ctl on
+the same host: one file per launcher in a folder only its user can read
+($DEADPOOL_RUN_DIR, else /tmp/deadpool-UID), removed when the job ends.
+
+A multi-node job needs none: its operators have the settings its launchers
+read (MASTER_ADDR, MASTER_PORT, DEADPOOL_SECRET); a standalone launcher
+makes its secret and port up, so without this file nothing else could
+reach its coordinator."""
+
+import json
+import os
+import tempfile
+from typing import List
+
+from deadpool_ext.protocol import RUN_DIR_ENV
+
+
+def run_dir(environ=os.environ) -> str:
+    return environ.get(RUN_DIR_ENV) or os.path.join(
+        tempfile.gettempdir(), f"deadpool-{os.getuid()}"
+    )
+
+
+def write_job(address: str, port: int, secret: str, pid: int, environ=os.environ) -> str:
+    """The job's file, readable by its user alone; returns its path."""
+    folder = run_dir(environ)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"job-{pid}.json")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        json.dump({"address": address, "port": port, "secret": secret, "pid": pid}, f)
+    return path
+
+
+def remove_job(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def running_jobs(environ=os.environ) -> List[dict]:
+    """The standalone jobs of this user on this host whose launcher lives
+    (a file a killed launcher left behind is removed)."""
+    folder, jobs = run_dir(environ), []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        try:
+            with open(path) as f:
+                job = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if alive(int(job.get("pid", 0))):
+            jobs.append(job)
+        else:
+            remove_job(path)
+    return jobs
+
+
+def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,71 @@
+"""Which node is slow: each rank's compute time per iteration (forward and
+backward, without the waits for peers: rank/hooks.py's ``ComputeClock``)
+comes with its heartbeats as the median over its last iterations; a node
+whose slowest rank takes ``factor`` times the other nodes' median is a
+straggler. Pure (no I/O): the coordinator feeds it and acts on what it says.
+
+Why a node's *compute* time and not its step time: a slow rank holds up
+every data-parallel peer at the gradient reduction, so every rank's step
+takes as long as the slowest's; only the time before the waits tells the
+slow one apart (as Megatron-LM's --log-straggler and NVIDIA's straggler
+detector also time the compute of each rank)."""
+
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Straggler:
+    node: int
+    compute_s: float  # its slowest rank's median compute time per iteration
+    others_s: float  # the other nodes' median of the same
+    ratio: float
+    iteration: int  # the last iteration its figures include
+
+
+class StragglerWatch:
+    def __init__(self, factor: float, window: int):
+        """``factor`` 0: no watch."""
+        self.factor, self.window = factor, window
+        self.times: Dict[str, Tuple[int, float, int]] = {}  # slot -> (node, seconds, iteration)
+        self.found: Dict[int, Straggler] = {}  # the stragglers of the last judgement
+
+    def observe(self, slot: str, node: int, compute: dict) -> None:
+        """A rank's beat: its median over ``compute["count"]`` iterations,
+        taken once it covers the whole window."""
+        if compute.get("count", 0) >= self.window and compute.get("seconds") is not None:
+            self.times[slot] = (node, float(compute["seconds"]), int(compute["iteration"]))
+
+    def node_time(self, node: int) -> Optional[float]:
+        """The node's slowest rank's time (None before it has a window)."""
+        times = [seconds for n, seconds, _ in self.times.values() if n == node]
+        return max(times) if times else None
+
+    def judge(self) -> Dict[int, Straggler]:
+        """The stragglers now: each node against the median of the others."""
+        nodes = {n for n, _, _ in self.times.values()}
+        per_node = {n: self.node_time(n) for n in nodes}
+        found = {}
+        for node, seconds in per_node.items():
+            others = [t for n, t in per_node.items() if n != node]
+            if self.factor == 0 or not others:
+                continue
+            typical = statistics.median(others)
+            if typical > 0 and seconds > self.factor * typical:
+                last = max(it for n, _, it in self.times.values() if n == node)
+                found[node] = Straggler(node, seconds, typical, round(seconds / typical, 2), last)
+        return found
+
+    def newly_found(self) -> List[Straggler]:
+        """The stragglers not found at the last judgement (a node that
+        recovers and slows again is said again)."""
+        found = self.judge()
+        new = [s for n, s in sorted(found.items()) if n not in self.found]
+        self.found = found
+        return new
+
+    def keep_only(self, slots) -> None:
+        """Forget the times of processes that hold no rank any more (lost,
+        drained, or a spare that took a rank elsewhere)."""
+        self.times = {slot: t for slot, t in self.times.items() if slot in slots}
