@@ -31,6 +31,14 @@ launcher per node (not --standalone), a spare node and node 1's standby
 (--standby-addr), which must take over; the rest is drawn as usual, and the
 check is the hot swap's.
 
+``--target drain`` drains a node in every trial instead of killing anything
+(the planned event deadpool-ctl drain sends, ``drain:node=N:iter=I``), in a
+24-iteration job, at iteration 8 to 18 (from the drawn one), with or without
+a spare node and spares never waited for (a spare still warming up makes it a
+shrink): nothing may fail or be redone (every rank stops at the decision's
+boundary), a swap keeps the curve and state bit for bit, a shrink keeps the
+shrink's tolerance, and a drain the job cannot carry out leaves it as it was.
+
 Failure-free references are run once per (topology, model, dropout, random
 streams) and shared between trials.
 """
@@ -130,6 +138,11 @@ class Trial:
     def describe(self) -> str:
         vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
         keep = "keep " if self.rebuild_groups == "changed" else ""
+        if self.target == "drain":
+            return (
+                f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
+                f"mirror={self.mirror_mode} drain node {self.victim} at iter={self.iteration}"
+            )
         return (
             f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
             f"mirror={self.mirror_mode} {keep}"
@@ -175,6 +188,24 @@ def aimed_at_coordinator(trial: Trial) -> Trial:
     return dataclasses.replace(trial, target="coordinator", victim=0, spares=1)
 
 
+DRAIN_ITERS = 24
+
+
+def aimed_at_drain(trial: Trial) -> Trial:
+    """The draw with a planned drain of a node instead of a fault; the
+    drawn node, or the drawn rank's node, at an iteration from the draw's."""
+    node = trial.victim if trial.target == "node" else trial.victim // PER_NODE
+    return dataclasses.replace(
+        trial,
+        target="drain",
+        victim=node % NODES,
+        iters=DRAIN_ITERS,
+        iteration=4 + 2 * trial.iteration,
+        spare_wait=0.0,
+        expect="drain",
+    )
+
+
 def buddy_of(trial: Trial, rank: int) -> int:
     """Its DP peer on the other node (the buddy map of --use-tp-pp-dp-mapping
     with two nodes: the rank at the same place in the other node's block)."""
@@ -191,6 +222,8 @@ def buddy_of(trial: Trial, rank: int) -> int:
 
 
 def faults(trial: Trial) -> List[str]:
+    if trial.target == "drain":
+        return [f"drain:node={trial.victim}:iter={trial.iteration}"]
     where = f"iter={trial.iteration}:phase={trial.phase}:delay={trial.delay_ms}"
     if trial.target in ("node", "coordinator"):
         # With one launcher per node, killing node 0 kills its launcher too.
@@ -430,6 +463,29 @@ def check_shrink(trial: Trial, out: str, ref: str) -> Optional[str]:
     return shrink_difference(got, want, trial.iteration, trial.rank_drawn_dropout)
 
 
+def check_drain(trial: Trial, out: str, ref: str, events: List[dict]) -> Optional[str]:
+    """Nothing failed or was redone; a swap bit for bit, a shrink within the
+    tolerance, a refused drain the job as it was."""
+    if any(e["event"] == "failure_detected" for e in events):
+        return "a failure was detected in a planned drain"
+    decisions = [e for e in events if e["event"] == "decision"]
+    if not decisions:
+        ended = [e for e in events if e["event"] == "drain_refused"]
+        return None if ended else "neither drained nor refused"
+    decision = decisions[0]
+    stopped = {e["iteration"] for e in events if e["event"] == "failure_seen"}
+    if stopped != {decision["rollback_to"]}:
+        went_on = decision["rollback_to"]
+        return f"ranks stopped at {sorted(stopped)}, the decision went on after {went_on}"
+    if decision["action"] == "shrink":
+        got = read_jsonl(os.path.join(out, "metrics.jsonl"))
+        want = read_jsonl(os.path.join(ref, "metrics.jsonl"))
+        return shrink_difference(got, want, decision["rollback_to"] + 1, trial.rank_drawn_dropout)
+    if not decision["drained"] and not any(e["event"] == "drain_refused" for e in events):
+        return "not drained, and no drain_refused event says why"
+    return check_swap(out, ref)
+
+
 def stuck_survivors(events: List[dict]) -> List[int]:
     """Survivors still training after a failure was announced (their stacks
     are in the events: 'stuck'): killed by the coordinator, or, holding the
@@ -496,6 +552,8 @@ def check(trial: Trial, out: str, ref: Optional[str], code: int, tail: str) -> O
         return bound
     if not any(e["event"] == "fault_injected" for e in events):
         return "the fault never fired"
+    if trial.expected == "drain":
+        return check_drain(trial, out, ref, events)
     return check_swap(out, ref) if trial.expected == "swap" else check_shrink(trial, out, ref)
 
 
@@ -571,9 +629,10 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="write every trial's result here (JSON)")
     parser.add_argument(
         "--target",
-        choices=["drawn", "coordinator"],
+        choices=["drawn", "coordinator", "drain"],
         default="drawn",
-        help="coordinator: kill node 0 with the coordinator in every trial",
+        help="coordinator: kill node 0 with the coordinator in every trial; drain: drain a "
+        "node in every trial, nothing killed",
     )
     parser.add_argument(
         "--rebuild-groups",
@@ -592,6 +651,8 @@ def main(argv=None) -> int:
         trial = draw(args.seed, index)
         if args.target == "coordinator":
             trial = aimed_at_coordinator(trial)
+        elif args.target == "drain":
+            trial = aimed_at_drain(trial)
         trial = dataclasses.replace(trial, rebuild_groups=args.rebuild_groups)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)

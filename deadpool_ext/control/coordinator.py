@@ -174,7 +174,8 @@ class Coordinator:
         self.cause: Optional[str] = None  # what opened the current generation
         self.last_recovery: Optional[dict] = None
         self.stragglers = StragglerWatch(settings.straggler_factor, settings.straggler_window)
-        self.status_listeners: List = []  # called with status() after every poll
+        self.status_listeners: List = []  # called with status() every STATUS_EVERY_S
+        self.status_sent_at = float("-inf")
         if snapshot is None:
             self.publish()
         else:
@@ -252,7 +253,8 @@ class Coordinator:
             self.maybe_plan()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.stop(f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s")
-        if self.status_listeners:
+        if self.status_listeners and self.clock() - self.status_sent_at >= P.STATUS_EVERY_S:
+            self.status_sent_at = self.clock()
             status = self.status()
             for listener in self.status_listeners:
                 listener(status)
@@ -604,15 +606,18 @@ class Coordinator:
     def status(self) -> dict:
         """The job as deadpool-ctl status and the metrics show it."""
         view = self.view
-        nodes = {}
+        by_node: Dict[int, List[int]] = {}
+        for rank, slot in sorted(view.members.items()):
+            by_node.setdefault(parse_slot(slot)[0], []).append(rank)
+        alive, nodes = view.alive_nodes(), {}
         for node in view.nodes():
-            ranks = self.ranks_on(node)
+            ranks = by_node.get(node, [])
             role = "active" if ranks else "spare"
             if node in self.draining or node in self.drains:
                 role = "draining"
             elif node in self.drained_nodes:
                 role = "drained"
-            elif node not in view.alive_nodes():
+            elif node not in alive:
                 role = "lost"
             nodes[str(node)] = {
                 "role": role,

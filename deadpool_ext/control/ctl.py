@@ -125,7 +125,8 @@ def describe(status: dict) -> str:
     )
     last = status.get("last_recovery")
     if last:
-        stages = ", ".join(f"{k} {v:.2f} s" for k, v in last["stages"].items())
+        order = ("report", "rebuild")  # the stages as they come (JSON sorts the keys)
+        stages = ", ".join(f"{k} {last['stages'][k]:.2f} s" for k in order if k in last["stages"])
         lines.append(
             f"last recovery: generation {last['generation']} ({last['cause']}): {last['action']}"
             + (f" ({last['reason']})" if last.get("reason") else "")

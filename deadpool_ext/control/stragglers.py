@@ -1,8 +1,10 @@
 """Which node is slow: each rank's compute time per iteration (forward and
 backward, without the waits for peers: rank/hooks.py's ``ComputeClock``)
 comes with its heartbeats as the median over its last iterations; a node
-whose slowest rank takes ``factor`` times the other nodes' median is a
-straggler. Pure (no I/O): the coordinator feeds it and acts on what it says.
+whose ranks' median takes ``factor`` times the other nodes' median is a
+straggler (the median, not the slowest rank: one rank's noise must not make
+a node slow, and a rank that is really slow holds up its tensor-parallel
+peers on the same node inside its layers, whose times then count too). Pure (no I/O): the coordinator feeds it and acts on what it says.
 
 Why a node's *compute* time and not its step time: a slow rank holds up
 every data-parallel peer at the gradient reduction, so every rank's step
@@ -18,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 @dataclass(frozen=True)
 class Straggler:
     node: int
-    compute_s: float  # its slowest rank's median compute time per iteration
+    compute_s: float  # its ranks' median compute time per iteration
     others_s: float  # the other nodes' median of the same
     ratio: float
     iteration: int  # the last iteration its figures include
@@ -38,9 +40,9 @@ class StragglerWatch:
             self.times[slot] = (node, float(compute["seconds"]), int(compute["iteration"]))
 
     def node_time(self, node: int) -> Optional[float]:
-        """The node's slowest rank's time (None before it has a window)."""
+        """The median of the node's ranks' times (None before one has a window)."""
         times = [seconds for n, seconds, _ in self.times.values() if n == node]
-        return max(times) if times else None
+        return statistics.median(times) if times else None
 
     def judge(self) -> Dict[int, Straggler]:
         """The stragglers now: each node against the median of the others."""

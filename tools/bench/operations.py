@@ -49,8 +49,9 @@ def metrics(workdir: str) -> list:
         return [json.loads(line) for line in f]
 
 
-def slowest(events, kind: str, gen: int) -> float:
-    return max(e["ms"] for e in events if e["event"] == kind and e["gen"] == gen)
+def slowest(events, kind: str) -> float:
+    """The slowest rank's time of a stage (each run has one planned generation)."""
+    return max(e["ms"] for e in events if e["event"] == kind)
 
 
 def pause(events) -> dict:
@@ -69,13 +70,13 @@ def pause(events) -> dict:
     stages = {
         "until_decided_s": round(decision["time"] - planned["time"], 3),
         "until_resumed_s": round(recovered["time"] - decision["time"], 3),
-        "teardown_ms": slowest(events, "groups_torn_down", 0),
+        "teardown_ms": slowest(events, "groups_torn_down"),
     }
     if ranks is None:
-        stages["rebuild_ms"] = slowest(events, "groups_rebuilt", 0)
-        stages["restore_ms"] = slowest(events, "state_restored", 0)
+        stages["rebuild_ms"] = slowest(events, "groups_rebuilt")
+        stages["restore_ms"] = slowest(events, "state_restored")
     else:
-        stages["resize_ms"] = slowest(events, "shrunk", 0)
+        stages["resize_ms"] = slowest(events, "shrunk")
     return {
         "action": decision["action"],
         "boundary": sorted(stopped),
@@ -99,7 +100,7 @@ def median_seconds(records, first: int, last: int) -> float:
     )
 
 
-def straggler(opts, workdir: str) -> dict:
+def straggler(opts, workdir: str, reference: list) -> dict:
     out = deadpool_job(
         opts,
         workdir,
@@ -114,6 +115,10 @@ def straggler(opts, workdir: str) -> dict:
     before = median_seconds(records, 3, opts.slow_at - 1)
     slowed = median_seconds(records, opts.slow_at + 1, boundary)
     after = median_seconds(records, boundary + 2, opts.iters)
+    # The failure-free run over the same iterations: the spares' warm-up
+    # early in a run takes cores from the ranks on this machine.
+    free_before = median_seconds(reference, 3, opts.slow_at - 1)
+    free_after = median_seconds(reference, boundary + 2, opts.iters)
     return {
         "found_at_iteration": found["iteration"],
         "ratio_seen": found["ratio"],
@@ -121,6 +126,11 @@ def straggler(opts, workdir: str) -> dict:
         "drained": decision["drained"],
         "iteration_s": {"before": before, "slowed": slowed, "after_swap": after},
         "after_over_before": round(after / before, 3),
+        "failure_free_s": {"before": free_before, "after": free_after},
+        "after_over_failure_free": round(after / free_after, 3),
+        "stragglers_found": [
+            (e["node"], e["iteration"], e["ratio"]) for e in events if e["event"] == "straggler"
+        ],
         "pause": pause(events),
     }
 
@@ -145,6 +155,10 @@ def main(argv=None) -> int:
             os.makedirs(workdir)
             out = deadpool_job(opts, workdir, spares, faults)
             results[name] = {"total_s": out["total_s"], "metrics": out["metrics"]}
+            found = [e for e in out["events"] if e["event"] == "straggler"]
+            results[name]["stragglers_found"] = [
+                (e["node"], e["iteration"], e["ratio"]) for e in found
+            ]
             if faults:
                 results[name].update(pause(out["events"]))
         reference = results["failure_free"]["metrics"]
@@ -158,7 +172,7 @@ def main(argv=None) -> int:
         )
         workdir = os.path.join(tmp, "straggler")
         os.makedirs(workdir)
-        results["straggler"] = straggler(opts, workdir)
+        results["straggler"] = straggler(opts, workdir, reference)
     for result in results.values():
         result.pop("metrics", None)
     print(json.dumps(results, indent=2))
