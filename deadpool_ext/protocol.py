@@ -327,6 +327,7 @@ class Plan(Message):
     # The data-parallel sizes the job can run at (the interleaved schedule's
     # microbatch groups must fit each replica's share); None: any.
     data_parallel_sizes: Optional[List[int]] = None
+    saves: bool = True  # --save given (deadpool-ctl stop says so when not)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class Agent:
         # Drained: no worker is started again; those still running after
         # the grace (spares, a member that did not read its release) stop.
         self.leaving_by: Optional[float] = None
+        self.leave_signals = 0
         self.standby, self.takeover_wait_s = standby, takeover_wait_s
         self.standby_in_sync = False  # as the last generation read said
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
@@ -253,9 +254,7 @@ class Agent:
         for command in self.commands.poll():
             self.obey(command)
         if self.leaving_by is not None and time.monotonic() > self.leaving_by:
-            self.leaving_by = float("inf")
-            for proc in self.workers.values():
-                proc.terminate()
+            self.stop_leftovers()
         for slot, proc in list(self.workers.items()):
             code = proc.poll()
             if code is not None:
@@ -269,6 +268,15 @@ class Agent:
                     self.start_worker(parse_slot(slot)[1], active=False)
         if self.nonce is not None:
             self.check_admission()
+
+    def stop_leftovers(self) -> None:
+        """A drained node's workers still running after the grace: SIGTERM,
+        then, one grace later, SIGKILL (a spare that saves on SIGTERM, a
+        stuck one), so that the agent always ends."""
+        self.leave_signals += 1
+        self.leaving_by = time.monotonic() + P.LEAVE_GRACE_S
+        for proc in self.workers.values():
+            proc.terminate() if self.leave_signals == 1 else proc.kill()
 
     def check_admission(self) -> None:
         """A joining node waits for the coordinator's answer; refused, it stops."""

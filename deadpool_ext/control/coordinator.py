@@ -81,12 +81,12 @@ from deadpool_ext.protocol import (
     parse_slot,
     slot_name,
 )
-from deadpool_ext.wire import Channel
+from deadpool_ext.wire import Channel, control_connect
 
 S = JobState
 # The states each state may move to; anything else is a bug of the coordinator.
 NEXT = {
-    S.STARTING: {S.TRAINING, S.RECOVERING, S.DRAINING, S.ABORTED},
+    S.STARTING: {S.TRAINING, S.RECOVERING, S.ABORTED},
     S.TRAINING: {S.RECOVERING, S.GROWING, S.DRAINING, S.ABORTED},
     S.RECOVERING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
     S.GROWING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
@@ -162,12 +162,12 @@ class Coordinator:
         # their own, whose count of rejected (unsigned or forged) values is
         # the requests refused; nodes asked to drain (node -> why), a stop
         # asked for, what each recovery was for, and the straggler watch.
-        requests = Channel(channel.store, channel.secret, address=channel.address)
-        self.requests = requests.reader(P.CONTROL_TOPIC)
+        self.requests = self.requests_channel(channel).reader(P.CONTROL_TOPIC)
         self.malformed_requests = 0
         self.drains: Dict[int, str] = {}
         self.drain_asked_at: Optional[float] = None  # the oldest drain asked for
         self.drained_nodes: Set[int] = set()  # left by a drain (until one joins again)
+        self.straggler_swaps: Set[int] = set()  # stragglers whose drain was asked for
         self.draining: List[int] = []  # the nodes of the DRAINING generation
         self.stop_request: Optional[str] = None
         self.recoveries: Dict[str, int] = {}  # by cause
@@ -180,6 +180,15 @@ class Coordinator:
             self.publish()
         else:
             self.load(snapshot)
+
+    @staticmethod
+    def requests_channel(channel: Channel) -> Channel:
+        """A connection of its own: anyone who reaches the store can break
+        the requests' topic counter, and the server then drops the
+        connection that adds to it (the channel mends its own; a shared one
+        would leave the coordinator's broken)."""
+        store = channel.store if channel.address is None else control_connect(*channel.address)
+        return Channel(store, channel.secret, address=channel.address)
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -249,8 +258,6 @@ class Coordinator:
         elif self.state == S.TRAINING:
             self.maybe_plan() or self.maybe_grow()
             self.note_clean_redos()
-        elif self.state == S.STARTING:
-            self.maybe_plan()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.stop(f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s")
         if self.status_listeners and self.clock() - self.status_sent_at >= P.STATUS_EVERY_S:
@@ -451,6 +458,8 @@ class Coordinator:
     def accepted(self, request: P.Request, m: P.ControlRequest) -> str:
         if request == P.Request.DRAIN:
             return f"node {m.node} leaves the job at the next iteration boundary"
+        if self.plan is not None and not self.plan.saves:
+            return "the job ends at the next iteration boundary; it has no --save: nothing is saved"
         return "the job saves a checkpoint at the next iteration boundary and ends"
 
     def request_drain(self, m: P.ControlRequest) -> Optional[str]:
@@ -462,14 +471,17 @@ class Coordinator:
             return f"no node {m.node} in this job (its nodes: {view.nodes()})"
         if m.node not in view.alive_nodes():
             return f"node {m.node} is no longer part of the job"
-        if m.node not in self.drains and m.node not in self.draining:
-            if not self.drains:
-                self.drain_asked_at = self.clock()
-            self.drains[m.node] = m.reason or f"asked by {m.by}"
-            self.events.emit(
-                "drain_requested", gen=self.gen, node=m.node, reason=self.drains[m.node], by=m.by
-            )
+        self.queue_drain(m.node, m.reason or f"asked by {m.by}", m.by)
         return None
+
+    def queue_drain(self, node: int, reason: str, by: str) -> None:
+        """Drained at the next boundary while training (asking again is harmless)."""
+        if node in self.drains or node in self.draining:
+            return
+        if not self.drains:
+            self.drain_asked_at = self.clock()
+        self.drains[node] = reason
+        self.events.emit("drain_requested", gen=self.gen, node=node, reason=reason, by=by)
 
     def request_stop(self, m: P.ControlRequest) -> Optional[str]:
         if self.finished or self.state in (S.STOPPING, S.ABORTED):
@@ -487,6 +499,10 @@ class Coordinator:
         if self.stop_request is not None:
             self.open_generation(S.DRAINING, "stop")
         else:
+            for node in [n for n in self.drains if n not in self.view.alive_nodes()]:
+                self.drains.pop(node)
+                why = "the node was lost before it could be drained"
+                self.events.emit("drain_refused", gen=self.gen, node=node, reason=why)
             for node in [n for n in self.drains if not self.ranks_on(n)]:
                 self.send_off(node, self.drains.pop(node))
             if not self.drains or self.spares_warm_for_drains():
@@ -582,8 +598,9 @@ class Coordinator:
                 self.stragglers.observe(slot, parse_slot(slot)[0], body)
         for straggler in self.stragglers.newly_found():
             self.events.emit("straggler", gen=self.gen, **dataclasses.asdict(straggler))
+        self.straggler_swaps &= set(self.stragglers.found)  # those no longer slow may be again
         if self.settings.on_straggler == "swap":
-            for node in sorted(set(self.stragglers.found) - set(self.drains)):
+            for node in sorted(set(self.stragglers.found) - self.straggler_swaps):
                 self.swap_straggler(node)
 
     def swap_straggler(self, node: int) -> None:
@@ -595,13 +612,12 @@ class Coordinator:
             why = f"{len(free)} ready spare(s) for its {len(ranks)} rank(s)"
             self.say_once("straggler_kept", node=node, reason=why)
             return
+        # Asked once while it stays a straggler: a drain the policy refuses
+        # must not be tried again at every look, each a pause of the job.
+        self.straggler_swaps.add(node)
         ratio = self.stragglers.found[node].ratio
         reason = f"straggler: {ratio:.1f}x the other nodes' compute time"
-        self.request_drain(
-            P.ControlRequest(
-                request="drain", nonce="", node=node, reason=reason, by="straggler watch"
-            )
-        )
+        self.queue_drain(node, reason, by="straggler watch")
 
     def status(self) -> dict:
         """The job as deadpool-ctl status and the metrics show it."""
@@ -697,6 +713,10 @@ class Coordinator:
         self.enter(state)
         self.cause = cause
         self.draining = []  # a drain's generation names its nodes after this
+        if self.stopping is not None and self.stopping.stop:
+            # A stop decided and interrupted by a failure before every rank
+            # resumed: the recovery comes first, the stop (still asked for) after.
+            self.stopping = None
         self.gen += 1
         self.reports, self.resumed, self.joining = {}, set(), set()
         self.started_recovery = self.clock()

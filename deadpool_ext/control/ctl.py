@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--master-port",
         "--master_port",
         type=int,
+        # As the launchers: MASTER_PORT, with MASTER_ADDR; a lone address is refused.
         default=int(os.environ.get("MASTER_PORT", "0")) or None,
         help="The job's store (node 0's launcher), with DEADPOOL_SECRET in the environment; "
         "none: the job deadpool-launch --standalone runs on this host.",
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def find_job(opts, environ=os.environ) -> Tuple[str, int, bytes]:
     """(host, port, secret) of the job to talk to."""
+    if opts.master_addr and not opts.master_port:
+        raise UsageError("give --master-port with --master-addr (the job's store, node 0's)")
     if opts.master_port:
         secret = environ.get(P.SECRET_ENV)
         if not secret:

@@ -9,6 +9,7 @@ reach its coordinator."""
 
 import json
 import os
+import stat
 import tempfile
 from typing import List
 
@@ -21,15 +22,33 @@ def run_dir(environ=os.environ) -> str:
     )
 
 
+class UnsafeRunDir(Exception):
+    """The folder is not this user's alone: the secret must not go there."""
+
+
 def write_job(address: str, port: int, secret: str, pid: int, environ=os.environ) -> str:
-    """The job's file, readable by its user alone; returns its path."""
+    """The job's file, readable by its user alone; returns its path. The
+    folder's name is predictable, so another user may have made it first or
+    planted a link: it must be a real folder of this user's that no one else
+    can enter, and the file is made anew, never followed through a link."""
     folder = run_dir(environ)
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    check_private(folder)
     path = os.path.join(folder, f"job-{pid}.json")
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as f:
+    remove_job(path)  # a file a launcher of the same pid left behind
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with os.fdopen(os.open(path, flags, 0o600), "w") as f:
         json.dump({"address": address, "port": port, "secret": secret, "pid": pid}, f)
     return path
+
+
+def check_private(folder: str) -> None:
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise UnsafeRunDir(
+            f"{folder} is not a folder of this user's that only it can open: set "
+            f"{RUN_DIR_ENV} to one (deadpool-ctl then finds the job there)"
+        )
 
 
 def remove_job(path: str) -> None:

@@ -43,7 +43,7 @@ from megatron.training.arguments import ConfigError
 
 from deadpool_ext.config import coordinator_settings
 from deadpool_ext.control.coordinator import Coordinator
-from deadpool_ext.control.jobs import remove_job, write_job
+from deadpool_ext.control.jobs import UnsafeRunDir, remove_job, write_job
 from deadpool_ext.control.metrics import MetricsServer
 from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
@@ -372,12 +372,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
     agents = start_agents(opts, local_nodes, address, scratch)
     if agents is None:
         return ExitCode.OK  # a forked agent's process, ended (see fork_agent)
-    # For deadpool-ctl on this host: a standalone job's secret and port are made up here.
-    job = (
-        write_job(store_host, port, os.environ[SECRET_ENV], os.getpid())
-        if opts.standalone
-        else None
-    )
+    job = job_file(store_host, port) if opts.standalone else None
     try:
         store = connect(store_host, port, is_master=True)
         channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
@@ -451,13 +446,31 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
     return code
 
 
+def job_file(host: str, port: int) -> Optional[str]:
+    """For deadpool-ctl on this host: a standalone job's secret and port are
+    made up here, so they go to a file only this user can read (none, with
+    a line saying why, where that cannot be made sure of)."""
+    try:
+        return write_job(host, port, os.environ[SECRET_ENV], os.getpid())
+    except (UnsafeRunDir, OSError) as error:
+        print(f"deadpool-launch: deadpool-ctl will not find this job: {error}", file=sys.stderr)
+        return None
+
+
 def serve_metrics(settings, coordinator: Coordinator) -> Optional[MetricsServer]:
     """--deadpool-metrics-port: the coordinator's status for Prometheus,
-    refreshed after every poll."""
+    refreshed every second. A port that cannot be bound costs the metrics,
+    never the job (the standby starts it again after a takeover, maybe where
+    the port is taken)."""
     if settings.metrics_port is None:
         return None
     server = MetricsServer()
-    port = server.start(settings.metrics_port, settings.metrics_addr)
+    try:
+        port = server.start(settings.metrics_port, settings.metrics_addr)
+    except OSError as error:
+        where = f"{settings.metrics_addr}:{settings.metrics_port}"
+        print(f"deadpool-launch: no metrics: cannot listen on {where} ({error})", file=sys.stderr)
+        return None
     coordinator.status_listeners.append(server.update)
     print(
         f"deadpool-launch: metrics at http://{settings.metrics_addr}:{port}/metrics",

@@ -4,7 +4,8 @@ comes with its heartbeats as the median over its last iterations; a node
 whose ranks' median takes ``factor`` times the other nodes' median is a
 straggler (the median, not the slowest rank: one rank's noise must not make
 a node slow, and a rank that is really slow holds up its tensor-parallel
-peers on the same node inside its layers, whose times then count too). Pure (no I/O): the coordinator feeds it and acts on what it says.
+peers on the same node inside its layers, whose times then count too).
+Pure (no I/O): the coordinator feeds it and acts on what it says.
 
 Why a node's *compute* time and not its step time: a slow rank holds up
 every data-parallel peer at the gradient reduction, so every rank's step

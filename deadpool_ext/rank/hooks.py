@@ -234,6 +234,7 @@ class RecoveryHook(Hook):
                 tp_pp_dp=p.use_tp_pp_dp_mapping,
                 distributed_timeout_minutes=p.distributed_timeout_minutes,
                 train_iters=self.config.training.train_iters,
+                saves=bool(self.config.checkpoint.save),
                 **resize_limits(self.config, buddies),
             )
         )

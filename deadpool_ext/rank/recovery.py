@@ -182,6 +182,10 @@ class Recovery:
             ms=round((time.monotonic() - start) * 1e3, 1),
         )
         self.trainer.finish()  # closes the event log
+        if not outcome.ok and decision.stop:
+            # The stop asked for a checkpoint: without it the job must not end well.
+            why = f"iteration {self.trainer.progress.iteration} could not be saved to {directory}"
+            raise WorkerExit(ExitCode.FAILED, f"{why} ({'; '.join(outcome.errors)})")
         if not outcome.ok:
             self.logger.error(
                 "deadpool: no spare left and iteration %d could not be saved to %s (%s): "

@@ -50,9 +50,9 @@ def ask(worker, coordinator, request, nonce="n1", **fields):
     return worker.get(f"control/reply/{nonce}")
 
 
-def report_all(worker, gen, own=(5, 4)):
+def report_all(worker, gen, own=(5, 4), members=None):
     for rank in range(4):
-        slot = f"{rank // 2}.{rank % 2}"
+        slot = members[rank] if members else f"{rank // 2}.{rank % 2}"
         worker.post(
             "coordinator",
             kind="report",
@@ -263,3 +263,80 @@ def test_deadpool_ctl_prints_the_status_for_a_person():
         "  node 2: spare",
     ]
     assert "spares: 2 ready ['2.0', '2.1']" in text and text.endswith("requests refused: 0")
+
+
+def test_a_stop_interrupted_by_a_failure_recovers_first_and_stops_after():
+    coordinator, worker, _ = make_job()
+    ask(worker, coordinator, "stop")
+    report_all(worker, 1)
+    coordinator.step()
+    assert Decision.from_message(worker.get("decision/1")).stop
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)  # before every rank resumed
+    coordinator.step()
+    report_all(worker, 2)
+    coordinator.step()
+    swap = Decision.from_message(worker.get("decision/2"))
+    assert not swap.stop and swap.replaced == {3: "2.0"}
+    resume_all(coordinator, worker)
+    assert coordinator.state == "draining" and coordinator.cause == "stop"  # asked for still
+    report_all(worker, 3, members=coordinator.view.members)
+    coordinator.step()
+    assert Decision.from_message(worker.get("decision/3")).stop
+
+
+def test_a_straggler_is_asked_to_drain_once_while_it_stays_one():
+    coordinator, worker, _ = make_job(straggler_window=2, on_straggler="swap")
+    for slot, seconds in {"0.0": 0.1, "0.1": 0.1, "1.0": 0.4, "1.1": 0.4}.items():
+        beat(worker, slot, seconds)
+    coordinator.step()
+    assert coordinator.drains == {1: "straggler: 4.0x the other nodes' compute time"}
+    coordinator.drains.clear()  # as a drain the policy refused leaves it
+    coordinator.enter(JobState.RECOVERING)
+    coordinator.enter(JobState.REBUILDING)
+    coordinator.enter(JobState.TRAINING)
+    coordinator.watch_stragglers()
+    assert coordinator.drains == {}  # not again while it stays slow
+
+
+def test_a_node_lost_before_its_drain_is_not_sent_off_as_drained():
+    coordinator, worker, _ = make_job(spare_wait=30.0, spares=())
+    for slot in ("2.0", "2.1"):
+        worker.put(f"hb/{slot}", iteration=None, state="starting")
+    coordinator.step()
+    ask(worker, coordinator, "drain", node=2)  # a spare node, still warming: waits... no rank
+    assert coordinator.status()["nodes"]["2"]["role"] == "drained"  # no rank: it left at once
+    coordinator, worker, _ = make_job(spare_wait=30.0, spares=())
+    for slot in ("2.0", "2.1"):
+        worker.put(f"hb/{slot}", iteration=None, state="starting")
+    coordinator.step()
+    ask(worker, coordinator, "drain", node=1)  # waits for the warming spares
+    coordinator.view.lose(coordinator.view.slots_of(1))  # then the node dies
+    coordinator.maybe_plan()
+    assert coordinator.drains == {} and 1 not in coordinator.drained_nodes
+
+
+def test_a_stop_in_a_job_without_save_says_nothing_is_saved():
+    coordinator, worker, _ = make_job()
+    coordinator.plan.saves = False
+    assert "no --save: nothing is saved" in ask(worker, coordinator, "stop")["message"]
+
+
+def test_the_job_file_goes_only_to_a_folder_of_this_users_alone(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(jobs.UnsafeRunDir, match="only it can open"):
+        jobs.write_job("127.0.0.1", 1, "s", 5, {"DEADPOOL_RUN_DIR": str(shared)})
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(private)
+    with pytest.raises(jobs.UnsafeRunDir):
+        jobs.write_job("127.0.0.1", 1, "s", 5, {"DEADPOOL_RUN_DIR": str(tmp_path / "link")})
+    assert os.listdir(private) == [] and os.listdir(shared) == []
+
+
+def test_deadpool_ctl_refuses_an_address_without_a_port():
+    opts = ctl.build_parser().parse_args(["--master-addr", "10.0.0.1", "status"])
+    opts.master_port = None  # whatever MASTER_PORT the environment holds
+    with pytest.raises(ctl.UsageError, match="--master-port"):
+        ctl.find_job(opts, {})
