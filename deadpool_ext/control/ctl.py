@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="The job's store (node 0's launcher), with DEADPOOL_SECRET in the environment; "
         "none: the job deadpool-launch --standalone runs on this host.",
     )
+    parser.add_argument(
+        "--standby-addr",
+        help="The standby coordinator's host (the launchers' --standby-addr): asked when node "
+        "0's store does not answer, as after a takeover.",
+    )
     parser.add_argument("--job", type=int, help="Which standalone job (its launcher's pid).")
     parser.add_argument("--timeout", type=float, default=P.CONTROL_REPLY_WAIT_S)
     commands = parser.add_subparsers(dest="request", required=True)
@@ -103,6 +108,18 @@ def ask(host: str, port: int, secret: bytes, request: P.ControlRequest, timeout_
         f"the coordinator at {host}:{port} did not answer within {timeout_s:g} s "
         "(a wrong secret gets no answer: it is dropped and counted)"
     )
+
+
+def ask_where_it_runs(opts, host: str, port: int, secret: bytes) -> dict:
+    """Node 0's store, else (with --standby-addr) the standby's, which
+    serves the job after a takeover on the next port."""
+    request = request_of(opts)
+    try:
+        return ask(host, port, secret, request, opts.timeout)
+    except ConnectionError:
+        if not opts.standby_addr:
+            raise
+    return ask(opts.standby_addr, port + P.STANDBY_PORT_OFFSET, secret, request, opts.timeout)
 
 
 def describe(status: dict) -> str:
@@ -169,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"deadpool-ctl: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
     try:
-        answer = ask(host, port, secret, request_of(opts), opts.timeout)
+        answer = ask_where_it_runs(opts, host, port, secret)
     except (ConnectionError, TimeoutError) as error:
         print(f"deadpool-ctl: {error}", file=sys.stderr)
         return ExitCode.FAILED

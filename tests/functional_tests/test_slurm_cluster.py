@@ -360,19 +360,24 @@ def test_node_failure_events_tell_the_swap(node_failure, report):
     assert any(e["event"] == "recovered" for e in events)
     assert not left_behind(node_failure["dir"])
     killed = node_failure["killed_at"]
-    report.add("", "events (coordinator; seconds after the kill):")
-    report.add(
-        *[
-            f"  {e['time'] - killed:6.1f} s  {e['event']}: "
-            + ", ".join(f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
-            for e in events
-            if e["rank"] == -1
-        ]
-    )
+    report_coordinator_events(report, events, killed, "the kill")
     report.add(
         "",
         "batch output (warnings, and the same line from other ranks, dropped):",
         *lines_of_interest(node_failure["dir"]),
+    )
+
+
+def report_coordinator_events(report, events, since: float, what: str) -> None:
+    """The coordinator's events, timed from ``since`` (``what`` happened then)."""
+    report.add("", f"events (coordinator; seconds after {what}):")
+    report.add(
+        *[
+            f"  {e['time'] - since:6.1f} s  {e['event']}: "
+            + ", ".join(f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
+            for e in events
+            if e["rank"] == -1
+        ]
     )
 
 
@@ -555,15 +560,7 @@ def test_a_node_slurm_marks_drain_leaves_at_an_iteration_boundary(slurm_drain, r
     assert len(said) == 1 and f"Slurm marked {node} " in said[0], said
     assert not left_behind(slurm_drain["dir"])
     marked = slurm_drain["marked_at"]
-    report.add("", "events (coordinator; seconds after scontrol marked the node DRAIN):")
-    report.add(
-        *[
-            f"  {e['time'] - marked:6.1f} s  {e['event']}: "
-            + ", ".join(f"{k}={e[k]}" for k in e if k not in ("time", "rank", "event"))
-            for e in events
-            if e["rank"] == -1
-        ]
-    )
+    report_coordinator_events(report, events, marked, "scontrol marked the node DRAIN")
     report.add(f"  the agent of {node}: {said[0]}")
 
 

@@ -340,3 +340,22 @@ def test_deadpool_ctl_refuses_an_address_without_a_port():
     opts.master_port = None  # whatever MASTER_PORT the environment holds
     with pytest.raises(ctl.UsageError, match="--master-port"):
         ctl.find_job(opts, {})
+
+
+def test_deadpool_ctl_turns_to_the_standby_when_node_0_does_not_answer(monkeypatch):
+    asked = []
+
+    def ask(host, port, secret, request, timeout_s):
+        asked.append((host, port))
+        if len(asked) == 1:
+            raise ConnectionError("no job answers")
+        return {"ok": True, "status": {}}
+
+    monkeypatch.setattr(ctl, "ask", ask)
+    opts = ctl.build_parser().parse_args(["--standby-addr", "node1", "status"])
+    assert ctl.ask_where_it_runs(opts, "node0", 29500, b"k") == {"ok": True, "status": {}}
+    assert asked == [("node0", 29500), ("node1", 29501)]
+    opts = ctl.build_parser().parse_args(["status"])
+    asked.clear()
+    with pytest.raises(ConnectionError):
+        ctl.ask_where_it_runs(opts, "node0", 29500, b"k")
