@@ -118,10 +118,15 @@ class JobView:
     since_failure_s: float = 0.0
     spare_wait_s: float = 0.0  # --deadpool-spare-wait
     # A planned generation (every rank stopped at its iteration's end): the
-    # nodes asked to leave and their ranks, or a stop asked for.
+    # nodes asked to leave, or a stop asked for.
     drained_nodes: Tuple[int, ...] = ()
-    draining: FrozenSet[int] = frozenset()
     stop_requested: Optional[str] = None  # why (None: no stop)
+
+    @property
+    def draining(self) -> FrozenSet[int]:
+        """The ranks of the nodes asked to leave."""
+        nodes = set(self.drained_nodes)
+        return frozenset(r for r, slot in self.members.items() if parse_slot(slot)[0] in nodes)
 
 
 @dataclass(frozen=True)

@@ -545,9 +545,6 @@ class Coordinator:
     def ranks_on(self, node: int) -> List[int]:
         return sorted(r for r, slot in self.view.members.items() if parse_slot(slot)[0] == node)
 
-    def draining_ranks(self) -> List[int]:
-        return [r for node in self.draining for r in self.ranks_on(node)]
-
     def settle_drains(self, decision: Decision) -> None:
         """The nodes a decision drained leave (their agents end once their
         workers are gone); those it could not drain stay, and are no longer asked for."""
@@ -625,7 +622,7 @@ class Coordinator:
         by_node: Dict[int, List[int]] = {}
         for rank, slot in sorted(view.members.items()):
             by_node.setdefault(parse_slot(slot)[0], []).append(rank)
-        alive, nodes = view.alive_nodes(), {}
+        alive, times, nodes = view.alive_nodes(), self.stragglers.node_times(), {}
         for node in view.nodes():
             ranks = by_node.get(node, [])
             role = "active" if ranks else "spare"
@@ -638,7 +635,7 @@ class Coordinator:
             nodes[str(node)] = {
                 "role": role,
                 "ranks": ranks,
-                "compute_s": self.stragglers.node_time(node),
+                "compute_s": times.get(node, (None, 0))[0],
             }
         return {
             "state": self.state.value,
@@ -984,7 +981,6 @@ class Coordinator:
             growing=self.state == S.GROWING,
             doomed=self.doomed,
             drained_nodes=tuple(self.draining),
-            draining=frozenset(self.draining_ranks()),
             stop_requested=self.stop_request if self.state == S.DRAINING else None,
             warming=len(self.detector.last.warming),
             since_failure_s=self.clock() - self.started_recovery,

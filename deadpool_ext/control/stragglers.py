@@ -40,23 +40,32 @@ class StragglerWatch:
         if compute.get("count", 0) >= self.window and compute.get("seconds") is not None:
             self.times[slot] = (node, float(compute["seconds"]), int(compute["iteration"]))
 
+    def node_times(self) -> Dict[int, Tuple[float, int]]:
+        """node -> the median of its ranks' times and the last iteration they
+        count, for the nodes with a rank's window (in one pass: the
+        coordinator judges every heartbeat look)."""
+        by_node: Dict[int, List[Tuple[float, int]]] = {}
+        for node, seconds, iteration in self.times.values():
+            by_node.setdefault(node, []).append((seconds, iteration))
+        return {
+            node: (statistics.median(s for s, _ in ranks), max(i for _, i in ranks))
+            for node, ranks in by_node.items()
+        }
+
     def node_time(self, node: int) -> Optional[float]:
         """The median of the node's ranks' times (None before one has a window)."""
-        times = [seconds for n, seconds, _ in self.times.values() if n == node]
-        return statistics.median(times) if times else None
+        return self.node_times().get(node, (None, 0))[0]
 
     def judge(self) -> Dict[int, Straggler]:
         """The stragglers now: each node against the median of the others."""
-        nodes = {n for n, _, _ in self.times.values()}
-        per_node = {n: self.node_time(n) for n in nodes}
+        per_node = self.node_times()
         found = {}
-        for node, seconds in per_node.items():
-            others = [t for n, t in per_node.items() if n != node]
+        for node, (seconds, last) in per_node.items():
+            others = [t for n, (t, _) in per_node.items() if n != node]
             if self.factor == 0 or not others:
                 continue
             typical = statistics.median(others)
             if typical > 0 and seconds > self.factor * typical:
-                last = max(it for n, _, it in self.times.values() if n == node)
                 found[node] = Straggler(node, seconds, typical, round(seconds / typical, 2), last)
         return found
 

@@ -256,8 +256,8 @@ def launcher(args: List[str], spare_nodes: int, nnodes: int = 2) -> List[str]:
     ]
 
 
-def deadpool_run(args: List[str], workdir: str, faults: List[str]) -> dict:
-    """A --deadpool job with no spare node and the given injected faults."""
+def deadpool_run(args: List[str], workdir: str, faults: List[str], spare_nodes: int = 0) -> dict:
+    """A --deadpool job with the given injected faults (no spare node by default)."""
     events = os.path.join(workdir, "events.jsonl")
     args = (
         args
@@ -265,7 +265,7 @@ def deadpool_run(args: List[str], workdir: str, faults: List[str]) -> dict:
         + [f"--deadpool-inject={f}" for f in faults]
     )
     watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
-    total = run(launcher(args, spare_nodes=0), watch)
+    total = run(launcher(args, spare_nodes=spare_nodes), watch)
     return {"total_s": total, "watch": watch, "events": read_events(events)}
 
 

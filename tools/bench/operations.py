@@ -22,31 +22,17 @@
 import argparse
 import json
 import os
-import statistics
 import tempfile
 
-from deadpool_ext.compare import curve_difference, shrink_difference
-from tools.bench.common import MetricsWatch, demo_workload, launcher, run
-from deadpool_ext.events import read_events
+from deadpool_ext.compare import curve_difference, read_metrics, shrink_difference
+from tools.bench.common import deadpool_run, demo_workload, iteration_seconds
 
 
 def deadpool_job(opts, workdir: str, spares: int, faults, extra=()) -> dict:
-    events = os.path.join(workdir, "events.jsonl")
-    args = demo_workload(opts.iters, workdir) + [
-        "--deadpool",
-        "--deadpool-events",
-        events,
-        *extra,
-        *[f"--deadpool-inject={f}" for f in faults],
-    ]
-    watch = MetricsWatch(os.path.join(workdir, "metrics.jsonl"))
-    total = run(launcher(args, spare_nodes=spares), watch)
-    return {"total_s": round(total, 1), "events": read_events(events), "metrics": metrics(workdir)}
-
-
-def metrics(workdir: str) -> list:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    args = demo_workload(opts.iters, workdir) + list(extra)
+    out = deadpool_run(args, workdir, faults, spare_nodes=spares)
+    metrics = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    return {"total_s": round(out["total_s"], 1), "events": out["events"], "metrics": metrics}
 
 
 def slowest(events, kind: str) -> float:
@@ -94,13 +80,17 @@ def largest_difference(got, want) -> float:
     )
 
 
-def median_seconds(records, first: int, last: int) -> float:
-    return round(
-        statistics.median(m["seconds"] for m in records if first <= m["iteration"] <= last), 4
-    )
+def stragglers_found(events) -> list:
+    """(node, iteration, ratio) of each straggler the watch said."""
+    return [(e["node"], e["iteration"], e["ratio"]) for e in events if e["event"] == "straggler"]
 
 
-def straggler(opts, workdir: str, reference: list) -> dict:
+def median_seconds(workdir: str, first: int, last: int) -> float:
+    return round(iteration_seconds(workdir, first, last), 4)
+
+
+def straggler(opts, workdir: str, reference: str) -> dict:
+    """``reference``: the failure-free run's folder."""
     out = deadpool_job(
         opts,
         workdir,
@@ -108,13 +98,13 @@ def straggler(opts, workdir: str, reference: list) -> dict:
         [f"slow:node=1:iter={opts.slow_at}:factor={opts.factor}"],
         ["--deadpool-on-straggler", "swap"],
     )
-    events, records = out["events"], out["metrics"]
+    events = out["events"]
     found = next(e for e in events if e["event"] == "straggler")
     decision = next(e for e in events if e["event"] == "decision")
     boundary = decision["rollback_to"]
-    before = median_seconds(records, 3, opts.slow_at - 1)
-    slowed = median_seconds(records, opts.slow_at + 1, boundary)
-    after = median_seconds(records, boundary + 2, opts.iters)
+    before = median_seconds(workdir, 3, opts.slow_at - 1)
+    slowed = median_seconds(workdir, opts.slow_at + 1, boundary)
+    after = median_seconds(workdir, boundary + 2, opts.iters)
     # The failure-free run over the same iterations: the spares' warm-up
     # early in a run takes cores from the ranks on this machine.
     free_before = median_seconds(reference, 3, opts.slow_at - 1)
@@ -128,9 +118,7 @@ def straggler(opts, workdir: str, reference: list) -> dict:
         "after_over_before": round(after / before, 3),
         "failure_free_s": {"before": free_before, "after": free_after},
         "after_over_failure_free": round(after / free_after, 3),
-        "stragglers_found": [
-            (e["node"], e["iteration"], e["ratio"]) for e in events if e["event"] == "straggler"
-        ],
+        "stragglers_found": stragglers_found(events),
         "pause": pause(events),
     }
 
@@ -155,10 +143,7 @@ def main(argv=None) -> int:
             os.makedirs(workdir)
             out = deadpool_job(opts, workdir, spares, faults)
             results[name] = {"total_s": out["total_s"], "metrics": out["metrics"]}
-            found = [e for e in out["events"] if e["event"] == "straggler"]
-            results[name]["stragglers_found"] = [
-                (e["node"], e["iteration"], e["ratio"]) for e in found
-            ]
+            results[name]["stragglers_found"] = stragglers_found(out["events"])
             if faults:
                 results[name].update(pause(out["events"]))
         reference = results["failure_free"]["metrics"]
@@ -172,7 +157,7 @@ def main(argv=None) -> int:
         )
         workdir = os.path.join(tmp, "straggler")
         os.makedirs(workdir)
-        results["straggler"] = straggler(opts, workdir, reference)
+        results["straggler"] = straggler(opts, workdir, os.path.join(tmp, "failure_free"))
     for result in results.values():
         result.pop("metrics", None)
     print(json.dumps(results, indent=2))
