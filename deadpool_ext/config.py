@@ -462,6 +462,13 @@ def check_replicas_every_iteration(config: Config) -> None:
 def check_fault_can_fire(fault, config: Config, world_size_in_nodes: int) -> None:
     """A fault that could never fire is a test that cannot fail: refused."""
     where = f"--deadpool-inject {fault.action}"
+    if fault.action == "slow-warm":
+        if fault.node < world_size_in_nodes:
+            raise ConfigError(
+                f"{where}: node {fault.node} trains (nodes 0 to {world_size_in_nodes - 1} do): "
+                "name a spare node, whose spares warm up"
+            )
+        return
     if fault.rank is not None and fault.rank >= config.world_size:
         raise ConfigError(
             f"{where}: rank {fault.rank} does not exist (world size {config.world_size})"

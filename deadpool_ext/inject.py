@@ -53,6 +53,11 @@
                                         (or rank=R's) compute 3 times as long (each sleeps
                                         the difference at the end of its backward); a spare
                                         that takes their place is not slowed
+    slow-warm:node=2:gen=1              spares slow to warm up: node 2's spares say they are
+                                        ready only once generation 1 (the one after the first
+                                        failure) trains, so that failure finds them warming
+                                        (with --deadpool-spare-wait 0 the job shrinks, then
+                                        grows back onto them); the one spec spares obey
 
 Phases: forward (default), backward, grad-reduce, optimizer (after the
 shard update, before the parameter all-gather), mirror (in the mirror's
@@ -94,6 +99,7 @@ ACTIONS = (
     "disk-full",
     "flip",
     "slow",
+    "slow-warm",
     "drain",
 )
 FLIP_TARGETS = ("param", "grad", "optimizer", "mirror")
@@ -126,6 +132,7 @@ class Fault:
     bit: Optional[int] = None  # flip's, else drawn
     seed: int = 0  # flip's draw of the element (and bit)
     factor: float = 1.0  # slow's
+    generation: Optional[int] = None  # slow-warm's: its spares are ready once it trains
 
     def targets(self, rank: int, node: int) -> bool:
         return self.rank == rank if self.rank is not None else self.node == node
@@ -158,6 +165,8 @@ def parse_fault(spec: str) -> Fault:
         return parse_flip(spec, parts[1:])
     if action == "slow":
         return parse_slow(spec, parts[1:])
+    if action == "slow-warm":
+        return parse_slow_warm(spec, parts[1:])
     keys = {"rank": "N", "node": "N", "iter": "N", "phase": "NAME", "delay": "MS"}
     fields = spec_fields(spec, parts[1:], keys)
     if ("rank" in fields) == ("node" in fields):
@@ -270,6 +279,29 @@ def parse_slow(spec: str, parts: List[str]) -> Fault:
     return Fault(
         "slow", number.get("rank"), number.get("node"), number["iter"], "grad-reduce", factor=factor
     )
+
+
+def parse_slow_warm(spec: str, parts: List[str]) -> Fault:
+    fields = spec_fields(spec, parts, {"node": "N", "gen": "G"})
+    if set(fields) != {"node", "gen"} or not all(v.isdigit() for v in fields.values()):
+        raise InjectError(
+            f"--deadpool-inject {spec}: slow-warm takes node=N and gen=G (integers: the "
+            "spare node, and the generation its spares wait for)"
+        )
+    if int(fields["gen"]) < 1:
+        raise InjectError(
+            f"--deadpool-inject {spec}: generation 0 is the job's start: gen=G is 1 or more"
+        )
+    return Fault(
+        "slow-warm", None, int(fields["node"]), None, "warm-up", generation=int(fields["gen"])
+    )
+
+
+def spares_ready_at(faults: List[Fault], node: int) -> Optional[int]:
+    """The generation whose training this node's spares wait for before they
+    say they are ready (slow-warm), or None: they say so once warm."""
+    held = [f.generation for f in faults if f.action == "slow-warm" and f.node == node]
+    return max(held, default=None)
 
 
 def parse_faults(specs: Optional[List[str]]) -> List[Fault]:

@@ -112,6 +112,9 @@ class Trial:
     virtual_stages: int = 1  # model chunks per pipeline rank (the interleaved schedule)
     mirror_mode: str = "state"  # --deadpool-mirror-mode
     rebuild_groups: str = "all"  # --deadpool-rebuild-groups (a campaign's, not drawn)
+    # The spare node's spares stay warming until this generation trains
+    # (--deadpool-inject slow-warm); None: ready as soon as they are warm.
+    spares_ready_gen: Optional[int] = None
 
     @property
     def dp(self) -> int:
@@ -143,11 +146,14 @@ class Trial:
                 f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
                 f"mirror={self.mirror_mode} drain node {self.victim} at iter={self.iteration}"
             )
+        held = (
+            "" if self.spares_ready_gen is None else f" spares held to gen {self.spares_ready_gen}"
+        )
         return (
             f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
             f"mirror={self.mirror_mode} {keep}"
             f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
-            f"+{self.delay_ms}ms"
+            f"+{self.delay_ms}ms{held}"
         )
 
 
@@ -222,6 +228,13 @@ def buddy_of(trial: Trial, rank: int) -> int:
 
 
 def faults(trial: Trial) -> List[str]:
+    specs = planned_or_fatal(trial)
+    if trial.spares_ready_gen is not None:  # the spare node's spares
+        specs.append(f"slow-warm:node={NODES}:gen={trial.spares_ready_gen}")
+    return specs
+
+
+def planned_or_fatal(trial: Trial) -> List[str]:
     if trial.target == "drain":
         return [f"drain:node={trial.victim}:iter={trial.iteration}"]
     where = f"iter={trial.iteration}:phase={trial.phase}:delay={trial.delay_ms}"

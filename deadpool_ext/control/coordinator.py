@@ -245,8 +245,7 @@ class Coordinator:
 
     # ----- one poll -----
     def step(self) -> None:
-        for message in self.inbox.poll():
-            self.handle(message)
+        self.read_inbox()
         for request in self.requests.poll():
             self.on_request(request)
         self.replicate()  # what the messages changed, and the lease
@@ -265,6 +264,18 @@ class Coordinator:
             status = self.status()
             for listener in self.status_listeners:
                 listener(status)
+
+    def read_inbox(self) -> None:
+        for message in self.inbox.poll():
+            self.handle(message)
+
+    def agent_ended(self, node: int, code: int) -> None:
+        """A node's agent process ended (seen by the launcher that started
+        it). Whatever it and its workers posted was in the store before:
+        read first, so that a node whose ranks all finished is no loss."""
+        self.read_inbox()
+        if not self.finished and node not in self.drained_nodes:
+            self.lose_node(node, f"agent exited with code {code}")
 
     def handle(self, body: dict) -> None:
         try:
@@ -659,8 +670,17 @@ class Coordinator:
     # ----- failures -----
     def lose_node(self, node: int, reason: str) -> None:
         slots = self.view.slots_of(node)
+        if slots and all(self.view.rank_of(s) in self.done for s in slots):
+            return  # its ranks all finished: its agent ended with them
         self.lose_slots(slots, f"node {node} lost: {reason}")
         self.tell_agent(node, Command.KILL_ALL)
+
+    def unfinished(self, slots: List[str]) -> List[str]:
+        """Those not lost yet and not holding a rank that said it is done: a
+        finished rank has nothing left to lose (its node's agent ends with
+        its workers, while other nodes may still be saving)."""
+        lost, done = self.view.lost_slots, self.done
+        return [s for s in slots if s not in lost and self.view.rank_of(s) not in done]
 
     def kill_and_lose(self, slots: List[str], reason: str) -> None:
         """Processes that live but cannot go on: their agents SIGKILL them."""
@@ -669,7 +689,7 @@ class Coordinator:
         self.lose_slots(slots, reason)
 
     def lose_slots(self, slots: List[str], reason: str) -> None:
-        slots = [s for s in slots if s not in self.view.lost_slots]
+        slots = self.unfinished(slots)
         if not slots or self.finished:
             return
         ranks = self.view.lose(slots)

@@ -417,8 +417,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         for node, proc in list(agents.items()):
             if proc.poll() is not None and not coordinator.finished:
                 del agents[node]
-                if node not in coordinator.drained_nodes:  # a drained node's agent ends
-                    coordinator.lose_node(node, f"agent exited with code {proc.returncode}")
+                coordinator.agent_ended(node, proc.returncode)
         return True
 
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))

@@ -23,7 +23,7 @@ from megatron.training.training import NothingToResume, say_nothing_to_resume
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
-from deadpool_ext.inject import Injector, parse_faults
+from deadpool_ext.inject import Injector, parse_faults, spares_ready_at
 from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.protocol import (
     Action,
@@ -97,6 +97,20 @@ def newest_assignment(ctx: ControlClient, checked: int, gen: int):
     return None, gen
 
 
+def wait_as_injected(ctx: ControlClient, config: Config) -> None:
+    """--deadpool-inject slow-warm: this node's spares stay warming until the
+    named generation trains (held back by the test, not left to timing)."""
+    gen = spares_ready_at(parse_faults(section(config).deadpool_inject), ctx.node)
+    if gen is None:
+        return
+
+    def trains() -> bool:
+        latest = ctx.current()
+        return latest["gen"] >= gen and latest["state"] == P.JobState.TRAINING
+
+    ctx.wait(trains, 24 * 3600, f"generation {gen} to train (--deadpool-inject slow-warm)")
+
+
 def start_spare(ctx: ControlClient, config: Config, builders: Builders):
     """Warm up (imports, device, tokenizer, data), then wait to be assigned:
     to a lost rank (hot swap) or to a new replica (grow)."""
@@ -110,6 +124,7 @@ def start_spare(ctx: ControlClient, config: Config, builders: Builders):
     # The active ranks write the dataset index caches first; read them after.
     ctx.wait(lambda: ctx.current()["state"] != P.JobState.STARTING, 24 * 3600, "the job to start")
     datasets = data.build_datasets(config, tokenizer)
+    wait_as_injected(ctx, config)
     ctx.state = WorkerState.SPARE
     # No decision before this generation can name this process (a slot that
     # served earlier may be named in old ones).

@@ -1,6 +1,8 @@
 """Launch real multi-process training runs and read what they leave."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from typing import Dict, List, Optional, Tuple
@@ -12,6 +14,7 @@ from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F40
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
+from deadpool_ext.events import read_events
 from tools.bench.common import MOE_LAYERS
 from tools.workers import worker_env
 
@@ -283,6 +286,30 @@ def launch_on_nodes(
         for proc in launchers:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
+
+
+# torch's native stack traces: pages of them when a store's server dies,
+# which is what a node's log ends with in every takeover.
+NATIVE_TRACE = re.compile(
+    r"\s*(frame #\d+:|<omitting python frames>|Exception raised from )|\[W\d+ .*\] \[c10d\]"
+)
+
+
+def readable_logs(tmp, nodes: int, lines: int = 40) -> str:
+    """What a failed assertion on a launch_on_nodes job shows: the last
+    ``lines`` of each node's log without torch's native stack traces, then
+    the coordinator's events (who was lost, what was decided)."""
+    parts = []
+    for node in range(nodes):
+        text = (tmp / f"node{node}.log").read_text().splitlines()
+        kept = [line for line in text if line.strip() and not NATIVE_TRACE.match(line)]
+        parts.append(f"===== node {node}\n" + "\n".join(kept[-lines:]))
+    events = tmp / "events.jsonl"
+    if events.exists():
+        said = [e for e in read_events(str(events)) if e.get("rank") == -1]
+        parts.append("===== the coordinator's events")
+        parts += [json.dumps(e, sort_keys=True)[:400] for e in said[-lines:]]
+    return "\n".join(parts)
 
 
 def must_succeed(result) -> None:

@@ -34,12 +34,11 @@ RUNS = {
     # A spare node still warming up when node 1 dies: wait for it and swap once.
     "warming-spares": chaos.Trial(0, 0, 2, 2, 1, target="node", victim=1, **ISSUE),
     # The same with no wait: shrink, then grow back as soon as the spares are
-    # ready. Killed at iteration 2, before a spare can be ready (they build
-    # their data once every rank has finished iteration 1); the run is long
-    # enough for them to be: their agents are forked from the launcher, and
-    # they were ready 1.4 s after the fault, when 40 iterations take about
-    # 20 s (with agents started as processes, beside other 8-rank jobs, they
-    # took 8 s).
+    # ready. The spares are held warming until the shrunk job trains
+    # (generation 1), so that node 1's loss at iteration 2 finds them
+    # warming whatever the machine's speed; the run is long enough for them
+    # to be ready after (about 1.4 s after the shrink, when 40 iterations
+    # take about 20 s).
     "shrink-then-grow": chaos.Trial(
         0,
         0,
@@ -55,6 +54,7 @@ RUNS = {
         iteration=2,
         phase="forward",
         delay_ms=0,
+        spares_ready_gen=1,
     ),
     # An 8-rank pipeline, a rank killed 30 ms into its backward; the buddies
     # replay gradients (--deadpool-mirror-mode grad).

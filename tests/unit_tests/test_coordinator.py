@@ -477,6 +477,51 @@ def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
     assert worker.get("gen")["lost"] == [2, 3]
 
 
+def test_a_node_whose_ranks_finished_is_no_loss_when_its_agent_ends_first(job):
+    """At the job's end a node's agent ends once its workers have, while
+    other nodes still save. Its ranks' Done messages may still be unread
+    when its launcher sees the agent end: they are read first, and the
+    node is no loss (here ranks 2 and 3 posted theirs, node 1's agent ended)."""
+    coordinator, worker, _ = job
+    for rank in (2, 3):
+        worker.post("coordinator", kind="done", rank=rank, slot=f"1.{rank % 2}")
+    coordinator.agent_ended(1, 0)
+    assert coordinator.gen == 0 and coordinator.lost == set() and not coordinator.finished
+    for rank in (0, 1):  # the others finish after
+        worker.post("coordinator", kind="done", rank=rank, slot=f"0.{rank}")
+    coordinator.step()
+    assert coordinator.finished and coordinator.result is None
+
+
+def test_a_node_whose_ranks_finished_is_no_loss_when_it_falls_silent(job):
+    """On a cluster no launcher watches another node's agent: a node whose
+    ranks finished stops beating while the others may still save for longer
+    than the heartbeat timeout."""
+    coordinator, worker, clock = job
+    for seq in (1, 2):
+        for node in (0, 1, 2):
+            worker.put(f"hb/node/{node}", seq=seq, time=0.0)
+        coordinator.step()
+        clock.now += 1.0
+    for rank in (2, 3):
+        worker.post("coordinator", kind="done", rank=rank, slot=f"1.{rank % 2}")
+    for seq in range(3, 8):  # node 1 silent for 5 s > 3 s
+        for node in (0, 2):
+            worker.put(f"hb/node/{node}", seq=seq, time=0.0)
+        coordinator.step()
+        clock.now += 1.0
+    assert coordinator.gen == 0 and coordinator.lost == set()
+
+
+def test_an_agent_that_ends_with_a_rank_still_training_loses_its_node(job):
+    """The control of the test above: one of node 1's ranks said it is done,
+    the other did not; the node is lost, that rank with it."""
+    coordinator, worker, _ = job
+    worker.post("coordinator", kind="done", rank=2, slot="1.0")
+    coordinator.agent_ended(1, 0)
+    assert coordinator.gen == 1 and coordinator.lost == {3}
+
+
 @pytest.fixture()
 def warming_job():
     """Two 2-rank nodes (PP2 x DP2) and one spare node whose two workers

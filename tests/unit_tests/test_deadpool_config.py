@@ -192,6 +192,7 @@ def test_fault_injection_is_checked_and_needs_the_launcher():
         LAUNCHED,
     )
     assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3", "hang:rank=0:iter=5"]
+    parse(DEADPOOL + ["--deadpool-inject", "slow-warm:node=2:gen=1"], 2, LAUNCHED)  # a spare node
 
 
 @pytest.mark.parametrize(
@@ -203,6 +204,7 @@ def test_fault_injection_is_checked_and_needs_the_launcher():
         ("kill:rank=1:iter=999", "comes after the last one"),
         ("kill:rank=1:iter=3:phase=save", "no checkpoint is saved after that iteration"),
         ("disk-full:rank=1:iter=3", "no checkpoint is saved after that iteration"),
+        ("slow-warm:node=1:gen=1", "node 1 trains"),
     ],
 )
 def test_a_fault_that_can_never_fire_is_refused(spec, says):

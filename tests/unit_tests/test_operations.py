@@ -13,7 +13,7 @@ from deadpool_ext.control import ctl, jobs
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.control.stragglers import StragglerWatch
-from deadpool_ext.inject import InjectError, Injector, parse_fault
+from deadpool_ext.inject import InjectError, Injector, parse_fault, spares_ready_at
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 from deadpool_ext.wire import Channel, connect
 from tests.unit_tests.test_coordinator import BUDDY, SECRET, Clock
@@ -231,6 +231,18 @@ def test_slow_and_drain_specs():
         "slow:node=1:iter=3:factor=x",
         "drain:rank=1:iter=4",
     ):
+        with pytest.raises(InjectError):
+            parse_fault(spec)
+
+
+def test_slow_warm_holds_a_spare_nodes_spares_until_a_generation_trains():
+    held = parse_fault("slow-warm:node=2:gen=1")
+    assert spares_ready_at([held], node=2) == 1 and spares_ready_at([held], node=1) is None
+    assert spares_ready_at([], node=2) is None
+    # Not a fault of any phase: a rank of that node never fires it.
+    injector = Injector([held], rank=4, node=2, original=True)
+    assert not any(injector.due(phase, 1) for phase in ("start", "forward", "recovery"))
+    for spec in ("slow-warm:node=2", "slow-warm:node=2:gen=0", "slow-warm:rank=2:gen=1"):
         with pytest.raises(InjectError):
             parse_fault(spec)
 
