@@ -17,6 +17,7 @@ Two shapes:
     heartbeats, the current generation and each generation's decision.
 """
 
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -47,6 +48,11 @@ from deadpool_ext.protocol import (
 
 class ControlError(RuntimeError):
     """A control message could not be read or trusted."""
+
+
+class PortTaken(ControlError):
+    """A store's server cannot listen where it was told to (a usage error:
+    another port, or another address, is the fix)."""
 
 
 class JobEnded(Exception):
@@ -86,43 +92,80 @@ def connect(
     on every interface: loopback for --standalone keeps the job's store off
     the network)."""
     with _CONNECTING:  # so that the sockets new since ``before`` are this call's
-        before = set(socket_descriptors()) if silent_after_s is not None else set()
-        listener = listen(host, port) if is_master else None
-        store = dist.TCPStore(
-            host,
-            port,
-            is_master=is_master,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            use_libuv=True,
-            master_listen_fd=None if listener is None else listener.fileno(),
-        )
-        if listener is not None:
-            _LISTENERS.append(listener)  # the server's socket lives as long as the process
-        if silent_after_s is not None:
+        if silent_after_s is None:
+            return _store(host, port, timeout_s, is_master)
+        before = set(socket_descriptors())
+        with _CONTROL.connecting(before):
+            store = _store(host, port, timeout_s, is_master)
             store.set_timeout(datetime.timedelta(seconds=silent_after_s))
             mine = connected_to(port, set(socket_descriptors()) - before)
             for fd in mine.values():
                 give_up_on_silence(fd, silent_after_s)
-            with _CONTROL_LOCK:
-                _CONTROL_SOCKETS.update(mine)
+            _CONTROL.add(mine)
     return store
+
+
+def _store(host: str, port: int, timeout_s: float, is_master: bool):
+    listener = listen(host, port) if is_master else None
+    store = dist.TCPStore(
+        host,
+        port,
+        is_master=is_master,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        use_libuv=True,
+        master_listen_fd=None if listener is None else listener.fileno(),
+    )
+    if listener is not None:
+        _LISTENERS.append(listener)  # the server's socket lives as long as the process
+    return store
+
+
+class _ControlSockets:
+    """This process's control-plane connections, as a generation's release
+    must see them: its known ones, and while a control connect is under way
+    (a worker's heartbeat thread reaching the standby while its main thread
+    tears its groups down), every socket opened since that connect began,
+    which it can tell apart only once it ends."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.known: Set[int] = set()
+        self.connect_since: Optional[Set[int]] = None  # inodes open when it began
+
+    @contextlib.contextmanager
+    def connecting(self, before: Set[int]):
+        with self.lock:
+            self.connect_since = before
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.connect_since = None
+
+    def add(self, inodes: Iterable[int]) -> None:
+        with self.lock:
+            self.known.update(inodes)
+
+    def among(self, open_now: Iterable[int]) -> Set[int]:
+        open_now = set(open_now)
+        with self.lock:
+            self.known &= open_now  # closed ones are forgotten
+            since = self.connect_since
+            return self.known | (set() if since is None else open_now - since)
 
 
 # Our own connects, one at a time (a worker's heartbeat thread may connect
 # to a standby while its main thread connects for a rendezvous).
 _CONNECTING = threading.Lock()
-_CONTROL_SOCKETS: Set[int] = set()
-_CONTROL_LOCK = threading.Lock()
+_CONTROL = _ControlSockets()
 
 
 def control_sockets(open_now: Iterable[int]) -> Set[int]:
-    """Inodes of this process's control-plane connections among ``open_now``
-    (the inodes open now): the sockets a generation's release must leave
-    alone (``rank/generation.py``). Closed ones are forgotten."""
-    with _CONTROL_LOCK:
-        _CONTROL_SOCKETS.intersection_update(open_now)
-        return set(_CONTROL_SOCKETS)
+    """Inodes among ``open_now`` (the inodes open now) that are, or may be,
+    the control plane's: the sockets a generation's release must leave alone
+    (``rank/generation.py``)."""
+    return _CONTROL.among(open_now)
 
 
 def control_connect(host: str, port: int, timeout_s: float = 60.0):
@@ -152,10 +195,7 @@ def listen(host: str, port: int) -> socket.socket:
         listener.bind(address)
     except OSError as error:
         listener.close()
-        raise ControlError(
-            f"the store cannot listen on {host}:{port} ({error}): on a multi-node run "
-            "--master-addr must be an address of node 0, where the store runs"
-        ) from None
+        raise PortTaken(f"cannot listen on {host}:{port} ({error})") from None
     listener.listen(socket.SOMAXCONN)
     return listener
 

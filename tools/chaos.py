@@ -322,7 +322,7 @@ def launch_commands(args: List[str], spares: int, per_node: bool) -> List[List[s
     launcher = [sys.executable, "-m", "deadpool_ext.launch", *sizes]
     if not per_node:
         return [[*launcher, "--standalone", *script]]
-    port = free_port()
+    port = free_port(span=2)  # and the standby's
     where = ["--master-addr", "127.0.0.1", "--master-port", str(port), "--standby-addr"]
     where.append("127.0.0.1")
     return [

@@ -30,6 +30,7 @@ once the spares make up a whole data-parallel replica::
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from megatron.training.arguments import ConfigError
 
@@ -59,7 +60,7 @@ from deadpool_ext.protocol import (
     Command,
     ExitCode,
 )
-from deadpool_ext.wire import Channel, connect, new_secret
+from deadpool_ext.wire import Channel, PortTaken, connect, new_secret
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,10 +228,39 @@ def use_rendezvous_endpoint(opts) -> None:
     opts.master_addr, opts.master_port = host.strip("[]"), int(port or 29400)
 
 
-def free_port() -> int:
+def free_port(span: int = 1) -> int:
+    """A port P of this host with P to P + span - 1 free (a standby's store
+    listens on P + 1), drawn outside the kernel's range of ephemeral ports:
+    the source port of every connection made from now until a server binds
+    P comes from that range, so a port drawn from it (as bind(0) draws) can
+    be taken before the job's store listens on it."""
+    low, high = ephemeral_ports()
+    ranges = [(r0, r1 - span) for r0, r1 in ((10000, low), (high + 1, 65536)) if r1 - span > r0]
+    draw = random.SystemRandom()
+    for _ in range(200):
+        start, end = draw.choice(ranges)
+        port = draw.randrange(start, end)
+        if all(can_bind(p) for p in range(port, port + span)):
+            return port
+    raise RuntimeError(f"no {span} free port(s) in a row on this host outside {low}-{high}")
+
+
+def ephemeral_ports() -> Tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def can_bind(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def standby_address(opts) -> Optional[str]:
@@ -374,7 +404,7 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         return ExitCode.OK  # a forked agent's process, ended (see fork_agent)
     job = job_file(store_host, port) if opts.standalone else None
     try:
-        store = connect(store_host, port, is_master=True)
+        store = node_0_store(store_host, port, opts.standalone)
         channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
         coordinator = new_coordinator(opts, channel, replica=replica_channel(opts))
         return run_coordinator(opts, coordinator, agents)
@@ -382,6 +412,18 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
         if job is not None:
             remove_job(job)
+
+
+def node_0_store(host: str, port: int, standalone: bool):
+    try:
+        return connect(host, port, is_master=True)
+    except PortTaken as error:
+        hint = (
+            "choose another --master-port"
+            if standalone
+            else "--master-addr must be an address of node 0 and --master-port free there"
+        )
+        raise PortTaken(f"the job's store {error}: {hint}") from None
 
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
@@ -485,9 +527,15 @@ def stand_by(opts) -> int:
     launcher ends with its agent, as any node's."""
     port = opts.master_port + STANDBY_PORT_OFFSET
     secret = os.environ[SECRET_ENV].encode()
-    channel = Channel(
-        connect(opts.standby_addr, port, is_master=True), secret, address=(opts.standby_addr, port)
-    )
+    try:
+        store = connect(opts.standby_addr, port, is_master=True)
+    except PortTaken as error:
+        raise PortTaken(
+            f"the standby's store {error}: it listens on --master-port + "
+            f"{STANDBY_PORT_OFFSET}, which must be free on --standby-addr too: choose another "
+            "--master-port"
+        ) from None
+    channel = Channel(store, secret, address=(opts.standby_addr, port))
     agent = start_agent(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     signal.signal(signal.SIGTERM, lambda *_: agent.send_signal(signal.SIGTERM))
     standby = Standby(channel, opts.node_rank, opts.settings.heartbeat_timeout)
@@ -536,6 +584,16 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"deadpool-launch: error: {error}", file=sys.stderr, flush=True)
         return ExitCode.USAGE
+    try:
+        return run_node(opts)
+    except PortTaken as error:
+        print(f"deadpool-launch: error: {error}", file=sys.stderr, flush=True)
+        return ExitCode.USAGE
+
+
+def run_node(opts) -> int:
+    """This launcher's part: every emulated node (--standalone), node 0's
+    store and coordinator, node 1's standby, or another node's agent."""
     total = opts.nnodes + opts.spare_nodes
     if opts.standalone:
         os.environ.setdefault(SECRET_ENV, new_secret())

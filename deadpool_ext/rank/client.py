@@ -59,6 +59,7 @@ class ControlClient:
         # Set by the heartbeat thread when the store (and with it the
         # coordinator) is gone; the main thread then leaves.
         self.coordinator_lost: Optional[str] = None
+        self.no_fail_over = "no standby"  # why the last move to the standby was not made
         # The groups this process holds or is building, and their sockets.
         self.generation = Generation()
         self.release_error: Optional[str] = None
@@ -131,14 +132,23 @@ class ControlClient:
         has taken over (both channels, and the address of the rendezvous
         stores to come); False if there is none or it did not."""
         address = self.env.standby_address
-        if address is None or self.store_address == address or not self.latest.get("standby"):
-            return False  # none, this is it, or its copy fell behind (the primary said so)
+        if address is None or self.store_address == address:
+            self.no_fail_over = "no standby" if address is None else "the standby was lost"
+            return False
+        if not self.latest.get("standby"):  # its copy fell behind (the primary said so)
+            self.no_fail_over = f"the standby's copy fell behind (generation {self.latest})"
+            return False
         secret = self.channel.secret
         try:
             beat = standby_channel(address, secret, self.env.takeover_wait_s)
-        except JobEnded:
+        except JobEnded as ended:
+            self.no_fail_over = str(ended)
             return False  # its agent stops it
         if beat is None:
+            self.no_fail_over = (
+                f"the standby at {address[0]}:{address[1]} did not take over within "
+                f"{self.env.takeover_wait_s:.0f} s, or could not be reached"
+            )
             return False
         self._beat_channel = beat
         self.channel = Channel(control_connect(*address), secret, address=address)
@@ -153,7 +163,7 @@ class ControlClient:
         """The store is gone, and with it the coordinator and the job: free
         the main thread from any collective of the generation (its next
         contact with the control plane then makes it leave)."""
-        self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
+        self.coordinator_lost = f"the coordinator is gone ({summary(error)}): {self.no_fail_over}"
         try:
             self.generation.release(by="heartbeat thread: the coordinator is gone")
         except Exception as failure:  # noqa: BLE001 - the main thread leaves all the same
@@ -170,7 +180,10 @@ class ControlClient:
                 return use(channel)
             except dist.DistError as error:
                 if not self._await_fail_over(channel):
-                    self.coordinator_lost = f"the coordinator is gone ({summary(error)})"
+                    self.coordinator_lost = (
+                        f"the coordinator is gone ({summary(error)}); the main thread waited "
+                        f"for the standby: {self.no_fail_over}"
+                    )
         raise WorkerExit(ExitCode.FAILED, self.coordinator_lost)
 
     def _await_fail_over(self, used: Channel) -> bool:

@@ -206,9 +206,11 @@ class Generation:
         abort_ms = round((time.monotonic() - started) * 1e3, 1)
         self._groups = [ref for ref in self._groups if id(ref()) in kept_groups]
         open_now = socket_descriptors()
-        inodes = self._mine(open_now) - keep
+        spared = control_sockets(open_now)
+        inodes = set(open_now) - self._baseline - spared - keep
         count = sum(shut_down(open_now[i]) for i in inodes)
-        self._baseline = set(open_now) - keep
+        # What a control connect under way spared is looked at again next time.
+        self._baseline = set(open_now) - keep - spared
         if inodes:  # a second release finds nothing new
             self._last_released = set(inodes)
         self._done = not self._building and not keep

@@ -186,6 +186,7 @@ def run(config: Config, model_provider, forward_step) -> NoReturn:
     try:
         train(ctx, config, model_provider, forward_step)
     except WorkerExit as leaving:
+        say_why_it_leaves(ctx, leaving)
         leave(leaving.code)
     except NothingToResume as stop:  # every rank finds the same --load: the job ends
         say_nothing_to_resume(stop, ctx.env.rank)
@@ -195,6 +196,19 @@ def run(config: Config, model_provider, forward_step) -> NoReturn:
         leave(report_failure(ctx, error))
     ctx.stop()
     leave(ExitCode.OK)  # as the agent does, for the same reason
+
+
+def say_why_it_leaves(ctx: ControlClient, leaving: WorkerExit) -> None:
+    """A worker that leaves other than as released or stopped by the
+    decision's words (already said) says why, in its log."""
+    if leaving.code in (ExitCode.OK, ExitCode.RELEASED, ExitCode.ABORTED):
+        return
+    if ctx.env.error_file:  # why, for the coordinator's event
+        with open(ctx.env.error_file, "w") as f:
+            f.write(str(leaving))
+    get_logger(0).error(
+        "deadpool: slot %s leaves (exit code %d): %s", ctx.slot, leaving.code, leaving
+    )
 
 
 def report_failure(ctx: ControlClient, error: Exception) -> ExitCode:

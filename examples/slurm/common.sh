@@ -202,7 +202,10 @@ launch() {
     mkdir -p "$run_dir"
     rm -f "$status_file"
     MASTER_ADDR=$(node_address 1)
-    MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+    # One port per job (jobs may share a node), it and the next (the
+    # standby's store) below Linux's ephemeral ports (32768 and up), which
+    # any connection made before the stores listen could take.
+    MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 6000 * 2))}
     DEADPOOL_SECRET=${DEADPOOL_SECRET:-$(new_secret)}
     export MASTER_ADDR MASTER_PORT DEADPOOL_SECRET
     # A standby coordinator on the second node takes over if the first dies

@@ -269,7 +269,7 @@ def launch_on_nodes(
     from deadpool_ext.control.launch import free_port
 
     tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_port(span=2)  # and the standby's
     env = dict(worker_env(), DEADPOOL_SECRET=secrets.token_hex(32))
     launchers = []
     for node in range(nodes + spares):

@@ -187,3 +187,50 @@ def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which
             assert leaving.value.code == ExitCode.FAILED
     finally:
         ctx.stop()
+
+
+class _StoreStandIn:
+    def set_timeout(self, timeout):
+        pass
+
+
+def test_a_release_leaves_a_control_connect_under_way_alone(listener, monkeypatch):
+    """The heartbeat thread reaches the standby while the main thread tears
+    its generation down: the connection that control connect has opened but
+    does not know as its own yet is left alone (once shut down it made the
+    rank leave as if no standby had taken over); the generation's is shut
+    down, and the control connection stays alone once known."""
+    from deadpool_ext import wire
+    from deadpool_ext.rank.generation import Generation
+
+    opened, proceed = [], threading.Event()
+
+    def store_opening_slowly(host, port, timeout_s, is_master):
+        opened.append(socket.create_connection((host, port)))
+        proceed.wait(10)
+        return _StoreStandIn()
+
+    monkeypatch.setattr(wire, "_store", store_opening_slowly)
+    generation = Generation()
+    generation.begin(1)
+    group_end, group_peer = connected(listener)  # a connection of the generation
+    port = listener.getsockname()[1]
+    connecting = threading.Thread(target=wire.control_connect, args=("127.0.0.1", port))
+    connecting.start()
+    try:
+        while not opened:
+            time.sleep(0.01)
+        generation.release("tear down")
+        assert group_peer.recv(1) == b""  # shut down
+        assert opened[0].send(b"x") == 1  # open (once shut down, EPIPE)
+        proceed.set()
+        connecting.join(10)
+        generation.release("again")
+        assert opened[0].send(b"x") == 1
+        shut_down(opened[0].fileno())  # the control of the check above
+        with pytest.raises(BrokenPipeError):
+            opened[0].send(b"x")
+    finally:
+        proceed.set()
+        for s in (group_end, group_peer, *opened):
+            s.close()

@@ -4,13 +4,24 @@ are taken, the others refused with the reason; ``-m`` runs a module, as
 torchrun's. The jobs deadpool-launch starts are in
 tests/functional_tests/test_launch.py."""
 
+import socket
 import sys
 
 import pytest
 
 from megatron.training.arguments import ConfigError
 
-from deadpool_ext.control.launch import build_parser, check, worker_command
+from deadpool_ext.control import launch
+from deadpool_ext.control.launch import (
+    build_parser,
+    can_bind,
+    check,
+    ephemeral_ports,
+    free_port,
+    main,
+    worker_command,
+)
+from deadpool_ext.protocol import ExitCode
 
 SCRIPT = ["pretrain_gpt.py", "--num-layers", "2"]
 
@@ -70,3 +81,34 @@ def test_elastic_nnodes_is_refused_with_what_deadpool_does_instead(capsys):
 def test_a_module_runs_as_python_m_runs_it():
     opts = parsed("--standalone", "-m")
     assert worker_command(opts)[:4] == [sys.executable, "-u", "-m", "pretrain_gpt.py"]
+
+
+def test_a_free_port_and_the_next_lie_outside_the_ephemeral_ports():
+    """No connection made before the job's stores listen can take them."""
+    low, high = ephemeral_ports()
+    for _ in range(20):
+        port = free_port(span=2)
+        assert not (low <= port <= high or low <= port + 1 <= high), port
+        assert can_bind(port) and can_bind(port + 1)
+
+
+@pytest.mark.parametrize("node", [0, 1], ids=["store", "standby"])
+def test_a_store_whose_port_is_taken_says_what_to_change(node, capsys, monkeypatch):
+    """Node 0's store listens on --master-port, node 1's standby store on
+    the next: either taken is a usage error, said in one line."""
+    monkeypatch.setenv("DEADPOOL_SECRET", "s")
+    monkeypatch.setattr(launch, "start_agents", lambda *_: {})  # node 0's, started first
+    port = free_port(span=2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + node))
+        taken.listen()
+        code = main(
+            ["--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "1", "--node-rank"]
+            + [str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+            + ["--standby-addr", "127.0.0.1", *SCRIPT]
+        )
+    said = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitCode.USAGE and len(said) == 1, said
+    where = f"127.0.0.1:{port + node}"
+    assert said[0].startswith("deadpool-launch: error: ") and where in said[0], said
+    assert ("standby's store" in said[0]) == (node == 1) and "--master-port" in said[0]
