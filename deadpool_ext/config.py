@@ -181,15 +181,20 @@ def section(config: Config) -> DeadpoolConfig:
     return config.extra.get("deadpool") or DeadpoolConfig()
 
 
-def coordinator_settings(script_args: List[str]) -> CoordinatorSettings:
+def coordinator_settings(
+    script_args: List[str], nodes: Optional[int] = None
+) -> CoordinatorSettings:
     """What the coordinator acts on, read from the training script's flags
     as its own parser reads them (the last of a flag given twice counts;
     the script's other flags are left to it). Raises ConfigError on a bad
-    value, as the script would."""
+    value, as the script would. ``nodes``: the job's, spare nodes too (the
+    launcher's), to check what only it knows."""
     parser = arguments.build_parser({"deadpool": DeadpoolConfig})
     namespace, _ = parser.parse_known_args(script_args)
     dp = DeadpoolConfig(**{f.name: getattr(namespace, f.name) for f in fields(DeadpoolConfig)})
     check_operations(dp)  # the launcher refuses them before anything starts
+    if nodes is not None:
+        check_spare_faults(dp, nodes)
     return CoordinatorSettings(
         heartbeat_timeout=dp.deadpool_heartbeat_timeout,
         recovery_timeout=dp.deadpool_recovery_timeout,
@@ -414,6 +419,21 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     for fault in faults:
         check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
     plan_buddies(config, environ)
+
+
+def check_spare_faults(dp: DeadpoolConfig, nodes: int) -> None:
+    """A slow-warm fault names a spare node, which only the launcher knows
+    (the workers check that it does not train)."""
+    try:
+        faults = parse_faults(dp.deadpool_inject)
+    except InjectError as error:
+        raise ConfigError(str(error)) from None
+    for fault in faults:
+        if fault.action == "slow-warm" and fault.node >= nodes:
+            raise ConfigError(
+                f"--deadpool-inject slow-warm: node {fault.node} does not exist (the job has "
+                f"nodes 0 to {nodes - 1}, spare nodes included)"
+            )
 
 
 def check_operations(dp: DeadpoolConfig) -> None:

@@ -31,10 +31,14 @@ SDC_REPEAT_WINDOW = 1000
 # A topic slot claimed and not written this long is passed over (its poster
 # died between claiming and writing, or was an outsider).
 CLAIMED_SLOT_DEADLINE_S = 2.0
-# A client the store dropped (a poisoned counter) connects again within this;
-# a store that is gone (node 0 died) is known gone after it, not after the
-# first connection's 60 s.
+# A process that lost its store connects to a standby within this; a store
+# that is gone is known gone after it, not after a connection's 60 s.
 STORE_RECONNECT_TIMEOUT_S = 5.0
+# A client its live store dropped (a poisoned counter) connects again within
+# this. Short: a server that was dying when it was found listening is then
+# known gone at once (torch's client tries twice), so the process turns to
+# the standby before the successor may have ended the job.
+STORE_MEND_TIMEOUT_S = 1.0
 # A control-plane request (none waits for a key) its store leaves unanswered
 # this long means the store's host is gone: a dead host sends no reset, and
 # torch's client would wait on it for good (TCP_USER_TIMEOUT bounds it).

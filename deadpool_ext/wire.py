@@ -41,6 +41,7 @@ from deadpool_ext.protocol import (
     GEN_KEY,
     SECRET_ENV,
     STANDBY_TOPIC,
+    STORE_MEND_TIMEOUT_S,
     STORE_RECONNECT_TIMEOUT_S,
     Message,
 )
@@ -147,12 +148,15 @@ class _ControlSockets:
         with self.lock:
             self.known.update(inodes)
 
-    def among(self, open_now: Iterable[int]) -> Set[int]:
+    def among(self, open_now: Iterable[int]) -> Tuple[Set[int], Set[int]]:
+        """(known, pending) among ``open_now``: the control plane's, and those
+        a control connect under way may have opened (its own or not)."""
         open_now = set(open_now)
         with self.lock:
             self.known &= open_now  # closed ones are forgotten
             since = self.connect_since
-            return self.known | (set() if since is None else open_now - since)
+            pending = set() if since is None else open_now - since - self.known
+            return set(self.known), pending
 
 
 # Our own connects, one at a time (a worker's heartbeat thread may connect
@@ -161,10 +165,11 @@ _CONNECTING = threading.Lock()
 _CONTROL = _ControlSockets()
 
 
-def control_sockets(open_now: Iterable[int]) -> Set[int]:
-    """Inodes among ``open_now`` (the inodes open now) that are, or may be,
-    the control plane's: the sockets a generation's release must leave alone
-    (``rank/generation.py``)."""
+def control_sockets(open_now: Iterable[int]) -> Tuple[Set[int], Set[int]]:
+    """Inodes among ``open_now`` (the inodes open now) that a generation's
+    release must leave alone (``rank/generation.py``): the control plane's
+    connections, and those a control connect under way may have opened
+    (pending: the release looks at them again next time)."""
     return _CONTROL.among(open_now)
 
 
@@ -308,7 +313,7 @@ class Channel:
         except dist.DistError:
             if self.address is None or not listening(*self.address):
                 raise  # no server there any more: the store is gone, not poisoned
-        self.store = control_connect(*self.address, timeout_s=STORE_RECONNECT_TIMEOUT_S)
+        self.store = control_connect(*self.address, timeout_s=STORE_MEND_TIMEOUT_S)
         self.store.set(key, str(self.highest_written(topic)))
         self.mended += 1
         return self.store.add(key, claim)

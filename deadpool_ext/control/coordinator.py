@@ -703,6 +703,14 @@ class Coordinator:
                 "the last --save checkpoint"
             )
             return
+        if self.done:
+            # Finished ranks have left: no generation can gather them again.
+            self.stop(
+                f"{reason} (ranks {sorted(ranks)}) after ranks {sorted(self.done)} had "
+                "finished: the final checkpoint may lack their part; resume from the last "
+                "complete --save checkpoint"
+            )
+            return
         self.lost |= ranks
         iteration = max(self.progress.values(), default=0)
         self.report_again(reason, iteration, sorted(ranks), slots)  # a grow becomes a recovery

@@ -235,11 +235,12 @@ def free_port(span: int = 1) -> int:
     P comes from that range, so a port drawn from it (as bind(0) draws) can
     be taken before the job's store listens on it."""
     low, high = ephemeral_ports()
-    ranges = [(r0, r1 - span) for r0, r1 in ((10000, low), (high + 1, 65536)) if r1 - span > r0]
+    outside = ((10000, low - 1), (high + 1, 65535))  # each [first port, last port]
+    firsts = [(a, b - span + 1) for a, b in outside if b - span + 1 >= a]
     draw = random.SystemRandom()
-    for _ in range(200):
-        start, end = draw.choice(ranges)
-        port = draw.randrange(start, end)
+    for _ in range(200 if firsts else 0):
+        first, last = draw.choice(firsts)
+        port = draw.randint(first, last)
         if all(can_bind(p) for p in range(port, port + span)):
             return port
     raise RuntimeError(f"no {span} free port(s) in a row on this host outside {low}-{high}")
@@ -404,7 +405,12 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         return ExitCode.OK  # a forked agent's process, ended (see fork_agent)
     job = job_file(store_host, port) if opts.standalone else None
     try:
-        store = node_0_store(store_host, port, opts.standalone)
+        try:
+            store = node_0_store(store_host, port, opts.standalone)
+        except PortTaken:
+            for proc in agents.values():  # nothing may outlive a usage error
+                kill_agent(opts, proc)
+            raise
         channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
         coordinator = new_coordinator(opts, channel, replica=replica_channel(opts))
         return run_coordinator(opts, coordinator, agents)
@@ -412,6 +418,15 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
         if job is not None:
             remove_job(job)
+
+
+def kill_agent(opts, proc) -> None:
+    """An emulated node's agent (--standalone) with its node's session;
+    another, alone: its workers die with it (parent-death signal)."""
+    if opts.standalone:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
 
 
 def node_0_store(host: str, port: int, standalone: bool):
@@ -476,10 +491,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            if opts.standalone:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()  # its workers die with it (parent-death signal)
+            kill_agent(opts, proc)
     stopped = coordinator.result or coordinator.stopping
     if stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
@@ -572,7 +584,8 @@ def checked_options(argv) -> argparse.Namespace:
     read from the script's --deadpool* flags; ConfigError says what to change."""
     opts = build_parser().parse_args(argv)
     check(opts)
-    opts.settings = coordinator_settings(opts.script_args)  # as the workers will read it
+    # As the workers will read them.
+    opts.settings = coordinator_settings(opts.script_args, opts.nnodes + opts.spare_nodes)
     if not opts.standalone and not opts.master_port:
         raise ConfigError("give --master-port (or MASTER_PORT) on a multi-node run")
     return opts

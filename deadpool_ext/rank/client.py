@@ -59,7 +59,7 @@ class ControlClient:
         # Set by the heartbeat thread when the store (and with it the
         # coordinator) is gone; the main thread then leaves.
         self.coordinator_lost: Optional[str] = None
-        self.no_fail_over = "no standby"  # why the last move to the standby was not made
+        self.no_fail_over: Optional[str] = None  # why the heartbeat thread did not move
         # The groups this process holds or is building, and their sockets.
         self.generation = Generation()
         self.release_error: Optional[str] = None
@@ -136,7 +136,8 @@ class ControlClient:
             self.no_fail_over = "no standby" if address is None else "the standby was lost"
             return False
         if not self.latest.get("standby"):  # its copy fell behind (the primary said so)
-            self.no_fail_over = f"the standby's copy fell behind (generation {self.latest})"
+            gen = self.latest.get("gen")
+            self.no_fail_over = f"the standby's copy fell behind (generation {gen})"
             return False
         secret = self.channel.secret
         try:
@@ -179,11 +180,13 @@ class ControlClient:
             try:
                 return use(channel)
             except dist.DistError as error:
-                if not self._await_fail_over(channel):
-                    self.coordinator_lost = (
-                        f"the coordinator is gone ({summary(error)}); the main thread waited "
-                        f"for the standby: {self.no_fail_over}"
+                if not self._await_fail_over(channel) and self.coordinator_lost is None:
+                    why = self.no_fail_over or (
+                        "no standby"
+                        if self.env.standby_address is None
+                        else "the heartbeat thread had not moved to the standby in time"
                     )
+                    self.coordinator_lost = f"the coordinator is gone ({summary(error)}): {why}"
         raise WorkerExit(ExitCode.FAILED, self.coordinator_lost)
 
     def _await_fail_over(self, used: Channel) -> bool:

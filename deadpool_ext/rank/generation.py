@@ -145,7 +145,8 @@ class Generation:
         began, the control plane's aside. A group may connect a pair when it
         first uses it (gloo under TORCH_GLOO_LAZY_INIT=1), so the set may grow
         while the generation trains: only a release knows it whole."""
-        return set(open_now) - self._baseline - control_sockets(open_now)
+        known, pending = control_sockets(open_now)
+        return set(open_now) - self._baseline - known - pending
 
     def built(self, groups: Iterable[object] = ()) -> None:
         """Every group of the generation exists: keep them, to abort the
@@ -206,14 +207,15 @@ class Generation:
         abort_ms = round((time.monotonic() - started) * 1e3, 1)
         self._groups = [ref for ref in self._groups if id(ref()) in kept_groups]
         open_now = socket_descriptors()
-        spared = control_sockets(open_now)
-        inodes = set(open_now) - self._baseline - spared - keep
+        known, pending = control_sockets(open_now)
+        inodes = set(open_now) - self._baseline - known - pending - keep
         count = sum(shut_down(open_now[i]) for i in inodes)
-        # What a control connect under way spared is looked at again next time.
-        self._baseline = set(open_now) - keep - spared
+        # What a control connect under way spared is looked at again next
+        # time (and the heartbeat thread's release comes again for it).
+        self._baseline = set(open_now) - keep - pending
         if inodes:  # a second release finds nothing new
             self._last_released = set(inodes)
-        self._done = not self._building and not keep
+        self._done = not self._building and not keep and not pending
         self._released_all = self._released_all or not keep
         if (count or aborted) and self.released is None:
             self.released = {"by": by, "connections": count, "open": len(inodes)}

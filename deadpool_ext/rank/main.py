@@ -108,7 +108,9 @@ def wait_as_injected(ctx: ControlClient, config: Config) -> None:
         latest = ctx.current()
         return latest["gen"] >= gen and latest["state"] == P.JobState.TRAINING
 
-    ctx.wait(trains, 24 * 3600, f"generation {gen} to train (--deadpool-inject slow-warm)")
+    why = f"generation {gen} to train (--deadpool-inject slow-warm)"
+    get_logger(0).info("warm spare %s waits for %s", ctx.slot, why)
+    ctx.wait(trains, 24 * 3600, why)
 
 
 def start_spare(ctx: ControlClient, config: Config, builders: Builders):

@@ -14,7 +14,6 @@ from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F40
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
 from deadpool_ext.compare import state_difference
-from deadpool_ext.events import read_events
 from tools.bench.common import MOE_LAYERS
 from tools.workers import worker_env
 
@@ -301,15 +300,20 @@ def readable_logs(tmp, nodes: int, lines: int = 40) -> str:
     the coordinator's events (who was lost, what was decided)."""
     parts = []
     for node in range(nodes):
-        text = (tmp / f"node{node}.log").read_text().splitlines()
+        log = tmp / f"node{node}.log"
+        text = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]
         kept = [line for line in text if line.strip() and not NATIVE_TRACE.match(line)]
         parts.append(f"===== node {node}\n" + "\n".join(kept[-lines:]))
     events = tmp / "events.jsonl"
-    if events.exists():
-        said = [e for e in read_events(str(events)) if e.get("rank") == -1]
-        parts.append("===== the coordinator's events")
-        parts += [json.dumps(e, sort_keys=True)[:400] for e in said[-lines:]]
-    return "\n".join(parts)
+    said = []
+    for line in events.read_text().splitlines() if events.exists() else []:
+        try:  # a line the killed coordinator was writing may be cut
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("rank") == -1:
+            said.append(json.dumps(event, sort_keys=True)[:400])
+    return "\n".join([*parts, "===== the coordinator's events", *said[-lines:]])
 
 
 def must_succeed(result) -> None:

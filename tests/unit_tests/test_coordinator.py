@@ -513,13 +513,17 @@ def test_a_node_whose_ranks_finished_is_no_loss_when_it_falls_silent(job):
     assert coordinator.gen == 0 and coordinator.lost == set()
 
 
-def test_an_agent_that_ends_with_a_rank_still_training_loses_its_node(job):
-    """The control of the test above: one of node 1's ranks said it is done,
-    the other did not; the node is lost, that rank with it."""
+def test_a_rank_lost_after_others_finished_stops_the_job_with_the_reason(job):
+    """The control of the tests above: one of node 1's ranks said it is done,
+    the other did not. The finished ones have left, so no generation could
+    gather them again: the job stops (it once waited for their reports for
+    good)."""
     coordinator, worker, _ = job
     worker.post("coordinator", kind="done", rank=2, slot="1.0")
     coordinator.agent_ended(1, 0)
-    assert coordinator.gen == 1 and coordinator.lost == {3}
+    assert coordinator.result is not None and coordinator.finished
+    assert "after ranks [2] had finished" in coordinator.result.reason
+    assert "ranks [3]" in coordinator.result.reason
 
 
 @pytest.fixture()

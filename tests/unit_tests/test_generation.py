@@ -214,23 +214,35 @@ def test_a_release_leaves_a_control_connect_under_way_alone(listener, monkeypatc
     generation = Generation()
     generation.begin(1)
     group_end, group_peer = connected(listener)  # a connection of the generation
+    generation.built()
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    late_end = late_peer = None
     port = listener.getsockname()[1]
     connecting = threading.Thread(target=wire.control_connect, args=("127.0.0.1", port))
     connecting.start()
     try:
         while not opened:
             time.sleep(0.01)
+        late_end, late_peer = connected(other)  # the generation's, opened meanwhile
+        late_peer.setblocking(False)
         generation.release("tear down")
         assert group_peer.recv(1) == b""  # shut down
         assert opened[0].send(b"x") == 1  # open (once shut down, EPIPE)
+        with pytest.raises(BlockingIOError):  # spared this time, as it might be the connect's
+            late_peer.recv(1)
         proceed.set()
         connecting.join(10)
-        generation.release("again")
+        # The heartbeat thread's release comes again for what was spared.
+        assert generation.release_if_older(2, "again") >= 1
+        assert late_peer.recv(1) == b""
         assert opened[0].send(b"x") == 1
         shut_down(opened[0].fileno())  # the control of the check above
         with pytest.raises(BrokenPipeError):
             opened[0].send(b"x")
     finally:
         proceed.set()
-        for s in (group_end, group_peer, *opened):
-            s.close()
+        for s in (group_end, group_peer, other, late_end, late_peer, *opened):
+            if s is not None:
+                s.close()

@@ -16,6 +16,7 @@ from deadpool_ext.control.launch import (
     build_parser,
     can_bind,
     check,
+    checked_options,
     ephemeral_ports,
     free_port,
     main,
@@ -97,7 +98,8 @@ def test_a_store_whose_port_is_taken_says_what_to_change(node, capsys, monkeypat
     """Node 0's store listens on --master-port, node 1's standby store on
     the next: either taken is a usage error, said in one line."""
     monkeypatch.setenv("DEADPOOL_SECRET", "s")
-    monkeypatch.setattr(launch, "start_agents", lambda *_: {})  # node 0's, started first
+    agent = AgentStandIn()
+    monkeypatch.setattr(launch, "start_agents", lambda *_: {0: agent})  # node 0's, first
     port = free_port(span=2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + node))
@@ -112,3 +114,20 @@ def test_a_store_whose_port_is_taken_says_what_to_change(node, capsys, monkeypat
     where = f"127.0.0.1:{port + node}"
     assert said[0].startswith("deadpool-launch: error: ") and where in said[0], said
     assert ("standby's store" in said[0]) == (node == 1) and "--master-port" in said[0]
+    assert agent.killed == (node == 0)  # nothing outlives a usage error
+
+
+class AgentStandIn:
+    killed = False
+
+    def kill(self):
+        self.killed = True
+
+
+def test_a_spare_node_held_warming_must_exist(monkeypatch):
+    monkeypatch.setenv("DEADPOOL_SECRET", "s")
+    flags = ["--nnodes", "2", "--spare-nodes", "1", "--master-port", "1234", *SCRIPT]
+    held = ["--deadpool-inject", "slow-warm:node=3:gen=1"]
+    with pytest.raises(ConfigError, match="node 3 does not exist"):
+        checked_options([*flags, *held])
+    checked_options([*flags, "--deadpool-inject", "slow-warm:node=2:gen=1"])
