@@ -21,7 +21,7 @@ from deadpool_ext.topology import (
     nodes_by_block,
     shrink_unit,
 )
-from deadpool_ext.inject import InjectError, parse_faults
+from deadpool_ext.inject import Fault, InjectError, parse_faults
 from deadpool_ext.protocol import (
     ERROR_FILE_ENV,
     HEARTBEAT_TIMEOUT_S,
@@ -407,10 +407,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "all ranks in every step keeps ranks within one iteration of each "
             "other, which the rollback after a failure relies on"
         )
-    try:
-        faults = parse_faults(dp.deadpool_inject)
-    except InjectError as error:
-        raise ConfigError(str(error)) from None
+    faults = checked_faults(dp)
     if faults and "DEADPOOL_SLOT" not in environ:
         raise ConfigError(
             "--deadpool-inject needs the deadpool launcher: run through "
@@ -421,14 +418,18 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     plan_buddies(config, environ)
 
 
+def checked_faults(dp: DeadpoolConfig) -> List[Fault]:
+    """The --deadpool-inject specs parsed; a bad one is a usage error."""
+    try:
+        return parse_faults(dp.deadpool_inject)
+    except InjectError as error:
+        raise ConfigError(str(error)) from None
+
+
 def check_spare_faults(dp: DeadpoolConfig, nodes: int) -> None:
     """A slow-warm fault names a spare node, which only the launcher knows
     (the workers check that it does not train)."""
-    try:
-        faults = parse_faults(dp.deadpool_inject)
-    except InjectError as error:
-        raise ConfigError(str(error)) from None
-    for fault in faults:
+    for fault in checked_faults(dp):
         if fault.action == "slow-warm" and fault.node >= nodes:
             raise ConfigError(
                 f"--deadpool-inject slow-warm: node {fault.node} does not exist (the job has "

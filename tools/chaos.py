@@ -141,18 +141,17 @@ class Trial:
     def describe(self) -> str:
         vpp = f"·VPP{self.virtual_stages}" if self.virtual_stages > 1 else ""
         keep = "keep " if self.rebuild_groups == "changed" else ""
+        job = (
+            f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
+            f"mirror={self.mirror_mode}"
+        )
         if self.target == "drain":
-            return (
-                f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
-                f"mirror={self.mirror_mode} drain node {self.victim} at iter={self.iteration}"
-            )
+            return f"{job} drain node {self.victim} at iter={self.iteration}"
         held = (
             "" if self.spares_ready_gen is None else f" spares held to gen {self.spares_ready_gen}"
         )
         return (
-            f"TP{self.tp}·PP{self.pp}{vpp}·DP{self.dp} spares={self.spares} {self.model} "
-            f"mirror={self.mirror_mode} {keep}"
-            f"{self.target} {self.victim} iter={self.iteration} {self.phase}"
+            f"{job} {keep}{self.target} {self.victim} iter={self.iteration} {self.phase}"
             f"+{self.delay_ms}ms{held}"
         )
 

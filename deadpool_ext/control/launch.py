@@ -430,15 +430,20 @@ def kill_agent(opts, proc) -> None:
 
 
 def node_0_store(host: str, port: int, standalone: bool):
+    hint = (
+        "choose another --master-port"
+        if standalone
+        else "--master-addr must be an address of node 0 and --master-port free there"
+    )
+    return served_store(host, port, "the job's store", hint)
+
+
+def served_store(host: str, port: int, which: str, hint: str):
+    """A store this launcher serves; a port taken says which and what to change."""
     try:
         return connect(host, port, is_master=True)
     except PortTaken as error:
-        hint = (
-            "choose another --master-port"
-            if standalone
-            else "--master-addr must be an address of node 0 and --master-port free there"
-        )
-        raise PortTaken(f"the job's store {error}: {hint}") from None
+        raise PortTaken(f"{which} {error}: {hint}") from None
 
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
@@ -539,14 +544,11 @@ def stand_by(opts) -> int:
     launcher ends with its agent, as any node's."""
     port = opts.master_port + STANDBY_PORT_OFFSET
     secret = os.environ[SECRET_ENV].encode()
-    try:
-        store = connect(opts.standby_addr, port, is_master=True)
-    except PortTaken as error:
-        raise PortTaken(
-            f"the standby's store {error}: it listens on --master-port + "
-            f"{STANDBY_PORT_OFFSET}, which must be free on --standby-addr too: choose another "
-            "--master-port"
-        ) from None
+    hint = (
+        f"it listens on --master-port + {STANDBY_PORT_OFFSET}, which must be free on "
+        "--standby-addr too: choose another --master-port"
+    )
+    store = served_store(opts.standby_addr, port, "the standby's store", hint)
     channel = Channel(store, secret, address=(opts.standby_addr, port))
     agent = start_agent(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     signal.signal(signal.SIGTERM, lambda *_: agent.send_signal(signal.SIGTERM))
