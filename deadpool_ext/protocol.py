@@ -528,6 +528,11 @@ class Decision:
     def __post_init__(self):
         self.action = Action(self.action)
 
+    @classmethod
+    def abort(cls, gen: int, reason: str, members: Dict[int, str]) -> "Decision":
+        """The decision that ends the job, and why."""
+        return cls(gen=gen, action=Action.ABORT, reason=reason, members=dict(members))
+
     @property
     def world_size(self) -> int:
         return len(self.members)

@@ -6,62 +6,30 @@ state every watched worker last gave, and which slots are still starting.
 The coordinator decides what a silence means for the job.
 """
 
-from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from deadpool_ext import protocol as P
+from deadpool_ext.policy.view import Progress, Sighting
 from deadpool_ext.protocol import parse_slot
 from deadpool_ext.wire import Channel
 
 
-@dataclass
-class Sighting:
-    """One look at every heartbeat."""
-
-    silent_nodes: List[int] = field(default_factory=list)  # stopped for the timeout
-    hung_slots: List[str] = field(default_factory=list)  # silent workers on beating nodes
-    states: Dict[str, Optional[str]] = field(default_factory=dict)  # slot -> its last state
-    warming: List[str] = field(default_factory=list)  # processes still starting
-    beating: Set[int] = field(default_factory=set)  # nodes whose agent beats
-
-
-@dataclass
-class Progress:
-    """What a worker's beats said of its main thread, and since when."""
-
-    iteration: Optional[int] = None
-    advanced_at: float = 0.0  # when its iteration last changed
-    where: Optional[str] = None
-    where_since: float = 0.0  # since when every beat said ``where``
-
-    def observe(self, body: dict, now: float) -> None:
-        if body.get("iteration") != self.iteration:
-            self.iteration, self.advanced_at = body.get("iteration"), now
-        if body.get("where") != self.where:
-            self.where, self.where_since = body.get("where"), now
-
-    def computing_without_progress(self, now: float) -> float:
-        """Seconds its main thread has computed without finishing an iteration."""
-        if self.where != P.Where.COMPUTE:
-            return 0.0
-        return now - max(self.advanced_at, self.where_since)
-
-    def waiting(self, now: float) -> float:
-        """Seconds it has been waiting on peers (communication) without progress."""
-        if self.where != P.Where.COMMUNICATION:
-            return 0.0
-        return now - max(self.advanced_at, self.where_since)
-
-
 class Detector:
-    def __init__(self, channel: Channel, timeout_s: float, every_s: float = 0.25):
-        """``every_s``: how often ``due`` lets a look happen. Heartbeats
-        change slowly; reading every key on every poll would slow the
-        coordinator's reaction to exits, which matter more."""
+    def __init__(
+        self,
+        channel: Channel,
+        timeout_s: float,
+        iterations: Dict[str, int],
+        every_s: float = 0.25,
+    ):
+        """``iterations``: where each slot's last iteration goes (the
+        job's record keeps it). ``every_s``: how often ``due`` lets a look
+        happen. Heartbeats change slowly; reading every key on every poll
+        would slow the coordinator's reaction to exits, which matter more."""
         self.channel, self.timeout_s = channel, timeout_s
         self.every_s, self.looked_at = every_s, float("-inf")
         self.seen: Dict[str, tuple] = {}  # key -> (seq, local time seen)
-        self.iterations: Dict[str, int] = {}  # slot -> the iteration it last beat in
+        self.iterations = iterations  # slot -> the iteration it last beat in
         self.progress: Dict[str, Progress] = {}  # slot -> its main thread's progress
         # slot -> its compute time per iteration as its last beat gave it
         # (median seconds over its recent iterations, how many, up to which).
@@ -76,20 +44,23 @@ class Detector:
     ) -> Sighting:
         """``nodes``: every node of the job; ``watched``: the live members'
         and spares' slots; ``idle``: the slots nothing is known to run in."""
-        sighting = Sighting()
-        beating = sighting.beating
+        silent: List[int] = []
+        beating: Set[int] = set()
         for node in nodes:
             body, stale = self.heartbeat(P.node_heartbeat_key(node), now)
             if stale:
-                sighting.silent_nodes.append(node)
+                silent.append(node)
             elif body is not None:
                 beating.add(node)
+        hung: List[str] = []
+        states: Dict[str, Optional[str]] = {}
         for slot in watched:
             body, stale = self.worker(slot, now)
-            sighting.states[slot] = (body or {}).get("state")
+            states[slot] = (body or {}).get("state")
             if stale and self.node_beats(parse_slot(slot)[0], now):
-                sighting.hung_slots.append(slot)
-        sighting.warming = [slot for slot in idle if self.starting(slot, beating, now)]
+                hung.append(slot)
+        warming = tuple(slot for slot in idle if self.starting(slot, beating, now))
+        sighting = Sighting(tuple(silent), tuple(hung), states, warming, frozenset(beating))
         self.last, self.looked_at = sighting, now
         return sighting
 

@@ -50,7 +50,7 @@ from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
 from deadpool_ext.events import EventLog
 from deadpool_ext.lifetime import die_with_parent
-from deadpool_ext.policy import abort
+from deadpool_ext.policy.effects import Stop
 from deadpool_ext.protocol import (
     AGENT_ENV,
     COORDINATOR_RANK,
@@ -382,9 +382,7 @@ def on_sigterm(opts, coordinator: Coordinator, agents: dict) -> None:
     stop their workers with it; Slurm's --signal reaches them anyway) and
     keep coordinating until every rank is done. Otherwise end the job."""
     if "--exit-signal-handler" not in opts.script_args:
-        coordinator.end(
-            abort(coordinator.gen, "the launcher got SIGTERM", coordinator.view.members)
-        )
+        coordinator.carry_out(Stop("the launcher got SIGTERM"))
         return
     for proc in agents.values():
         proc.send_signal(signal.SIGTERM)
@@ -447,7 +445,7 @@ def served_store(host: str, port: int, which: str, hint: str):
 
 
 def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
-    """``standby``: the primary's ``replica``, or the ``snapshot`` taken over."""
+    """``standby``: the primary's ``replica``, or the ``record`` taken over."""
     return Coordinator(
         channel,
         opts.nnodes,
@@ -489,7 +487,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
-    for node in coordinator.view.nodes():
+    for node in coordinator.record.membership.nodes():
         coordinator.tell_agent(node, Command.STOP)
     deadline = time.monotonic() + 30
     for proc in agents.values():
@@ -497,7 +495,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill_agent(opts, proc)
-    stopped = coordinator.result or coordinator.stopping
+    stopped = coordinator.record.result or coordinator.record.stopping
     if stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     coordinator.events.close()
@@ -565,7 +563,7 @@ def stand_by(opts) -> int:
 
 
 def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen) -> int:
-    coordinator = new_coordinator(opts, channel, snapshot=standby.state)
+    coordinator = new_coordinator(opts, channel, record=standby.record)
     print(
         f"deadpool-launch: node 0's coordinator fell silent; node {opts.node_rank} takes over "
         f"(nodes {sorted(standby.came_over)} came over)",

@@ -1,7 +1,8 @@
 """Who is who in a job: each rank's slot, the spares, the slots lost,
-released or exited, the nodes that joined. Pure bookkeeping (no I/O): the
-coordinator changes it as messages come, the policy reads a frozen view of
-it, and the standby holds its copy as one dict (``to_dict``)."""
+released or exited, the nodes that joined. Pure bookkeeping (no I/O and no
+rules): the coordinator changes it as messages come, the rules read it
+through the job's view, and the standby holds it as part of the job's
+record (record.py)."""
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
@@ -28,7 +29,7 @@ class Membership:
     exited: Set[str] = field(default_factory=set)  # slots whose process exit an agent reported
     joined_nodes: Set[int] = field(default_factory=set)  # came with deadpool-launch --join
     # The nodes alive at the last decision: with a standby coordinator, a
-    # decision needs a majority of them (standby.py says why).
+    # decision needs a majority of them (policy/admission.py says why).
     quorum_nodes: Set[int] = field(default_factory=set)
 
     @classmethod
@@ -68,30 +69,6 @@ class Membership:
         lost = self.lost_slots
         return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
 
-    def why_no_quorum(self) -> Optional[str]:
-        """Why no decision may be made (a majority of the nodes alive at the
-        last one is lost), or None."""
-        alive = self.alive_nodes() & self.quorum_nodes
-        if 2 * len(alive) > len(self.quorum_nodes):
-            return None
-        return (
-            f"only nodes {sorted(alive)} of {sorted(self.quorum_nodes)} are alive: with a "
-            "standby coordinator a decision needs a majority of them (a network partition "
-            "looks like this); resume from the last --save checkpoint"
-        )
-
-    def why_node_differs(self, node: int, nproc: int, world_size: Optional[int]) -> Optional[str]:
-        """Why a node's launcher, started for another job size, cannot take
-        part (its workers would wait for a world that never forms), or None."""
-        if (nproc, world_size) == (self.nproc, self.planned_size):
-            return None
-        return (
-            f"node {node}'s launcher was started with --nproc-per-node {nproc} and --nnodes "
-            f"{(world_size or 0) // max(1, nproc)}, node 0's with {self.nproc} and "
-            f"{self.nnodes}: start every node's launcher with the same --nnodes, "
-            "--nproc-per-node and --spare-nodes"
-        )
-
     def is_new_spare(self, slot: str) -> bool:
         """Neither lost, nor a spare already, nor a member."""
         known = slot in self.lost_slots or slot in self.spares
@@ -116,17 +93,6 @@ class Membership:
         self.withheld.discard(slot)
         return False
 
-    def why_not_join(self, node: int, nproc: int) -> Optional[str]:
-        """Why a node registering with ``deadpool-launch --join`` as ``node``
-        is refused, or None. An index is free when no node had it or every
-        slot of the node it named was lost."""
-        if nproc != self.nproc:
-            return f"it runs {nproc} ranks per node, the job {self.nproc}"
-        slots = self.slots_of(node)
-        if node in self.nodes() and not all(s in self.lost_slots for s in slots):
-            return f"node {node} is still part of the job"
-        return None
-
     def admit(self, node: int) -> List[str]:
         """A joining node's slots, no longer lost (their workers start as spares)."""
         slots = self.slots_of(node)
@@ -140,40 +106,3 @@ class Membership:
         before = self.gpus.get(slot)
         self.gpus[slot] = reading
         return before is None or before.problems() != reading.problems()
-
-    def to_dict(self) -> dict:
-        return {
-            "nnodes": self.nnodes,
-            "spare_nodes": self.spare_nodes,
-            "nproc": self.nproc,
-            "members": {str(r): slot for r, slot in self.members.items()},
-            "world_size": self.world_size,
-            "world": self.world,
-            "spares": list(self.spares),
-            "lost_slots": sorted(self.lost_slots),
-            "gpus": {slot: reading.to_dict() for slot, reading in self.gpus.items()},
-            "withheld": sorted(self.withheld),
-            "released": sorted(self.released),
-            "exited": sorted(self.exited),
-            "joined_nodes": sorted(self.joined_nodes),
-            "quorum_nodes": sorted(self.quorum_nodes),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Membership":
-        return cls(
-            d["nnodes"],
-            d["spare_nodes"],
-            d["nproc"],
-            {int(r): slot for r, slot in d["members"].items()},
-            d["world_size"],
-            d["world"],
-            list(d["spares"]),
-            set(d["lost_slots"]),
-            {slot: GpuReading.from_dict(body) for slot, body in d["gpus"].items()},
-            set(d["withheld"]),
-            set(d["released"]),
-            set(d["exited"]),
-            set(d["joined_nodes"]),
-            set(d["quorum_nodes"]),
-        )

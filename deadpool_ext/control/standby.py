@@ -7,18 +7,18 @@ primary), the standby takes over on its own store.
 
 Why a majority: a primary that is only cut off from some nodes keeps
 coordinating the others. It stops deciding once it hears from no more than
-half of the nodes alive at its last decision (``Membership.why_no_quorum``),
-and the standby starts only with more than half of them, so the two can
-never both decide. With fewer than three nodes no single loss leaves a
-majority, so ``deadpool-launch`` refuses a standby there.
+half of the nodes alive at its last decision (policy/admission.py's
+``why_no_quorum``), and the standby starts only with more than half of
+them, so the two can never both decide. With fewer than three nodes no
+single loss leaves a majority, so ``deadpool-launch`` refuses a standby there.
 """
 
 import enum
-import json
 import time
 from typing import Optional, Set
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control.record import JobRecord
 from deadpool_ext.wire import Channel
 
 
@@ -42,7 +42,8 @@ class Standby:
         self.votes = channel.reader(P.STANDBY_TOPIC)
         self.came_over: Set[int] = {node}
         self.lease: tuple = (None, clock())  # (version, local time it changed)
-        self.state: Optional[dict] = None  # the primary's, once it wrote one
+        self.record: Optional[JobRecord] = None  # the primary's, once it wrote one
+        self.written: Optional[str] = None  # its text
 
     def poll(self) -> Verdict:
         now = self.clock()
@@ -53,10 +54,11 @@ class Standby:
             if body.get("kind") == P.Kind.LOST_PRIMARY:
                 self.came_over.add(int(body["node"]))
         written = self.channel.get(P.STATE_KEY)
-        self.state = None if written is None else json.loads(written["state"])
-        if self.state is not None and self.state["finished"]:
+        if written is not None and written["state"] != self.written:
+            self.record, self.written = JobRecord.from_json(written["state"]), written["state"]
+        if self.record is not None and self.record.finished:
             # Whoever loses the primary from now on stops instead of waiting.
-            self.channel.put(P.ENDED_KEY, why=f"the job ended in generation {self.state['gen']}")
+            self.channel.put(P.ENDED_KEY, why=f"the job ended in generation {self.record.gen}")
             return Verdict.GIVE_UP
         silent = now - self.lease[1]
         if self.lease[0] is None or silent <= self.timeout_s:
@@ -66,7 +68,7 @@ class Standby:
         return Verdict.GIVE_UP if silent > self.timeout_s + self.wait_s else Verdict.WAIT
 
     def has_majority(self) -> bool:
-        voters = set(self.state["view"]["quorum_nodes"])
+        voters = self.record.membership.quorum_nodes
         return 2 * len(self.came_over & voters) > len(voters)
 
 

@@ -43,15 +43,12 @@ PACKAGES = ["deadpool_ext", "megatron.training", "tools"]
 # parsing, no process groups, no sockets. A package name stands for all of
 # its modules. A name that is no module of the repository fails the test.
 PURE_MODULES = [
-    "deadpool_ext.policy",  # the coordinator's decisions
+    "deadpool_ext.policy",  # the job's rules: every decision the coordinator carries out
     "deadpool_ext.protocol",  # the control plane's messages
     "deadpool_ext.topology",  # buddy maps and rank layouts
     "deadpool_ext.inject",  # fault specs (parsing; firing is signals)
     "deadpool_ext.compare",  # how runs are judged equal
     "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
-    "deadpool_ext.control.watch",  # what an exit or a stall means
-    "deadpool_ext.control.rollbacks",  # the NaN rollbacks' and corruptions' records
-    "deadpool_ext.control.stragglers",  # which node is slow
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
 TORCH_FREE_MODULES = ["deadpool_ext.planning"]

@@ -8,6 +8,8 @@ import pytest
 from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.record import JobRecord
+from deadpool_ext.policy.exits import only_copies
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 
@@ -88,9 +90,9 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.action == "recover" and decision.replaced == {3: "2.0"}
-    assert decision.rollback_to == 5 and coordinator.view.spares == ["2.1"]
+    assert decision.rollback_to == 5 and coordinator.record.membership.spares == ["2.1"]
     for rank in range(4):
-        slot = coordinator.view.members[rank]
+        slot = coordinator.record.membership.members[rank]
         worker.post("coordinator", kind="resumed", gen=1, rank=rank, slot=slot)
     coordinator.step()
     assert coordinator.state == "training"
@@ -102,12 +104,15 @@ def test_a_rank_stopped_by_a_bug_stops_the_job_and_a_local_failure_is_replaced(j
     coordinator, worker, _ = job
     worker.post("coordinator", kind="exit", slot="1.1", code=int(ExitCode.LOCAL_FAILURE))
     coordinator.step()
-    assert coordinator.state == "recovering" and coordinator.lost == {3}
+    assert coordinator.state == "recovering" and coordinator.record.lost == {3}
     assert not coordinator.finished
     worker.post("coordinator", kind="exit", slot="0.1", code=int(ExitCode.BUG))
     coordinator.step()
-    assert coordinator.finished and coordinator.result.action == "abort"
-    assert "programming error" in coordinator.result.reason and "0.1" in coordinator.result.reason
+    assert coordinator.finished and coordinator.record.result.action == "abort"
+    assert (
+        "programming error" in coordinator.record.result.reason
+        and "0.1" in coordinator.record.result.reason
+    )
 
 
 def test_refused_flags_stop_the_job_with_the_workers_words(job):
@@ -115,8 +120,8 @@ def test_refused_flags_stop_the_job_with_the_workers_words(job):
     coordinator, worker, _ = job
     worker.post("coordinator", kind="exit", slot="1.1", code=int(ExitCode.USAGE), reason="no -x")
     coordinator.step()
-    assert coordinator.finished and coordinator.result.action == "abort"
-    assert coordinator.result.reason == "slot 1.1 (rank 3) refused its flags: no -x"
+    assert coordinator.finished and coordinator.record.result.action == "abort"
+    assert coordinator.record.result.reason == "slot 1.1 (rank 3) refused its flags: no -x"
 
 
 @pytest.mark.parametrize("nproc, world_size", [(2, 6), (4, 8), (2, None)])
@@ -129,7 +134,10 @@ def test_a_launcher_started_with_other_sizes_stops_the_job_at_once(job, nproc, w
     up = dict(kind="node", node=1, active=True, nproc=nproc, world_size=world_size)
     worker.post("coordinator", **up)
     coordinator.step()
-    assert coordinator.finished and "same --nnodes, --nproc-per-node" in coordinator.result.reason
+    assert (
+        coordinator.finished
+        and "same --nnodes, --nproc-per-node" in coordinator.record.result.reason
+    )
 
 
 def test_a_message_of_an_unknown_kind_is_dropped_and_recorded(job, tmp_path):
@@ -137,7 +145,7 @@ def test_a_message_of_an_unknown_kind_is_dropped_and_recorded(job, tmp_path):
     worker.post("coordinator", kind="node_lost", node=1)  # no such message
     worker.post("coordinator", kind="exit", slot="1.1")  # a known kind without its code
     coordinator.step()
-    assert coordinator.gen == 0 and coordinator.lost == set()
+    assert coordinator.gen == 0 and coordinator.record.lost == set()
 
 
 def test_a_failure_during_recovery_moves_to_the_next_generation(job):
@@ -167,7 +175,7 @@ def test_a_silent_worker_is_declared_hung_and_killed(job):
     assert coordinator.gen == 0  # 2 s of silence is within the 3 s timeout
     clock.now += 2.0
     coordinator.step()
-    assert coordinator.lost == {2}
+    assert coordinator.record.lost == {2}
     assert {"kind": "kill", "slot": "1.0"} in commands.poll()
 
 
@@ -192,7 +200,7 @@ def test_a_survivor_still_training_after_the_announcement_is_killed_and_swapped(
     assert coordinator.gen == 1 and not commands.poll()
     clock.now += 1.5
     coordinator.step()
-    assert coordinator.gen == 2 and coordinator.lost == {0, 3}
+    assert coordinator.gen == 2 and coordinator.record.lost == {0, 3}
     assert commands.poll() == [{"kind": "kill", "slot": "0.0"}]
     report_all(worker, 2, [1, 2])
     coordinator.step()
@@ -217,7 +225,7 @@ def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
         tp_pp_dp=False,
         distributed_timeout_minutes=3,
     )
-    coordinator.plan = None  # the fixture's plan has no group timeout
+    coordinator.record.plan = None  # the fixture's plan has no group timeout
     coordinator.step()
     commands = worker.reader("agent/0")
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
@@ -230,7 +238,8 @@ def test_a_stuck_survivor_holding_the_only_copy_of_a_shard_is_waited_for(job):
         coordinator.step()
         if seq == 180:  # 180 s: within 180 + 2 * 3 s
             assert coordinator.gen == 1 and not commands.poll()
-            assert coordinator.only_copies() == {
+            view = coordinator.view()
+            assert only_copies(view.members, set(view.lost), view.buddy) == {
                 1: "holds the only copy of lost rank 3's optimizer shard"
             }
         clock.now += 1.0
@@ -244,7 +253,9 @@ def test_spares_exhausted_ends_the_job_with_the_reason(job):
     coordinator.step()
     report_all(worker, coordinator.gen, [0])
     coordinator.step()
-    assert coordinator.finished and "rank 1 and its buddy rank 3" in coordinator.result.reason
+    assert (
+        coordinator.finished and "rank 1 and its buddy rank 3" in coordinator.record.result.reason
+    )
 
 
 def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
@@ -254,7 +265,6 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     import time
 
     coordinator, worker, _ = job
-    coordinator.abort_grace_s = 0.5
     for slot in ("1.0", "1.1", "0.1"):
         worker.post("coordinator", kind="exit", slot=slot, code=-9)
     coordinator.step()
@@ -262,12 +272,11 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     coordinator.step()
     assert coordinator.finished
     start = time.monotonic()
-    assert coordinator.run(poll_s=0.01) == 1
+    assert coordinator.run(poll_s=0.01, abort_grace_s=0.5) == 1
     assert time.monotonic() - start >= 0.5  # rank 0 never exited: the grace ran out
     worker.post("coordinator", kind="exit", slot="0.0", code=int(ExitCode.ABORTED))
-    coordinator.abort_grace_s = 30
     start = time.monotonic()
-    assert coordinator.run(poll_s=0.01) == 1
+    assert coordinator.run(poll_s=0.01, abort_grace_s=30) == 1
     assert time.monotonic() - start < 5  # rank 0 has exited: no wait
 
 
@@ -277,7 +286,7 @@ def test_forged_messages_change_nothing(job):
     intruder.post("coordinator", kind="exit", slot="0.0", code=-9)
     intruder.post("coordinator", kind="spare_ready", slot="9.9")
     coordinator.step()
-    assert coordinator.gen == 0 and "9.9" not in coordinator.view.spares
+    assert coordinator.gen == 0 and "9.9" not in coordinator.record.membership.spares
     assert coordinator.channel.rejected == 2
 
 
@@ -311,14 +320,14 @@ def shrinking_job():
 
 def resume(coordinator, worker, ranks):
     for rank in ranks:
-        slot = coordinator.view.members[rank]
+        slot = coordinator.record.membership.members[rank]
         worker.post("coordinator", kind="resumed", gen=coordinator.gen, rank=rank, slot=slot)
     coordinator.step()
 
 
 def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     coordinator, worker = shrinking_job
-    coordinator.lose_node(1, "its agent exited")  # replica 1 is gone (as the launcher says)
+    coordinator.agent_ended(1, -9)  # replica 1 is gone (as the launcher says)
     coordinator.step()
     report_all(worker, 1, [0, 1])
     coordinator.step()
@@ -336,12 +345,12 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     )
     worker.post("coordinator", kind="spare_ready", slot="1.0")  # a lost slot: ignored
     coordinator.step()
-    assert coordinator.state == "training" and coordinator.view.spares == []
+    assert coordinator.state == "training" and coordinator.record.membership.spares == []
     # Node 1 is repaired and joins; one spare is no replica yet, two are.
     worker.post("coordinator", kind="node", node=1, active=False, join=True, nproc=2, nonce="n1")
     worker.post("coordinator", kind="spare_ready", slot="1.1")
     coordinator.step()
-    assert coordinator.gen == 1 and coordinator.view.spares == ["1.1"]
+    assert coordinator.gen == 1 and coordinator.record.membership.spares == ["1.1"]
     worker.post("coordinator", kind="spare_ready", slot="1.0")
     coordinator.step()
     assert worker.get("gen")["boundary"] is True and coordinator.gen == 2
@@ -352,7 +361,9 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     decision = Decision.from_message(worker.get("decision/2"))
     assert decision.action == "grow" and decision.rollback_to == 9
     assert decision.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
-    assert coordinator.view.world_size == 4 and coordinator.view.spares == []
+    assert (
+        coordinator.record.membership.world_size == 4 and coordinator.record.membership.spares == []
+    )
     resume(coordinator, worker, range(4))
     assert coordinator.state == "training"
 
@@ -368,10 +379,12 @@ def test_a_join_into_a_live_node_is_refused(shrinking_job):
         "reason": "node 1 is still part of the job",
     }
     assert worker.get("admit/b2")["accepted"] is False
-    assert commands.poll() == [] and coordinator.view.joined_nodes == set()
+    assert commands.poll() == [] and coordinator.record.membership.joined_nodes == set()
     worker.post("coordinator", kind="node", node=5, active=False, join=True, nproc=2, nonce="c3")
     coordinator.step()
-    assert worker.get("admit/c3") == {"accepted": True} and coordinator.view.joined_nodes == {5}
+    assert worker.get("admit/c3") == {
+        "accepted": True
+    } and coordinator.record.membership.joined_nodes == {5}
 
 
 def test_a_loss_while_resizing_ends_the_job(shrinking_job):
@@ -382,13 +395,16 @@ def test_a_loss_while_resizing_ends_the_job(shrinking_job):
     coordinator.step()
     worker.post("coordinator", kind="exit", slot="0.1", code=-9)  # before everyone resumed
     coordinator.step()
-    assert coordinator.finished and "while the job was being resized" in coordinator.result.reason
+    assert (
+        coordinator.finished
+        and "while the job was being resized" in coordinator.record.result.reason
+    )
 
 
 def checkpoint_decided(coordinator, worker) -> Decision:
     """Rank 3 lost under the checkpoint policy; the survivors have resumed
     (and are saving)."""
-    coordinator.settings = settings("checkpoint")
+    coordinator.record.settings = settings("checkpoint")
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2])
@@ -408,13 +424,15 @@ def test_checkpoint_policy_gathers_saves_and_stops_without_growing(shrinking_job
     assert decision.action == "checkpoint" and (decision.old_dp, decision.new_dp) == (2, 1)
     assert "saved iteration 5 and stopped" in decision.reason
     for slot in ("1.0", "1.1"):  # the dropped replica's slots come back as spares
-        coordinator.view.lost_slots.discard(slot)
+        coordinator.record.membership.lost_slots.discard(slot)
         worker.post("coordinator", kind="spare_ready", slot=slot)
     coordinator.step()
     assert coordinator.gen == 1 and not worker.get("gen")["boundary"]
     assert coordinator.state == "stopping"
     for rank in (0, 1):
-        worker.post("coordinator", kind="done", rank=rank, slot=coordinator.view.members[rank])
+        worker.post(
+            "coordinator", kind="done", rank=rank, slot=coordinator.record.membership.members[rank]
+        )
     assert coordinator.run(poll_s=0) == ExitCode.STOPPED_WITH_CHECKPOINT
 
 
@@ -425,7 +443,7 @@ def test_a_loss_while_saving_the_checkpoint_ends_the_job(shrinking_job):
     coordinator.step()
     assert (
         coordinator.finished
-        and "while the job was saving its checkpoint" in coordinator.result.reason
+        and "while the job was saving its checkpoint" in coordinator.record.result.reason
     )
 
 
@@ -473,7 +491,7 @@ def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
     clock.now += 1.0
     beat(4, [0, 2], [0, 1])
     coordinator.step()
-    assert coordinator.gen == 1 and coordinator.lost == {2, 3}
+    assert coordinator.gen == 1 and coordinator.record.lost == {2, 3}
     assert worker.get("gen")["lost"] == [2, 3]
 
 
@@ -486,11 +504,11 @@ def test_a_node_whose_ranks_finished_is_no_loss_when_its_agent_ends_first(job):
     for rank in (2, 3):
         worker.post("coordinator", kind="done", rank=rank, slot=f"1.{rank % 2}")
     coordinator.agent_ended(1, 0)
-    assert coordinator.gen == 0 and coordinator.lost == set() and not coordinator.finished
+    assert coordinator.gen == 0 and coordinator.record.lost == set() and not coordinator.finished
     for rank in (0, 1):  # the others finish after
         worker.post("coordinator", kind="done", rank=rank, slot=f"0.{rank}")
     coordinator.step()
-    assert coordinator.finished and coordinator.result is None
+    assert coordinator.finished and coordinator.record.result is None
 
 
 def test_a_node_whose_ranks_finished_is_no_loss_when_it_falls_silent(job):
@@ -510,7 +528,7 @@ def test_a_node_whose_ranks_finished_is_no_loss_when_it_falls_silent(job):
             worker.put(f"hb/node/{node}", seq=seq, time=0.0)
         coordinator.step()
         clock.now += 1.0
-    assert coordinator.gen == 0 and coordinator.lost == set()
+    assert coordinator.gen == 0 and coordinator.record.lost == set()
 
 
 def test_a_rank_lost_after_others_finished_stops_the_job_with_the_reason(job):
@@ -521,9 +539,9 @@ def test_a_rank_lost_after_others_finished_stops_the_job_with_the_reason(job):
     coordinator, worker, _ = job
     worker.post("coordinator", kind="done", rank=2, slot="1.0")
     coordinator.agent_ended(1, 0)
-    assert coordinator.result is not None and coordinator.finished
-    assert "after ranks [2] had finished" in coordinator.result.reason
-    assert "ranks [3]" in coordinator.result.reason
+    assert coordinator.record.result is not None and coordinator.finished
+    assert "after ranks [2] had finished" in coordinator.record.result.reason
+    assert "ranks [3]" in coordinator.record.result.reason
 
 
 @pytest.fixture()
@@ -575,7 +593,7 @@ def lose_rank_3_and_report(coordinator, worker, clock):
 def test_a_recovery_waits_for_warming_spares_and_swaps_once(warming_job):
     coordinator, worker, clock = warming_job
     lose_rank_3_and_report(coordinator, worker, clock)
-    assert worker.get("decision/1") is None and coordinator.detector.last.warming == ["2.0", "2.1"]
+    assert worker.get("decision/1") is None and coordinator.detector.last.warming == ("2.0", "2.1")
     worker.post("coordinator", kind="spare_ready", slot="2.1")
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
@@ -598,10 +616,10 @@ def test_spares_that_have_not_beaten_yet_on_a_live_node_are_waited_for():
     agent beats, the spare process does not yet. The recovery waits for it
     (and swaps) instead of shrinking; a silent node's slots do not count."""
     coordinator, worker, clock = spare_wait_job(spares_beat=False)
-    assert coordinator.detector.last.warming == []  # node 2's agent has not beaten either
+    assert coordinator.detector.last.warming == ()  # node 2's agent has not beaten either
     worker.put("hb/node/2", seq=1, time=0.0)
     coordinator.step()
-    assert coordinator.detector.last.warming == ["2.0", "2.1"]
+    assert coordinator.detector.last.warming == ("2.0", "2.1")
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2])
@@ -655,24 +673,24 @@ def test_a_lost_slots_leftover_process_cannot_speak_for_its_old_rank(job):
     and resumed messages count for nothing, so the join barrier waits for
     the spares (../shared/reliability-probes/zombie_accept.py)."""
     coordinator, worker, _ = job
-    coordinator.lose_node(1, "no heartbeat")
+    coordinator.agent_ended(1, -9)
     coordinator.step()
     report_all(worker, 1, [0, 1, 2, 3])  # 2 and 3 from the lost slots 1.0, 1.1
     coordinator.step()
-    assert sorted(coordinator.reports) == [0, 1]
+    assert sorted(coordinator.round.reports) == [0, 1]
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.replaced == {2: "2.0", 3: "2.1"}
     for rank in range(4):  # every rank's old slot arrives at the rendezvous
         worker.post("coordinator", kind="joining", gen=1, rank=rank, slot=f"{rank // 2}.{rank % 2}")
     coordinator.step()
-    assert coordinator.joining == {0, 1} and worker.get("join/1") is None
+    assert coordinator.round.joining == {0, 1} and worker.get("join/1") is None
     for rank, slot in ((2, "2.0"), (3, "2.1")):
         worker.post("coordinator", kind="joining", gen=1, rank=rank, slot=slot)
     coordinator.step()
     assert worker.get("join/1") == {"gen": 1}
     worker.post("coordinator", kind="done", rank=2, slot="1.0")
     coordinator.step()
-    assert coordinator.done == set()
+    assert coordinator.record.done == set()
 
 
 @pytest.mark.parametrize("attack", ["replay", "garbage", "none"])
@@ -698,7 +716,7 @@ def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack)
     for _ in range(2):
         agents[1].put("hb/node/1", time=0)
         captured.append(attacker.get("key/hb/node/1"))
-        coordinator.check_heartbeats()
+        look(coordinator)
     for second in range(1, 31):  # node 1 is dead; node 0 beats on
         clock.now += 1.0
         agents[0].put("hb/node/0", time=0)
@@ -706,10 +724,15 @@ def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack)
             attacker.set("key/hb/node/1", captured[second % 2])
         elif attack == "garbage":
             attacker.set("key/hb/node/1", b"x")
-        coordinator.check_heartbeats()
-    assert coordinator.view.lost_slots == {"1.0"}
+        look(coordinator)
+    assert coordinator.record.membership.lost_slots == {"1.0"}
     assert coordinator.channel.replayed > 0 if attack == "replay" else True
     assert coordinator.channel.rejected > 0 if attack == "garbage" else True
+
+
+def look(coordinator):
+    """One look at the heartbeats, judged (what a step does when one is due)."""
+    coordinator.judge(coordinator.look(coordinator.clock()))
 
 
 def beat(worker, rank, iteration, where, state="training"):
@@ -722,7 +745,9 @@ def test_a_rank_computing_without_progress_while_peers_wait_is_killed(job):
     After --deadpool-progress-timeout it is killed and swapped; a slow
     iteration whose peers do not wait, or a checkpoint, is not."""
     coordinator, worker, clock = job
-    coordinator.settings = dataclasses.replace(coordinator.settings, progress_timeout=10.0)
+    coordinator.record.settings = dataclasses.replace(
+        coordinator.record.settings, progress_timeout=10.0
+    )
     coordinator.enter(JobState.TRAINING)
     commands = worker.reader("agent/0")
     for second in range(12):  # everyone computes a long iteration: nobody waits
@@ -744,7 +769,7 @@ def test_a_rank_computing_without_progress_while_peers_wait_is_killed(job):
         if coordinator.gen:
             break
         clock.now += 1.0
-    assert coordinator.lost == {1} and second == 10
+    assert coordinator.record.lost == {1} and second == 10
     assert {"kind": "kill", "slot": "0.1"} in commands.poll()
 
 
@@ -764,11 +789,14 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.action == "recover" and decision.replaced == {} and decision.rollback_to == 5
     resume(coordinator, worker, range(4))
-    assert coordinator.state == "training" and coordinator.view.spares == ["2.0", "2.1"]
+    assert coordinator.state == "training" and coordinator.record.membership.spares == [
+        "2.0",
+        "2.1",
+    ]
     for rank in range(4):  # iteration 4 done again, cleanly
         beat(worker, rank, 4, "compute")
     coordinator.step()
-    assert coordinator.rollbacks.redoing == {}
+    assert coordinator.record.redoing == {}
     worker.post(
         "coordinator", kind="numeric", gen=1, rank=2, slot="1.0", iteration=4, error="found Inf"
     )
@@ -776,7 +804,7 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     assert not coordinator.finished  # every rank reports first, to hear why it stops
     report_all(worker, 2, [0, 1, 2, 3])
     coordinator.step()
-    assert coordinator.finished and "again in iteration 4" in coordinator.result.reason
+    assert coordinator.finished and "again in iteration 4" in coordinator.record.result.reason
 
 
 def test_a_corruption_is_redone_and_the_same_suspect_caught_again_is_swapped(job):
@@ -798,7 +826,7 @@ def test_a_corruption_is_redone_and_the_same_suspect_caught_again_is_swapped(job
     resume(coordinator, worker, range(4))
     worker.post("coordinator", gen=1, iteration=6, suspects=[1], **corruption)
     coordinator.step()
-    assert coordinator.lost == {1}
+    assert coordinator.record.lost == {1}
     assert {"kind": "kill", "slot": "0.1"} in commands.poll()
 
 
@@ -806,14 +834,14 @@ def test_a_job_that_cannot_resize_ends_with_the_reason_when_spares_run_out(shrin
     """An MoE job's plan says it cannot shrink: losing a node with no spare
     ends it (instead of a shrink its ranks could not carry out)."""
     coordinator, worker = shrinking_job
-    coordinator.plan.cannot_resize = "expert shards are not re-cut yet"
+    coordinator.record.plan.cannot_resize = "expert shards are not re-cut yet"
     for slot in ("1.0", "1.1"):
         worker.post("coordinator", kind="exit", slot=slot, code=-9)
     coordinator.step()
     report_all(worker, coordinator.gen, [0, 1])
     coordinator.step()
     assert coordinator.finished
-    assert "cannot shrink (expert shards are not re-cut yet)" in coordinator.result.reason
+    assert "cannot shrink (expert shards are not re-cut yet)" in coordinator.record.result.reason
 
 
 def test_an_agent_announces_its_node_before_any_worker_starts():
@@ -854,7 +882,9 @@ def test_a_spare_whose_gpu_fails_its_check_is_not_used(job):
     coordinator, worker, _ = job
     gpu_readings(worker, 2, {"2.0": 2, "2.1": 0})
     coordinator.step()
-    assert coordinator.view.spares == ["2.1"] and coordinator.view.withheld == {"2.0"}
+    assert coordinator.record.membership.spares == [
+        "2.1"
+    ] and coordinator.record.membership.withheld == {"2.0"}
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     assert worker.get("gen")["assign"] == {"3": "2.1"}
@@ -870,19 +900,24 @@ def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
     gpu_readings(worker, 2, {"2.0": 1, "2.1": 1})
     worker.post("coordinator", kind="spare_ready", slot="2.0")  # repeated: still out
     coordinator.step()
-    assert coordinator.view.spares == [] and coordinator.view.withheld == {"2.0", "2.1"}
-    snapshot = coordinator.snapshot()
     assert (
-        snapshot["view"]["withheld"] == ["2.0", "2.1"]
-        and snapshot["view"]["gpus"]["2.0"]["ecc_uncorrected"] == 1
+        coordinator.record.membership.spares == []
+        and coordinator.record.membership.withheld == {"2.0", "2.1"}
+    )
+    record = JobRecord.from_json(coordinator.record.to_json())
+    assert (
+        record.membership.withheld == {"2.0", "2.1"}
+        and record.membership.gpus["2.0"].ecc_uncorrected == 1
     )
     gpu_readings(worker, 2, {"2.0": 0, "2.1": 1})
     coordinator.step()
-    assert coordinator.view.spares == ["2.0"] and coordinator.view.withheld == {"2.1"}
+    assert coordinator.record.membership.spares == [
+        "2.0"
+    ] and coordinator.record.membership.withheld == {"2.1"}
     # A withheld spare that dies is forgotten.
     worker.post("coordinator", kind="exit", slot="2.1", code=-9)
     coordinator.step()
-    assert coordinator.view.withheld == set()
+    assert coordinator.record.membership.withheld == set()
 
 
 def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@ and status asked for on the requests' topic, a request without the secret,
 the straggler watch, and deadpool-ctl's side (finding the job, printing
 its status). The real runs are in tests/functional_tests/test_operations.py."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -12,7 +13,10 @@ import pytest
 from deadpool_ext.control import ctl, jobs
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
-from deadpool_ext.control.stragglers import StragglerWatch
+from deadpool_ext.policy.effects import Note
+from deadpool_ext.policy.stragglers import judge, node_times
+from deadpool_ext.policy.triggers import stragglers
+from deadpool_ext.policy.view import JobView, Sighting
 from deadpool_ext.inject import InjectError, Injector, parse_fault, spares_ready_at
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 from deadpool_ext.wire import Channel, connect
@@ -65,7 +69,7 @@ def report_all(worker, gen, own=(5, 4), members=None):
 
 
 def resume_all(coordinator, worker):
-    for rank, slot in coordinator.view.members.items():
+    for rank, slot in coordinator.record.membership.members.items():
         worker.post("coordinator", kind="resumed", gen=coordinator.gen, rank=rank, slot=slot)
     coordinator.step()
 
@@ -126,13 +130,13 @@ def test_a_request_without_the_secret_changes_nothing_and_is_counted():
         forger.post("control", kind="control", request=request, nonce=request, node=1)
     coordinator.step()
     assert coordinator.gen == 0 and coordinator.state == "training"
-    assert not coordinator.drains and coordinator.stop_request is None
+    assert not coordinator.record.drains and coordinator.record.stop_request is None
     assert all(worker.get(f"control/reply/{n}") is None for n in ("drain", "stop", "status"))
     # Signed but malformed: counted too, never acted on.
     worker.post("control", kind="control", request="reboot", nonce="x")
     worker.post("control", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    assert coordinator.gen == 0 and not coordinator.lost
+    assert coordinator.gen == 0 and not coordinator.record.lost
     assert ask(worker, coordinator, "status")["status"]["rejected_requests"] == 5
 
 
@@ -157,7 +161,7 @@ def test_a_stop_saves_at_the_boundary_and_the_job_ends_well():
     assert decision.reason == "the allocation ends"
     resume_all(coordinator, worker)
     assert coordinator.state == "stopping"
-    for rank, slot in coordinator.view.members.items():
+    for rank, slot in coordinator.record.membership.members.items():
         worker.post("coordinator", kind="done", rank=rank, slot=slot)
     assert coordinator.run(poll_s=0.0) == ExitCode.OK
 
@@ -168,7 +172,9 @@ def test_a_drain_waits_for_warming_spares_while_training_goes_on():
         worker.put(f"hb/{slot}", iteration=None, state="starting")
     coordinator.step()
     ask(worker, coordinator, "drain", node=1)
-    assert coordinator.state == "training" and coordinator.drains == {1: "asked by deadpool-ctl"}
+    assert coordinator.state == "training" and coordinator.record.drains == {
+        1: "asked by deadpool-ctl"
+    }
     for slot in ("2.0", "2.1"):
         worker.post("coordinator", kind="spare_ready", slot=slot)
     coordinator.step()
@@ -192,29 +198,38 @@ def test_a_straggler_is_reported_and_with_swap_drained_to_a_ready_spare_node():
     for slot, seconds in {"1.0": 0.31, "1.1": 0.35}.items():
         beat(worker, slot, seconds, seq=2)
     coordinator.step()
-    assert coordinator.state == "draining" and coordinator.draining == [1]
+    assert coordinator.state == "draining" and coordinator.round.leaving == [1]
     stragglers = coordinator.status()["stragglers"]
     assert stragglers["1"]["ratio"] == pytest.approx(0.33 / 0.105, rel=0.01)
 
 
+def compute(seconds, count=3, iteration=7):
+    return {"seconds": seconds, "count": count, "iteration": iteration}
+
+
 def test_the_straggler_watch_compares_each_node_with_the_others():
-    watch = StragglerWatch(factor=1.5, window=3)
-    for slot, node, seconds in [("0.0", 0, 1.0), ("1.0", 1, 1.2), ("2.0", 2, 1.4)]:
-        watch.observe(slot, node, {"seconds": seconds, "count": 3, "iteration": 7})
-    assert watch.newly_found() == []  # 1.4 is not 1.5 times the others' 1.1
-    watch.observe("2.0", 2, {"seconds": 3.0, "count": 3, "iteration": 8})
-    (found,) = watch.newly_found()
-    assert (found.node, found.others_s, found.iteration) == (2, 1.1, 8)
-    assert watch.newly_found() == []  # said once while it lasts
-    watch.observe("1.1", 1, {"seconds": 9.0, "count": 2, "iteration": 8})  # window not full
-    assert watch.node_time(1) == 1.2
+    times = {"0.0": compute(1.0), "1.0": compute(1.2), "2.0": compute(1.4)}
+    assert judge(node_times(times, list(times), 3), 1.5) == {}  # 1.4 is not 1.5 x 1.1
+    times["2.0"] = compute(3.0, iteration=8)
+    found = judge(node_times(times, list(times), 3), 1.5)
+    assert [(s.node, s.others_s, s.iteration) for s in found.values()] == [(2, 1.1, 8)]
+    # Said once while it lasts.
+    settings = CoordinatorSettings(straggler_factor=1.5, straggler_window=3)
+    view = JobView(gen=0, state=JobState.TRAINING, settings=settings, sighting=Sighting())
+    view = dataclasses.replace(view, node_times=node_times(times, list(times), 3))
+    said = [e for e in stragglers(view) if isinstance(e, Note) and e.event == "straggler"]
+    assert len(said) == 1 and said[0].fields["node"] == 2
+    again = dataclasses.replace(view, stragglers=found)
+    assert not [e for e in stragglers(again) if isinstance(e, Note) and e.event == "straggler"]
+    times["1.1"] = compute(9.0, count=2, iteration=8)  # its window is not full
+    assert node_times(times, list(times), 3)[1][0] == 1.2
     # A node's time is its ranks' median: one noisy rank does not make it slow.
-    watch.observe("0.1", 0, {"seconds": 5.0, "count": 3, "iteration": 8})
-    watch.observe("0.2", 0, {"seconds": 1.1, "count": 3, "iteration": 8})
-    assert watch.node_time(0) == 1.1 and 0 not in watch.judge()
-    watch.keep_only({"0.0", "1.0"})
-    assert watch.node_time(2) is None and watch.judge() == {}
-    assert StragglerWatch(factor=0, window=3).judge() == {}
+    times["0.1"], times["0.2"] = compute(5.0, iteration=8), compute(1.1, iteration=8)
+    assert node_times(times, list(times), 3)[0][0] == 1.1
+    assert 0 not in judge(node_times(times, list(times), 3), 1.5)
+    kept = node_times(times, ["0.0", "1.0"], 3)  # only the live members count
+    assert 2 not in kept and judge(kept, 1.5) == {}
+    assert judge(node_times(times, list(times), 3), 0) == {}
 
 
 def test_slow_and_drain_specs():
@@ -290,8 +305,8 @@ def test_a_stop_interrupted_by_a_failure_recovers_first_and_stops_after():
     swap = Decision.from_message(worker.get("decision/2"))
     assert not swap.stop and swap.replaced == {3: "2.0"}
     resume_all(coordinator, worker)
-    assert coordinator.state == "draining" and coordinator.cause == "stop"  # asked for still
-    report_all(worker, 3, members=coordinator.view.members)
+    assert coordinator.state == "draining" and coordinator.round.cause == "stop"  # asked for still
+    report_all(worker, 3, members=coordinator.record.membership.members)
     coordinator.step()
     assert Decision.from_message(worker.get("decision/3")).stop
 
@@ -301,13 +316,13 @@ def test_a_straggler_is_asked_to_drain_once_while_it_stays_one():
     for slot, seconds in {"0.0": 0.1, "0.1": 0.1, "1.0": 0.4, "1.1": 0.4}.items():
         beat(worker, slot, seconds)
     coordinator.step()
-    assert coordinator.drains == {1: "straggler: 4.0x the other nodes' compute time"}
-    coordinator.drains.clear()  # as a drain the policy refused leaves it
+    assert coordinator.record.drains == {1: "straggler: 4.0x the other nodes' compute time"}
+    coordinator.record.drains.clear()  # as a drain the policy refused leaves it
     coordinator.enter(JobState.RECOVERING)
     coordinator.enter(JobState.REBUILDING)
     coordinator.enter(JobState.TRAINING)
-    coordinator.watch_stragglers()
-    assert coordinator.drains == {}  # not again while it stays slow
+    coordinator.judge(coordinator.look(coordinator.clock()))
+    assert coordinator.record.drains == {}  # not again while it stays slow
 
 
 def test_a_node_lost_before_its_drain_is_not_sent_off_as_drained():
@@ -322,14 +337,16 @@ def test_a_node_lost_before_its_drain_is_not_sent_off_as_drained():
         worker.put(f"hb/{slot}", iteration=None, state="starting")
     coordinator.step()
     ask(worker, coordinator, "drain", node=1)  # waits for the warming spares
-    coordinator.view.lose(coordinator.view.slots_of(1))  # then the node dies
-    coordinator.maybe_plan()
-    assert coordinator.drains == {} and 1 not in coordinator.drained_nodes
+    coordinator.record.membership.lose(
+        coordinator.record.membership.slots_of(1)
+    )  # then the node dies
+    coordinator.judge()
+    assert coordinator.record.drains == {} and 1 not in coordinator.record.drained_nodes
 
 
 def test_a_stop_in_a_job_without_save_says_nothing_is_saved():
     coordinator, worker, _ = make_job()
-    coordinator.plan.saves = False
+    coordinator.record.plan.saves = False
     assert "no --save: nothing is saved" in ask(worker, coordinator, "stop")["message"]
 
 

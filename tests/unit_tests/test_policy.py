@@ -5,17 +5,18 @@ import dataclasses
 
 import pytest
 
-from deadpool_ext.policy import (
-    JobView,
-    Limits,
-    Policy,
-    Wait,
-    choose_spares,
-    kept_groups,
-    newest_common,
-    swap,
+from deadpool_ext.policy.decide import Policy, choose_spares, kept_groups, newest_common, swap
+from deadpool_ext.policy.effects import Wait
+from deadpool_ext.policy.view import JobView, Limits
+from deadpool_ext.protocol import (
+    CoordinatorSettings,
+    Decision,
+    JobState,
+    Report,
+    Source,
+    group_key,
+    group_members,
 )
-from deadpool_ext.protocol import Decision, Report, Source, group_key, group_members
 from deadpool_ext.topology import Grid
 
 # 4 ranks on 2 nodes of 2 (TP2 x DP2, tp-pp-dp order): DP peers 0<->2, 1<->3.
@@ -187,7 +188,7 @@ FAILED = dataclasses.replace(
 
 
 def policy_of(view, on_exhausted="abort", **limits):
-    return Policy().decide(
+    return Policy().choose(
         dataclasses.replace(view, limits=Limits(on_spares_exhausted=on_exhausted, **limits))
     )
 
@@ -213,17 +214,19 @@ def test_without_spares_the_job_shrinks_saves_or_stops_as_asked():
 
 
 def test_warming_spares_are_waited_for_up_to_the_spare_wait():
-    warming = dataclasses.replace(FAILED, spares=(), warming=1, spare_wait_s=30.0)
+    warming = dataclasses.replace(
+        FAILED, spares=(), warming=("2.0",), settings=CoordinatorSettings(spare_wait=30.0)
+    )
     assert isinstance(policy_of(warming, "shrink"), Wait)
-    late = dataclasses.replace(warming, since_failure_s=30.0)
+    late = dataclasses.replace(warming, since_opened_s=30.0)
     assert policy_of(late, "shrink").action == "shrink"
     # Too few are starting to make up the loss: no wait.
-    short = dataclasses.replace(warming, lost=frozenset({1, 3}), warming=1)
+    short = dataclasses.replace(warming, lost=frozenset({1, 3}), warming=("2.0",))
     assert not isinstance(policy_of(short, "shrink"), Wait)
 
 
 def test_a_doomed_generation_stops_at_once_and_a_grow_generation_grows():
-    doomed = dataclasses.replace(FAILED, doomed="a second NaN", spares=(), warming=2)
+    doomed = dataclasses.replace(FAILED, doomed="a second NaN", spares=(), warming=("2.0", "2.1"))
     assert policy_of(doomed, "shrink").reason == "a second NaN"
     shrunk = dataclasses.replace(
         BEFORE,
@@ -231,7 +234,7 @@ def test_a_doomed_generation_stops_at_once_and_a_grow_generation_grows():
         reports={r: SURVIVORS[r] for r in (0, 1)},
         grid=GRID.with_dp(1),
         planned_dp=2,
-        growing=True,
+        state=JobState.GROWING,
     )
     got = policy_of(shrunk)
     assert got.action == "grow" and got.replaced == {2: "2.0", 3: "2.1"}

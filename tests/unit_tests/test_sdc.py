@@ -12,7 +12,9 @@ import torch
 from megatron.training.replica_check import ReplicaHashCheck, replica_check_hooks
 
 from deadpool_ext import protocol as P
-from deadpool_ext.control.rollbacks import Corruptions
+from deadpool_ext.control.record import JobRecord
+from deadpool_ext.protocol import SDC_REPEAT_WINDOW, CoordinatorSettings
+from deadpool_ext.policy.faults import SdcAction, corruption_verdict
 from deadpool_ext.inject import InjectError, parse_fault
 from deadpool_ext.rank.flips import flip_bit
 from deadpool_ext.rank.sdc import ReplicaDigestCheck
@@ -61,46 +63,60 @@ def fault(iteration, suspects, on_sdc="rollback", check="weight-hash"):
     )
 
 
+class Book:
+    """The job's record of corruptions caught, judged as the coordinator's
+    trigger does: a verdict from what was caught before, then the catch
+    kept (a swapped rank's record starts afresh)."""
+
+    def __init__(self, window=SDC_REPEAT_WINDOW):
+        self.record, self.window = JobRecord.launched(CoordinatorSettings(), 2, 1, 2), window
+
+    def decide(self, m):
+        verdict = corruption_verdict(m, dict(self.record.caught), self.window)
+        swapped = verdict.rank if verdict.action == SdcAction.SWAP else None
+        self.record.catch(tuple(sorted(m.suspects)), m.iteration, swapped)
+        return verdict
+
+
 def test_a_first_catch_is_redone_and_a_repeat_within_the_window_swaps_the_rank():
-    record = Corruptions(window=100)
-    assert record.decide(fault(10, [3])).action == "rollback"
-    assert record.decide(fault(500, [5])).action == "rollback"  # another rank
-    again = record.decide(fault(60, [3]))
+    book = Book(window=100)
+    assert book.decide(fault(10, [3])).action == "rollback"
+    assert book.decide(fault(500, [5])).action == "rollback"  # another rank
+    again = book.decide(fault(60, [3]))
     assert (again.action, again.rank) == ("swap", 3)
     assert "caught again within 100 iterations" in again.why
-    assert record.decide(fault(400, [3])).action == "rollback"  # outside the window
+    assert book.decide(fault(400, [3])).action == "rollback"  # outside the window
 
 
 def test_a_swapped_rank_starts_afresh():
-    record = Corruptions(window=100)
-    record.decide(fault(10, [3]))
-    assert record.decide(fault(11, [3])).action == "swap"
-    record.forget(3)
-    assert record.decide(fault(12, [3])).action == "rollback"
+    book = Book(window=100)
+    book.decide(fault(10, [3]))
+    assert book.decide(fault(11, [3])).action == "swap"
+    assert book.decide(fault(12, [3])).action == "rollback"
 
 
 def test_a_pair_caught_twice_stops_the_job_rather_than_keep_the_bad_copy():
-    record = Corruptions(window=100)
-    assert record.decide(fault(10, [1, 3])).action == "rollback"
-    verdict = record.decide(fault(12, [1, 3]))
+    book = Book(window=100)
+    assert book.decide(fault(10, [1, 3])).action == "rollback"
+    verdict = book.decide(fault(12, [1, 3]))
     assert verdict.action == "stop" and "cannot tell which" in verdict.why
 
 
 def test_swap_and_stop_policies():
-    record = Corruptions()
-    swap = record.decide(fault(5, [2], on_sdc="swap", check="mirror-replay"))
+    book = Book()
+    swap = book.decide(fault(5, [2], on_sdc="swap", check="mirror-replay"))
     assert (swap.action, swap.rank) == ("swap", 2) and "--deadpool-on-sdc swap" in swap.why
     # Two suspects: nobody to swap, so the iteration is redone.
-    assert record.decide(fault(5, [0, 2], on_sdc="swap")).action == "rollback"
-    stop = record.decide(fault(5, [2], on_sdc="stop"))
+    assert book.decide(fault(5, [0, 2], on_sdc="swap")).action == "rollback"
+    stop = book.decide(fault(5, [2], on_sdc="stop"))
     assert stop.action == "stop" and "mirror" not in stop.why and "weight-hash" in stop.why
 
 
 def test_the_record_survives_a_takeover():
-    record = Corruptions()
-    record.decide(fault(10, [1, 3]))
-    again = Corruptions.from_dict(record.to_dict())
-    assert again.decide(fault(11, [1, 3])).action == "stop"
+    book = Book()
+    book.decide(fault(10, [1, 3]))
+    book.record = JobRecord.from_json(book.record.to_json())
+    assert book.decide(fault(11, [1, 3])).action == "stop"
 
 
 def test_a_corruption_travels_with_its_check_and_suspects():

@@ -9,9 +9,7 @@ tests/functional_tests/test_shrink.py.
 import pytest
 import torch
 
-from deadpool_ext.policy import (
-    JobView,
-    Limits,
+from deadpool_ext.policy.decide import (
     grow,
     kept_replicas,
     renumber,
@@ -19,6 +17,7 @@ from deadpool_ext.policy import (
     shrink,
     whole_replica,
 )
+from deadpool_ext.policy.view import JobView, Limits
 from deadpool_ext.protocol import Report
 from deadpool_ext.topology import Grid
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration

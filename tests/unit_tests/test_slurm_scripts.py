@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from deadpool_ext.control import launch
+from deadpool_ext.policy.effects import Stop
 
 
 class FakeAgent:
@@ -20,10 +21,10 @@ class FakeAgent:
 
 
 class FakeCoordinator:
-    gen, view, ended = 0, SimpleNamespace(members={0: "0.0"}), None
+    ended = None
 
-    def end(self, decision):
-        self.ended = decision
+    def carry_out(self, effect):
+        self.ended = effect
 
 
 @pytest.mark.parametrize("handler", [True, False])
@@ -35,4 +36,4 @@ def test_launcher_sigterm_lets_ranks_save_or_ends_the_job(handler):
     if handler:
         assert agent.signals == [signal.SIGTERM] and coordinator.ended is None
     else:
-        assert agent.signals == [] and coordinator.ended.action == "abort"
+        assert agent.signals == [] and isinstance(coordinator.ended, Stop)

@@ -3,8 +3,6 @@ the primary's state reaches the standby before anything it publishes, the
 standby takes over only when the primary's lease is silent and a majority
 of nodes came over, and the coordinator it builds goes on from the state."""
 
-import json
-
 import pytest
 import torch.distributed as dist
 
@@ -13,6 +11,7 @@ from megatron.training.arguments import ConfigError
 from deadpool_ext import protocol as P
 from deadpool_ext.control import launch
 from deadpool_ext.control.coordinator import Coordinator
+from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.control.standby import Replica, Standby, Verdict
 from deadpool_ext.protocol import Decision
@@ -34,7 +33,7 @@ def new_store():
     return connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
 
 
-def coordinator_on(store, clock, replica=None, snapshot=None) -> Coordinator:
+def coordinator_on(store, clock, replica=None, record=None) -> Coordinator:
     coordinator = Coordinator(
         Channel(store, SECRET),
         nnodes=2,
@@ -45,7 +44,7 @@ def coordinator_on(store, clock, replica=None, snapshot=None) -> Coordinator:
         ),
         clock=clock,
         replica=replica,
-        snapshot=snapshot,
+        record=record,
     )
     coordinator.detector.every_s = 0.0
     return coordinator
@@ -86,23 +85,23 @@ def primary():
     return coordinator, worker, Channel(standby_store, SECRET), clock
 
 
-def replicated(standby: Channel) -> dict:
-    return json.loads(standby.get(P.STATE_KEY)["state"])
+def replicated(standby: Channel) -> JobRecord:
+    return JobRecord.from_json(standby.get(P.STATE_KEY)["state"])
 
 
 def test_the_standby_holds_every_generation_and_decision_the_workers_can_see(primary):
     coordinator, worker, standby, _ = primary
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    assert worker.get("gen")["gen"] == replicated(standby)["gen"] == 1
+    assert worker.get("gen")["gen"] == replicated(standby).gen == 1
     report(worker, 1, [0, 1, 2])
     coordinator.step()
     decision = worker.get("decision/1")
-    state = replicated(standby)
-    assert state["decision"] == decision and state["state"] == "rebuilding"
-    assert state["view"]["members"] == {"0": "0.0", "1": "0.1", "2": "1.0", "3": "2.0"}
-    assert state["view"]["spares"] == ["2.1"] and state["view"]["lost_slots"] == ["1.1"]
-    assert state["plan"]["buddy"] == BUDDY
+    record = replicated(standby)
+    assert record.decision.to_message() == decision and record.state == "rebuilding"
+    assert record.membership.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "2.0"}
+    assert record.membership.spares == ["2.1"] and record.membership.lost_slots == {"1.1"}
+    assert record.plan.buddy == BUDDY
 
 
 class GoneStandby:
@@ -134,7 +133,7 @@ def test_a_standby_takes_over_only_when_the_lease_is_silent_and_a_majority_came(
     assert standby.poll() == Verdict.WAIT
     standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
     assert standby.poll() == Verdict.TAKE_OVER
-    assert standby.came_over == {1, 2} and standby.state["gen"] == 0
+    assert standby.came_over == {1, 2} and standby.record.gen == 0
 
 
 def test_without_a_majority_the_standby_gives_up_after_its_wait(primary):
@@ -167,8 +166,7 @@ def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(p
     coordinator, worker, standby_channel, clock = primary
     clock.now += 1.0
     coordinator.step()  # training; then node 0 dies with the primary
-    snapshot = replicated(standby_channel)
-    successor = coordinator_on(standby_channel.store, clock, snapshot=snapshot)
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
     successor.take_over(0, "the coordinator's node went silent")
     client = Channel(standby_channel.store, SECRET)
     assert client.get("gen")["gen"] == 1 and client.get("gen")["lost"] == [0, 1]
@@ -193,7 +191,7 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
     have passed, like any silent node; not before (it may have noticed
     late that node 0 is gone)."""
     coordinator, _, standby_channel, clock = primary
-    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
     successor.take_over(0, "silent")
     beating = Channel(standby_channel.store, SECRET)
 
@@ -206,9 +204,9 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
             successor.step()
 
     beat_for(P.TAKEOVER_GRACE_S + 2.0)
-    assert sorted(successor.view.lost_slots) == ["0.0", "0.1"]
+    assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1"]
     beat_for(2.0)
-    assert sorted(successor.view.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
+    assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
 
 
 def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
@@ -225,8 +223,8 @@ def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary
     coordinator.step()
     report(worker, coordinator.gen, [0, 1])
     coordinator.step()
-    assert coordinator.result is not None
-    assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.result.reason
+    assert coordinator.record.result is not None
+    assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.record.result.reason
 
 
 def test_without_a_standby_the_same_losses_shrink_the_job():
@@ -243,7 +241,7 @@ def test_without_a_standby_the_same_losses_shrink_the_job():
     coordinator.step()
     report(worker, coordinator.gen, [0, 1])
     coordinator.step()
-    assert coordinator.result is None and coordinator.state == "resizing"
+    assert coordinator.record.result is None and coordinator.state == "resizing"
 
 
 @pytest.mark.parametrize(
@@ -268,15 +266,15 @@ def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):
     coordinator, worker, standby_channel, clock = primary
     clock.now += 1.0
     coordinator.step()
-    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
     successor.take_over(0, "silent", node_alive=True)
     client = Channel(standby_channel.store, SECRET)
-    assert client.get("gen")["gen"] == 0 and successor.lost == set()
-    assert successor.view.lost_slots == set()
+    assert client.get("gen")["gen"] == 0 and successor.record.lost == set()
+    assert successor.record.membership.lost_slots == set()
 
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()  # recovering generation 1; then the launcher dies
-    successor = coordinator_on(standby_channel.store, clock, snapshot=replicated(standby_channel))
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
     successor.take_over(0, "silent", node_alive=True)
     assert client.get("gen")["gen"] == 2 and client.get("gen")["lost"] == [3]
-    assert successor.state == "recovering" and successor.view.lost_slots == {"1.1"}
+    assert successor.state == "recovering" and successor.record.membership.lost_slots == {"1.1"}

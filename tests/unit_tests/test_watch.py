@@ -1,18 +1,23 @@
-"""control/watch.py and control/membership.py: what an exit or a stall
-means, and who is who, without a store or a process."""
+"""policy/exits.py, policy/admission.py and control/membership.py: what an
+exit or a stall means, who may join, and who is who, without a store or a
+process."""
+
+import dataclasses
 
 from deadpool_ext import protocol as P
-from deadpool_ext.control import watch
-from deadpool_ext.control.detector import Progress
 from deadpool_ext.control.membership import Membership
-from deadpool_ext.protocol import ExitCode
+from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
+from deadpool_ext.policy import exits as watch
+from deadpool_ext.policy.admission import why_not_join
+from deadpool_ext.policy.view import Exited, Progress, Sighting
+from deadpool_ext.protocol import CoordinatorSettings, ExitCode
 
 MEMBERS = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
 BUDDY = [2, 3, 0, 1]
 
 
-def exited(code, reason=None) -> P.WorkerExited:
-    return P.WorkerExited(slot="1.1", code=code, reason=reason)
+def exited(code, reason=None) -> Exited:
+    return Exited(slot="1.1", code=code, reason=reason, rank=3, released=False)
 
 
 def test_exits_a_spare_would_repeat_stop_the_job_and_others_are_losses():
@@ -66,10 +71,14 @@ def test_membership_round_trips_and_admits_a_node_only_where_one_is_free():
     view = Membership.launched(nnodes=2, spare_nodes=1, nproc=2)
     assert view.members == MEMBERS and view.planned_size == 4 and view.nodes() == [0, 1, 2]
     assert view.lose(["1.1", "2.0"]) == {3} and view.alive_nodes() == {0, 1, 2}
-    assert Membership.from_dict(view.to_dict()) == view
-    assert view.why_not_join(1, 2) == "node 1 is still part of the job"
-    assert view.why_not_join(3, 4) == "it runs 4 ranks per node, the job 2"
-    assert view.why_not_join(3, 2) is None and view.admit(3) == ["3.0", "3.1"]
+    record = dataclasses.replace(
+        JobRecord.launched(CoordinatorSettings(), 2, 1, 2), membership=view
+    )
+    assert JobRecord.from_json(record.to_json()).membership == view
+    seen = view_of(record, Round(), Watch(), (None, Sighting(), {}, {}), (), 0.0, False)
+    assert why_not_join(seen, 1, 2) == "node 1 is still part of the job"
+    assert why_not_join(seen, 3, 4) == "it runs 4 ranks per node, the job 2"
+    assert why_not_join(seen, 3, 2) is None and view.admit(3) == ["3.0", "3.1"]
     assert view.nodes() == [0, 1, 2, 3]
     view.released.add("0.1")
     assert view.note_exit("0.1") and "0.1" not in view.released  # a shrink's: no loss

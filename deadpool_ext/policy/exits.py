@@ -20,16 +20,14 @@ reads a newer generation (rank/generation.py, Generation.release_if_older);
 case 5 is the bound behind it.
 """
 
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from deadpool_ext import protocol as P
+from deadpool_ext.policy.view import Exited, Progress
 from deadpool_ext.protocol import ExitCode
 
-if TYPE_CHECKING:  # the detector reads the store; these functions only its findings
-    from deadpool_ext.control.detector import Progress
 
-
-def why_an_exit_stops_the_job(m: P.WorkerExited, rank: Optional[int]) -> Optional[str]:
+def why_an_exit_stops_the_job(m: Exited, rank: Optional[int]) -> Optional[str]:
     """An exit no spare could undo, said with what to do; None for a loss."""
     who = f"slot {m.slot} (rank {rank})"
     if m.code == ExitCode.USAGE:  # every process runs the same flags
@@ -73,7 +71,7 @@ def only_copies(
 def hung_computing(
     members: Mapping[int, str],
     states: Mapping[str, Optional[str]],
-    progress: Mapping[str, "Progress"],
+    progress: Mapping[str, Progress],
     timeout_s: float,
     now: float,
 ) -> List[str]:

@@ -1,11 +1,11 @@
-"""The recovery policy: what the coordinator does after a failure or when
-spares come back, as pure rank arithmetic (tested without processes).
+"""The recovery policy: what a generation that collected its reports
+decides, as pure rank arithmetic (tested without processes).
 
-The coordinator hands ``Policy.decide`` a frozen ``JobView`` (the
+The coordinator hands ``Policy.decide`` a frozen ``JobView`` (view.py: the
 generation, members, lost ranks, what every live rank reported holding: the
 iterations of its own verified snapshots and of the verified copies it holds
 for its owner; the ready and warming spares, the buddy map, the grid, the
-job's ``Limits`` and the time since the failure) and gets back one
+job's ``Limits`` and the time since the generation opened) and gets back one
 ``Decision``, or a ``Wait`` with its reason. A decision is never changed
 after it is made. Its parts share one rule for the rollback,
 ``newest_common``: the newest iteration every shard can be restored at, from
@@ -47,93 +47,26 @@ the snapshot of the rank that contributes it.
     was lost: every shard comes from its owner's own snapshot.
 """
 
-from dataclasses import dataclass, replace
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from deadpool_ext.policy.admission import why_no_quorum
+from deadpool_ext.policy.effects import Wait, note
+from deadpool_ext.policy.view import JobView
 from deadpool_ext.protocol import (
-    ON_SPARES_EXHAUSTED,
     Action,
     Decision,
-    Plan,
+    JobState,
     Report,
+    TAKEOVER_GRACE_S,
     Source,
     group_members,
     parse_slot,
 )
+
 from deadpool_ext.topology import Grid
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What the job's layout allows (rank 0's plan of each world)."""
-
-    on_spares_exhausted: str = ON_SPARES_EXHAUSTED
-    shrink_unit: int = 1  # replicas that leave together (an MoE model's EP groups span them)
-    data_parallel_sizes: Optional[Tuple[int, ...]] = None  # None: any size runs
-    cannot_resize: Optional[str] = None  # why the job cannot shrink (None: it can)
-    cannot_grow: Optional[str] = None
-
-
-def as_tuple(items: Optional[Sequence]) -> Optional[tuple]:
-    """A plan's list, frozen for a view (None stays None)."""
-    return None if items is None else tuple(items)
-
-
-def limits_of(plan: Optional[Plan], on_spares_exhausted: str) -> Limits:
-    """What rank 0's plan says the layout allows (before it came: no more
-    than the setting)."""
-    if plan is None:
-        return Limits(on_spares_exhausted)
-    return Limits(
-        on_spares_exhausted,
-        plan.shrink_unit,
-        as_tuple(plan.data_parallel_sizes),
-        plan.cannot_resize,
-        plan.cannot_grow,
-    )
-
-
-def grid_of(plan: Plan, world_size: int) -> Grid:
-    """The plan's layout over ``world_size`` ranks."""
-    return Grid(plan.tp, plan.pp, world_size // (plan.tp * plan.pp), plan.tp_pp_dp)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """The job as the policy sees it when it decides."""
-
-    gen: int
-    members: Mapping[int, str]  # rank -> slot before the failure
-    lost: FrozenSet[int]
-    reports: Mapping[int, Report]  # from every live member
-    spares: Tuple[str, ...]  # ready spare slots
-    buddy: Optional[Tuple[int, ...]]  # None: the job runs without a mirror
-    owner: Optional[Tuple[int, ...]]
-    grid: Optional[Grid]
-    planned_dp: int = 0  # the data-parallel size the job was launched with
-    limits: Limits = Limits()
-    growing: bool = False  # the generation was opened for a grow
-    doomed: Optional[str] = None  # why this generation's decision stops the job
-    warming: int = 0  # spares still starting
-    since_failure_s: float = 0.0
-    spare_wait_s: float = 0.0  # --deadpool-spare-wait
-    # A planned generation (every rank stopped at its iteration's end): the
-    # nodes asked to leave, or a stop asked for.
-    drained_nodes: Tuple[int, ...] = ()
-    stop_requested: Optional[str] = None  # why (None: no stop)
-
-    @property
-    def draining(self) -> FrozenSet[int]:
-        """The ranks of the nodes asked to leave."""
-        nodes = set(self.drained_nodes)
-        return frozenset(r for r, slot in self.members.items() if parse_slot(slot)[0] in nodes)
-
-
-@dataclass(frozen=True)
-class Wait:
-    """No decision yet, and why."""
-
-    reason: str
+abort = Decision.abort
 
 
 def newest_common(sources: Dict[int, List], reports: Dict[int, Report]) -> Optional[int]:
@@ -145,10 +78,6 @@ def newest_common(sources: Dict[int, List], reports: Dict[int, Report]) -> Optio
         held = set(getattr(reports[contributor], Source(kind).value))
         candidates = held if candidates is None else candidates & held
     return max(candidates) if candidates else None
-
-
-def abort(gen: int, reason: str, members: Dict[int, str]) -> Decision:
-    return Decision(gen=gen, action=Action.ABORT, reason=reason, members=dict(members))
 
 
 def choose_spares(
@@ -537,10 +466,10 @@ def drain(view: JobView) -> Decision:
     reports), else by a shrink (--deadpool-on-spares-exhausted shrink or
     checkpoint). A drain nothing can carry out is refused, never a reason
     to stop the job."""
-    nodes = set(view.drained_nodes)
+    nodes = set(view.leaving)
     leaving = view.draining
     usable = tuple(s for s in view.spares if parse_slot(s)[0] not in nodes)
-    as_lost = replace(view, lost=leaving, spares=usable, growing=False)
+    as_lost = replace(view, lost=leaving, spares=usable, state=JobState.RECOVERING)
     on_exhausted = view.limits.on_spares_exhausted
     if len(usable) >= len(leaving) and view.buddy is not None:
         decision = swap(as_lost)
@@ -589,22 +518,30 @@ def stop_here(view: JobView) -> Decision:
     decision = go_on(view, "")
     if decision.action == Action.ABORT:
         return decision
-    return replace(decision, reason=view.stop_requested or "", warnings=[], stop=True)
+    return replace(decision, reason=view.stop_request or "", warnings=[], stop=True)
 
 
-# ----- the policy -----
-def waits_for_spares(view: JobView) -> Optional[Wait]:
+# ----- waiting for spares: the one rule, for failures and drains -----
+def waits_for_spares(
+    needed: int, ready: int, warming: int, waited_s: float, limit_s: float
+) -> bool:
     """Too few spares are ready but enough are starting: wait for them, up
-    to --deadpool-spare-wait after the failure."""
-    short = len(view.lost) - len(view.spares)
-    if view.growing or short <= 0 or view.warming < short:
+    to --deadpool-spare-wait, rather than shrink now and grow back soon."""
+    return ready < needed <= ready + warming and waited_s < limit_s
+
+
+def wait_for_lost_ranks(view: JobView) -> Optional[Wait]:
+    """A failure's generation waits for warming spares (not a grow's)."""
+    lost, ready, warming = len(view.lost), len(view.spares), len(view.warming)
+    limit = view.settings.spare_wait
+    if view.growing or not waits_for_spares(lost, ready, warming, view.since_opened_s, limit):
         return None
-    if view.since_failure_s >= view.spare_wait_s:
-        return None
-    return Wait(
-        f"{len(view.lost)} rank(s) lost, {len(view.spares)} spare(s) ready, "
-        f"{view.warming} starting: waiting up to {view.spare_wait_s:g} s"
+    reason = (
+        f"{lost} rank(s) lost, {ready} spare(s) ready, {warming} starting: "
+        f"waiting up to {limit:g} s"
     )
+    fields = dict(lost=lost, ready=ready, warming=sorted(view.warming), up_to_s=limit)
+    return Wait(reason, note("waiting_for_spares", once=True, reason=reason, **fields))
 
 
 def likely_spares(view: JobView) -> Dict[int, str]:
@@ -612,7 +549,7 @@ def likely_spares(view: JobView) -> Dict[int, str]:
     start building now), for the lost ranks or those of draining nodes;
     none where no swap is possible."""
     movers = view.lost or view.draining
-    spares = [s for s in view.spares if parse_slot(s)[0] not in view.drained_nodes]
+    spares = [s for s in view.spares if parse_slot(s)[0] not in view.leaving]
     if (
         view.buddy is None
         or len(spares) < len(movers)
@@ -629,21 +566,49 @@ def grow_by(view: JobView) -> int:
     return replicas_to_add(view.grid, view.planned_dp, view.spares, view.limits.data_parallel_sizes)
 
 
+def settling(view: JobView) -> bool:
+    """Just after a takeover no agent has beaten on this store yet, so no
+    spare is known to be warming: decide once every live node's agent beat
+    here (or was declared silent), not shrink at once."""
+    if view.settling_s is None:
+        return False
+    limit = view.settings.heartbeat_timeout + TAKEOVER_GRACE_S
+    return view.settling_s <= limit and not view.alive_nodes <= view.last_sighting.beating
+
+
+# ----- the policy -----
 class Policy:
-    """Hot swap while spares last (waiting a bounded time for spares that
-    are starting); then --deadpool-on-spares-exhausted: shrink, checkpoint
-    and stop, or abort; a grow when the generation was opened for one."""
+    """Once every live member reported: hot swap while spares last (waiting
+    a bounded time for spares that are starting); then
+    --deadpool-on-spares-exhausted: shrink, checkpoint and stop, or abort; a
+    grow, a drain or a stop when the generation was opened for one."""
 
     def decide(self, view: JobView) -> Union[Decision, Wait]:
+        if view.waiting:
+            return Wait(f"ranks {list(view.waiting)} have not reported")
+        if view.plan is None:
+            return abort(view.gen, "no buddy plan was received from rank 0", view.members)
+        no_quorum = why_no_quorum(view) if view.guards_quorum else None
+        if no_quorum is not None:
+            return abort(view.gen, no_quorum, view.members)
+        if settling(view):
+            return Wait("waiting for every live node's agent to beat on this store")
+        decision = self.choose(view)
+        if isinstance(decision, Wait) or decision.action == Action.ABORT:
+            return decision
+        return told(view, decision)
+
+    def choose(self, view: JobView) -> Union[Decision, Wait]:
         if view.doomed is not None:
             return abort(view.gen, view.doomed, view.members)
-        if view.stop_requested is not None and not view.lost:
+        planned = view.state == JobState.DRAINING and not view.lost
+        if planned and view.stop_request is not None:
             return stop_here(view)
-        if view.draining and not view.lost:
+        if planned and view.draining:
             return drain(view)
         if view.growing:
             return grow(view)
-        wait = waits_for_spares(view)
+        wait = wait_for_lost_ranks(view)
         if wait is not None:
             return wait
         on_exhausted = view.limits.on_spares_exhausted
@@ -659,3 +624,13 @@ class Policy:
                 view.members,
             )
         return shrink(view, stop=on_exhausted == "checkpoint")
+
+
+def told(view: JobView, decision: Decision) -> Decision:
+    """The decision with what the coordinator knows beside it: why the
+    generations since the last one opened, the GPUs of the spares it takes,
+    and the ready spares it left out for their GPUs' problems."""
+    reason = decision.reason or "; ".join(view.reasons)
+    taken = decision.replaced.values()
+    gpus = {slot: view.gpus[slot] for slot in taken if slot in view.gpus}
+    return replace(decision, reason=reason, gpus=gpus, withheld=sorted(view.withheld))
