@@ -22,6 +22,9 @@ from megatron.training.flags.defaults import fill_defaults
 from megatron.training.flags.gpu import gpu_features_given  # noqa: F401 - deadpool_ext/config.py's
 from megatron.training.flags.refusal import ConfigError, flag_name, require, say
 from megatron.training.flags.refusal import warn as _warn  # deadpool_ext/config.py's name for it
+from megatron.training.global_vars import (  # noqa: F401 - Megatron-LM's scripts import it here
+    core_transformer_config_from_args,
+)
 
 
 def _base_type(annotation):
@@ -268,11 +271,3 @@ def take_checkpoint_args(namespace: argparse.Namespace) -> None:
             setattr(namespace, name, value)
             taken.append(f"{name}={value}")
     say(f"--use-checkpoint-args: from {namespace.load}: " + ", ".join(taken))
-
-
-def core_transformer_config_from_args(args, config_class=None):
-    """Megatron-LM's name for the run's megatron-core TransformerConfig
-    (a script written against its API imports it from here)."""
-    from megatron.training.global_vars import core_transformer_config_from_args as build
-
-    return build(args, config_class)
