@@ -550,13 +550,13 @@ def pack_logs(out: str, work: str) -> None:
 def gpu_host(env: Dict[str, str]):
     """Parsing as on the lent GPU machine: CUDA with one GPU, no Transformer
     Engine or Apex (its image has neither), the run's environment."""
-    from megatron.training import arguments
+    from megatron.training.flags import host
 
     return [
         mock.patch.dict(os.environ, env),
-        mock.patch.object(arguments, "_cuda_available", lambda: True),
-        mock.patch.object(arguments, "_gpu_count", lambda: 1),
-        mock.patch.object(arguments, "_importable", lambda module: False),
+        mock.patch.object(host, "cuda_available", lambda: True),
+        mock.patch.object(host, "gpu_count", lambda: 1),
+        mock.patch.object(host, "importable", lambda module: False),
     ]
 
 

@@ -26,8 +26,8 @@ from deadpool_ext import config as deadpool_config
 from deadpool_ext.planning import scale
 from deadpool_ext.planning.slurm import PlanError, describe, make_plan, to_json
 from deadpool_ext.topology import BuddyMap
-from megatron.training import arguments
 from megatron.training.arguments import ConfigError
+from megatron.training.flags import host
 from megatron.training.config import Config
 
 
@@ -44,7 +44,7 @@ def parse_training(
         "LOCAL_WORLD_SIZE": str(ranks_per_node),
         "DEADPOOL_RANKS_PER_NODE": str(ranks_per_node),
     }
-    importable = arguments._importable
+    importable = host.importable
 
     def job_has(module: str) -> bool:
         return (gpu and module in GPU_EXTRAS) or importable(module)
@@ -53,9 +53,9 @@ def parse_training(
     with (
         contextlib.redirect_stdout(sys.stderr),
         mock.patch.dict(os.environ, env),
-        mock.patch.object(arguments, "_cuda_available", lambda: gpu),
-        mock.patch.object(arguments, "_gpu_count", lambda: ranks_per_node if gpu else 0),
-        mock.patch.object(arguments, "_importable", job_has),
+        mock.patch.object(host, "cuda_available", lambda: gpu),
+        mock.patch.object(host, "gpu_count", lambda: ranks_per_node if gpu else 0),
+        mock.patch.object(host, "importable", job_has),
     ):
         try:
             config = deadpool_config.parse_args(argv)

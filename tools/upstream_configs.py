@@ -201,18 +201,18 @@ def parse_on_a_gpu_node(argv: List[str], world: int, config_env: Dict[str, str])
     from unittest import mock
 
     from deadpool_ext.config import parse_args
-    from megatron.training import arguments
     from megatron.training.arguments import ConfigError
+    from megatron.training.flags import host, megatron_core
 
     local, rank = min(world, 8), min(1, world - 1)
     env = dict(config_env, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(local), RANK=str(rank))
     with (
         mock.patch.dict(os.environ, env),
-        mock.patch.object(arguments, "_cuda_available", lambda: True),
-        mock.patch.object(arguments, "_gpu_count", lambda: 8),
-        mock.patch.object(arguments, "_importable", lambda module: True),
+        mock.patch.object(host, "cuda_available", lambda: True),
+        mock.patch.object(host, "gpu_count", lambda: 8),
+        mock.patch.object(host, "importable", lambda module: True),
         # megatron-core's checks run below, on the configuration a GPU builds
-        mock.patch.object(arguments, "_check_with_megatron_core", lambda config: None),
+        mock.patch.object(megatron_core, "check", lambda config: None),
     ):
         try:
             config = parse_args(argv, world_size=world)

@@ -10,7 +10,7 @@ A field marked ``required`` must be given; ``choices`` limit the values;
 
 import argparse
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 # The file in a checkpoint directory that names its latest save (Megatron-LM's).
@@ -1174,7 +1174,3 @@ class Config:
     def model_chunks(self) -> int:
         """Model chunks on each pipeline rank (1 without virtual stages)."""
         return self.virtual_pipeline_model_parallel_size or 1
-
-
-def field_help(cls) -> dict:
-    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -38,7 +38,6 @@ from megatron.training.arguments import ConfigError
 from megatron.training.config import SECTIONS, Config
 from megatron.training.global_vars import (  # noqa: F401 - Megatron-LM's names, from here too
     _Run,
-    core_transformer_config_from_args,
     get_args,
     get_timers,
     get_tokenizer,

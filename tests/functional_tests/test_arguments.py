@@ -1,8 +1,8 @@
-"""Tests for megatron/training/arguments.py run through pretrain_gpt.py as a
-process: it fails fast on bad arguments, before any process group (no
-rendezvous is attempted), and its --help lists every flag. (The arguments'
-defaults, generated flags and bad inputs, in-process, are in
-tests/unit_tests/test_arguments.py.)
+"""Tests for megatron/training/arguments.py (and its checks, flags/) run
+through pretrain_gpt.py as a process: it fails fast on bad arguments,
+before any process group (no rendezvous is attempted), and its --help lists
+every flag. (The arguments' defaults, generated flags and bad inputs,
+in-process, are in tests/unit_tests/test_arguments.py.)
 """
 
 import os

@@ -1,7 +1,8 @@
-"""Tests for megatron/training/arguments.py: Megatron's derived defaults, every
-generated flag, and one test per bad input (a ConfigError whose message names
-the flag to change). pretrain_gpt.py failing fast before any process group,
-and its --help, are in tests/functional_tests/test_arguments.py.
+"""Tests for megatron/training/arguments.py and its checks (flags/):
+Megatron's derived defaults, every generated flag, and one test per bad
+input (a ConfigError whose message names the flag to change).
+pretrain_gpt.py failing fast before any process group, and its --help, are
+in tests/functional_tests/test_arguments.py.
 """
 
 import dataclasses
@@ -11,7 +12,7 @@ import typing
 
 import pytest
 
-from megatron.training import arguments
+from megatron.training.flags import host
 from megatron.training.arguments import ConfigError, build_parser, flag_name, parse_args
 from megatron.training.config import SECTIONS
 from tools import flag_parity
@@ -186,7 +187,7 @@ def test_num_query_groups_follow_heads_without_gqa():
 
 
 def test_backend_is_gloo_without_cuda(monkeypatch):
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: False)
+    monkeypatch.setattr(host, "cuda_available", lambda: False)
     assert parse_args(argv(), world_size=1).parallel.distributed_backend == "gloo"
     # Even when nccl is asked for explicitly: there is no GPU to run it on.
     config = parse_args(argv("--distributed-backend", "nccl"), world_size=1)
@@ -194,8 +195,8 @@ def test_backend_is_gloo_without_cuda(monkeypatch):
 
 
 def test_backend_is_nccl_with_cuda_unless_cpu(monkeypatch):
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
     assert parse_args(argv(), world_size=1).parallel.distributed_backend == "nccl"
     assert parse_args(argv("--cpu"), world_size=1).parallel.distributed_backend == "gloo"
 
@@ -1047,9 +1048,9 @@ def test_sequence_parallel_needs_the_norm_layers_of_te_or_apex(monkeypatch):
     refuse sequence parallelism when the model is built: said at start-up."""
     args = argv("--sequence-parallel", "--tensor-model-parallel-size", "2")
     _names_all(_config_error(args, world_size=2), "--sequence-parallel", "Apex")
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
-    monkeypatch.setattr(arguments, "_importable", lambda name: name == "apex")
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "importable", lambda name: name == "apex")
     assert parse_args(args, world_size=2).parallel.sequence_parallel is True
 
 
@@ -1140,7 +1141,7 @@ def test_attention_backends_that_cannot_run_on_a_cpu_are_refused(monkeypatch):
     """Without Transformer Engine the backends are torch's SDPA kernels
     (megatron/training/attention.py): fused has none on a CPU, and the CPU
     flash kernel has no dropout."""
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: False)
+    monkeypatch.setattr(host, "cuda_available", lambda: False)
     message = _config_error(argv("--attention-backend", "fused"))
     _names_all(message, "--attention-backend fused", "needs a GPU", "unfused")
     message = _config_error(argv("--attention-backend", "flash"))
@@ -1150,9 +1151,9 @@ def test_attention_backends_that_cannot_run_on_a_cpu_are_refused(monkeypatch):
 
 
 def test_attention_backends_on_a_gpu_without_transformer_engine(monkeypatch):
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
-    monkeypatch.setattr(arguments, "_importable", lambda module: False)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "importable", lambda module: False)
     for backend in ("auto", "flash", "fused", "unfused", "local"):
         parse_args(argv("--attention-backend", backend), world_size=1)
     message = _config_error(argv("--attention-backend", "flash", "--reset-attention-mask"))
@@ -1160,9 +1161,9 @@ def test_attention_backends_on_a_gpu_without_transformer_engine(monkeypatch):
 
 
 def test_local_attention_is_refused_with_transformer_engines_layers(monkeypatch):
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
-    monkeypatch.setattr(arguments, "_importable", lambda module: module == "transformer_engine")
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "importable", lambda module: module == "transformer_engine")
     message = _config_error(argv("--attention-backend", "local"))
     _names_all(message, "--attention-backend local", "--transformer-impl local")
 
@@ -1280,8 +1281,8 @@ def test_deterministic_mode_refuses_what_megatron_lm_refuses(monkeypatch):
         _config_error(argv("--deterministic-mode", "--cross-entropy-loss-fusion")),
         "--cross-entropy-loss-fusion",
     )
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
     monkeypatch.delenv("NCCL_ALGO", raising=False)
     _names_all(_config_error(argv("--deterministic-mode")), "NCCL_ALGO", "Ring")
     monkeypatch.setenv("NCCL_ALGO", "Ring")

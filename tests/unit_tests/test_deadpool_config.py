@@ -5,8 +5,8 @@ tests/functional_tests/test_deadpool_config.py.)"""
 
 import pytest
 
-from megatron.training import arguments
 from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags import host
 
 from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
 
@@ -130,8 +130,8 @@ def test_device_memory_needs_a_gpu():
 def test_gradient_replay_on_a_gpu_needs_the_replica_in_device_memory(monkeypatch):
     """The host's Adam differs from the GPU's in the last bits (measured:
     docs/benchmarks.md), so a host replica could never match its owner."""
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
     grad = DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-mirror-mode", "grad"]
     message = error(grad, 2)
     assert "--deadpool-mirror-memory device" in message and "state" in message
@@ -142,8 +142,8 @@ def test_gradient_replay_on_a_gpu_needs_the_replica_in_device_memory(monkeypatch
 def test_keeping_groups_across_a_swap_is_refused_on_nccl(monkeypatch):
     """Whether a kept group is intact is read from gloo's counts of completed
     operations; NCCL's count what was enqueued."""
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
     keep = DEADPOOL + ["--deadpool-ranks-per-node", "1", "--deadpool-rebuild-groups", "changed"]
     assert "--deadpool-rebuild-groups all" in error(keep, 2)
     assert parse(keep + ["--cpu"], 2)
@@ -336,9 +336,9 @@ def test_the_flex_dispatcher_is_refused_under_deadpool(monkeypatch):
     """megatron-core keeps DeepEP's buffer in a module global bound to the
     expert-parallel group, which a recovery replaces and cannot re-point
     there: refused under --deadpool, taken without it (on a GPU with DeepEP)."""
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 8)
-    monkeypatch.setattr(arguments, "_importable", lambda module: True)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 8)
+    monkeypatch.setattr(host, "importable", lambda module: True)
     moe = ["--num-experts", "4", "--expert-model-parallel-size", "2", "--disable-bias-linear"]
     moe += ["--moe-token-dispatcher-type", "flex"]
     message = error(DEADPOOL + moe + ["--deadpool-ranks-per-node", "4"], 8)
@@ -367,9 +367,9 @@ def test_the_gpu_only_features_are_refused_under_deadpool(monkeypatch, flags, na
     """No recovery with them has been shown (each keeps state bound to the
     process groups or the schedule): refused under --deadpool by name, taken
     without it, on a GPU node with Transformer Engine."""
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 8)
-    monkeypatch.setattr(arguments, "_importable", lambda module: True)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 8)
+    monkeypatch.setattr(host, "importable", lambda module: True)
     environ = {"LOCAL_WORLD_SIZE": "4"}
     gpu = ["--bf16", "--transformer-impl", "transformer_engine"]
     message = error(DEADPOOL + gpu + flags, 8, environ)

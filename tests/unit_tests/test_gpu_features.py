@@ -13,8 +13,9 @@ from unittest import mock
 
 import pytest
 
-from megatron.training import arguments, cpu_compat
+from megatron.training import cpu_compat
 from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags import host
 
 cpu_compat.import_megatron_core_without_cuda()  # import-time only
 
@@ -42,9 +43,9 @@ def on_a_gpu_node(flags, world_size=1, importable=lambda module: True):
     """Parsed as on a GPU node where Transformer Engine (and every package) is
     importable, as Megatron-LM's CI node."""
     with (
-        mock.patch.object(arguments, "_cuda_available", lambda: True),
-        mock.patch.object(arguments, "_gpu_count", lambda: 8),
-        mock.patch.object(arguments, "_importable", importable),
+        mock.patch.object(host, "cuda_available", lambda: True),
+        mock.patch.object(host, "gpu_count", lambda: 8),
+        mock.patch.object(host, "importable", importable),
         mock.patch.dict("os.environ", {"LOCAL_WORLD_SIZE": str(world_size)}),
     ):
         return parse_args(BASE + flags, world_size=world_size)
@@ -129,7 +130,7 @@ def test_activation_offloading_follows_megatron_lms_rules(monkeypatch):
     no_nvml = lambda module: module != "pynvml"  # noqa: E731
     assert "nvidia-ml-py" in refusal(OFFLOAD, importable=no_nvml)
     # Transformer Engine 2.10 and later offload the weights too unless told.
-    monkeypatch.setattr(arguments, "_package_version", lambda name: (2, 10))
+    monkeypatch.setattr(host, "package_version", lambda name: (2, 10))
     monkeypatch.delenv("NVTE_CPU_OFFLOAD_V1", raising=False)
     assert "NVTE_CPU_OFFLOAD_V1=1" in refusal(OFFLOAD)
     monkeypatch.setenv("NVTE_CPU_OFFLOAD_V1", "1")

@@ -5,8 +5,9 @@ refusals at parse time."""
 import pytest
 import torch
 
-from megatron.training import arguments, gpu_sharing
+from megatron.training import gpu_sharing
 from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags import host
 from megatron.training.gpu_sharing import HOSTID, MULTI_RANK, SHARE_ENV
 
 ARGS = [
@@ -73,8 +74,8 @@ def test_apply_sets_the_device_and_leaves_what_the_user_set(monkeypatch):
 
 @pytest.fixture
 def gpu_host(monkeypatch):
-    monkeypatch.setattr(arguments, "_cuda_available", lambda: True)
-    monkeypatch.setattr(arguments, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(host, "gpu_count", lambda: 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv(SHARE_ENV, raising=False)
 

@@ -12,8 +12,9 @@ from unittest import mock
 import pytest
 import torch.nn.functional as F
 
-from megatron.training import arguments, cpu_compat
-from megatron.training.arguments import parse_args
+from megatron.training import cpu_compat
+from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.flags import host
 
 cpu_compat.import_megatron_core_without_cuda()  # import-time only
 
@@ -58,9 +59,9 @@ MODELS = {
 def gpu_config(flags, transformer_engine: bool):
     importable = {"transformer_engine"} if transformer_engine else set()
     with (
-        mock.patch.object(arguments, "_cuda_available", lambda: True),
-        mock.patch.object(arguments, "_gpu_count", lambda: 1),
-        mock.patch.object(arguments, "_importable", lambda module: module in importable),
+        mock.patch.object(host, "cuda_available", lambda: True),
+        mock.patch.object(host, "gpu_count", lambda: 1),
+        mock.patch.object(host, "importable", lambda module: module in importable),
     ):
         return parse_args(BASE + flags, world_size=1)
 
@@ -98,7 +99,7 @@ def test_what_megatron_core_refuses_is_caught_here():
 
 
 def test_squared_relu_and_swiglu_are_one_activation_too_many():
-    with pytest.raises(arguments.ConfigError, match="--squared-relu and --swiglu"):
+    with pytest.raises(ConfigError, match="--squared-relu and --swiglu"):
         gpu_config(["--squared-relu", "--swiglu"], False)
 
 
@@ -112,5 +113,5 @@ def test_fp8_keeps_the_first_and_last_layers_in_bf16_when_asked():
     assert tf.num_layers_at_end_in_bf16 == 2
     # megatron-core refuses them with a delayed recipe: said at parse time.
     delayed = fp8 + ["--fp8-recipe", "delayed"]
-    with pytest.raises(arguments.ConfigError, match="Delayed scaling does not support"):
+    with pytest.raises(ConfigError, match="Delayed scaling does not support"):
         gpu_config(delayed, transformer_engine=True)
