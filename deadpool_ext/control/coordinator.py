@@ -8,26 +8,8 @@ a frozen view of it (policy/triggers.py's ``TRIGGERS``, then
 ``Policy.decide`` while a generation collects reports); and carries out the
 effects they return: the record changed, then what processes read (``gen``,
 ``decision/{gen}``, an answer), what an agent is told, an event said. The
-record goes to the standby before anything processes read.
-
-The job's state (``JobState``) moves only along ``NEXT``:
-
-  STARTING -> TRAINING -> RECOVERING (a loss: the survivors report)
-                       -> GROWING (spares fill a replica: everyone reports)
-                       -> DRAINING (nodes asked to leave, or a stop asked
-                          for: everyone reports at its iteration's end)
-  RECOVERING / GROWING / DRAINING
-                       -> REBUILDING (a swap decided) -> TRAINING
-                                     (a stop decided) -> STOPPING
-                       -> RESIZING (a shrink or grow decided) -> TRAINING
-                                   (a checkpoint decided) -> STOPPING
-  any -> ABORTED (no decision can keep the job)
-
-A loss while RECOVERING, GROWING, DRAINING or REBUILDING opens the next
-generation (RECOVERING again; a drain or stop asked for waits for the next
-TRAINING); while RESIZING or STOPPING it ends the job: the survivors'
-snapshots are of the old layout, which no decision could combine with the
-new one.
+record goes to the standby before anything processes read. The job's
+states and their moves are policy/states.py's.
 """
 
 import functools
@@ -42,41 +24,23 @@ from deadpool_ext.control.detector import Detector
 from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.control.standby import Replica
-from deadpool_ext.control.status import status
+from deadpool_ext.control.status import decision_event, status
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
 from deadpool_ext.policy.ending import at_end
+from deadpool_ext.policy.states import BUILDING, COLLECTING, NEXT
 from deadpool_ext.policy.triggers import TRIGGERS
-from deadpool_ext.policy.view import (
-    AT_BOUNDARY,
-    BUILDING,
-    COLLECTING,
-    AgentEnded,
-    Exited,
-    JobView,
-    TookOver,
-)
+from deadpool_ext.policy.view import AgentEnded, Exited, JobView, TookOver
 from deadpool_ext.protocol import COORDINATOR_RANK, Command, Decision, JobState, parse_slot
-from deadpool_ext.wire import Channel, control_connect
+from deadpool_ext.wire import Channel
 
-S = JobState
-# The states each state may move to; anything else is a bug of the coordinator.
-NEXT = {
-    S.STARTING: {S.TRAINING, S.RECOVERING, S.ABORTED},
-    S.TRAINING: {S.RECOVERING, S.GROWING, S.DRAINING, S.ABORTED},
-    S.RECOVERING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
-    S.GROWING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
-    S.DRAINING: {S.RECOVERING, S.REBUILDING, S.RESIZING, S.ABORTED},
-    S.REBUILDING: {S.TRAINING, S.RECOVERING, S.STOPPING, S.ABORTED},
-    S.RESIZING: {S.TRAINING, S.STOPPING, S.ABORTED},
-    S.STOPPING: {S.ABORTED},
-    S.ABORTED: set(),
-}
 # Messages a member sends about its own rank.
 SPEAKS_FOR_A_RANK = (P.Report, P.Joining, P.Resumed, P.Done, P.NumericFault)
-# Messages whose news a rule judges before the next message is read.
-NEWS = (P.WorkerExited, P.NodeUp, P.NumericFault)
+# Messages that are news for the rules as they are; they, and exits, are
+# judged before the next message is read (a joining node's admission comes
+# before its spares say they are ready).
+NEWS = (P.NodeUp, P.NumericFault)
 
 
 class Coordinator:
@@ -105,21 +69,12 @@ class Coordinator:
         timeout = self.record.settings.heartbeat_timeout
         self.detector = Detector(channel, timeout, self.record.iterations)
         self.inbox = channel.reader(P.COORDINATOR_TOPIC)
-        self.requests = self.requests_channel(channel).reader(P.CONTROL_TOPIC)
+        self.requests = operations.requests_reader(channel)
         self.replica = None if replica is None else Replica(replica, clock)
         self.news: List = []  # what happened since the rules last ran
         self.status_listeners: List = []  # called with status() every STATUS_EVERY_S
         if record is None:
             self.publish()
-
-    @staticmethod
-    def requests_channel(channel: Channel) -> Channel:
-        """A connection of its own: anyone who reaches the store can break
-        the requests' topic counter, and the server then drops the
-        connection that adds to it (the channel mends its own; a shared one
-        would leave the coordinator's broken)."""
-        store = channel.store if channel.address is None else control_connect(*channel.address)
-        return Channel(store, channel.secret, address=channel.address)
 
     # ----- what it knows -----
     @property
@@ -135,14 +90,9 @@ class Coordinator:
         return self.record.finished
 
     def view(self, sighting=None) -> JobView:
-        d = self.detector
+        d, news = self.detector, tuple(self.news)
         look = (sighting, d.last, d.progress, d.compute)
-        news = tuple(self.news)
-        return view_of(self.record, self.round, self.watch, look, news, self.clock(), self.guarded)
-
-    @property
-    def guarded(self) -> bool:
-        return self.watch.guards_quorum
+        return view_of(self.record, self.round, self.watch, look, news, self.clock())
 
     def status(self) -> dict:
         rejected = self.requests.channel.rejected + self.watch.malformed_requests
@@ -159,16 +109,7 @@ class Coordinator:
         they can build their model while the survivors tear down.
         ``boundary`` tells workers to stop at their next iteration boundary,
         not within an iteration (a grow, a drain, a stop)."""
-        rec = self.record
-        self.put(
-            P.GEN_KEY,
-            gen=rec.gen,
-            state=rec.state,
-            lost=sorted(rec.lost),
-            assign={str(r): s for r, s in (assign or {}).items()},
-            world=rec.membership.world,
-            boundary=rec.state in AT_BOUNDARY,
-        )
+        self.put(P.GEN_KEY, **self.record.generation(assign or {}))
 
     def put(self, key: str, **body) -> None:
         """Every value processes read goes out here, after the record went
@@ -191,15 +132,13 @@ class Coordinator:
         """Write the record to the standby's store when it changed, and
         renew the lease every heartbeat interval. A standby that cannot be
         reached is gone: the job goes on without one (event
-        ``standby_lost``), and since its copy is stale from then on, nobody
-        may turn to it."""
+        ``standby_lost``), and since its copy is stale from then on, every
+        process hears that there is none before anything else is published."""
         if self.replica is None:
             return
         try:
             self.replica.write(self.record.to_json(), self.record.gen)
         except dist.DistError as error:
-            # From now on its copy falls behind: before anything else is
-            # published, every process hears that there is no standby.
             self.replica = None
             self.say("standby_lost", error=str(error))
             self.publish()
@@ -221,17 +160,10 @@ class Coordinator:
     def read_inbox(self) -> None:
         for message in self.inbox.poll():
             if self.take(message):
-                self.judge()  # before the next message: it may depend on it
+                self.judge()
 
     def look(self, now: float):
-        """Read the heartbeats of every node, of the live members and
-        spares, and of the slots nothing is known to run in (warming)."""
-        m = self.record.membership
-        watched = list(m.members.values()) + list(m.spares)
-        busy = set(watched) | m.lost_slots | m.released
-        alive = [slot for slot in watched if slot not in m.lost_slots]
-        idle = [slot for slot in m.every_slot() if slot not in busy]
-        return self.detector.look(m.nodes(), alive, idle, now)
+        return self.detector.look(*self.record.membership.to_watch(), now)
 
     def judge(self, sighting=None) -> None:
         """The rules, in order, each on a view with what the ones before
@@ -265,58 +197,28 @@ class Coordinator:
             what = f"{message.KIND.value} for rank {message.rank} from slot {message.slot}"
             self.say("message_dropped", error=f"{what}, which does not hold it")
             return False
-        getattr(self, f"on_{message.KIND.value}")(message)
-        return isinstance(message, NEWS)
+        if isinstance(message, NEWS):
+            self.news.append(message)  # judged as it is: a launcher, a NaN, a corruption
+        else:
+            getattr(self, f"on_{message.KIND.value}")(message)
+        return isinstance(message, (P.WorkerExited, *NEWS))
 
     def on_plan(self, m: P.Plan) -> None:
-        rec = self.record
-        if rec.plan is not None:
-            return  # a spare that took rank 0 repeats it; only the first counts
-        rec.plan, rec.train_iters = m, m.train_iters
-        if m.distributed_timeout_minutes is not None:
-            rec.group_timeout_s = 60.0 * float(m.distributed_timeout_minutes)
+        self.record.take_plan(m)
 
     def on_exit(self, m: P.WorkerExited) -> None:
         members = self.record.membership
         released = members.note_exit(m.slot)
         self.news.append(Exited(m.slot, m.code, m.reason, members.rank_of(m.slot), released))
 
-    def on_node(self, m: P.NodeUp) -> None:
-        self.news.append(m)
-
-    def on_numeric(self, m: P.NumericFault) -> None:
-        self.news.append(m)
-
     def on_spare_ready(self, m: P.SpareReady) -> None:
-        members = self.record.membership
-        if not members.is_new_spare(m.slot):
-            return
-        if members.gpu_problems(m.slot):
-            self.withhold(m.slot)
-            return
-        members.spares.append(m.slot)
-        self.say("spare_ready", slot=m.slot, spares=len(members.spares))
+        for said in self.record.membership.spare_ready(m.slot):
+            self.note(said)
 
     def on_gpu_health(self, m: P.GpuHealth) -> None:
-        """An agent read its workers' GPUs: a spare whose GPU has a problem
-        is kept out of the ready spares until a later reading is clean."""
-        members = self.record.membership
-        for slot, body in m.readings.items():
-            reading = GpuReading.from_dict(body)
-            if members.read_gpu(slot, reading):
-                problems, gpu = reading.problems(), reading.summary()
-                self.say("gpu_health", slot=slot, gpu=gpu, problems=problems, reading=body)
-            if reading.problems() and slot in members.spares:
-                members.spares.remove(slot)
-                self.withhold(slot)
-            elif not reading.problems() and slot in members.withheld:
-                members.withheld.discard(slot)
-                self.on_spare_ready(P.SpareReady(slot=slot))
-
-    def withhold(self, slot: str) -> None:
-        self.record.membership.withheld.add(slot)
-        problems = self.record.membership.gpu_problems(slot)
-        self.say("spare_withheld", slot=slot, problems=problems)
+        readings = {slot: GpuReading.from_dict(body) for slot, body in m.readings.items()}
+        for said in self.record.membership.read_gpus(readings):
+            self.note(said)
 
     def on_report(self, m: P.Report) -> None:
         if m.gen == self.record.gen and self.record.state in COLLECTING:
@@ -366,8 +268,7 @@ class Coordinator:
         self.say("takeover", state=rec.state, node=node, reason=reason, alive=node_alive)
         if rec.decision is not None:
             self.channel.put(P.decision_key(rec.decision.gen), **rec.decision.to_message())
-        self.round = Round(opened_at=now, decided_at=now)
-        self.watch.took_over_at = now
+        self.round, self.watch.took_over_at = Round(opened_at=now, decided_at=now), now
         # A process may notice late that node 0 is gone (its host silent).
         m = rec.membership
         self.detector.expect(m.nodes(), m.every_slot(), since=now + P.TAKEOVER_GRACE_S)
@@ -379,21 +280,21 @@ class Coordinator:
         if rec.gen == gen and rec.result is None:
             self.publish()  # training goes on, or nothing of the job's was on that node
 
-    # ----- what goes out: each effect carried out -----
+    # ----- each effect carried out -----
     @functools.singledispatchmethod
     def carry_out(self, effect) -> None:
         raise AssertionError(f"coordinator bug: no way to carry out {effect!r}")
 
     @carry_out.register
     def note(self, n: E.Note) -> None:
-        if n.once and (n.event, self.record.gen) in self.watch.said:
-            return
-        self.watch.said.add((n.event, self.record.gen))
-        self.say(n.event, **n.fields)
+        said = (n.event, self.record.gen)
+        if not n.once or said not in self.watch.said:
+            self.watch.said.add(said)
+            self.say(n.event, **n.fields)
 
     @carry_out.register
     def lose(self, loss: E.Loss) -> None:
-        """Kill what lives but cannot go on; the rules open the generation."""
+        """Kill what lives but cannot go on; a later rule takes the loss."""
         for slot in loss.kill:
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         self.news.append(loss)
@@ -401,20 +302,9 @@ class Coordinator:
             self.tell_agent(node, Command.KILL_ALL)
 
     @carry_out.register
-    def lost(self, lost: E.Lost) -> None:
-        self.record.membership.lose(list(lost.slots))
-
-    @carry_out.register
     def open_generation(self, o: E.Opening) -> None:
-        rec = self.record
         self.enter(o.state)
-        if rec.stopping is not None and rec.stopping.stop:
-            # A stop decided and interrupted by a failure before every rank
-            # resumed: the recovery comes first, the stop (still asked for) after.
-            rec.stopping = None
-        rec.gen += 1
-        rec.lost |= set(o.lost)
-        rec.doomed = o.doomed or rec.doomed
+        self.record.open(o)
         self.round = self.round.next(self.clock(), o.cause)
         self.round.leaving, self.round.assign = list(o.leaving), dict(o.assign)
         self.round.reasons += o.reasons
@@ -433,7 +323,7 @@ class Coordinator:
 
     def end(self, decision: Decision) -> None:
         self.record.result = decision
-        self.enter(S.ABORTED)
+        self.enter(JobState.ABORTED)
         self.put(P.decision_key(decision.gen), **decision.to_message())
         self.events.emit("abort", gen=decision.gen, reason=decision.reason)
         self.publish()
@@ -448,7 +338,7 @@ class Coordinator:
         self.publish()
 
     @carry_out.register
-    def let_in(self, r: E.Rendezvous) -> None:
+    def let_in(self, _: E.Rendezvous) -> None:
         self.round.rendezvous = True
         self.put(P.join_key(self.record.gen), gen=self.record.gen)
 
@@ -461,8 +351,7 @@ class Coordinator:
             self.put(P.admission_key(a.nonce), accepted=False, reason=a.refused)
             return
         self.put(P.admission_key(a.nonce), accepted=True)
-        self.record.drained_nodes.discard(a.node)
-        slots = self.record.membership.admit(a.node)
+        slots = self.record.admit(a.node)
         # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(a.node, slots)
         self.say("node_joined", node=a.node, slots=slots)
@@ -485,12 +374,8 @@ class Coordinator:
 
     @carry_out.register
     def send_off(self, s: E.SendOff) -> None:
-        """A drained node: its slots count as gone (it may join again with
-        deadpool-launch --join), and its agent stops its workers and ends."""
-        self.record.drains.pop(s.node, None)
-        slots = self.record.membership.slots_of(s.node)
-        self.record.membership.lose(slots)
-        self.record.drained_nodes.add(s.node)
+        """A drained node leaves: its agent stops its workers and ends."""
+        slots = self.record.send_off(s.node)
         self.tell_agent(s.node, Command.LEAVE)
         self.say("node_drained", node=s.node, slots=slots, reason=s.reason)
 
@@ -499,18 +384,12 @@ class Coordinator:
         self.record.drains.pop(d.node, None)
         self.say("drain_refused", node=d.node, reason=d.reason)
 
-    @carry_out.register
-    def roll_back(self, r: E.Rollback) -> None:
-        self.record.rolled_back.add(r.iteration)
-        self.record.redoing[r.iteration] = r.rank
-
-    @carry_out.register
-    def redone(self, r: E.Redone) -> None:
-        self.record.redoing.pop(r.iteration, None)
-
-    @carry_out.register
-    def caught(self, c: E.Caught) -> None:
-        self.record.catch(c.suspects, c.iteration, c.forgive)
+    @carry_out.register(E.Lost)
+    @carry_out.register(E.Rollback)
+    @carry_out.register(E.Redone)
+    @carry_out.register(E.Caught)
+    def change_record(self, effect) -> None:
+        self.record.change(effect)
 
     @carry_out.register
     def judged(self, j: E.Judged) -> None:
@@ -524,41 +403,24 @@ class Coordinator:
     @carry_out.register
     def decided(self, decision: Decision) -> None:
         """The decision's members form the generation: publish it, and the
-        members rebuild (a swap) or form another world (a resize)."""
-        rec, m = self.record, self.record.membership
+        members rebuild (a swap) or form another world (a resize). The
+        nodes it drained leave; those it could not drain stay."""
         self.round.decided_at, self.watch.took_over_at = self.clock(), None
         if decision.action == P.Action.ABORT:
             self.end(decision)
             return
         self.round.reasons = []
-        if decision.action.resizes:
-            m.world_size, m.world = decision.world_size, decision.world()
-            rec.plan = None  # rank 0 of the new world sends its layout
-            rec.iterations.clear()  # the old ranks' progress
-        if decision.action == P.Action.CHECKPOINT or decision.stop:
-            rec.stopping = decision
-        m.members = decision.members
-        m.spares = [s for s in m.spares if s not in decision.replaced.values()]
-        m.released |= set(decision.released)
-        m.quorum_nodes = m.alive_nodes()
-        rec.lost = set()
-        self.settle_drains(decision)
-        self.enter(S.RESIZING if decision.action.resizes else S.REBUILDING)
-        rec.decision = decision
-        self.put(P.decision_key(rec.gen), **decision.to_message())
-        self.say("decision", **decision_event(decision, len(m.spares)))
-        self.publish()
-
-    def settle_drains(self, decision: Decision) -> None:
-        """The nodes a decision drained leave (their agents end once their
-        workers are gone); those it could not drain stay, and are no longer asked for."""
+        drained = self.record.adopt(decision, self.round.leaving)
         for node in self.round.leaving:
-            why = self.record.drains.pop(node, "")
-            if node in decision.drained:
-                self.send_off(E.SendOff(node, why))
+            if node in drained:
+                self.send_off(E.SendOff(node, drained[node]))
             else:
                 self.say("drain_refused", node=node, reason="; ".join(decision.warnings))
         self.round.leaving = []
+        self.enter(JobState.RESIZING if decision.action.resizes else JobState.REBUILDING)
+        self.put(P.decision_key(self.record.gen), **decision.to_message())
+        self.say("decision", **decision_event(decision, len(self.record.membership.spares)))
+        self.publish()
 
     # ----- the run -----
     def let_reporters_stop(self, poll_s: float, alive, grace_s: float) -> None:
@@ -583,32 +445,3 @@ class Coordinator:
         for effect in last:
             self.carry_out(effect)
         return code
-
-
-def decision_event(decision: Decision, spares_left: int) -> dict:
-    """The decision as the event log says it."""
-    details = dict(
-        replaced={str(r): s for r, s in decision.replaced.items()},
-        from_buddy=decision.from_buddy,
-    )
-    if decision.action.resizes:
-        details = dict(
-            dp_before=decision.old_dp,
-            dp_after=decision.new_dp,
-            world_size=decision.world_size,
-            released=decision.released,
-            joined={str(r): s for r, s in decision.replaced.items()},
-        )
-    return dict(
-        action=decision.action,
-        reason=decision.reason,
-        drained=decision.drained,
-        stop=decision.stop,
-        rollback_to=decision.rollback_to,
-        warnings=decision.warnings,
-        spares_left=spares_left,
-        groups_kept=len(decision.kept),
-        gpus=decision.gpus,
-        withheld=decision.withheld,
-        **details,
-    )

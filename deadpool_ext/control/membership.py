@@ -5,9 +5,10 @@ through the job's view, and the standby holds it as part of the job's
 record (record.py)."""
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from deadpool_ext.control.gpu_health import GpuReading
+from deadpool_ext.policy.effects import Note, note
 from deadpool_ext.protocol import slot_name
 
 
@@ -69,6 +70,14 @@ class Membership:
         lost = self.lost_slots
         return {n for n in self.nodes() if not all(s in lost for s in self.slots_of(n))}
 
+    def to_watch(self) -> Tuple[List[int], List[str], List[str]]:
+        """Whose heartbeats a look reads: every node; the live members and
+        spares; and the slots nothing is known to run in (warming spares)."""
+        watched = list(self.members.values()) + list(self.spares)
+        busy = set(watched) | self.lost_slots | self.released
+        alive = [slot for slot in watched if slot not in self.lost_slots]
+        return self.nodes(), alive, [slot for slot in self.every_slot() if slot not in busy]
+
     def is_new_spare(self, slot: str) -> bool:
         """Neither lost, nor a spare already, nor a member."""
         known = slot in self.lost_slots or slot in self.spares
@@ -101,8 +110,43 @@ class Membership:
         self.quorum_nodes.add(node)
         return slots
 
-    def read_gpu(self, slot: str, reading: GpuReading) -> bool:
-        """Keep ``slot``'s GPU reading: whether its problems changed."""
-        before = self.gpus.get(slot)
-        self.gpus[slot] = reading
-        return before is None or before.problems() != reading.problems()
+    def spare_ready(self, slot: str) -> Tuple[Note, ...]:
+        """A spare says it is ready: one whose GPU has a problem is kept out
+        of the ready spares (withheld) until a later reading is clean."""
+        if not self.is_new_spare(slot):
+            return ()
+        problems = self.gpu_problems(slot)
+        if problems:
+            self.withheld.add(slot)
+            return (note("spare_withheld", slot=slot, problems=problems),)
+        self.spares.append(slot)
+        return (note("spare_ready", slot=slot, spares=len(self.spares)),)
+
+    def read_gpus(self, readings: Dict[str, GpuReading]) -> Tuple[Note, ...]:
+        """An agent read its workers' GPUs (gpu_health.py): a reading whose
+        problems changed is said; a spare with a problem is withheld, and a
+        withheld one reading clean is ready again."""
+        said: List[Note] = []
+        for slot, reading in readings.items():
+            before = self.gpus.get(slot)
+            self.gpus[slot] = reading
+            problems = reading.problems()
+            if before is None or before.problems() != problems:
+                body = reading.to_dict()
+                said.append(
+                    note(
+                        "gpu_health",
+                        slot=slot,
+                        gpu=reading.summary(),
+                        problems=problems,
+                        reading=body,
+                    )
+                )
+            if problems and slot in self.spares:
+                self.spares.remove(slot)
+                self.withheld.add(slot)
+                said.append(note("spare_withheld", slot=slot, problems=problems))
+            elif not problems and slot in self.withheld:
+                self.withheld.discard(slot)
+                said += self.spare_ready(slot)
+        return tuple(said)

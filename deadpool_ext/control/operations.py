@@ -13,6 +13,16 @@ from deadpool_ext import protocol as P
 from deadpool_ext.policy import requests
 from deadpool_ext.policy.effects import NOTHING, Effects, QueueDrain, StopAsked
 from deadpool_ext.policy.view import JobView
+from deadpool_ext.wire import Channel, control_connect
+
+
+def requests_reader(channel: Channel):
+    """The requests' topic, on a connection of its own: anyone who reaches
+    the store can break the topic's counter, and the server then drops the
+    connection that adds to it (the channel mends its own; a shared one
+    would leave the coordinator's broken)."""
+    store = channel.store if channel.address is None else control_connect(*channel.address)
+    return Channel(store, channel.secret, address=channel.address).reader(P.CONTROL_TOPIC)
 
 
 class Refused(ValueError):

@@ -19,6 +19,7 @@ import pydantic
 
 from deadpool_ext.control.membership import Membership
 from deadpool_ext.policy.stragglers import node_times
+from deadpool_ext.policy.states import AT_BOUNDARY
 from deadpool_ext.policy.view import (
     JobView,
     Progress,
@@ -28,7 +29,8 @@ from deadpool_ext.policy.view import (
     grid_of,
     limits_of,
 )
-from deadpool_ext.protocol import CoordinatorSettings, Decision, JobState, Plan, Report
+from deadpool_ext.policy.effects import Caught, Lost, Opening, Redone, Rollback
+from deadpool_ext.protocol import Action, CoordinatorSettings, Decision, JobState, Plan, Report
 
 
 @dataclass
@@ -92,13 +94,98 @@ class JobRecord:
         seen = self.iterations
         return {r: seen[slot] for r, slot in self.membership.members.items() if slot in seen}
 
-    def catch(self, suspects: Tuple[int, ...], iteration: int, forgive: Optional[int]) -> None:
-        """Suspects caught at ``iteration``; a ``forgive``n rank's process
-        is new (swapped): its record starts afresh."""
+    def take_plan(self, plan: Plan) -> None:
+        """Rank 0's layout of this world; a spare that took rank 0 repeats
+        it, and only the first counts."""
+        if self.plan is not None:
+            return
+        self.plan, self.train_iters = plan, plan.train_iters
+        if plan.distributed_timeout_minutes is not None:
+            self.group_timeout_s = 60.0 * float(plan.distributed_timeout_minutes)
+
+    def open(self, opening: Opening) -> None:
+        """The next generation's numbers: its lost ranks, and why its
+        decision stops the job. A stop decided and interrupted by a failure
+        before every rank resumed is recovered from first; the stop (still
+        asked for) comes after."""
+        if self.stopping is not None and self.stopping.stop:
+            self.stopping = None
+        self.gen += 1
+        self.lost |= set(opening.lost)
+        self.doomed = opening.doomed or self.doomed
+
+    def generation(self, assign: Dict[int, str]) -> dict:
+        """The generation as processes read it (``gen``). ``boundary`` tells
+        workers to stop at their next iteration boundary, not within an
+        iteration (a grow, a drain, a stop)."""
+        return dict(
+            gen=self.gen,
+            state=self.state,
+            lost=sorted(self.lost),
+            assign={str(r): s for r, s in assign.items()},
+            world=self.membership.world,
+            boundary=self.state in AT_BOUNDARY,
+        )
+
+    def adopt(self, decision: Decision, leaving: List[int]) -> Dict[int, str]:
+        """The decision's members form the generation (a resize's, another
+        world: rank 0 of it sends its layout anew). The nodes a drain asked
+        for are no longer asked for; those the decision drained (node ->
+        why) leave."""
+        m = self.membership
+        asked = {node: self.drains.pop(node, "") for node in leaving}
+        if decision.action.resizes:
+            m.world_size, m.world = decision.world_size, decision.world()
+            self.plan = None
+            self.iterations.clear()  # the old ranks' progress
+        if decision.action == Action.CHECKPOINT or decision.stop:
+            self.stopping = decision
+        m.members = decision.members
+        m.spares = [s for s in m.spares if s not in decision.replaced.values()]
+        m.released |= set(decision.released)
+        m.quorum_nodes = m.alive_nodes()
+        self.lost, self.decision = set(), decision
+        return {node: why for node, why in asked.items() if node in decision.drained}
+
+    def send_off(self, node: int) -> List[str]:
+        """A drained node: its slots count as gone (it may join again)."""
+        self.drains.pop(node, None)
+        slots = self.membership.slots_of(node)
+        self.membership.lose(slots)
+        self.drained_nodes.add(node)
+        return slots
+
+    def admit(self, node: int) -> List[str]:
+        """A node that joins: its workers start as spares."""
+        self.drained_nodes.discard(node)
+        return self.membership.admit(node)
+
+    @functools.singledispatchmethod
+    def change(self, effect) -> None:
+        """An effect that changes the record and nothing else."""
+        raise AssertionError(f"coordinator bug: {effect!r} changes no record")
+
+    @change.register
+    def lose_slots(self, lost: Lost) -> None:
+        self.membership.lose(list(lost.slots))
+
+    @change.register
+    def roll_back(self, r: Rollback) -> None:
+        self.rolled_back.add(r.iteration)
+        self.redoing[r.iteration] = r.rank
+
+    @change.register
+    def redone(self, r: Redone) -> None:
+        self.redoing.pop(r.iteration, None)
+
+    @change.register
+    def catch(self, c: Caught) -> None:
+        """Suspects caught at an iteration; a forgiven rank's process is new
+        (swapped): its record starts afresh."""
         caught = dict(self.caught)
-        caught[suspects] = iteration
-        if forgive is not None:
-            caught = {s: i for s, i in caught.items() if forgive not in s}
+        caught[c.suspects] = c.iteration
+        if c.forgive is not None:
+            caught = {s: i for s, i in caught.items() if c.forgive not in s}
         self.caught = list(caught.items())
 
     def note_recovered(self, round_: "Round", seconds: float) -> None:
@@ -174,7 +261,6 @@ def view_of(
     look: Tuple[Optional[Sighting], Sighting, Dict[str, Progress], Dict[str, dict]],
     news: Tuple,
     now: float,
-    guards_quorum: bool,
 ) -> JobView:
     """The frozen view the rules judge. ``look``: the heartbeats read this
     step (None: none), the latest look, each worker's progress and compute
@@ -211,7 +297,7 @@ def view_of(
         alive_nodes=frozenset(m.alive_nodes()),
         lost_slots=lost_slots,
         quorum_nodes=frozenset(m.quorum_nodes),
-        guards_quorum=guards_quorum,
+        guards_quorum=watch.guards_quorum,
         done=frozenset(record.done),
         ended=record.result is not None,
         stopping=record.stopping,

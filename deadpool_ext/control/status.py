@@ -1,13 +1,14 @@
-"""The job as deadpool-ctl status and the Prometheus metrics show it: one
-dict read off the coordinator's record, its current generation and its
-last look at the heartbeats (nothing is judged here)."""
+"""The job as others see it: deadpool-ctl status and the Prometheus
+metrics (one dict read off the coordinator's record, its current generation
+and its last look at the heartbeats), and a decision as the event log says
+it. Nothing is judged here."""
 
 import dataclasses
 from typing import Dict, List
 
 from deadpool_ext.control.record import JobRecord, Round, Watch
 from deadpool_ext.policy.stragglers import node_times
-from deadpool_ext.protocol import parse_slot
+from deadpool_ext.protocol import Decision, parse_slot
 
 
 def status(record: JobRecord, round_: Round, watch: Watch, seen, rejected: int) -> dict:
@@ -59,3 +60,31 @@ def nodes(record: JobRecord, round_: Round, times: Dict) -> Dict[str, dict]:
             "compute_s": times.get(node, (None, 0))[0],
         }
     return found
+
+
+def decision_event(decision: Decision, spares_left: int) -> dict:
+    """A decision as the event log says it."""
+    joined = {str(r): s for r, s in decision.replaced.items()}
+    if decision.action.resizes:
+        details = dict(
+            dp_before=decision.old_dp,
+            dp_after=decision.new_dp,
+            world_size=decision.world_size,
+            released=decision.released,
+            joined=joined,
+        )
+    else:
+        details = dict(replaced=joined, from_buddy=decision.from_buddy)
+    return dict(
+        action=decision.action,
+        reason=decision.reason,
+        drained=decision.drained,
+        stop=decision.stop,
+        rollback_to=decision.rollback_to,
+        warnings=decision.warnings,
+        spares_left=spares_left,
+        groups_kept=len(decision.kept),
+        gpus=decision.gpus,
+        withheld=decision.withheld,
+        **details,
+    )

@@ -48,10 +48,8 @@ from deadpool_ext.policy.exits import (
 )
 from deadpool_ext.policy.faults import SdcAction, corruption_verdict, nan_again, redone
 from deadpool_ext.policy.stragglers import judge
+from deadpool_ext.policy.states import BUILDING, COLLECTING, UNRECOVERABLE
 from deadpool_ext.policy.view import (
-    BUILDING,
-    COLLECTING,
-    UNRECOVERABLE,
     AgentEnded,
     Exited,
     JobView,

@@ -24,12 +24,6 @@ from deadpool_ext.protocol import (
 from deadpool_ext.topology import Grid
 
 S = JobState
-COLLECTING = (S.RECOVERING, S.GROWING, S.DRAINING)  # members report for a decision
-BUILDING = (S.REBUILDING, S.RESIZING)  # a decision is carried out
-# Every rank stops at its iteration's end, not within an iteration.
-AT_BOUNDARY = (S.GROWING, S.DRAINING)
-# A loss now cannot be combined with the decision being carried out.
-UNRECOVERABLE = (S.RESIZING, S.STOPPING)
 
 
 # ----- what the detector saw -----

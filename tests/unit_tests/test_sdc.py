@@ -14,6 +14,7 @@ from megatron.training.replica_check import ReplicaHashCheck, replica_check_hook
 from deadpool_ext import protocol as P
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.protocol import SDC_REPEAT_WINDOW, CoordinatorSettings
+from deadpool_ext.policy.effects import Caught
 from deadpool_ext.policy.faults import SdcAction, corruption_verdict
 from deadpool_ext.inject import InjectError, parse_fault
 from deadpool_ext.rank.flips import flip_bit
@@ -74,7 +75,7 @@ class Book:
     def decide(self, m):
         verdict = corruption_verdict(m, dict(self.record.caught), self.window)
         swapped = verdict.rank if verdict.action == SdcAction.SWAP else None
-        self.record.catch(tuple(sorted(m.suspects)), m.iteration, swapped)
+        self.record.change(Caught(tuple(sorted(m.suspects)), m.iteration, swapped))
         return verdict
 
 

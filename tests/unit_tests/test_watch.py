@@ -75,7 +75,7 @@ def test_membership_round_trips_and_admits_a_node_only_where_one_is_free():
         JobRecord.launched(CoordinatorSettings(), 2, 1, 2), membership=view
     )
     assert JobRecord.from_json(record.to_json()).membership == view
-    seen = view_of(record, Round(), Watch(), (None, Sighting(), {}, {}), (), 0.0, False)
+    seen = view_of(record, Round(), Watch(), (None, Sighting(), {}, {}), (), 0.0)
     assert why_not_join(seen, 1, 2) == "node 1 is still part of the job"
     assert why_not_join(seen, 3, 4) == "it runs 4 ranks per node, the job 2"
     assert why_not_join(seen, 3, 2) is None and view.admit(3) == ["3.0", "3.1"]
