@@ -39,6 +39,9 @@ setup(
         "einops",
         # --deadpool-metrics-port: the coordinator's state for Prometheus
         "prometheus_client",
+        # The coordinator's record goes to the standby as JSON generated
+        # from its types, and comes back checked (control/record.py).
+        "pydantic>=2",
     ],
     entry_points={
         "console_scripts": [

@@ -5,7 +5,7 @@ through the job's view, and the standby holds it as part of the job's
 record (record.py)."""
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.policy.effects import Note, note
@@ -19,7 +19,7 @@ class Membership:
     nproc: int  # ranks per node
     members: Dict[int, str]  # rank -> slot
     world_size: int
-    world: Optional[dict] = None  # size and rank nodes after a shrink
+    world: Optional[Dict[str, Any]] = None  # size and rank nodes after a shrink
     spares: List[str] = field(default_factory=list)  # ready spare slots, in order
     lost_slots: Set[str] = field(default_factory=set)
     # Each slot's GPU as its agent last read it, and the ready spares kept
