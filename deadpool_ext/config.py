@@ -22,21 +22,21 @@ from deadpool_ext.topology import (
     shrink_unit,
 )
 from deadpool_ext.inject import Fault, InjectError, parse_faults
-from deadpool_ext.protocol import (
-    ERROR_FILE_ENV,
+from deadpool_ext.defaults import (
     HEARTBEAT_TIMEOUT_S,
+    METRICS_ADDR,
+    MIRROR_TIMEOUT_S,
     ON_SDC,
     ON_SPARES_EXHAUSTED,
-    WEIGHT_CHECK_INTERVAL,
+    ON_STRAGGLER,
     PROGRESS_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     SPARE_WAIT_S,
     STRAGGLER_FACTOR,
     STRAGGLER_WINDOW,
-    ON_STRAGGLER,
-    METRICS_ADDR,
-    CoordinatorSettings,
+    WEIGHT_CHECK_INTERVAL,
 )
+from deadpool_ext.protocol import ERROR_FILE_ENV, CoordinatorSettings
 
 
 @dataclass(kw_only=True)
@@ -81,7 +81,8 @@ class DeadpoolConfig:
         "launcher's emulated node size."
     )
     deadpool_mirror_timeout: float = arg(
-        300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost."
+        MIRROR_TIMEOUT_S,
+        help="Seconds a mirror send/receive may take before the buddy counts as lost.",
     )
     deadpool_heartbeat_timeout: float = arg(
         HEARTBEAT_TIMEOUT_S,

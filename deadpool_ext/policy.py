@@ -50,8 +50,8 @@ the snapshot of the rank that contributes it.
 from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from deadpool_ext.defaults import ON_SPARES_EXHAUSTED
 from deadpool_ext.protocol import (
-    ON_SPARES_EXHAUSTED,
     Action,
     Decision,
     Plan,

@@ -59,7 +59,7 @@ from typing import List, Optional, Tuple
 from deadpool_ext.topology import buddy_map, nodes_by_block
 from deadpool_ext.compare import curve, read_metrics, shrink_difference, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
-from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
+from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.wire import new_secret

@@ -58,6 +58,12 @@ from deadpool_ext.control.membership import Membership
 from deadpool_ext.control.rollbacks import Corruptions, Rollbacks
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.control.stragglers import StragglerWatch
+from deadpool_ext.defaults import (
+    ABORT_GRACE_S,
+    STATUS_EVERY_S,
+    STUCK_KILL_TIMEOUTS,
+    TAKEOVER_GRACE_S,
+)
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import (
     JobView,
@@ -140,7 +146,7 @@ class Coordinator:
         self.reasons: List[str] = []
         self.corruptions = Corruptions()  # silent data corruption caught (--deadpool-on-sdc)
         self.doomed: Optional[str] = None  # why the next decision stops the job
-        self.abort_grace_s = P.ABORT_GRACE_S
+        self.abort_grace_s = ABORT_GRACE_S
         self.policy = Policy()
         self.plan: Optional[P.Plan] = None  # layout and buddies from rank 0, per world
         self.train_iters: Optional[int] = None
@@ -259,7 +265,7 @@ class Coordinator:
             self.note_clean_redos()
         elif self.state in BUILDING and self.clock() - self.decided_at > self.recovery_timeout:
             self.stop(f"generation {self.gen} did not resume within {self.recovery_timeout:.0f} s")
-        if self.status_listeners and self.clock() - self.status_sent_at >= P.STATUS_EVERY_S:
+        if self.status_listeners and self.clock() - self.status_sent_at >= STATUS_EVERY_S:
             self.status_sent_at = self.clock()
             status = self.status()
             for listener in self.status_listeners:
@@ -802,7 +808,7 @@ class Coordinator:
         wrote its threads' stacks to the event log, event 'stuck'): they are
         killed and lost, and their buddies' copies restore them."""
         waited = now - self.started_recovery
-        if waited < P.STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
+        if waited < STUCK_KILL_TIMEOUTS * self.heartbeat_timeout:
             return
         members = self.view.members
         stuck, kept = watch.stuck(members, self.lost, set(self.reports), states, self.only_copies())
@@ -903,7 +909,7 @@ class Coordinator:
         self.started_recovery = self.decided_at = self.took_over_at = now
         # A process may notice late that node 0 is gone (its host silent).
         self.detector.expect(
-            self.view.nodes(), self.view.every_slot(), since=now + P.TAKEOVER_GRACE_S
+            self.view.nodes(), self.view.every_slot(), since=now + TAKEOVER_GRACE_S
         )
         for slot in sorted(self.view.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
@@ -928,7 +934,7 @@ class Coordinator:
         if self.took_over_at is None:
             return False
         waited = self.clock() - self.took_over_at
-        limit = self.heartbeat_timeout + P.TAKEOVER_GRACE_S
+        limit = self.heartbeat_timeout + TAKEOVER_GRACE_S
         if waited <= limit and not self.view.alive_nodes() <= self.detector.last.beating:
             return True
         self.took_over_at = None

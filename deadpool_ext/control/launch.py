@@ -51,12 +51,12 @@ from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, r
 from deadpool_ext.events import EventLog
 from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.policy import abort
+from deadpool_ext.defaults import TAKEOVER_WAIT_S
 from deadpool_ext.protocol import (
     AGENT_ENV,
     COORDINATOR_RANK,
     SECRET_ENV,
     STANDBY_PORT_OFFSET,
-    TAKEOVER_WAIT_S,
     Command,
     ExitCode,
 )

@@ -6,7 +6,8 @@ coordinator says what the records tell it."""
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from deadpool_ext.protocol import SDC_REPEAT_WINDOW, NumericFault
+from deadpool_ext.defaults import SDC_REPEAT_WINDOW
+from deadpool_ext.protocol import NumericFault
 
 
 class Rollbacks:

@@ -43,6 +43,7 @@ PACKAGES = ["deadpool_ext", "megatron.training", "tools"]
 # parsing, no process groups, no sockets. A package name stands for all of
 # its modules. A name that is no module of the repository fails the test.
 PURE_MODULES = [
+    "deadpool_ext.defaults",  # the tuning constants
     "deadpool_ext.policy",  # the coordinator's decisions
     "deadpool_ext.protocol",  # the control plane's messages
     "deadpool_ext.topology",  # buddy maps and rank layouts
@@ -54,7 +55,7 @@ PURE_MODULES = [
     "deadpool_ext.control.stragglers",  # which node is slow
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
-TORCH_FREE_MODULES = ["deadpool_ext.planning"]
+TORCH_FREE_MODULES = ["deadpool_ext.defaults", "deadpool_ext.planning"]
 
 Graph = Dict[str, Set[str]]
 
@@ -354,6 +355,7 @@ def test_the_graph_sees_the_packages_imports():
 # docs/architecture.md's list, bottom-up: a module imports only what stands
 # above it (or in it: a package's modules order themselves, see below).
 ORDER = [
+    "deadpool_ext.defaults",
     "megatron.training",
     "deadpool_ext.protocol",
     "deadpool_ext.topology",

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
+from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port

@@ -15,6 +15,7 @@ from deadpool_ext.control import launch
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.launch import free_port
 from deadpool_ext.control.standby import Replica, Standby, Verdict
+from deadpool_ext.defaults import TAKEOVER_GRACE_S
 from deadpool_ext.protocol import Decision
 from deadpool_ext.wire import Channel, JobEnded, connect, standby_channel
 
@@ -205,7 +206,7 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
                 beating.put(P.worker_heartbeat_key(slot), state="recovering")
             successor.step()
 
-    beat_for(P.TAKEOVER_GRACE_S + 2.0)
+    beat_for(TAKEOVER_GRACE_S + 2.0)
     assert sorted(successor.view.lost_slots) == ["0.0", "0.1"]
     beat_for(2.0)
     assert sorted(successor.view.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]

@@ -121,7 +121,7 @@ def test_a_claimed_slot_never_written_is_passed_over_after_the_deadline(store):
     """An outsider's claim (or a poster killed between claiming and writing)
     held every later message back for good
     (../shared/reliability-probes/inbox_wedge.py)."""
-    from deadpool_ext.protocol import CLAIMED_SLOT_DEADLINE_S
+    from deadpool_ext.defaults import CLAIMED_SLOT_DEADLINE_S
 
     now = [0.0]
     ours = Channel(store, b"job-secret")
