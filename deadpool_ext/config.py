@@ -35,6 +35,8 @@ from deadpool_ext.defaults import (
     STRAGGLER_FACTOR,
     STRAGGLER_WINDOW,
     WEIGHT_CHECK_INTERVAL,
+    OrderError,
+    check_order,
 )
 from deadpool_ext.protocol import ERROR_FILE_ENV, CoordinatorSettings
 
@@ -194,6 +196,7 @@ def coordinator_settings(
     namespace, _ = parser.parse_known_args(script_args)
     dp = DeadpoolConfig(**{f.name: getattr(namespace, f.name) for f in fields(DeadpoolConfig)})
     check_operations(dp)  # the launcher refuses them before anything starts
+    check_timeout_order(dp)
     if nodes is not None:
         check_spare_faults(dp, nodes)
     return CoordinatorSettings(
@@ -396,6 +399,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
             "spares that are still starting)"
         )
+    check_timeout_order(dp)
     check_operations(dp)
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
         raise ConfigError(
@@ -417,6 +421,14 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     for fault in faults:
         check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
     plan_buddies(config, environ)
+
+
+def check_timeout_order(dp: DeadpoolConfig) -> None:
+    """The order the watches rely on (defaults.check_order), as a usage error."""
+    try:
+        check_order(dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout)
+    except OrderError as error:
+        raise ConfigError(str(error)) from None
 
 
 def checked_faults(dp: DeadpoolConfig) -> List[Fault]:

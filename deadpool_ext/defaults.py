@@ -1,7 +1,14 @@
-"""Every tuning constant and flag default, each with its reason.
+"""Every tuning constant and flag default, each with its reason; the timeouts' order.
 
-Pure: imports nothing of the repository.
+The watches rely on one another: a heartbeat timeout that a live process's
+beats cannot meet, or a takeover that gives up before the agents can vote,
+would turn a healthy job into a lost one. ``check_order`` holds them to the
+order their comments state; the --deadpool flags' checks call it before any
+process starts (config.py). Pure: imports nothing of the repository.
 """
+
+from dataclasses import dataclass
+from typing import List
 
 HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
 HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
@@ -116,3 +123,129 @@ METRICS_ADDR = "127.0.0.1"
 # it aborts the communicator and the error reaches the rank, which recovers
 # (the heartbeat thread's abort frees a rank blocked in NCCL either way).
 WORKER_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+# ----- the order of the timeouts -----
+HERE = "deadpool_ext/defaults.py"  # where a constant out of order is mended
+
+
+class OrderError(ValueError):
+    """Two timeouts out of the order the watches rely on."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """``shorter`` must end before ``longer`` (or with it, where ``may_equal``);
+    ``fix`` says what to change, and why, when it does not."""
+
+    shorter: str  # a flag as the user gives it, or a constant of this module
+    shorter_s: float
+    longer: str
+    longer_s: float
+    fix: str
+    may_equal: bool = False
+
+    def holds(self) -> bool:
+        return self.shorter_s <= self.longer_s if self.may_equal else self.shorter_s < self.longer_s
+
+    def broken(self) -> str:
+        bound = "at most" if self.may_equal else "below"
+        return (
+            f"{self.shorter} ({self.shorter_s:g} s) must be {bound} "
+            f"{self.longer} ({self.longer_s:g} s): {self.fix}"
+        )
+
+
+def flag_orders(heartbeat_timeout_s: float, mirror_timeout_s: float) -> List[Order]:
+    """The orders the --deadpool flags' values must keep. The stuck watch's
+    against the recovery timeout and the releases' against the stuck report
+    are the defaults' alone (constant_orders): a job may give a short
+    heartbeat timeout, or a long one with the default recovery timeout (the
+    reports' deadline then takes a stuck rank before its watch does)."""
+    heartbeat, mirror = "--deadpool-heartbeat-timeout", "--deadpool-mirror-timeout"
+    return [
+        Order(
+            "HEARTBEAT_INTERVAL_S",
+            HEARTBEAT_INTERVAL_S,
+            heartbeat,
+            heartbeat_timeout_s,
+            f"a live process beats every {HEARTBEAT_INTERVAL_S:g} s, so it would count as "
+            f"lost between two beats: raise {heartbeat}",
+        ),
+        Order(
+            heartbeat,
+            heartbeat_timeout_s,
+            mirror,
+            mirror_timeout_s,
+            f"a rank would count its buddy lost while the coordinator still counts it "
+            f"alive: raise {mirror} or lower {heartbeat}",
+            may_equal=True,
+        ),
+        Order(
+            f"STUCK_REPORT_TIMEOUTS x {heartbeat}",
+            STUCK_REPORT_TIMEOUTS * heartbeat_timeout_s,
+            f"STUCK_KILL_TIMEOUTS x {heartbeat}",
+            STUCK_KILL_TIMEOUTS * heartbeat_timeout_s,
+            f"a stuck rank writes its stacks before it is killed: change {HERE}",
+        ),
+    ]
+
+
+def constant_orders() -> List[Order]:
+    """The orders the constants' comments state, at the default heartbeat timeout."""
+    return [
+        Order(
+            "STORE_MEND_TIMEOUT_S",
+            STORE_MEND_TIMEOUT_S,
+            "STORE_RECONNECT_TIMEOUT_S",
+            STORE_RECONNECT_TIMEOUT_S,
+            f"a dying store must be known gone before the standby's successor may end "
+            f"the job: change {HERE}",
+        ),
+        Order(
+            "CONTROL_SILENCE_S",
+            CONTROL_SILENCE_S,
+            "TAKEOVER_WAIT_S",
+            TAKEOVER_WAIT_S,
+            f"agents must notice the primary is gone and reach the standby to vote before "
+            f"it gives up: change {HERE}",
+        ),
+        Order(
+            "RELEASE_GRACE_S",
+            RELEASE_GRACE_S,
+            "RELEASE_ALL_AFTER_S",
+            RELEASE_ALL_AFTER_S,
+            f"the groups a hot swap may keep are released after the others: change {HERE}",
+        ),
+        Order(
+            "RELEASE_ALL_AFTER_S",
+            RELEASE_ALL_AFTER_S,
+            "RELEASE_ALL_COMPUTING_AFTER_S",
+            RELEASE_ALL_COMPUTING_AFTER_S,
+            f"a main thread still computing is let go on longer than one that waits: change {HERE}",
+        ),
+        Order(
+            "RELEASE_ALL_COMPUTING_AFTER_S",
+            RELEASE_ALL_COMPUTING_AFTER_S,
+            "STUCK_REPORT_TIMEOUTS x HEARTBEAT_TIMEOUT_S",
+            STUCK_REPORT_TIMEOUTS * HEARTBEAT_TIMEOUT_S,
+            f"the coordinator's stuck watch comes after the last release: change {HERE}",
+        ),
+        Order(
+            "STUCK_KILL_TIMEOUTS x HEARTBEAT_TIMEOUT_S",
+            STUCK_KILL_TIMEOUTS * HEARTBEAT_TIMEOUT_S,
+            "RECOVERY_TIMEOUT_S",
+            RECOVERY_TIMEOUT_S,
+            f"a stuck rank is killed before the reports' deadline: change {HERE}",
+        ),
+    ]
+
+
+def check_order(
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, mirror_timeout_s: float = MIRROR_TIMEOUT_S
+) -> None:
+    """Raises OrderError, naming both ends and what to change, for the first
+    order these values or the constants break."""
+    for order in flag_orders(heartbeat_timeout_s, mirror_timeout_s) + constant_orders():
+        if not order.holds():
+            raise OrderError(order.broken())

@@ -43,7 +43,7 @@ PACKAGES = ["deadpool_ext", "megatron.training", "tools"]
 # parsing, no process groups, no sockets. A package name stands for all of
 # its modules. A name that is no module of the repository fails the test.
 PURE_MODULES = [
-    "deadpool_ext.defaults",  # the tuning constants
+    "deadpool_ext.defaults",  # the tuning constants and the timeouts' order
     "deadpool_ext.policy",  # the coordinator's decisions
     "deadpool_ext.protocol",  # the control plane's messages
     "deadpool_ext.topology",  # buddy maps and rank layouts
