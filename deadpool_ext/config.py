@@ -301,6 +301,19 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     dp = section(config)
     if not dp.deadpool:
         return
+    check_recoverable_layout(config)
+    per_node = check_nodes(config, dp, environ)
+    check_hardware(config, dp)
+    check_timeouts(dp)
+    check_numeric_faults(config, dp)
+    check_operations(dp)
+    check_what_recovery_needs(config, dp)
+    check_injected_faults(config, dp, environ, world_size_in_nodes=config.world_size // per_node)
+    plan_buddies(config, environ)
+
+
+def check_recoverable_layout(config: Config) -> None:
+    """The optimizer, parallelism and features a recovery can rebuild."""
     if not config.parallel.use_distributed_optimizer:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
@@ -342,6 +355,10 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "shown yet (GPU only; it keeps state a recovery would have to rebuild); drop it "
             "under --deadpool"
         )
+
+
+def check_nodes(config: Config, dp: DeadpoolConfig, environ) -> int:
+    """The node size, which must divide the world; returns it."""
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)
@@ -350,6 +367,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             f"world size {config.world_size} is not a whole number of nodes of "
             f"{per_node} ranks: fix --deadpool-ranks-per-node or the launch"
         )
+    return per_node
+
+
+def check_hardware(config: Config, dp: DeadpoolConfig) -> None:
+    """What this run's devices allow: where the mirror lies and what it
+    sends, bit-exact redos, and which groups a hot swap keeps."""
     on_cpu = config.parallel.cpu or config.parallel.distributed_backend == "gloo"
     if dp.deadpool_mirror_memory == "device" and on_cpu:
         raise ConfigError(
@@ -376,18 +399,14 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "--deadpool-rebuild-groups changed keeps gloo groups only, and this run's "
             "groups are NCCL's: use --deadpool-rebuild-groups all (the default)"
         )
+
+
+def check_timeouts(dp: DeadpoolConfig) -> None:
+    """Each timeout's own range, then their order."""
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
-    if dp.deadpool_on_nan is not None and not config.training.check_for_nan_in_loss_and_grad:
-        raise ConfigError(
-            f"--deadpool-on-nan {dp.deadpool_on_nan} acts on what --check-for-nan-in-loss-and-grad "
-            "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
-            "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
-        )
-    take_over_result_validation(config)
-    check_replicas_every_iteration(config)
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= 0:
@@ -400,7 +419,30 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "spares that are still starting)"
         )
     check_timeout_order(dp)
-    check_operations(dp)
+
+
+def check_timeout_order(dp: DeadpoolConfig) -> None:
+    """The order the watches rely on (defaults.check_order), as a usage error."""
+    try:
+        check_order(dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout)
+    except OrderError as error:
+        raise ConfigError(str(error)) from None
+
+
+def check_numeric_faults(config: Config, dp: DeadpoolConfig) -> None:
+    """NaNs and corruptions are redone from memory under --deadpool."""
+    if dp.deadpool_on_nan is not None and not config.training.check_for_nan_in_loss_and_grad:
+        raise ConfigError(
+            f"--deadpool-on-nan {dp.deadpool_on_nan} acts on what --check-for-nan-in-loss-and-grad "
+            "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
+            "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
+        )
+    take_over_result_validation(config)
+    check_replicas_every_iteration(config)
+
+
+def check_what_recovery_needs(config: Config, dp: DeadpoolConfig) -> None:
+    """What a recovery asks of the training's own flags."""
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
         raise ConfigError(
             "--deadpool-on-spares-exhausted checkpoint writes the job's state to "
@@ -412,6 +454,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "all ranks in every step keeps ranks within one iteration of each "
             "other, which the rollback after a failure relies on"
         )
+
+
+def check_injected_faults(
+    config: Config, dp: DeadpoolConfig, environ, world_size_in_nodes: int
+) -> None:
+    """--deadpool-inject: under the launcher, and each fault able to fire."""
     faults = checked_faults(dp)
     if faults and "DEADPOOL_SLOT" not in environ:
         raise ConfigError(
@@ -419,16 +467,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "python -m deadpool_ext.launch (deadpool-launch)"
         )
     for fault in faults:
-        check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
-    plan_buddies(config, environ)
-
-
-def check_timeout_order(dp: DeadpoolConfig) -> None:
-    """The order the watches rely on (defaults.check_order), as a usage error."""
-    try:
-        check_order(dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout)
-    except OrderError as error:
-        raise ConfigError(str(error)) from None
+        check_fault_can_fire(fault, config, world_size_in_nodes=world_size_in_nodes)
 
 
 def checked_faults(dp: DeadpoolConfig) -> List[Fault]:
