@@ -61,7 +61,7 @@ from deadpool_ext.compare import curve, read_metrics, shrink_difference, state_d
 from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.wire import new_secret
 from tools.workers import worker_env
 

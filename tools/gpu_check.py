@@ -565,7 +565,7 @@ def parse_as_launched(run: Run, on_gpu: bool) -> str:
     ConfigError (or SystemExit from a launcher's parser) if refused.
     Returns what was checked."""
     from deadpool_ext import config as deadpool_config
-    from deadpool_ext.control.launch import build_parser
+    from deadpool_ext.control.command_line import build_parser
 
     command = run.command
     script = command.index("pretrain_gpt.py")

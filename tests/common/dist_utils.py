@@ -265,7 +265,7 @@ def launch_on_nodes(
     import secrets
     import time
 
-    from deadpool_ext.control.launch import free_port
+    from deadpool_ext.control.ports import free_port
 
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port(span=2)  # and the standby's

@@ -17,7 +17,7 @@ import pytest
 from deadpool_ext import defaults
 from deadpool_ext.protocol import Where
 from deadpool_ext.wire import connect
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.sockets import shut_down, socket_descriptors
 
 

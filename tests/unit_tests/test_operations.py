@@ -11,7 +11,7 @@ import pytest
 
 from deadpool_ext.control import ctl, jobs
 from deadpool_ext.control.coordinator import Coordinator
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.control.stragglers import StragglerWatch
 from deadpool_ext.inject import InjectError, Injector, parse_fault, spares_ready_at
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState

@@ -11,7 +11,7 @@ from deadpool_ext.wire import Channel, connect
 from deadpool_ext.inject import InjectError, parse_fault
 from deadpool_ext.config import DeadpoolConfig, coordinator_settings
 from megatron.training.arguments import ConfigError
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     ],
 )
 def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
-    from deadpool_ext.control.launch import build_parser, check
+    from deadpool_ext.control.command_line import build_parser, check
 
     with pytest.raises(ConfigError) as error:
         check(build_parser().parse_args(argv))
