@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
 from deadpool_ext.topology import buddy_map, nodes_by_block
-from deadpool_ext.compare import curve, read_metrics, shrink_difference, state_difference
+from tools.compare import curve, read_metrics, shrink_difference, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events

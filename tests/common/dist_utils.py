@@ -10,10 +10,10 @@ from typing import Dict, List, Optional, Tuple
 import forkserver
 
 # Re-exported for the tests: how runs are compared lives in the package.
-from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F401
+from tools.compare import curve, model_tensors, read_metrics  # noqa: F401
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
-from deadpool_ext.compare import state_difference
+from tools.compare import state_difference
 from tools.bench.common import MOE_LAYERS
 from tools.workers import worker_env
 

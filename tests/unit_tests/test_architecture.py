@@ -48,14 +48,14 @@ PURE_MODULES = [
     "deadpool_ext.protocol",  # the control plane's messages
     "deadpool_ext.topology",  # buddy maps and rank layouts
     "deadpool_ext.inject",  # fault specs (parsing; firing is signals)
-    "deadpool_ext.compare",  # how runs are judged equal
-    "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
     "deadpool_ext.control.watch",  # what an exit or a stall means
     "deadpool_ext.control.rollbacks",  # the NaN rollbacks' and corruptions' records
     "deadpool_ext.control.stragglers",  # which node is slow
+    "tools.compare",  # how runs are judged equal
+    "tools.planning",  # the planner, goodput model and Slurm layout
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
-TORCH_FREE_MODULES = ["deadpool_ext.defaults", "deadpool_ext.planning"]
+TORCH_FREE_MODULES = ["deadpool_ext.defaults", "tools.planning"]
 
 Graph = Dict[str, Set[str]]
 
@@ -361,8 +361,6 @@ ORDER = [
     "deadpool_ext.topology",
     "deadpool_ext.policy",
     "deadpool_ext.inject",
-    "deadpool_ext.compare",
-    "deadpool_ext.planning",
     "deadpool_ext.sockets",
     "deadpool_ext.wire",
     "deadpool_ext.events",
