@@ -1,7 +1,8 @@
 """The ``--deadpool*`` flags, and the checks that run before any process group.
 
 The dataclass generates the flags (``megatron.training.arguments``); the
-validator refuses layouts the mirror cannot protect and says what to change.
+validator refuses layouts the mirror cannot protect, and timeouts out of the
+order the watches rely on (``defaults.check_order``), and says what to change.
 """
 
 import os
