@@ -1,7 +1,8 @@
 """The ``--deadpool*`` flags, and the checks that run before any process group.
 
 The dataclass generates the flags (``megatron.training.arguments``); the
-validator refuses layouts the mirror cannot protect and says what to change.
+validator refuses layouts the mirror cannot protect, and timeouts out of the
+order the watches rely on (``defaults.check_order``), and says what to change.
 """
 
 import os
@@ -22,21 +23,23 @@ from deadpool_ext.topology import (
     shrink_unit,
 )
 from deadpool_ext.inject import Fault, InjectError, parse_faults
-from deadpool_ext.protocol import (
-    ERROR_FILE_ENV,
+from deadpool_ext.defaults import (
     HEARTBEAT_TIMEOUT_S,
+    METRICS_ADDR,
+    MIRROR_TIMEOUT_S,
     ON_SDC,
     ON_SPARES_EXHAUSTED,
-    WEIGHT_CHECK_INTERVAL,
+    ON_STRAGGLER,
     PROGRESS_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     SPARE_WAIT_S,
     STRAGGLER_FACTOR,
     STRAGGLER_WINDOW,
-    ON_STRAGGLER,
-    METRICS_ADDR,
-    CoordinatorSettings,
+    WEIGHT_CHECK_INTERVAL,
+    OrderError,
+    check_order,
 )
+from deadpool_ext.protocol import ERROR_FILE_ENV, CoordinatorSettings
 
 
 @dataclass(kw_only=True)
@@ -81,7 +84,8 @@ class DeadpoolConfig:
         "launcher's emulated node size."
     )
     deadpool_mirror_timeout: float = arg(
-        300.0, help="Seconds a mirror send/receive may take before the buddy counts as lost."
+        MIRROR_TIMEOUT_S,
+        help="Seconds a mirror send/receive may take before the buddy counts as lost.",
     )
     deadpool_heartbeat_timeout: float = arg(
         HEARTBEAT_TIMEOUT_S,
@@ -193,6 +197,7 @@ def coordinator_settings(
     namespace, _ = parser.parse_known_args(script_args)
     dp = DeadpoolConfig(**{f.name: getattr(namespace, f.name) for f in fields(DeadpoolConfig)})
     check_operations(dp)  # the launcher refuses them before anything starts
+    check_timeout_order(dp)
     if nodes is not None:
         check_spare_faults(dp, nodes)
     return CoordinatorSettings(
@@ -297,6 +302,19 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
     dp = section(config)
     if not dp.deadpool:
         return
+    check_recoverable_layout(config)
+    per_node = check_nodes(config, dp, environ)
+    check_hardware(config, dp)
+    check_timeouts(dp)
+    check_numeric_faults(config, dp)
+    check_operations(dp)
+    check_what_recovery_needs(config, dp)
+    check_injected_faults(config, dp, environ, world_size_in_nodes=config.world_size // per_node)
+    plan_buddies(config, environ)
+
+
+def check_recoverable_layout(config: Config) -> None:
+    """The optimizer, parallelism and features a recovery can rebuild."""
     if not config.parallel.use_distributed_optimizer:
         raise ConfigError(
             "--deadpool mirrors the distributed optimizer's shard: add --use-distributed-optimizer"
@@ -338,6 +356,10 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "shown yet (GPU only; it keeps state a recovery would have to rebuild); drop it "
             "under --deadpool"
         )
+
+
+def check_nodes(config: Config, dp: DeadpoolConfig, environ) -> int:
+    """The node size, which must divide the world; returns it."""
     if dp.deadpool_ranks_per_node is not None and dp.deadpool_ranks_per_node < 1:
         raise ConfigError("--deadpool-ranks-per-node must be >= 1")
     per_node = ranks_per_node(dp, config.world_size, environ)
@@ -346,6 +368,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             f"world size {config.world_size} is not a whole number of nodes of "
             f"{per_node} ranks: fix --deadpool-ranks-per-node or the launch"
         )
+    return per_node
+
+
+def check_hardware(config: Config, dp: DeadpoolConfig) -> None:
+    """What this run's devices allow: where the mirror lies and what it
+    sends, bit-exact redos, and which groups a hot swap keeps."""
     on_cpu = config.parallel.cpu or config.parallel.distributed_backend == "gloo"
     if dp.deadpool_mirror_memory == "device" and on_cpu:
         raise ConfigError(
@@ -372,18 +400,14 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "--deadpool-rebuild-groups changed keeps gloo groups only, and this run's "
             "groups are NCCL's: use --deadpool-rebuild-groups all (the default)"
         )
+
+
+def check_timeouts(dp: DeadpoolConfig) -> None:
+    """Each timeout's own range, then their order."""
     if dp.deadpool_mirror_timeout <= 0:
         raise ConfigError("--deadpool-mirror-timeout must be > 0 seconds")
     if dp.deadpool_heartbeat_timeout <= 0:
         raise ConfigError("--deadpool-heartbeat-timeout must be > 0 seconds")
-    if dp.deadpool_on_nan is not None and not config.training.check_for_nan_in_loss_and_grad:
-        raise ConfigError(
-            f"--deadpool-on-nan {dp.deadpool_on_nan} acts on what --check-for-nan-in-loss-and-grad "
-            "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
-            "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
-        )
-    take_over_result_validation(config)
-    check_replicas_every_iteration(config)
     if dp.deadpool_progress_timeout < 0:
         raise ConfigError("--deadpool-progress-timeout must be >= 0 seconds (0: no watch)")
     if dp.deadpool_recovery_timeout <= 0:
@@ -395,7 +419,31 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "--deadpool-spare-wait must be >= 0 seconds (0: never wait for "
             "spares that are still starting)"
         )
-    check_operations(dp)
+    check_timeout_order(dp)
+
+
+def check_timeout_order(dp: DeadpoolConfig) -> None:
+    """The order the watches rely on (defaults.check_order), as a usage error."""
+    try:
+        check_order(dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout)
+    except OrderError as error:
+        raise ConfigError(str(error)) from None
+
+
+def check_numeric_faults(config: Config, dp: DeadpoolConfig) -> None:
+    """NaNs and corruptions are redone from memory under --deadpool."""
+    if dp.deadpool_on_nan is not None and not config.training.check_for_nan_in_loss_and_grad:
+        raise ConfigError(
+            f"--deadpool-on-nan {dp.deadpool_on_nan} acts on what --check-for-nan-in-loss-and-grad "
+            "finds, which is off (--no-check-for-nan-in-loss-and-grad turns it off, and so "
+            "does --fp16 without --loss-scale, as Megatron-LM): drop --deadpool-on-nan"
+        )
+    take_over_result_validation(config)
+    check_replicas_every_iteration(config)
+
+
+def check_what_recovery_needs(config: Config, dp: DeadpoolConfig) -> None:
+    """What a recovery asks of the training's own flags."""
     if dp.deadpool_on_spares_exhausted == "checkpoint" and not config.checkpoint.save:
         raise ConfigError(
             "--deadpool-on-spares-exhausted checkpoint writes the job's state to "
@@ -407,6 +455,12 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "all ranks in every step keeps ranks within one iteration of each "
             "other, which the rollback after a failure relies on"
         )
+
+
+def check_injected_faults(
+    config: Config, dp: DeadpoolConfig, environ, world_size_in_nodes: int
+) -> None:
+    """--deadpool-inject: under the launcher, and each fault able to fire."""
     faults = checked_faults(dp)
     if faults and "DEADPOOL_SLOT" not in environ:
         raise ConfigError(
@@ -414,8 +468,7 @@ def validate_deadpool(config: Config, environ=os.environ) -> None:
             "python -m deadpool_ext.launch (deadpool-launch)"
         )
     for fault in faults:
-        check_fault_can_fire(fault, config, world_size_in_nodes=config.world_size // per_node)
-    plan_buddies(config, environ)
+        check_fault_can_fire(fault, config, world_size_in_nodes=world_size_in_nodes)
 
 
 def checked_faults(dp: DeadpoolConfig) -> List[Fault]:

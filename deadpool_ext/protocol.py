@@ -1,6 +1,7 @@
 """Everything processes tell each other, typed in one place: the messages
 on the control plane, the states they carry, the decisions, the workers'
-environment and the exit codes, and every default the control plane uses.
+environment and the exit codes (their defaults and tuning constants are
+in ``defaults.py``).
 
 Pure: no sockets and no torch. The wire (``wire.py``) signs and carries the
 dict form of these messages; this module turns them into objects and back.
@@ -12,115 +13,25 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 
-# ----- defaults: the one home of each -----
-HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
-HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
-RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
-# --deadpool-progress-timeout: a training rank whose iteration does not advance
-# this long, its main thread computing all the while and a peer waiting on it,
-# is hung even if its heartbeat thread beats (0: no such watch).
-PROGRESS_TIMEOUT_S = 300.0
-SPARE_WAIT_S = 60.0  # --deadpool-spare-wait
-ON_SPARES_EXHAUSTED = "shrink"  # --deadpool-on-spares-exhausted
-ON_SDC = "rollback"  # --deadpool-on-sdc
-# --check-weight-hash-across-dp-replicas-interval under --deadpool when not given.
-WEIGHT_CHECK_INTERVAL = 1
-# --deadpool-on-sdc rollback: the same rank caught again within this many
-# iterations of its last catch is a failing node, swapped for a spare.
-SDC_REPEAT_WINDOW = 1000
-# A topic slot claimed and not written this long is passed over (its poster
-# died between claiming and writing, or was an outsider).
-CLAIMED_SLOT_DEADLINE_S = 2.0
-# A process that lost its store connects to a standby within this; a store
-# that is gone is known gone after it, not after a connection's 60 s.
-STORE_RECONNECT_TIMEOUT_S = 5.0
-# A client its live store dropped (a poisoned counter) connects again within
-# this. Short: a server that was dying when it was found listening is then
-# known gone at once (torch's client tries twice), so the process turns to
-# the standby before the successor may have ended the job.
-STORE_MEND_TIMEOUT_S = 1.0
-# A control-plane request (none waits for a key) its store leaves unanswered
-# this long means the store's host is gone: a dead host sends no reset, and
-# torch's client would wait on it for good (TCP_USER_TIMEOUT bounds it).
-# Well within TAKEOVER_WAIT_S, so that agents reach the standby to vote.
-CONTROL_SILENCE_S = 30.0
-# After a takeover, how long a process may take to come over to the standby
-# (to notice the primary is gone, then to connect) before its silence counts.
-TAKEOVER_GRACE_S = CONTROL_SILENCE_S + STORE_RECONNECT_TIMEOUT_S
-# A rank still training this many heartbeat timeouts after a failure was
-# announced is blocked where no release reaches: it writes every thread's
-# stack (event 'stuck'); one timeout later the coordinator has it killed,
-# and it is restored from its buddy like any lost rank.
-STUCK_REPORT_TIMEOUTS = 2
-STUCK_KILL_TIMEOUTS = 3
-# How long after a failure is announced the heartbeat thread shuts the old
-# groups' connections down. Live peers finish the transfers they are in the
-# middle of first: gloo never fails a send it queued on a socket the peer
-# then closed, so a release mid-transfer would block the sender until the
-# groups' timeout (docs/reliability.md). Ranks blocked on a lost peer wait
-# this much longer; a rank that notices the failure itself releases at once.
-RELEASE_GRACE_S = 1.0
-# Under --deadpool-rebuild-groups changed the grace's release spares the
-# groups a hot swap may keep (only groups with a lost member are shut down:
-# a main thread blocked in one is freed); a main thread still not stopped
-# this long after the announcement, and found waiting on a peer (its stack
-# in a collective, a send, a receive or a checkpoint: rank/whereabouts.py),
-# is blocked in a group that could be kept, and everything is released then.
-RELEASE_ALL_AFTER_S = 2 * RELEASE_GRACE_S
-# A main thread that still computes then (the rest of its iteration on a
-# loaded host) is let go on: it stops at its next collective or reaches its
-# own tear-down, and keeps its groups. This long after the announcement it
-# is released whatever its stack shows (a wait no Python frame shows, as a
-# spin on a GPU stream, reads as computing); the coordinator's stuck watch
-# comes later (STUCK_REPORT_TIMEOUTS).
-RELEASE_ALL_COMPUTING_AFTER_S = 10 * RELEASE_GRACE_S
-# How often an agent reads its workers' GPUs through NVML (and at once when a
-# failure is announced): a spare whose GPU went bad is taken out of the ready
-# spares within this (control/gpu_health.py).
-GPU_HEALTH_INTERVAL_S = 10.0
-# How often an agent inside a Slurm job reads its node's state (scontrol,
-# control/slurm_state.py): a node the administrators mark DRAIN is drained
-# from the job at the next iteration boundary after the reading that saw it.
-# Each reading asks slurmctld once per node: every few seconds is cheap for
-# it and quick enough next to a maintenance window's hours.
-SLURM_STATE_INTERVAL_S = 5.0
-# After an abort, how long the ranks that reported may take to read it and
-# stop on their own before their agents are told to stop them.
-ABORT_GRACE_S = 10.0
+from deadpool_ext.defaults import (
+    HEARTBEAT_TIMEOUT_S,
+    METRICS_ADDR,
+    ON_SDC,
+    ON_SPARES_EXHAUSTED,
+    ON_STRAGGLER,
+    PROGRESS_TIMEOUT_S,
+    RECOVERY_TIMEOUT_S,
+    SPARE_WAIT_S,
+    STRAGGLER_FACTOR,
+    STRAGGLER_WINDOW,
+)
+
+# ----- names and places every process agrees on -----
 COORDINATOR_RANK = -1  # the coordinator's "rank" in the event log
-# The standby coordinator (node 1's launcher, with --standby-addr) takes over
-# once the primary's lease has been silent for the heartbeat timeout and the
-# agents of a majority of the job's live nodes came to it; it gives up this
-# long after that, and agents and workers that lost the primary wait this long
-# beyond the heartbeat timeout for the takeover before they count the
-# coordinator lost.
-TAKEOVER_WAIT_S = 60.0
 STANDBY_PORT_OFFSET = 1  # the standby's store listens on --master-port + 1
-# --deadpool-straggler-factor / -window: a node whose compute time per
-# iteration (forward and backward, without waits) is this many times the
-# other nodes' median, over the last ``window`` iterations each, is a
-# straggler; --deadpool-on-straggler says what then happens. Twice as slow:
-# on the 2-core test machine, where 8 ranks share the cores, healthy nodes
-# differed by up to 1.57 times (docs/operations.md); a GPU's noise is less.
-STRAGGLER_FACTOR = 2.0
-STRAGGLER_WINDOW = 5
-ON_STRAGGLER = "report"
-# How often the coordinator hands its status to the metrics endpoint (a
-# scrape every few seconds needs no fresher figures, and a status walks
-# every member).
-STATUS_EVERY_S = 1.0
-# A drained node's workers that have not ended this long after its agent
-# was told to leave (a spare, a member that has not read its release) are
-# stopped with SIGTERM.
-LEAVE_GRACE_S = 10.0
-# deadpool-ctl: how long it waits for the coordinator's answer.
-CONTROL_REPLY_WAIT_S = 15.0
 # Where ``deadpool-launch --standalone`` leaves the address and secret of its
 # job for deadpool-ctl on the same host (a folder only its user can read).
 RUN_DIR_ENV = "DEADPOOL_RUN_DIR"
-# --deadpool-metrics-addr: where the Prometheus endpoint listens (with
-# --deadpool-metrics-port); loopback unless asked.
-METRICS_ADDR = "127.0.0.1"
 
 
 class ExitCode(IntEnum):
@@ -567,12 +478,6 @@ class Decision:
 
 
 # ----- the worker's environment, written by the agent, read by the worker -----
-# What a worker's environment holds unless the user set it. torch's NCCL
-# watchdog ends the process when a communicator fails (its default, 3):
-# a survivor of a lost peer would die with it, its buddy copies too. With 2
-# it aborts the communicator and the error reaches the rank, which recovers
-# (the heartbeat thread's abort frees a rank blocked in NCCL either way).
-WORKER_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 SECRET_ENV = "DEADPOOL_SECRET"
 AGENT_ENV = "DEADPOOL_AGENT"  # the agent's settings (JSON), from the launcher
 ERROR_FILE_ENV = "DEADPOOL_ERROR_FILE"  # why a worker stopped, for its agent

@@ -34,17 +34,13 @@ from typing import Dict, Iterable, List, NoReturn, Optional, Set, Tuple
 import torch.distributed as dist
 
 from deadpool_ext.sockets import connected_to, give_up_on_silence, socket_descriptors
-from deadpool_ext.protocol import (
+from deadpool_ext.defaults import (
     CLAIMED_SLOT_DEADLINE_S,
     CONTROL_SILENCE_S,
-    ENDED_KEY,
-    GEN_KEY,
-    SECRET_ENV,
-    STANDBY_TOPIC,
     STORE_MEND_TIMEOUT_S,
     STORE_RECONNECT_TIMEOUT_S,
-    Message,
 )
+from deadpool_ext.protocol import ENDED_KEY, GEN_KEY, SECRET_ENV, STANDBY_TOPIC, Message
 
 
 class ControlError(RuntimeError):

@@ -57,11 +57,11 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
 from deadpool_ext.topology import buddy_map, nodes_by_block
-from deadpool_ext.compare import curve, read_metrics, shrink_difference, state_difference
+from tools.compare import curve, read_metrics, shrink_difference, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
-from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
+from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.events import read_events
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.wire import new_secret
 from tools.workers import worker_env
 

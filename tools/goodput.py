@@ -4,12 +4,12 @@ checkpoint-restart against hot swap, simulated over many seeds.
     python -m tools.goodput --gpus 512 --days 30 --seeds 32
 
 The model (failure rates, strategies, the simulation) is in
-deadpool_ext/planning/goodput.py.
+tools/planning/goodput.py.
 """
 
 import argparse
 
-from deadpool_ext.planning.goodput import (
+from tools.planning.goodput import (
     DAY,
     HOUR,
     Strategy,

@@ -268,7 +268,7 @@ def plan(
 
 # ----- the checks -----
 def metrics_of(work: str, name: str) -> List[dict]:
-    from deadpool_ext.compare import read_metrics
+    from tools.compare import read_metrics
 
     path = os.path.join(work, name, "metrics.jsonl")
     return read_metrics(path) if os.path.exists(path) else []
@@ -282,7 +282,7 @@ def events_of(work: str, name: str) -> List[dict]:
 
 
 def judge_swap(work: str) -> dict:
-    from deadpool_ext.compare import curve_difference, state_difference
+    from tools.compare import curve_difference, state_difference
     from megatron.training.checkpointing import read_whole
     from tools.recovery_timeline import recoveries, stage_seconds, total_seconds
 
@@ -315,7 +315,7 @@ def judge_swap(work: str) -> dict:
 
 
 def judge_shrink(work: str) -> dict:
-    from deadpool_ext.compare import SHRINK_TOLERANCE, shrink_difference
+    from tools.compare import SHRINK_TOLERANCE, shrink_difference
 
     want = metrics_of(work, "shrink-reference")
     out = {"tolerance": SHRINK_TOLERANCE}
@@ -373,7 +373,7 @@ THROUGHPUT = re.compile(r"iteration\s+(\d+)/.*throughput per GPU \(TFLOP/s/GPU\)
 
 
 def judge_attention(work: str) -> dict:
-    from deadpool_ext.compare import curve_difference
+    from tools.compare import curve_difference
 
     out = {}
     for name in ("attention-local", "attention-sdpa"):
@@ -565,7 +565,7 @@ def parse_as_launched(run: Run, on_gpu: bool) -> str:
     ConfigError (or SystemExit from a launcher's parser) if refused.
     Returns what was checked."""
     from deadpool_ext import config as deadpool_config
-    from deadpool_ext.control.launch import build_parser
+    from deadpool_ext.control.command_line import build_parser
 
     command = run.command
     script = command.index("pretrain_gpt.py")

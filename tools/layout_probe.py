@@ -10,7 +10,7 @@ layout is computed without the world; this is how a warm spare builds
 itself, see ``deadpool_ext/rank/recovery.py``), and reports what
 ``deadpool_ext.state.snapshot.build_layout`` makes of it: elements per state
 region, snapshot bytes, and the parameter tensors in registration order.
-``deadpool_ext/planning/scale.py`` computes the same numbers from the shape alone; the
+``tools/planning/scale.py`` computes the same numbers from the shape alone; the
 tests compare the two. Prints one JSON list.
 
 The vocabulary is given as a size (``--vocab-size``, default 512 as the

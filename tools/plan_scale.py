@@ -7,12 +7,12 @@ their time on the link, and whether the mirror hides inside one iteration.
         --global-batch 1024
     python -m tools.plan_scale --model llama-65b --mirror-mode grad --mirror-memory device
 
-The arithmetic and its sources are in deadpool_ext/planning/scale.py.
+The arithmetic and its sources are in tools/planning/scale.py.
 """
 
 import argparse
 
-from deadpool_ext.planning.scale import HARDWARE, MIRROR_MODES, MODELS, Parallel, describe, plan
+from tools.planning.scale import HARDWARE, MIRROR_MODES, MODELS, Parallel, describe, plan
 
 
 def build_parser() -> argparse.ArgumentParser:

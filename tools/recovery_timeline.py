@@ -6,7 +6,7 @@ loss curve (from --metrics-file).
 Given --reference, the metrics of a failure-free run of the same seed and
 flags, it also draws that run's curve under the recovered one and checks the
 claim of hot swap: every iteration's loss, grad norm, lr and auxiliary losses
-equal the failure-free run's bit for bit (deadpool_ext/compare.py, as the tests
+equal the failure-free run's bit for bit (tools/compare.py, as the tests
 judge). It exits with 1 when they differ.
 
     python -m tools.recovery_timeline --events runs/demo/events.jsonl \\
@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-from deadpool_ext.compare import curve_difference, read_metrics
+from tools.compare import curve_difference, read_metrics
 from deadpool_ext.events import read_events
 
 STAGES = [
@@ -126,7 +126,7 @@ def print_table(records: List[Dict]) -> None:
 
 
 # ----- the claim: the recovered curve is the failure-free one -----
-# Judged as the tests and the fault campaign judge it (deadpool_ext/compare.py):
+# Judged as the tests and the fault campaign judge it (tools/compare.py):
 # every iteration's loss, grad norm, lr and auxiliary losses, bit for bit.
 def check_against_reference(
     recovered: List[dict], reference: List[dict], reference_path: str

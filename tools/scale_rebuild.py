@@ -7,7 +7,7 @@ partial one (issue 22, not built), from
 - one group's costs measured on this machine and the rebuilds measured at
   8, 16 and 32 ranks (``tools.bench.recovery --scale``, recorded in
   docs/data/bench_recovery_scale.json),
-- the arithmetic of ``deadpool_ext/planning/regroup.py``.
+- the arithmetic of ``tools/planning/regroup.py``.
 
 Called by ``tools.scale_report``, which writes the page.
 """
@@ -17,7 +17,7 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-from deadpool_ext.planning import regroup as rg
+from tools.planning import regroup as rg
 from deadpool_ext.topology import Grid
 from tools import layout_probe
 
@@ -259,7 +259,7 @@ def section(probe_layouts: bool = True) -> str:
     )
 
 
-SECTION = """## 3. Recovery time: rebuilding the groups (`deadpool_ext/planning/regroup.py`)
+SECTION = """## 3. Recovery time: rebuilding the groups (`tools/planning/regroup.py`)
 
 A hot swap, a shrink and a grow each rebuild every process group of every rank: each rank
 takes part in creating every group of the world (torch's `new_group` is called by all ranks,

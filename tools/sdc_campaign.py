@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from typing import Dict, List
 
-from deadpool_ext.compare import shrink_difference
+from tools.compare import shrink_difference
 from tools import chaos
 
 TARGETS = ["param", "grad", "optimizer", "mirror"]

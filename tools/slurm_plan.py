@@ -9,9 +9,9 @@ It parses the training flags with pretrain_gpt.py's own parser and
 validators (so the dry run fails where the job would, with the same
 message), then prints which node hosts which (TP, PP, DP) ranks, which nodes
 are warm spares, every rank's buddy (deadpool_ext/topology.py, the code the
-job runs) and the memory plan of deadpool_ext/planning/scale.py. ``--json``
+job runs) and the memory plan of tools/planning/scale.py. ``--json``
 prints the same as one JSON object, for tests. The layout itself is worked
-out in deadpool_ext/planning/slurm.py.
+out in tools/planning/slurm.py.
 """
 
 import argparse
@@ -23,8 +23,8 @@ from typing import List, Tuple
 from unittest import mock
 
 from deadpool_ext import config as deadpool_config
-from deadpool_ext.planning import scale
-from deadpool_ext.planning.slurm import PlanError, describe, make_plan, to_json
+from tools.planning import scale
+from tools.planning.slurm import PlanError, describe, make_plan, to_json
 from deadpool_ext.topology import BuddyMap
 from megatron.training.arguments import ConfigError
 from megatron.training.flags import host
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Node type for the memory plan (none: a CPU run, no plan).",
     )
     p.add_argument(
-        "--model", help="The planner's model (deadpool_ext/planning/scale.py) the shape must equal."
+        "--model", help="The planner's model (tools/planning/scale.py) the shape must equal."
     )
     p.add_argument("--script", help="The sbatch script, to check its #SBATCH header.")
     p.add_argument("--hosts", nargs="+", help="Node host names, in Slurm's order.")

@@ -26,6 +26,13 @@ from deadpool_ext import protocol as P
 from deadpool_ext.control import slurm_state
 from deadpool_ext.control.gpu_health import NvmlReader, NvmlUnavailable
 from deadpool_ext.control.zygote import Zygote, forks_workers
+from deadpool_ext.defaults import (
+    GPU_HEALTH_INTERVAL_S,
+    HEARTBEAT_INTERVAL_S,
+    LEAVE_GRACE_S,
+    SLURM_STATE_INTERVAL_S,
+    WORKER_ENV_DEFAULTS,
+)
 from deadpool_ext.protocol import Command, ExitCode, Role, WorkerEnv, parse_slot, slot_name
 from deadpool_ext.wire import (
     Channel,
@@ -47,7 +54,7 @@ class Agent:
         world_size: int,
         command: List[str],
         store_addr: str,
-        heartbeat_s: float = P.HEARTBEAT_INTERVAL_S,
+        heartbeat_s: float = HEARTBEAT_INTERVAL_S,
         join: bool = False,
         standby: Optional[str] = None,
         takeover_wait_s: float = 0.0,
@@ -130,7 +137,7 @@ class Agent:
             agent_pid=os.getpid(),
             parent_pid=parent_pid or os.getpid(),
         )
-        return {**P.WORKER_ENV_DEFAULTS, **os.environ, **worker.variables()}
+        return {**WORKER_ENV_DEFAULTS, **os.environ, **worker.variables()}
 
     def start(self) -> None:
         # Announced first: a joining node's spares were ignored as lost slots
@@ -155,7 +162,7 @@ class Agent:
         coordinator when a verdict changed (control/gpu_health.py)."""
         if self.gpus is None or (not now and time.monotonic() < self.next_gpu_check):
             return
-        self.next_gpu_check = time.monotonic() + P.GPU_HEALTH_INTERVAL_S
+        self.next_gpu_check = time.monotonic() + GPU_HEALTH_INTERVAL_S
         try:
             found = self.gpus.read_workers(list(range(self.nproc)))
         except Exception as error:  # noqa: BLE001 - a check that breaks must not stop the node
@@ -185,7 +192,7 @@ class Agent:
             return
         if self.slurm_reading.done():
             text, self.slurm_reading = self.slurm_reading.text, None
-            self.next_slurm_check = time.monotonic() + P.SLURM_STATE_INTERVAL_S
+            self.next_slurm_check = time.monotonic() + SLURM_STATE_INTERVAL_S
             self.on_slurm_state(text)
 
     def start_slurm_reading(self) -> None:
@@ -274,7 +281,7 @@ class Agent:
         then, one grace later, SIGKILL (a spare that saves on SIGTERM, a
         stuck one), so that the agent always ends."""
         self.leave_signals += 1
-        self.leaving_by = time.monotonic() + P.LEAVE_GRACE_S
+        self.leaving_by = time.monotonic() + LEAVE_GRACE_S
         for proc in self.workers.values():
             proc.terminate() if self.leave_signals == 1 else proc.kill()
 
@@ -298,7 +305,7 @@ class Agent:
             print(
                 f"deadpool agent {self.node}: drained, leaving the job", file=sys.stderr, flush=True
             )
-            self.leaving_by = time.monotonic() + P.LEAVE_GRACE_S
+            self.leaving_by = time.monotonic() + LEAVE_GRACE_S
         elif kind in (Command.KILL_ALL, Command.STOP):
             self.stopping = kind == Command.STOP
             for proc in self.workers.values():

@@ -25,6 +25,7 @@ from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.control.status import decision_event, status
+from deadpool_ext.defaults import ABORT_GRACE_S, STATUS_EVERY_S, TAKEOVER_GRACE_S
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
@@ -151,7 +152,7 @@ class Coordinator:
         self.replicate()  # what the messages changed, and the lease
         now = self.clock()
         self.judge(self.look(now) if self.detector.due(now) else None)
-        if self.status_listeners and now - self.watch.status_sent_at >= P.STATUS_EVERY_S:
+        if self.status_listeners and now - self.watch.status_sent_at >= STATUS_EVERY_S:
             self.watch.status_sent_at = now
             report = self.status()
             for listener in self.status_listeners:
@@ -271,7 +272,7 @@ class Coordinator:
         self.round, self.watch.took_over_at = Round(opened_at=now, decided_at=now), now
         # A process may notice late that node 0 is gone (its host silent).
         m = rec.membership
-        self.detector.expect(m.nodes(), m.every_slot(), since=now + P.TAKEOVER_GRACE_S)
+        self.detector.expect(m.nodes(), m.every_slot(), since=now + TAKEOVER_GRACE_S)
         for slot in sorted(m.lost_slots):
             self.tell_agent(parse_slot(slot)[0], Command.KILL, slot)
         gen = rec.gen
@@ -435,7 +436,7 @@ class Coordinator:
                 self.take(message)
             time.sleep(poll_s)
 
-    def run(self, poll_s: float = 0.01, alive=lambda: True, abort_grace_s=P.ABORT_GRACE_S) -> int:
+    def run(self, poll_s: float = 0.01, alive=lambda: True, abort_grace_s=ABORT_GRACE_S) -> int:
         while not self.finished and alive():
             self.step()
             time.sleep(poll_s)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control.jobs import run_dir, running_jobs
+from deadpool_ext.defaults import CONTROL_REPLY_WAIT_S
 from deadpool_ext.protocol import ExitCode, Request
 from deadpool_ext.wire import Channel, connect
 
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "0's store does not answer, as after a takeover.",
     )
     parser.add_argument("--job", type=int, help="Which standalone job (its launcher's pid).")
-    parser.add_argument("--timeout", type=float, default=P.CONTROL_REPLY_WAIT_S)
+    parser.add_argument("--timeout", type=float, default=CONTROL_REPLY_WAIT_S)
     commands = parser.add_subparsers(dest="request", required=True)
     status = commands.add_parser("status", help="The job as its coordinator sees it.")
     status.add_argument("--json", action="store_true", help="The whole status as JSON.")

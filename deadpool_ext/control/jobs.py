@@ -10,10 +10,11 @@ reach its coordinator."""
 import json
 import os
 import stat
+import sys
 import tempfile
-from typing import List
+from typing import List, Optional
 
-from deadpool_ext.protocol import RUN_DIR_ENV
+from deadpool_ext.protocol import RUN_DIR_ENV, SECRET_ENV
 
 
 def run_dir(environ=os.environ) -> str:
@@ -24,6 +25,17 @@ def run_dir(environ=os.environ) -> str:
 
 class UnsafeRunDir(Exception):
     """The folder is not this user's alone: the secret must not go there."""
+
+
+def job_file(host: str, port: int) -> Optional[str]:
+    """For deadpool-ctl on this host: a standalone launcher makes its job's
+    secret and port up, so they go to a file only this user can read (none,
+    with a line saying why, where that cannot be made sure of)."""
+    try:
+        return write_job(host, port, os.environ[SECRET_ENV], os.getpid())
+    except (UnsafeRunDir, OSError) as error:
+        print(f"deadpool-launch: deadpool-ctl will not find this job: {error}", file=sys.stderr)
+        return None
 
 
 def write_job(address: str, port: int, secret: str, pid: int, environ=os.environ) -> str:

@@ -19,6 +19,7 @@ from typing import Optional, Set
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control.record import JobRecord
+from deadpool_ext.defaults import HEARTBEAT_INTERVAL_S, TAKEOVER_WAIT_S
 from deadpool_ext.wire import Channel
 
 
@@ -34,7 +35,7 @@ class Standby:
         channel: Channel,
         node: int,
         heartbeat_timeout: float,
-        wait_s: float = P.TAKEOVER_WAIT_S,
+        wait_s: float = TAKEOVER_WAIT_S,
         clock=time.monotonic,
     ):
         self.channel, self.node = channel, node
@@ -86,6 +87,6 @@ class Replica:
         if state != self.written:
             self.channel.put(P.STATE_KEY, state=state)
             self.written = state
-        if self.clock() - self.leased_at >= P.HEARTBEAT_INTERVAL_S:
+        if self.clock() - self.leased_at >= HEARTBEAT_INTERVAL_S:
             self.channel.put(P.LEASE_KEY, gen=gen)
             self.leased_at = self.clock()

@@ -50,6 +50,7 @@ the snapshot of the rank that contributes it.
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from deadpool_ext.defaults import TAKEOVER_GRACE_S
 from deadpool_ext.policy.admission import why_no_quorum
 from deadpool_ext.policy.effects import Wait, note
 from deadpool_ext.policy.view import JobView
@@ -58,7 +59,6 @@ from deadpool_ext.protocol import (
     Decision,
     JobState,
     Report,
-    TAKEOVER_GRACE_S,
     Source,
     group_members,
     parse_slot,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import List, Mapping, Optional, Tuple
 
-from deadpool_ext.protocol import SDC_REPEAT_WINDOW, NumericFault
+from deadpool_ext.defaults import SDC_REPEAT_WINDOW
+from deadpool_ext.protocol import NumericFault
 
 
 class SdcAction(str, Enum):

@@ -17,6 +17,7 @@ A generation that collects reports is decided by ``Policy.decide``
 from dataclasses import asdict, replace
 from typing import Callable, List, Optional, Tuple
 
+from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.policy.admission import why_node_differs, why_not_join
 from deadpool_ext.policy.decide import grow_by, likely_spares, waits_for_spares
 from deadpool_ext.policy.effects import (
@@ -56,7 +57,6 @@ from deadpool_ext.policy.view import (
     TookOver,
 )
 from deadpool_ext.protocol import (
-    STUCK_KILL_TIMEOUTS,
     JobState,
     NodeUp,
     NumericFault,

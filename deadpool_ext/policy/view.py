@@ -11,8 +11,8 @@ never writes.
 from dataclasses import dataclass, field
 from typing import FrozenSet, Mapping, Optional, Sequence, Tuple
 
+from deadpool_ext.defaults import ON_SPARES_EXHAUSTED
 from deadpool_ext.protocol import (
-    ON_SPARES_EXHAUSTED,
     CoordinatorSettings,
     Decision,
     JobState,

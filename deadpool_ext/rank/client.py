@@ -13,6 +13,13 @@ from typing import Callable, Collection, List, Optional, Tuple
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.defaults import (
+    HEARTBEAT_INTERVAL_S,
+    RELEASE_ALL_AFTER_S,
+    RELEASE_ALL_COMPUTING_AFTER_S,
+    RELEASE_GRACE_S,
+    STORE_RECONNECT_TIMEOUT_S,
+)
 from deadpool_ext.protocol import Decision, ExitCode, Where, WorkerEnv, WorkerState
 from deadpool_ext.rank import whereabouts
 from deadpool_ext.rank.errors import WorkerExit, summary
@@ -32,9 +39,9 @@ def releases_all(waited_s: float, main_thread: Optional[Where]) -> bool:
     """Whether a release ``waited_s`` after a failure's announcement also
     shuts the groups a hot swap may keep: only a main thread blocked in one
     needs it, and one that computes (``main_thread``) is not blocked yet."""
-    if waited_s >= P.RELEASE_ALL_COMPUTING_AFTER_S:
+    if waited_s >= RELEASE_ALL_COMPUTING_AFTER_S:
         return True
-    return waited_s >= P.RELEASE_ALL_AFTER_S and main_thread != Where.COMPUTE
+    return waited_s >= RELEASE_ALL_AFTER_S and main_thread != Where.COMPUTE
 
 
 class ControlClient:
@@ -50,7 +57,7 @@ class ControlClient:
     ``channel`` to the standby, which the main thread waits for
     (``_await_fail_over``)."""
 
-    def __init__(self, environ=os.environ, heartbeat_s: float = P.HEARTBEAT_INTERVAL_S):
+    def __init__(self, environ=os.environ, heartbeat_s: float = HEARTBEAT_INTERVAL_S):
         self.env = WorkerEnv.read(environ)
         self.slot, self.role, self.node = self.env.slot, self.env.role, self.env.node
         secret = job_secret(environ)
@@ -194,7 +201,7 @@ class ControlClient:
         its own use of the store fails, within a watch interval)."""
         if self.env.standby_address is None:
             return False
-        deadline = time.monotonic() + self.env.takeover_wait_s + P.STORE_RECONNECT_TIMEOUT_S
+        deadline = time.monotonic() + self.env.takeover_wait_s + STORE_RECONNECT_TIMEOUT_S
         while self.channel is used and self.coordinator_lost is None:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 return False
@@ -217,7 +224,7 @@ class ControlClient:
         if self._superseded is None or self._superseded[0] != gen:
             self._superseded = (gen, time.monotonic())
         waited = time.monotonic() - self._superseded[1]
-        if waited < P.RELEASE_GRACE_S:
+        if waited < RELEASE_GRACE_S:
             return
         try:
             keep = set()

@@ -32,6 +32,7 @@ from megatron.training.training import Trainer
 
 from deadpool_ext import protocol as P
 from deadpool_ext.config import section
+from deadpool_ext.defaults import STUCK_REPORT_TIMEOUTS
 from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState, group_members
 from deadpool_ext.rank import rebuild, regroup
 from deadpool_ext.rank.errors import Failure, WorkerExit, classify, summary
@@ -107,7 +108,7 @@ class Recovery:
         self.fault_hook = hooks.faults
         self.logger = get_logger(trainer.runtime.rank)
         timeout = section(self.config).deadpool_heartbeat_timeout
-        self.ctx.watch_stuck(P.STUCK_REPORT_TIMEOUTS * timeout, self._report_stuck)
+        self.ctx.watch_stuck(STUCK_REPORT_TIMEOUTS * timeout, self._report_stuck)
         keeps = records_groups(self.config) and self.mirror is not None
         self.ctx.keep_groups_with(self.keepable if keeps else None)
 

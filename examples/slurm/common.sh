@@ -18,7 +18,7 @@
 #   TRAIN_ARGS      array: optimizer, schedule and logging flags
 #   DATA_ARGS       array: data and tokenizer flags
 #   MODEL           optional: the planner's name for the shape
-#                   (deadpool_ext/planning/scale.py MODELS), which
+#                   (tools/planning/scale.py MODELS), which
 #                   the dry run checks the flags against
 # These may be changed at submission, through the environment (sbatch passes
 # it on): RUN_DIR (checkpoints, metrics, events; default

@@ -10,10 +10,10 @@ from typing import Dict, List, Optional, Tuple
 import forkserver
 
 # Re-exported for the tests: how runs are compared lives in the package.
-from deadpool_ext.compare import curve, model_tensors, read_metrics  # noqa: F401
+from tools.compare import curve, model_tensors, read_metrics  # noqa: F401
 from megatron.training.checkpointing import read_args as saved_args  # noqa: F401
 from megatron.training.checkpointing import read_whole as checkpoint_state  # noqa: F401
-from deadpool_ext.compare import state_difference
+from tools.compare import state_difference
 from tools.bench.common import MOE_LAYERS
 from tools.workers import worker_env
 
@@ -265,7 +265,7 @@ def launch_on_nodes(
     import secrets
     import time
 
-    from deadpool_ext.control.launch import free_port
+    from deadpool_ext.control.ports import free_port
 
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port(span=2)  # and the standby's

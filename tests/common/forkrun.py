@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Dict, List
 
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.control.zygote import Zygote
 
 # How long the other ranks get to end after SIGTERM when one has failed.

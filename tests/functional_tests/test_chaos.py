@@ -17,7 +17,7 @@ import os
 import pytest
 
 import forkserver
-from deadpool_ext.compare import read_metrics, shrink_difference
+from tools.compare import read_metrics, shrink_difference
 from dist_utils import REPO
 from tools import chaos
 

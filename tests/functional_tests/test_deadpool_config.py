@@ -1,8 +1,9 @@
 """--deadpool flags refused by real processes: pretrain_gpt.py refuses a bad
 layout before any process group (from argument parsing, so no rendezvous
 is attempted), and the launcher refuses a multi-node run without a shared
-secret and says why its workers refused their flags. (The flags' checks,
-in-process, are in tests/unit_tests/test_deadpool_config.py.)"""
+secret or timeouts out of their order, and says why its workers refused
+their flags. (The flags' checks, in-process, are in
+tests/unit_tests/test_deadpool_config.py.)"""
 
 import os
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from dist_utils import captured, worker_env
-from tests.unit_tests.test_deadpool_config import BASE, DEADPOOL, TP2_PP2
+from tests.unit_tests.test_deadpool_config import BASE, DEADPOOL, FLAG_ORDERS, TP2_PP2
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +58,17 @@ def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
         env=env,
     )
     assert proc.returncode == 2 and "DEADPOOL_SECRET" in proc.stderr
+
+
+@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["interval", "mirror"])
+def test_the_launcher_refuses_timeouts_out_of_order_before_any_worker(flags, broken, fix):
+    from dist_utils import launch_command
+
+    launcher = ["--standalone", "--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "2"]
+    proc = captured(launch_command(launcher, BASE + DEADPOOL + flags), timeout=120)
+    said = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(said) == 1, proc.stderr[-2000:]
+    assert said[0].startswith(f"deadpool-launch: error: {broken}") and fix in said[0], said
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from typing import List, Tuple
 import pytest
 
 from dist_utils import REPO, captured, forkrun, tensorboard_scalars, worker_env
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from megatron.training.arguments import ConfigError, parse_args
 from torch.distributed.run import get_args_parser
 from tests.unit_tests.test_flag_parity import GPT3_175B, LLAMA3_8B_FP8, MIXTRAL_8X7B

@@ -33,7 +33,7 @@ from dist_utils import (
     tensorboard_texts,
     worker_env,
 )
-from deadpool_ext.compare import shrink_difference
+from tools.compare import shrink_difference
 from deadpool_ext.events import read_events
 from deadpool_ext.wire import Channel, connect
 

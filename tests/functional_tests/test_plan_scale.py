@@ -1,4 +1,4 @@
-"""The scale planner (deadpool_ext/planning/scale.py) against megatron-core:
+"""The scale planner (tools/planning/scale.py) against megatron-core:
 snapshot sizes equal the layouts megatron-core builds for real models
 (tools/layout_probe.py, one subprocess with a fake world), on every rank."""
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dist_utils import captured
-from deadpool_ext.planning import scale as ps
+from tools.planning import scale as ps
 from tests.unit_tests.test_plan_scale import CASES
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 
 import forkserver
 from dist_utils import REPO, curve, read_metrics, run_pretrain, worker_env
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from tests.unit_tests.test_recompute import BASE, FULL_BLOCK, FULL_UNIFORM, SELECTIVE
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ shrink-then-grow, and the shrink's negative control)."""
 
 import pytest
 
-from deadpool_ext.compare import SHRINK_TOLERANCE
+from tools.compare import SHRINK_TOLERANCE
 from dist_utils import TINY_GPT, read_metrics, run_pretrain
 
 pytestmark = pytest.mark.integration

@@ -56,7 +56,7 @@ from dist_utils import (
 )
 from deadpool_ext.wire import new_secret
 from deadpool_ext.events import read_events
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 
 pytestmark = pytest.mark.integration
 

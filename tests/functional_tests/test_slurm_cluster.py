@@ -39,7 +39,7 @@ import pytest
 from dist_utils import REPO, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics
 from deadpool_ext.events import read_events
-from deadpool_ext.protocol import SLURM_STATE_INTERVAL_S
+from deadpool_ext.defaults import SLURM_STATE_INTERVAL_S
 
 pytestmark = [
     pytest.mark.integration,

@@ -2,7 +2,7 @@
 each script's own dry run (bash, then tools/slurm_plan.py with
 pretrain_gpt.py's parser) checked against what the paper's runs need: 4 GPUs
 per Perlmutter node (1 on Vista), the layouts and shapes of
-deadpool_ext/planning/scale.py, tensor parallelism inside a node, every buddy on another
+tools/planning/scale.py, tensor parallelism inside a node, every buddy on another
 node, spare nodes in the same allocation, the header sbatch reads, and a
 checkpoint on SIGTERM before the time limit. Also the pieces the scripts
 rely on that start processes: on_node.sh, bad input, shellcheck. (The
@@ -23,13 +23,13 @@ import pytest
 from dist_utils import REPO
 from deadpool_ext.protocol import ExitCode
 from deadpool_ext.topology import Experts, expert_dp_groups, rank_of
-from deadpool_ext.planning import scale as plan_scale
-from deadpool_ext.planning import slurm as slurm_plan
+from tools.planning import scale as plan_scale
+from tools.planning import slurm as slurm_plan
 
 pytestmark = pytest.mark.integration
 
 SLURM = os.path.join(REPO, "examples", "slurm")
-# script: (the planner's model, deadpool_ext/planning/scale.py, GPUs per node)
+# script: (the planner's model, tools/planning/scale.py, GPUs per node)
 GPU_SCRIPTS = {
     "gpt_1.3b.sh": ("gpt-1.3b", 4),
     "gpt_6.7b.sh": ("gpt-6.7b", 4),

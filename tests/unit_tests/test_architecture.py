@@ -43,15 +43,16 @@ PACKAGES = ["deadpool_ext", "megatron.training", "tools"]
 # parsing, no process groups, no sockets. A package name stands for all of
 # its modules. A name that is no module of the repository fails the test.
 PURE_MODULES = [
+    "deadpool_ext.defaults",  # the tuning constants and the timeouts' order
     "deadpool_ext.policy",  # the job's rules: every decision the coordinator carries out
     "deadpool_ext.protocol",  # the control plane's messages
     "deadpool_ext.topology",  # buddy maps and rank layouts
     "deadpool_ext.inject",  # fault specs (parsing; firing is signals)
-    "deadpool_ext.compare",  # how runs are judged equal
-    "deadpool_ext.planning",  # the planner, goodput model and Slurm layout
+    "tools.compare",  # how runs are judged equal
+    "tools.planning",  # the planner, goodput model and Slurm layout
 ]
 # Stricter still: no torch and no megatron at all (the planner runs on any laptop).
-TORCH_FREE_MODULES = ["deadpool_ext.planning"]
+TORCH_FREE_MODULES = ["deadpool_ext.defaults", "tools.planning"]
 
 Graph = Dict[str, Set[str]]
 
@@ -351,13 +352,12 @@ def test_the_graph_sees_the_packages_imports():
 # docs/architecture.md's list, bottom-up: a module imports only what stands
 # above it (or in it: a package's modules order themselves, see below).
 ORDER = [
+    "deadpool_ext.defaults",
     "megatron.training",
     "deadpool_ext.protocol",
     "deadpool_ext.topology",
     "deadpool_ext.policy",
     "deadpool_ext.inject",
-    "deadpool_ext.compare",
-    "deadpool_ext.planning",
     "deadpool_ext.sockets",
     "deadpool_ext.wire",
     "deadpool_ext.events",

@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-from deadpool_ext.protocol import STUCK_KILL_TIMEOUTS
+from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.policy.exits import only_copies
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 
 SECRET = b"test-secret"

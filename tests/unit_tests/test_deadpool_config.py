@@ -8,7 +8,9 @@ import pytest
 from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.flags import host
 
+from deadpool_ext import defaults
 from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
+from deadpool_ext.protocol import ExitCode
 
 BASE = [
     "--num-layers",
@@ -299,6 +301,85 @@ def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeou
     assert slow.extra["deadpool"].deadpool_recovery_timeout == 120
     message = error(DEADPOOL + ["--deadpool-recovery-timeout", "0"], 2, LAUNCHED)
     assert "--deadpool-recovery-timeout must be > 0 seconds" in message
+
+
+# The timeouts' order (defaults.check_order): each broken order, the flags'
+# and the constants', is one line naming both ends and what to change.
+FLAG_ORDERS = [
+    (
+        ["--deadpool-heartbeat-timeout", "0.5"],
+        "HEARTBEAT_INTERVAL_S (0.5 s) must be below --deadpool-heartbeat-timeout (0.5 s)",
+        "raise --deadpool-heartbeat-timeout",
+    ),
+    (
+        ["--deadpool-heartbeat-timeout", "20", "--deadpool-mirror-timeout", "15"],
+        "--deadpool-heartbeat-timeout (20 s) must be at most --deadpool-mirror-timeout (15 s)",
+        "raise --deadpool-mirror-timeout or lower --deadpool-heartbeat-timeout",
+    ),
+]
+CONSTANT_ORDERS = [
+    (
+        {"STUCK_REPORT_TIMEOUTS": 3},
+        "STUCK_REPORT_TIMEOUTS x --deadpool-heartbeat-timeout (30 s) must be below "
+        "STUCK_KILL_TIMEOUTS x --deadpool-heartbeat-timeout (30 s)",
+    ),
+    (
+        {"STORE_MEND_TIMEOUT_S": 5.0},
+        "STORE_MEND_TIMEOUT_S (5 s) must be below STORE_RECONNECT_TIMEOUT_S (5 s)",
+    ),
+    ({"CONTROL_SILENCE_S": 60.0}, "CONTROL_SILENCE_S (60 s) must be below TAKEOVER_WAIT_S (60 s)"),
+    ({"RELEASE_ALL_AFTER_S": 1.0}, "RELEASE_GRACE_S (1 s) must be below RELEASE_ALL_AFTER_S (1 s)"),
+    (
+        {"RELEASE_ALL_COMPUTING_AFTER_S": 2.0},
+        "RELEASE_ALL_AFTER_S (2 s) must be below RELEASE_ALL_COMPUTING_AFTER_S (2 s)",
+    ),
+    (
+        {"RELEASE_ALL_COMPUTING_AFTER_S": 20.0},
+        "RELEASE_ALL_COMPUTING_AFTER_S (20 s) must be below "
+        "STUCK_REPORT_TIMEOUTS x HEARTBEAT_TIMEOUT_S (20 s)",
+    ),
+    (
+        {"RECOVERY_TIMEOUT_S": 30.0},
+        "STUCK_KILL_TIMEOUTS x HEARTBEAT_TIMEOUT_S (30 s) must be below RECOVERY_TIMEOUT_S (30 s)",
+    ),
+]
+
+
+def launcher_refusal(flags, monkeypatch, capsys) -> str:
+    """deadpool-launch's one line for these script flags; nothing may start."""
+    from deadpool_ext.control import launch
+
+    monkeypatch.setattr(launch, "run_node", lambda opts: pytest.fail("the launch went on"))
+    code = launch.main(["--standalone", "pretrain_gpt.py", *BASE, *DEADPOOL, *flags])
+    said = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitCode.USAGE and len(said) == 1, said
+    assert said[0].startswith("deadpool-launch: error: "), said
+    return said[0]
+
+
+def test_the_defaults_keep_the_timeouts_order():
+    defaults.check_order()
+    assert parse(DEADPOOL, 2, LAUNCHED).extra["deadpool"].deadpool_mirror_timeout == 300
+
+
+@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["interval", "mirror"])
+def test_flags_out_of_the_timeouts_order_are_refused_before_anything_starts(
+    flags, broken, fix, monkeypatch, capsys
+):
+    """By the launcher, before any worker, and by a worker's own parse."""
+    said = launcher_refusal(flags, monkeypatch, capsys)
+    assert broken in said and fix in said
+    assert error(DEADPOOL + flags, 2, LAUNCHED).startswith(broken)
+
+
+@pytest.mark.parametrize("constants, broken", CONSTANT_ORDERS)
+def test_constants_out_of_the_timeouts_order_are_refused_by_the_launcher(
+    constants, broken, monkeypatch, capsys
+):
+    for name, value in constants.items():
+        monkeypatch.setattr(defaults, name, value)
+    said = launcher_refusal([], monkeypatch, capsys)
+    assert broken in said and "change deadpool_ext/defaults.py" in said
 
 
 def test_on_nan_acts_on_megatron_lms_check_and_is_refused_without_it():

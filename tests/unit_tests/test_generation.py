@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from deadpool_ext import protocol as P
+from deadpool_ext import defaults
 from deadpool_ext.protocol import Where
 from deadpool_ext.wire import connect
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.sockets import shut_down, socket_descriptors
 
 
@@ -84,7 +84,7 @@ def test_the_heartbeat_thread_releases_an_old_generation_only_after_the_grace(mo
             assert not keep  # nothing may be kept: every group goes
             self.calls.append((newer, by))
 
-    monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
+    monkeypatch.setattr(worker, "RELEASE_GRACE_S", 0.1)
     ctx = object.__new__(worker.ControlClient)  # the watch alone, no store
     ctx.generation, ctx._superseded, ctx.release_error = Recorded(), None, None
     ctx.keepable = None
@@ -116,8 +116,8 @@ def test_with_groups_to_keep_the_heartbeat_spares_them_until_the_main_thread_blo
         def release_if_older(self, newer, by, keep=frozenset()):
             self.calls.append(sorted(keep))
 
-    monkeypatch.setattr(worker.P, "RELEASE_GRACE_S", 0.1)
-    monkeypatch.setattr(worker.P, "RELEASE_ALL_AFTER_S", 0.3)
+    monkeypatch.setattr(worker, "RELEASE_GRACE_S", 0.1)
+    monkeypatch.setattr(worker, "RELEASE_ALL_AFTER_S", 0.3)
     main_thread = [Where.COMPUTE]
     monkeypatch.setattr(worker.whereabouts, "where", lambda thread: main_thread[0])
     ctx = object.__new__(worker.ControlClient)
@@ -144,17 +144,17 @@ def test_a_main_thread_is_released_whole_once_blocked_or_past_the_bound():
     from deadpool_ext.rank.client import releases_all
 
     early, due, late = (
-        P.RELEASE_ALL_AFTER_S / 2,
-        P.RELEASE_ALL_AFTER_S,
-        P.RELEASE_ALL_COMPUTING_AFTER_S,
+        defaults.RELEASE_ALL_AFTER_S / 2,
+        defaults.RELEASE_ALL_AFTER_S,
+        defaults.RELEASE_ALL_COMPUTING_AFTER_S,
     )
     assert not any(releases_all(early, where) for where in (*Where, None))
     assert [releases_all(due, where) for where in (*Where, None)] == [False, True, True, True]
     assert all(releases_all(late, where) for where in (*Where, None))
     assert (
-        P.RELEASE_ALL_AFTER_S
-        < P.RELEASE_ALL_COMPUTING_AFTER_S
-        < P.HEARTBEAT_TIMEOUT_S * P.STUCK_REPORT_TIMEOUTS
+        defaults.RELEASE_ALL_AFTER_S
+        < defaults.RELEASE_ALL_COMPUTING_AFTER_S
+        < defaults.HEARTBEAT_TIMEOUT_S * defaults.STUCK_REPORT_TIMEOUTS
     )
 
 

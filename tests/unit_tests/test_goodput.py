@@ -1,4 +1,4 @@
-"""The goodput simulator (deadpool_ext/planning/goodput.py) against what can be worked out
+"""The goodput simulator (tools/planning/goodput.py) against what can be worked out
 by hand: no failures, one failure at a known time, a failure during a
 restart, shrinking, spares running out, a lost mirror; against Daly's
 closed form and the Young/Daly optimum; and its bookkeeping."""
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from deadpool_ext.planning import goodput as gp
+from tools.planning import goodput as gp
 
 HOUR = gp.HOUR
 

@@ -1,4 +1,4 @@
-"""deadpool-launch's command line (deadpool_ext/control/launch.py), parsed
+"""deadpool-launch's command line (deadpool_ext/control/command_line.py), parsed
 in-process: torchrun's spellings that make sense for a job with warm spares
 are taken, the others refused with the reason; ``-m`` runs a module, as
 torchrun's. The jobs deadpool-launch starts are in
@@ -12,16 +12,10 @@ import pytest
 from megatron.training.arguments import ConfigError
 
 from deadpool_ext.control import launch
-from deadpool_ext.control.launch import (
-    build_parser,
-    can_bind,
-    check,
-    checked_options,
-    ephemeral_ports,
-    free_port,
-    main,
-    worker_command,
-)
+from deadpool_ext.control.command_line import build_parser, check, checked_options
+from deadpool_ext.control.launch import main
+from deadpool_ext.control.ports import can_bind, ephemeral_ports, free_port
+from deadpool_ext.control.process_tree import worker_command
 from deadpool_ext.protocol import ExitCode
 
 SCRIPT = ["pretrain_gpt.py", "--num-layers", "2"]

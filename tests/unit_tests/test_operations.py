@@ -12,7 +12,7 @@ import pytest
 
 from deadpool_ext.control import ctl, jobs
 from deadpool_ext.control.coordinator import Coordinator
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.policy.effects import Note
 from deadpool_ext.policy.stragglers import judge, node_times
 from deadpool_ext.policy.triggers import stragglers

@@ -1,4 +1,4 @@
-"""The scale planner (deadpool_ext/planning/scale.py) in-process, against our
+"""The scale planner (tools/planning/scale.py) in-process, against our
 own code: the sizes real runs logged (docs/benchmarks.md), its constants are
 deadpool_ext's, memory terms against their published closed forms, and the
 CLI. The snapshot sizes against the layouts megatron-core builds for real
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from deadpool_ext.planning import scale as ps
+from tools.planning import scale as ps
 from tools import plan_scale as plan_scale_cli
 from tools.bench.common import LARGE_MODEL
 

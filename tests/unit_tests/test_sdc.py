@@ -11,9 +11,10 @@ import torch
 
 from megatron.training.replica_check import ReplicaHashCheck, replica_check_hooks
 
+from deadpool_ext.defaults import SDC_REPEAT_WINDOW
 from deadpool_ext import protocol as P
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.protocol import SDC_REPEAT_WINDOW, CoordinatorSettings
+from deadpool_ext.protocol import CoordinatorSettings
 from deadpool_ext.policy.effects import Caught
 from deadpool_ext.policy.faults import SdcAction, corruption_verdict
 from deadpool_ext.inject import InjectError, parse_fault

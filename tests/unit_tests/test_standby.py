@@ -9,11 +9,12 @@ import torch.distributed as dist
 from megatron.training.arguments import ConfigError
 
 from deadpool_ext import protocol as P
-from deadpool_ext.control import launch
+from deadpool_ext.control import command_line
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.control.standby import Replica, Standby, Verdict
+from deadpool_ext.defaults import TAKEOVER_GRACE_S
 from deadpool_ext.protocol import Decision
 from deadpool_ext.wire import Channel, JobEnded, connect, standby_channel
 
@@ -203,7 +204,7 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
                 beating.put(P.worker_heartbeat_key(slot), state="recovering")
             successor.step()
 
-    beat_for(P.TAKEOVER_GRACE_S + 2.0)
+    beat_for(TAKEOVER_GRACE_S + 2.0)
     assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1"]
     beat_for(2.0)
     assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
@@ -254,9 +255,11 @@ def test_without_a_standby_the_same_losses_shrink_the_job():
 )
 def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkeypatch):
     monkeypatch.setenv(P.SECRET_ENV, "x")
-    opts = launch.build_parser().parse_args([*flags, "--standby-addr", "h", "pretrain_gpt.py"])
+    opts = command_line.build_parser().parse_args(
+        [*flags, "--standby-addr", "h", "pretrain_gpt.py"]
+    )
     with pytest.raises(ConfigError, match="at least 3 nodes in all"):
-        launch.check(opts)
+        command_line.check(opts)
 
 
 def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):

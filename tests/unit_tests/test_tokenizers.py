@@ -180,7 +180,7 @@ def test_the_corpus_is_written_with_gpt2_bpe_ids(corpus):
 
 
 def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus):
-    from deadpool_ext.planning.slurm import vocabulary
+    from tools.planning.slurm import vocabulary
     from megatron.training.arguments import parse_args
 
     _, vocabularies, _ = corpus

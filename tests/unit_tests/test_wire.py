@@ -11,7 +11,7 @@ from deadpool_ext.wire import Channel, connect
 from deadpool_ext.inject import InjectError, parse_fault
 from deadpool_ext.config import DeadpoolConfig, coordinator_settings
 from megatron.training.arguments import ConfigError
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_a_claimed_slot_never_written_is_passed_over_after_the_deadline(store):
     """An outsider's claim (or a poster killed between claiming and writing)
     held every later message back for good
     (../shared/reliability-probes/inbox_wedge.py)."""
-    from deadpool_ext.protocol import CLAIMED_SLOT_DEADLINE_S
+    from deadpool_ext.defaults import CLAIMED_SLOT_DEADLINE_S
 
     now = [0.0]
     ours = Channel(store, b"job-secret")
@@ -216,7 +216,7 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     ],
 )
 def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
-    from deadpool_ext.control.launch import build_parser, check
+    from deadpool_ext.control.command_line import build_parser, check
 
     with pytest.raises(ConfigError) as error:
         check(build_parser().parse_args(argv))

@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 
-from deadpool_ext.compare import curve_difference, read_metrics, shrink_difference
+from tools.compare import curve_difference, read_metrics, shrink_difference
 from tools.bench.common import deadpool_run, demo_workload, iteration_seconds
 
 

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.events import read_events
 from tools.bench.common import (
     checkpoint_restart_command,

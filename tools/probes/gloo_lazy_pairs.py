@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 
 LAZY_ENV = "TORCH_GLOO_LAZY_INIT"  # torch's
 

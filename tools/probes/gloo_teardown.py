@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 
 
 def made_by_torch(count: int) -> list:

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
-from deadpool_ext.control.launch import free_port
+from deadpool_ext.control.ports import free_port
 from deadpool_ext.control.zygote import ForkedProcess
 from deadpool_ext.rank import regroup
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from deadpool_ext.planning import scale
+from tools.planning import scale
 
 if TYPE_CHECKING:
     from deadpool_ext.topology import BuddyMap
@@ -314,7 +314,7 @@ def make_plan(
     )
     plan.checks = layout_checks(plan)
     if model is not None and shape is not None:
-        name = f"shape of {model} (deadpool_ext/planning/scale.py)"
+        name = f"shape of {model} (tools/planning/scale.py)"
         plan.checks[name] = not shape_differences(shape, model)
     if memory is not None:
         plan.checks[f"fits in {memory.hardware.gpu_memory_gib:g} GiB per GPU"] = memory.fits
@@ -373,7 +373,7 @@ def describe(plan: JobPlan) -> str:
     ]
     lines += node_lines(plan)
     if plan.memory is not None:
-        lines.append("memory (deadpool_ext/planning/scale.py, an estimate):")
+        lines.append("memory (tools/planning/scale.py, an estimate):")
         lines += ["  " + line for line in scale.describe(plan.memory).splitlines()]
     lead = signal_lead(plan.sbatch)
     if lead is not None:

@@ -10,8 +10,9 @@
 - ``regroup``: what rebuilding the process groups after a failure costs a
   rank, every group (what recovery does) or only those with a changed member.
 
-The command lines are thin scripts in tools/ (plan_scale.py, goodput.py,
-slurm_plan.py, scale_report.py with scale_rebuild.py). Nothing here imports
-torch or megatron, and nothing of deadpool_ext outside its pure modules, so
-planning runs on any machine in a fraction of a second.
+The command lines are the thin scripts beside it in tools/ (plan_scale.py,
+goodput.py, slurm_plan.py, scale_report.py with scale_rebuild.py); nothing
+of deadpool_ext imports it. Nothing here imports torch or megatron, and
+nothing of deadpool_ext outside its pure modules, so planning runs on any
+machine in a fraction of a second.
 """

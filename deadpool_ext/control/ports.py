@@ -1,0 +1,52 @@
+"""The launcher's ports: a free one for a standalone job's store (and the
+standby's next to it), drawn where no connection's source port can take it
+first, and the standby store's address.
+"""
+
+import random
+import socket
+from typing import Optional, Tuple
+
+from deadpool_ext.protocol import STANDBY_PORT_OFFSET
+
+
+def free_port(span: int = 1) -> int:
+    """A port P of this host with P to P + span - 1 free (a standby's store
+    listens on P + 1), drawn outside the kernel's range of ephemeral ports:
+    the source port of every connection made from now until a server binds
+    P comes from that range, so a port drawn from it (as bind(0) draws) can
+    be taken before the job's store listens on it."""
+    low, high = ephemeral_ports()
+    outside = ((10000, low - 1), (high + 1, 65535))  # each [first port, last port]
+    firsts = [(a, b - span + 1) for a, b in outside if b - span + 1 >= a]
+    draw = random.SystemRandom()
+    for _ in range(200 if firsts else 0):
+        first, last = draw.choice(firsts)
+        port = draw.randint(first, last)
+        if all(can_bind(p) for p in range(port, port + span)):
+            return port
+    raise RuntimeError(f"no {span} free port(s) in a row on this host outside {low}-{high}")
+
+
+def ephemeral_ports() -> Tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def can_bind(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def standby_address(opts) -> Optional[str]:
+    if not opts.standby_addr:
+        return None
+    return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
