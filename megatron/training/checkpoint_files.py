@@ -14,6 +14,7 @@ entrance for loading, ``checkpointing.load_checkpoint``, whose readers
 ``SaveContents``; saving.py names its saves with the same names.
 """
 
+import argparse
 import dataclasses
 import os
 from typing import Optional
@@ -108,7 +109,7 @@ def checkpoint_to_load(c) -> Optional[Found]:
     return saved_in(root_to_load(c))
 
 
-def torch_dist_args(directory: str):
+def torch_dist_args(directory: str) -> argparse.Namespace:
     """The ``args`` (Megatron-LM's Namespace) of the torch_dist save in ``directory``."""
     return torch.load(os.path.join(directory, "common.pt"), weights_only=False)["args"]
 

@@ -71,6 +71,7 @@ def test_load_checkpoint_hands_each_format_to_its_reader(tmp_path, monkeypatch):
 
     monkeypatch.setattr(legacy_checkpoint, "load_legacy", legacy_reader)
     monkeypatch.setattr(checkpointing, "load_torch_dist", dist_reader)
+    monkeypatch.setattr(checkpointing, "restore_alike", lambda *a: None)  # after either reader
     cfg, state = config(), types.SimpleNamespace(model=[None])
     folder = legacy(tmp_path, "mp_rank_00")
     checkpointing.load_checkpoint(checkpoint_files.saved_in(str(tmp_path)), cfg, state)
