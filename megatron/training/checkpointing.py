@@ -1,5 +1,15 @@
-"""Checkpoints in Megatron-LM's own format, ``--ckpt-format torch_dist``,
-through megatron-core's ``dist_checkpointing`` (no format of ours).
+"""The one entrance for loading a checkpoint in either of Megatron-LM's
+formats, what a save of either holds, and Megatron-LM's own format,
+``--ckpt-format torch_dist``, through megatron-core's ``dist_checkpointing``
+(no format of ours).
+
+Loading: the trainer finds the save (checkpoint_files.py: the tracker, the
+format told from the directory) and hands it to ``load_checkpoint``, which
+decides what is restored as Megatron-LM does (--no-load-optim,
+--no-load-rng, --finetune, a release), has the format's reader put the
+tensors back (torch_dist here, the legacy torch format in
+legacy_checkpoint.py), restores what both formats hold alike (RNG, Adam's
+steps, the scheduler) and returns the progress.
 
 On disk, as Megatron-LM writes it (so checkpoints go both ways)::
 
@@ -28,6 +38,7 @@ or across all three when it was saved fully reshardable).
 
 import argparse
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -62,14 +73,20 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from megatron.training import legacy_checkpoint
+from megatron.training.checkpoint_files import (
+    CheckpointError,
+    Found,
+    SaveContents,
+    checkpoint_dir,
+    read_tracker,
+    torch_dist_args,
+)
 from megatron.training.config import SECTIONS, TRACKER, Config
 from megatron.training.optimizer_layout import init_adam_state, restore_adam_steps
 from megatron.training.rank_state import load_scheduler
 
 CHECKPOINT_VERSION = 3.0
-NON_PERSISTENT = "non_persistent"  # Megatron-LM's subdirectory of --save for them
-# Megatron-LM's top-level keys that are no model, optimizer or RNG state.
-COMMON_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
 # What must agree between a checkpoint and the run that loads it.
 MODEL_SHAPE = (
     "num_layers",
@@ -80,10 +97,6 @@ MODEL_SHAPE = (
 )
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded; the message says what is wrong."""
-
-
 @dataclasses.dataclass
 class Loaded:
     """What a loaded checkpoint puts back beside the model and optimizer."""
@@ -91,52 +104,6 @@ class Loaded:
     iteration: int
     consumed_samples: int
     floating_point_operations: float
-
-
-# ----- names on disk -----
-def iteration_dir(root: str, iteration: int) -> str:
-    return os.path.join(root, f"iter_{iteration:07d}")
-
-
-def read_tracker(root: str) -> Optional[str]:
-    """The tracker's entry: an iteration number or ``release``; None without one."""
-    path = os.path.join(root, TRACKER)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        entry = f.read().strip()
-    if entry != "release" and not entry.isdigit():
-        raise CheckpointError(f"{path} holds {entry!r}, neither an iteration number nor 'release'")
-    return entry
-
-
-def tracked_iteration(root: Optional[str]) -> Optional[int]:
-    """The iteration the tracker in ``root`` names (a release counts as 0)."""
-    entry = None if root is None else read_tracker(root)
-    return None if entry is None else 0 if entry == "release" else int(entry)
-
-
-def non_persistent_dir(c, root: Optional[str]) -> Optional[str]:
-    """Where global non-persistent checkpoints of ``root`` (--save or --load) go."""
-    if c.non_persistent_global_ckpt_dir or root is None:
-        return c.non_persistent_global_ckpt_dir
-    return os.path.join(root, NON_PERSISTENT)
-
-
-def root_to_load(c) -> Optional[str]:
-    """--load, or its non-persistent checkpoints when they are as new or newer
-    (as Megatron-LM, with --non-persistent-ckpt-type global)."""
-    if c.non_persistent_ckpt_type != "global":
-        return c.load
-    candidate = non_persistent_dir(c, c.load)
-    newest = tracked_iteration(candidate)
-    if newest is not None and newest >= (tracked_iteration(c.load) or -1):
-        return candidate
-    return c.load
-
-
-def checkpoint_dir(root: str, entry: str) -> str:
-    return os.path.join(root, "release") if entry == "release" else iteration_dir(root, int(entry))
 
 
 # ----- what is saved -----
@@ -310,6 +277,62 @@ def state_to_save(config: Config, progress, state, rerun: Optional[dict] = None)
     return state_dict
 
 
+def legacy_files_to_save(directory: str, config: Config, progress, state, rerun=None) -> dict:
+    """Collective over each data-parallel group (the distributed optimizer's
+    state is gathered on its rank 0). The files of Megatron-LM's legacy
+    format (--ckpt-format torch, legacy_checkpoint.py) this rank writes into
+    ``directory`` (path -> object for torch.save): data-parallel rank 0 of
+    each (TP, PP) position writes its position's, the others none."""
+    c = config.checkpoint
+    optimizer_state = None
+    if not c.no_save_optim:
+        init_adam_state(state.optimizer)
+        optimizer_state = gathered_parameter_state(state.optimizer)
+    ps = parallel_state
+    if ps.get_data_parallel_rank() != 0:
+        return {}
+    folder = legacy_checkpoint.rank_dir(
+        directory,
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_world_size() > 1,
+    )
+    args = checkpoint_args(config, progress)
+    args.use_dist_ckpt = False
+    contents = {
+        "args": args,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": progress.iteration,
+        "num_floating_point_operations_so_far": progress.floating_point_operations,
+    }
+    chunks = unwrap_model(state.model)
+    for key, chunk in zip(model_keys(len(chunks)), chunks):
+        contents[key] = chunk.state_dict_for_save_checkpoint()
+    if not c.no_save_optim:
+        contents["optimizer"] = state.optimizer.state_dict()
+        contents["opt_param_scheduler"] = state.scheduler.state_dict()
+    if not c.no_save_rng:
+        contents["rng_state"] = rng_states()
+    if rerun is not None:
+        contents[RERUN_KEY] = rerun
+    files = {os.path.join(folder, legacy_checkpoint.MODEL_FILE): contents}
+    if optimizer_state is not None:
+        files[os.path.join(folder, legacy_checkpoint.OPTIMIZER_FILE)] = optimizer_state
+    return files
+
+
+def gathered_parameter_state(optimizer):
+    """Collective. The distributed optimizer's main parameters and moments
+    gathered on data-parallel rank 0 as ``save_parameter_state`` writes them
+    (one dict, a list with several optimizers); None without it. Gathered
+    over the data-parallel group itself, which serves on any backend."""
+    optimizers = legacy_checkpoint.distributed_optimizers(optimizer)
+    if not optimizers:
+        return None
+    states = [o.get_parameter_state_dp_zero(use_gloo_comm=False) for o in optimizers]
+    return states[0] if len(states) == 1 else states
+
+
 def publish(
     root: str, staging: str, final: str, entry: str, retain_interval: Optional[int] = None
 ) -> None:
@@ -357,35 +380,68 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-# ----- load -----
-def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
-    """Collective. Restores model, optimizer, scheduler and RNG as the
-    flags allow; None when ``root`` holds no checkpoint."""
-    entry = read_tracker(root)
-    if entry is None:
-        return None
-    directory = checkpoint_dir(root, entry)
+# ----- load: the one entrance, for either format -----
+def load_checkpoint(found: Found, config: Config, state) -> Loaded:
+    """Collective. The save ``found`` names, read by its format's reader
+    (torch_dist here, Megatron-LM's legacy torch format in
+    legacy_checkpoint.py): the model, and as the flags allow the optimizer
+    with its scheduler and the RNG. Returns the progress it holds (none
+    when fine-tuning or from a release)."""
+    c = config.checkpoint
+    optim = loads_optimizer(config, found.release)
+    rng = not (c.no_load_rng or c.finetune or found.release)
+    if found.legacy:
+        keys = model_keys(len(state.model))
+        check_saved = functools.partial(
+            check_compatible, config=config, directory=found.directory, load_optim=optim
+        )
+        contents = legacy_checkpoint.load_legacy(
+            found.directory, config, state, keys, optim, rng, check_saved
+        )
+    else:
+        contents = load_torch_dist(found, config, state, optim, rng)
+    restore_alike(contents, optim, config, state)
+    if c.finetune or found.release:
+        return Loaded(0, 0, 0.0)
+    top = contents.top
+    return Loaded(
+        iteration=int(top["iteration"]),
+        consumed_samples=int(getattr(top["args"], "consumed_train_samples", 0)),
+        floating_point_operations=float(top.get("num_floating_point_operations_so_far", 0)),
+    )
+
+
+def restore_alike(contents: SaveContents, optim: bool, config: Config, state) -> None:
+    """What both formats restore alike once their reader put the tensors
+    back: the RNG (where read), and with the optimizer's state Adam's steps
+    and the scheduler; without it, the fp32 main parameters from the loaded
+    weights."""
+    if contents.rng is not None:
+        set_rng(contents.rng)
+    if optim:
+        restore_adam_steps(state.optimizer)
+        load_scheduler(state.scheduler, contents.scheduler)
+    elif config.training.bf16 or config.training.fp16:
+        state.optimizer.reload_model_params()
+
+
+def load_torch_dist(found: Found, config: Config, state, optim: bool, rng: bool) -> SaveContents:
+    """Collective. Puts back the model from the torch_dist save ``found``
+    names and, as ``optim`` says, the optimizer's state. Returns the rest to
+    restore, the RNG states as ``rng`` says at the layout it was saved at."""
+    directory, c = found.directory, config.checkpoint
     if not dist_checkpointing.check_is_distributed_checkpoint(directory):
         raise CheckpointError(
-            f"{directory} (named by {os.path.join(root, TRACKER)}) is no complete torch_dist "
-            "checkpoint: its metadata.json is missing"
+            f"{directory} (named by {os.path.join(found.root, TRACKER)}) is no complete "
+            "torch_dist checkpoint: its metadata.json is missing"
         )
     index = check_whole(directory)
     common = dist_checkpointing.load_common_state_dict(directory)
-    c, release = config.checkpoint, entry == "release"
-    load_optim = loads_optimizer(config, release)
-    check_compatible(common, config, directory, load_optim)
+    check_compatible(common, config, directory, optim)
     same_layout = saved_layout(common) == run_layout(config)
-    load_rng = not (c.no_load_rng or c.finetune or release) and same_layout
-    metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common)
-    if metadata is None:
-        raise CheckpointError(
-            f"{directory} has no content metadata: it predates megatron-core 0.14; "
-            "convert it with Megatron-LM first"
-        )
-    metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
-    request = sharded_state(state, metadata, True, load_optim, load_rng)
-    rerun = has_rerun_state(index) and same_layout and not (c.finetune or release)
+    rng = rng and same_layout
+    request = sharded_state(state, content_metadata(common, directory), True, optim, rng)
+    rerun = has_rerun_state(index) and same_layout and not (c.finetune or found.release)
     if rerun:
         request[RERUN_KEY] = get_rerun_state_machine().state_dict(None, "torch_dist", force=True)
     loaded = dist_checkpointing.load(
@@ -399,20 +455,28 @@ def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
                 f"unexpected keys {sorted(unexpected)}",
                 flush=True,
             )
-    apply(loaded, state, load_optim, load_rng)
+    put_back(loaded, state, optim)
     if rerun and get_rerun_state_machine().validate_state_dict(loaded[RERUN_KEY]):
         # As Megatron-LM: the iteration that failed validation is run again from here.
         get_rerun_state_machine().load_state_dict(loaded[RERUN_KEY])
-    if not load_optim and (config.training.bf16 or config.training.fp16):
-        state.optimizer.reload_model_params()  # fp32 main parameters from the loaded weights
-    if c.finetune or release:
-        return Loaded(0, 0, 0.0)
-    args = common["args"]
-    return Loaded(
-        iteration=int(common["iteration"]),
-        consumed_samples=int(getattr(args, "consumed_train_samples", 0)),
-        floating_point_operations=float(common.get("num_floating_point_operations_so_far", 0)),
+    return SaveContents(
+        common,
+        loaded["opt_param_scheduler"] if optim else None,
+        loaded["rng_state"] if rng else None,
     )
+
+
+def content_metadata(common: dict, directory: str) -> dict:
+    """How the save describes its shards (sharding_metadata), for this
+    run's data-parallel group."""
+    metadata = dist_checkpointing.load_content_metadata(preloaded_state_dict=common)
+    if metadata is None:
+        raise CheckpointError(
+            f"{directory} has no content metadata: it predates megatron-core 0.14; "
+            "convert it with Megatron-LM first"
+        )
+    metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return metadata
 
 
 def has_rerun_state(index) -> bool:
@@ -461,15 +525,11 @@ def load_strategy(config: Config, directory: str):
 
 
 @torch.no_grad()  # main parameters may be views of the model's (fp32 training)
-def apply(loaded: dict, state, optim: bool, rng: bool) -> None:
+def put_back(loaded: dict, state, optim: bool) -> None:
     for key, chunk in zip(model_keys(len(state.model)), unwrap_model(state.model)):
         chunk.load_state_dict(loaded[key], strict=True)
     if optim:
         state.optimizer.load_state_dict(loaded["optimizer"])
-        restore_adam_steps(state.optimizer)
-        load_scheduler(state.scheduler, loaded["opt_param_scheduler"])
-    if rng:
-        set_rng(loaded["rng_state"])
 
 
 def saved_layout(common: dict) -> tuple:
@@ -582,13 +642,6 @@ def read_whole(root: str, iteration: Optional[int] = None) -> Dict[str, object]:
     return {"common": common, **state}
 
 
-def saved_args(root: str) -> Optional[argparse.Namespace]:
-    """The ``args`` of the checkpoint the tracker in ``root`` names; None
-    when there is none."""
-    return None if read_tracker(root) is None else read_args(root)
-
-
 def read_args(root: str, iteration: Optional[int] = None) -> argparse.Namespace:
     """The ``args`` a checkpoint was saved with (Megatron-LM's Namespace)."""
-    path = os.path.join(folder_of(root, iteration), "common.pt")
-    return torch.load(path, weights_only=False)["args"]
+    return torch_dist_args(folder_of(root, iteration))

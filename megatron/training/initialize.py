@@ -5,6 +5,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -40,10 +41,23 @@ class Runtime:
         return self.rank == self.world_size - 1
 
 
+# Whether this process runs on the CPU, once setup_device has set it up.
+_on_cpu: Optional[bool] = None
+
+
 def setup_device(config: Config) -> bool:
     """Pick the device before anything touches CUDA, and set the process's
-    switches (every process runs this: a trainer, a spare). Returns True on
-    CPU."""
+    switches: once per process (a deadpool rank does it before its first
+    group or its warm-up, and each trainer it builds later, through
+    initialize, finds it done). Returns True on CPU."""
+    global _on_cpu
+    if _on_cpu is None:
+        _on_cpu = set_device_switches(config)
+    return _on_cpu
+
+
+def set_device_switches(config: Config) -> bool:
+    """Every process's switches (a trainer's, a spare's); True on CPU."""
     on_cpu = config.parallel.cpu or not torch.cuda.is_available()
     cpu_compat.define_missing_te_names()
     optimizer_layout.patch_reshardable_load()

@@ -1,4 +1,4 @@
-"""Loading Megatron-LM's legacy checkpoints, ``--ckpt-format torch``.
+"""Reading Megatron-LM's legacy checkpoints, ``--ckpt-format torch``.
 
 On disk, as Megatron-LM writes them::
 
@@ -16,46 +16,37 @@ On disk, as Megatron-LM writes them::
                              save_parameter_state)
 
 The ``_{pp:03d}`` suffix is there when PP > 1. Megatron-LM detects a
-checkpoint's format from its directory, and so does ``--load`` here:
-``load_checkpoint`` loads a legacy checkpoint itself and hands any other to
-``checkpointing.load_checkpoint`` (the trainer calls it; checkpointing.py
-cannot call this module, which imports it). Such a checkpoint is cut for one
-TP and PP: it loads at that layout only (any DP). ``--save`` with
-``--ckpt-format torch`` writes it (``files_to_save`` here, the staging and
-agreement in saving.py), in the foreground as Megatron-LM does.
+checkpoint's format from its directory, and so does ``--load`` here
+(checkpoint_files.is_legacy): ``checkpointing.load_checkpoint``, the one
+entrance for loading, hands a legacy save to ``load_legacy`` with what it
+decided (what to restore, the check of the saved model), and restores what
+both formats hold alike from what it hands back. Such a checkpoint is cut
+for one TP and PP: it loads at that layout only (any DP). ``--save`` with
+``--ckpt-format torch`` writes it in the foreground as Megatron-LM does
+(checkpointing.legacy_files_to_save; saving.py stages the writes).
 """
 
 import contextlib
 import os
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing, parallel_state
+from megatron.core import parallel_state
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.utils import unwrap_model
 
-from megatron.training import checkpointing
-from megatron.training.checkpointing import CheckpointError, Loaded
-from megatron.training.config import Config
-from megatron.training.optimizer_layout import (
-    init_adam_state,
-    inner_optimizers,
-    restore_adam_steps,
+from megatron.training.checkpoint_files import (
+    CheckpointError,
+    SaveContents,
+    saved_in,
+    torch_dist_args,
 )
-from megatron.training.rank_state import load_scheduler
+from megatron.training.config import Config
+from megatron.training.optimizer_layout import inner_optimizers
 
 MODEL_FILE = "model_optim_rng.pt"
 OPTIMIZER_FILE = "distrib_optim.pt"
-
-
-def is_legacy(directory: str) -> bool:
-    """Megatron-LM's test: not torch_dist, and per-rank ``mp_rank_0*`` entries."""
-    if not os.path.isdir(directory) or dist_checkpointing.check_is_distributed_checkpoint(
-        directory
-    ):
-        return False
-    return any(name.startswith("mp_rank_0") for name in os.listdir(directory))
 
 
 def rank_dir(directory: str, tp_rank: int, pp_rank: int, pipeline_parallel: bool) -> str:
@@ -89,7 +80,7 @@ def saved_state_of_rank_0(directory: str) -> dict:
 def check_layout(saved_args, config: Config, directory: str) -> None:
     """Its TP and PP must be this run's: the files hold each rank's cut."""
     saved = (saved_args.tensor_model_parallel_size, saved_args.pipeline_model_parallel_size)
-    run = checkpointing.run_layout(config)
+    run = (config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size)
     if saved != run:
         raise CheckpointError(
             f"{directory} is a legacy --ckpt-format torch checkpoint saved at TP {saved[0]} "
@@ -199,66 +190,52 @@ def parameter_state_problem(optimizer, path: str) -> Optional[str]:
 
 
 # ----- loading -----
-def load_checkpoint(root: str, config: Config, state) -> Optional[Loaded]:
-    """Collective. The checkpoint the tracker in ``root`` names, in either
-    format: Megatron-LM's legacy torch format here, torch_dist by
-    ``checkpointing.load_checkpoint``; None when ``root`` holds none."""
-    entry = checkpointing.read_tracker(root)
-    directory = None if entry is None else checkpointing.checkpoint_dir(root, entry)
-    if directory is not None and is_legacy(directory):
-        return load(directory, entry == "release", config, state)
-    return checkpointing.load_checkpoint(root, config, state)
-
-
 def saved_args(root: str):
     """The ``args`` of the checkpoint the tracker in ``root`` names, in
     either format; None when there is none (--use-checkpoint-args)."""
-    entry = checkpointing.read_tracker(root)
-    directory = None if entry is None else checkpointing.checkpoint_dir(root, entry)
-    if directory is not None and is_legacy(directory):
-        return saved_state_of_rank_0(directory)["args"]
-    return checkpointing.saved_args(root)
+    found = saved_in(root)
+    if found is None:
+        return None
+    if found.legacy:
+        return saved_state_of_rank_0(found.directory)["args"]
+    return torch_dist_args(found.directory)
 
 
-def load(directory: str, release: bool, config: Config, state) -> Loaded:
-    """Collective. Restores model, optimizer, scheduler and RNG from the
-    legacy checkpoint in ``directory``, under the rules of
-    ``checkpointing.load_checkpoint`` (--no-load-optim, --no-load-rng,
-    --finetune, release)."""
-    c = config.checkpoint
+def load_legacy(
+    directory: str,
+    config: Config,
+    state,
+    keys: List[str],
+    optim: bool,
+    rng: bool,
+    check_saved: Callable[[dict], None],
+) -> SaveContents:
+    """Collective. Puts back the model (its chunks under ``keys``) from the
+    legacy save in ``directory`` and, as ``optim`` says, the optimizer's
+    state; ``check_saved`` refuses a save of another model. Returns the rest
+    to restore, the RNG states as ``rng`` says (checkpointing.load_checkpoint
+    decides all of these, as for torch_dist)."""
     saved_args = saved_state_of_rank_0(directory)["args"]
     check_layout(saved_args, config, directory)
-    load_optim = checkpointing.loads_optimizer(config, release)
-    load_rng = not (c.no_load_rng or c.finetune or release)
-    if load_optim:
+    if optim:
         check_optimizer(saved_args, config, directory)
         if config.parallel.use_distributed_optimizer:
             agree(gloo_problem(state.optimizer))
-    files = files_of_this_rank(directory, config, load_optim)
+    files = files_of_this_rank(directory, config, optim)
     require_files(files)
     saved = read(files[0])
-    checkpointing.check_compatible(saved, config, directory, load_optim)
-    load_model(saved, state, files[0])
-    if load_optim:
+    check_saved(saved)
+    load_model(saved, state, keys, files[0])
+    if optim:
         load_optimizer(saved, state, files, config)
-    elif config.training.bf16 or config.training.fp16:
-        state.optimizer.reload_model_params()  # main parameters from the loaded weights
-    if load_rng:
-        load_rng_state(saved, files[0])
+    rng_states = saved_rng_states(saved, files[0]) if rng else None
     dist.barrier()
-    if c.finetune or release:
-        return Loaded(0, 0, 0.0)
-    return Loaded(
-        iteration=int(saved["iteration"]),
-        consumed_samples=int(getattr(saved["args"], "consumed_train_samples", 0)),
-        floating_point_operations=float(saved.get("num_floating_point_operations_so_far", 0)),
-    )
+    return SaveContents(saved, saved["opt_param_scheduler"] if optim else None, rng_states)
 
 
 @torch.no_grad()  # main parameters may be views of the model's (fp32 training)
-def load_model(saved: dict, state, path: str) -> None:
-    chunks = unwrap_model(state.model)
-    for key, module in zip(checkpointing.model_keys(len(chunks)), chunks):
+def load_model(saved: dict, state, keys: List[str], path: str) -> None:
+    for key, module in zip(keys, unwrap_model(state.model)):
         if key not in saved:
             raise CheckpointError(f"{path} holds no {key!r} (a model chunk of this run)")
         missing, unexpected = module.load_state_dict(saved[key], strict=False)
@@ -281,11 +258,10 @@ def load_optimizer(saved: dict, state, files: List[str], config: Config) -> None
         agree(parameter_state_problem(state.optimizer, files[1]))
         with gloo_data_parallel_groups(state.optimizer):
             state.optimizer.load_parameter_state(files[1])
-    restore_adam_steps(state.optimizer)
-    load_scheduler(state.scheduler, saved["opt_param_scheduler"])
 
 
-def load_rng_state(saved: dict, path: str) -> None:
+def saved_rng_states(saved: dict, path: str) -> list:
+    """This rank's entry of the saved RNG states, as a one-entry list."""
     if "rng_state" not in saved:
         raise CheckpointError(
             f"{path} holds no RNG state (saved with --no-save-rng?): load it with --no-load-rng"
@@ -293,63 +269,7 @@ def load_rng_state(saved: dict, path: str) -> None:
     states = saved["rng_state"]  # one entry, or one per DP rank
     if getattr(saved["args"], "data_parallel_random_init", False):
         states = [states[parallel_state.get_data_parallel_rank()]]
-    checkpointing.set_rng(states)
-
-
-# ----- saving -----
-def files_to_save(directory: str, config: Config, progress, state, rerun=None) -> dict:
-    """Collective over each data-parallel group (the distributed optimizer's
-    state is gathered on its rank 0). The files this rank writes into
-    ``directory`` (path -> object for torch.save): data-parallel rank 0 of
-    each (TP, PP) position writes its position's, the others none."""
-    c = config.checkpoint
-    optimizer_state = None
-    if not c.no_save_optim:
-        init_adam_state(state.optimizer)
-        optimizer_state = gathered_parameter_state(state.optimizer)
-    ps = parallel_state
-    if ps.get_data_parallel_rank() != 0:
-        return {}
-    folder = rank_dir(
-        directory,
-        ps.get_tensor_model_parallel_rank(),
-        ps.get_pipeline_model_parallel_rank(),
-        ps.get_pipeline_model_parallel_world_size() > 1,
-    )
-    args = checkpointing.checkpoint_args(config, progress)
-    args.use_dist_ckpt = False
-    contents = {
-        "args": args,
-        "checkpoint_version": checkpointing.CHECKPOINT_VERSION,
-        "iteration": progress.iteration,
-        "num_floating_point_operations_so_far": progress.floating_point_operations,
-    }
-    chunks = unwrap_model(state.model)
-    for key, chunk in zip(checkpointing.model_keys(len(chunks)), chunks):
-        contents[key] = chunk.state_dict_for_save_checkpoint()
-    if not c.no_save_optim:
-        contents["optimizer"] = state.optimizer.state_dict()
-        contents["opt_param_scheduler"] = state.scheduler.state_dict()
-    if not c.no_save_rng:
-        contents["rng_state"] = checkpointing.rng_states()
-    if rerun is not None:
-        contents[checkpointing.RERUN_KEY] = rerun
-    files = {os.path.join(folder, MODEL_FILE): contents}
-    if optimizer_state is not None:
-        files[os.path.join(folder, OPTIMIZER_FILE)] = optimizer_state
-    return files
-
-
-def gathered_parameter_state(optimizer):
-    """Collective. The distributed optimizer's main parameters and moments
-    gathered on data-parallel rank 0 as ``save_parameter_state`` writes them
-    (one dict, a list with several optimizers); None without it. Gathered
-    over the data-parallel group itself, which serves on any backend."""
-    optimizers = distributed_optimizers(optimizer)
-    if not optimizers:
-        return None
-    states = [o.get_parameter_state_dp_zero(use_gloo_comm=False) for o in optimizers]
-    return states[0] if len(states) == 1 else states
+    return states
 
 
 # ----- the gloo data-parallel group megatron-core's load_parameter_state needs -----

@@ -44,8 +44,9 @@ from megatron.core.dist_checkpointing.strategies.common import COMMON_STATE_FNAM
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron.training import checkpointing, legacy_checkpoint
-from megatron.training.checkpointing import fsync_path, iteration_dir
+from megatron.training import checkpointing
+from megatron.training.checkpoint_files import checkpoint_dir, iteration_dir, read_tracker
+from megatron.training.checkpointing import fsync_path
 
 STAGING_SUFFIX = ".partial"
 
@@ -125,8 +126,8 @@ def remove_all_but_the_latest(root: str) -> None:
     save included)."""
     if not os.path.isdir(root):
         return
-    entry = checkpointing.read_tracker(root)
-    latest = None if entry is None else os.path.basename(checkpointing.checkpoint_dir(root, entry))
+    entry = read_tracker(root)
+    latest = None if entry is None else os.path.basename(checkpoint_dir(root, entry))
     for name in os.listdir(root):
         if name.startswith("iter_") and name != latest:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
@@ -307,7 +308,7 @@ def save_legacy(root: str, progress, state, config, retain_interval=None, rerun=
     final, entry = iteration_dir(root, iteration), str(iteration)
     errors = agree(attempt(on_rank_0, fresh_directory, staging))
     if not errors:
-        files = legacy_checkpoint.files_to_save(staging, config, progress, state, rerun)
+        files = checkpointing.legacy_files_to_save(staging, config, progress, state, rerun)
         errors = agree(attempt(write_files, files))
     if not errors:
         publish = checkpointing.publish
@@ -432,7 +433,7 @@ class Saves:
             self.logger.info("saved checkpoint %s in %.2f s", outcome.directory, outcome.seconds)
             return outcome
         root = os.path.dirname(outcome.directory)
-        latest = checkpointing.read_tracker(root)
+        latest = read_tracker(root)
         self.logger.warning(
             "checkpoint of iteration %d NOT saved (%s); the latest checkpoint in %s stays %s; "
             "training goes on",

@@ -33,7 +33,7 @@ from megatron.core.rerun_state_machine import (
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from megatron.training import checkpointing, data, legacy_checkpoint, moe_metrics, saving
+from megatron.training import checkpoint_files, checkpointing, data, moe_metrics, saving
 from megatron.training.config import Config
 from megatron.training.arguments import ConfigError
 from megatron.training.cuda_graphs import cuda_graph_hooks
@@ -331,12 +331,8 @@ class Trainer:
     def load(self) -> None:
         c = self.config.checkpoint
         start = time.perf_counter()
-        source = checkpointing.root_to_load(c)
-        # torch_dist, or Megatron-LM's legacy torch format (told from the directory)
-        loaded = (
-            legacy_checkpoint.load_checkpoint(source, self.config, self.state) if source else None
-        )
-        if loaded is None and c.pretrained_checkpoint:
+        found = checkpoint_files.checkpoint_to_load(c)
+        if found is None and c.pretrained_checkpoint:
             # As Megatron-LM: fine-tune from it when --load holds nothing yet.
             self.logger.info(
                 "no checkpoint in --load %s: fine-tuning from --pretrained-checkpoint %s",
@@ -344,9 +340,8 @@ class Trainer:
                 c.pretrained_checkpoint,
             )
             c.finetune = True
-            source = c.pretrained_checkpoint
-            loaded = legacy_checkpoint.load_checkpoint(source, self.config, self.state)
-        if loaded is None:
+            found = checkpoint_files.saved_in(c.pretrained_checkpoint)
+        if found is None:
             if c.exit_on_missing_checkpoint and c.load:  # without --load it has no effect
                 raise NothingToResume(
                     f"no checkpoint in --load {c.load} and --exit-on-missing-checkpoint is set"
@@ -354,12 +349,14 @@ class Trainer:
             if c.load:
                 self.logger.info("no checkpoint in %s: starting from scratch", c.load)
             return
+        # torch_dist, or Megatron-LM's legacy torch format (told from the directory)
+        loaded = checkpointing.load_checkpoint(found, self.config, self.state)
         self.progress.iteration = loaded.iteration
         self.progress.consumed_samples = loaded.consumed_samples
         self.progress.floating_point_operations = loaded.floating_point_operations
         self.logger.info(
             "resumed from %s at iteration %d (loaded in %.2f s)",
-            source,
+            found.root,
             self.progress.iteration,
             time.perf_counter() - start,
         )
@@ -374,7 +371,7 @@ class Trainer:
             return None
         self._saved(self.saves.wait())  # the one before, if still in flight
         self._call("before_save")
-        root = checkpointing.non_persistent_dir(c, c.save) if non_persistent else c.save
+        root = checkpoint_files.non_persistent_dir(c, c.save) if non_persistent else c.save
         # The rerun state machine's state, when it wants the run resumed from here.
         rerun = get_rerun_state_machine().state_dict(self.train_iterator, "torch_dist")
         ended = self.saves.save(

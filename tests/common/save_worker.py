@@ -35,7 +35,7 @@ from megatron.core.dist_checkpointing.strategies.filesystem_async import (  # no
 )
 
 from deadpool_ext.inject import fill_disk, free_disk  # noqa: E402
-from megatron.training import checkpointing, saving  # noqa: E402
+from megatron.training import checkpoint_files, checkpointing, saving  # noqa: E402
 
 
 def state(iteration: int) -> dict:
@@ -90,7 +90,7 @@ def save(root: str, iteration: int, background: bool) -> dict:
         outcome = begun
     else:
         saving.all_written(begun, blocking=True)
-        final = checkpointing.iteration_dir(root, iteration)
+        final = checkpoint_files.iteration_dir(root, iteration)
         outcome = saving.finish(
             begun, lambda staging: checkpointing.publish(root, staging, final, str(iteration))
         )
@@ -98,7 +98,7 @@ def save(root: str, iteration: int, background: bool) -> dict:
 
 
 def latest(root: str):
-    return checkpointing.read_tracker(root)
+    return checkpoint_files.read_tracker(root)
 
 
 def main() -> None:

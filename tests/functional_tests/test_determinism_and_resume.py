@@ -15,7 +15,7 @@ import forkserver
 from dist_utils import TINY_GPT, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics, state_difference
 from dist_utils import REPO, forkrun_command, run_pretrain, worker_env
-from megatron.training.checkpointing import NON_PERSISTENT, tracked_iteration
+from megatron.training.checkpoint_files import NON_PERSISTENT, tracked_iteration
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration

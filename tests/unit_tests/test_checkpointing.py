@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from megatron.training import checkpoint_files
 from megatron.training import checkpointing as ckpt
 from megatron.training import saving
 from megatron.training.arguments import parse_args
@@ -57,15 +58,17 @@ def loads(cfg) -> bool:
 
 
 def test_the_tracker_names_an_iteration_or_release(tmp_path):
-    assert ckpt.read_tracker(str(tmp_path)) is None
+    assert checkpoint_files.read_tracker(str(tmp_path)) is None
     (tmp_path / ckpt.TRACKER).write_text("120\n")
-    assert ckpt.read_tracker(str(tmp_path)) == "120"
-    assert ckpt.checkpoint_dir(str(tmp_path), "120") == str(tmp_path / "iter_0000120")
+    assert checkpoint_files.read_tracker(str(tmp_path)) == "120"
+    assert checkpoint_files.checkpoint_dir(str(tmp_path), "120") == str(tmp_path / "iter_0000120")
     (tmp_path / ckpt.TRACKER).write_text("release")
-    assert ckpt.checkpoint_dir(str(tmp_path), "release") == str(tmp_path / "release")
+    assert checkpoint_files.checkpoint_dir(str(tmp_path), "release") == str(tmp_path / "release")
     (tmp_path / ckpt.TRACKER).write_text("12a")
-    with pytest.raises(ckpt.CheckpointError, match="neither an iteration number nor 'release'"):
-        ckpt.read_tracker(str(tmp_path))
+    with pytest.raises(
+        checkpoint_files.CheckpointError, match="neither an iteration number nor 'release'"
+    ):
+        checkpoint_files.read_tracker(str(tmp_path))
 
 
 def staged(root, iteration, content):
@@ -76,7 +79,7 @@ def staged(root, iteration, content):
 
 
 def test_a_staged_save_takes_its_name_and_then_the_tracker_names_it(tmp_path):
-    final = ckpt.iteration_dir(str(tmp_path), 8)
+    final = checkpoint_files.iteration_dir(str(tmp_path), 8)
     ckpt.publish(str(tmp_path), staged(tmp_path, 8, "first"), final, "8")
     assert (tmp_path / ckpt.TRACKER).read_text() == "8"
     assert sorted(os.listdir(tmp_path)) == ["iter_0000008", ckpt.TRACKER]
@@ -93,7 +96,7 @@ def test_saves_between_retained_ones_go_when_the_next_is_named(tmp_path):
     root = str(tmp_path)
 
     def save(iteration):
-        final = ckpt.iteration_dir(root, iteration)
+        final = checkpoint_files.iteration_dir(root, iteration)
         ckpt.publish(root, staged(tmp_path, iteration, "x"), final, str(iteration), 4)
 
     def kept():
@@ -102,28 +105,32 @@ def test_saves_between_retained_ones_go_when_the_next_is_named(tmp_path):
     for iteration, expected in ((2, [2]), (4, [4]), (6, [4, 6]), (8, [4, 8]), (8, [4, 8])):
         save(iteration)
         assert kept() == expected, iteration
-    os.symlink(ckpt.iteration_dir(root, 4), ckpt.iteration_dir(root, 10))  # pointed at
+    os.symlink(
+        checkpoint_files.iteration_dir(root, 4), checkpoint_files.iteration_dir(root, 10)
+    )  # pointed at
     (tmp_path / ckpt.TRACKER).write_text("10")
     save(12)
     assert kept() == [4, 8, 10, 12]
     # Control: without the interval every save stays.
-    ckpt.publish(root, staged(tmp_path, 14, "x"), ckpt.iteration_dir(root, 14), "14")
+    ckpt.publish(root, staged(tmp_path, 14, "x"), checkpoint_files.iteration_dir(root, 14), "14")
     assert kept() == [4, 8, 10, 12, 14]
 
 
 def test_a_checkpoint_of_another_model_is_refused_by_name():
     cfg = config()
     ckpt.check_compatible(common(), cfg, "ckpt/iter_0000004", loads(cfg))
-    with pytest.raises(ckpt.CheckpointError, match=r"hidden_size 32 \(this run: 16\)"):
+    with pytest.raises(checkpoint_files.CheckpointError, match=r"hidden_size 32 \(this run: 16\)"):
         ckpt.check_compatible(common(hidden_size=32), cfg, "ckpt/iter_0000004", loads(cfg))
     old = {**common(), "checkpoint_version": 2.0}
-    with pytest.raises(ckpt.CheckpointError, match="checkpoint_version 2.0"):
+    with pytest.raises(checkpoint_files.CheckpointError, match="checkpoint_version 2.0"):
         ckpt.check_compatible(old, cfg, "ckpt/iter_0000004", loads(cfg))
 
 
 def test_another_tp_needs_an_optimizer_saved_fully_reshardable():
     saved_at_tp2 = common(tensor_model_parallel_size=2)
-    with pytest.raises(ckpt.CheckpointError, match="--dist-ckpt-optim-fully-reshardable"):
+    with pytest.raises(
+        checkpoint_files.CheckpointError, match="--dist-ckpt-optim-fully-reshardable"
+    ):
         ckpt.check_compatible(saved_at_tp2, config(), "d", loads(config()))
     no_optim = config("--no-load-optim")
     ckpt.check_compatible(saved_at_tp2, no_optim, "d", loads(no_optim))
@@ -252,14 +259,14 @@ def test_load_takes_the_non_persistent_checkpoint_when_it_is_as_new_or_newer(tmp
     load = tmp_path / "ckpt"
     c = config("--load", str(load), "--non-persistent-ckpt-type", "global").checkpoint
     tracked(load, 4)
-    assert ckpt.root_to_load(c) == str(load)  # none yet
-    tracked(load / ckpt.NON_PERSISTENT, 6)
-    assert ckpt.root_to_load(c) == str(load / ckpt.NON_PERSISTENT)
+    assert checkpoint_files.root_to_load(c) == str(load)  # none yet
+    tracked(load / checkpoint_files.NON_PERSISTENT, 6)
+    assert checkpoint_files.root_to_load(c) == str(load / checkpoint_files.NON_PERSISTENT)
     tracked(load, 8)
-    assert ckpt.root_to_load(c) == str(load)
+    assert checkpoint_files.root_to_load(c) == str(load)
     c.non_persistent_ckpt_type = None  # not asked for: never
-    tracked(load / ckpt.NON_PERSISTENT, 9)
-    assert ckpt.root_to_load(c) == str(load)
+    tracked(load / checkpoint_files.NON_PERSISTENT, 9)
+    assert checkpoint_files.root_to_load(c) == str(load)
 
 
 def test_a_non_persistent_save_keeps_only_the_latest_before_it(tmp_path):
@@ -284,11 +291,15 @@ def test_a_save_with_a_shard_file_cut_short_missing_or_from_elsewhere_is_named(t
     ckpt.check_whole(str(whole))  # the control
     other = saved("other", torch.arange(20.0))  # another save: other sizes
     (whole / "__0_0.distcp").write_bytes((other / "__0_0.distcp").read_bytes())
-    with pytest.raises(ckpt.CheckpointError, match=r"__0_0.distcp \(\d+ bytes, the index says"):
+    with pytest.raises(
+        checkpoint_files.CheckpointError, match=r"__0_0.distcp \(\d+ bytes, the index says"
+    ):
         ckpt.check_whole(str(whole))
     (whole / "__0_0.distcp").unlink()
     (whole / "common.pt").unlink()
-    with pytest.raises(ckpt.CheckpointError, match=r"__0_0.distcp \(missing.*common.pt"):
+    with pytest.raises(
+        checkpoint_files.CheckpointError, match=r"__0_0.distcp \(missing.*common.pt"
+    ):
         ckpt.check_whole(str(whole))
 
 

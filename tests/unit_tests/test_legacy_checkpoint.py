@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from megatron.training import checkpointing, legacy_checkpoint
+from megatron.training import checkpoint_files, checkpointing, legacy_checkpoint
 from megatron.training.arguments import ConfigError, parse_args
-from megatron.training.checkpointing import CheckpointError
+from megatron.training.checkpoint_files import CheckpointError, SaveContents
 
 
 def config(*extra):
@@ -40,36 +40,45 @@ def legacy(root, *names):
     for name in names:
         (folder / name).mkdir(parents=True)
         torch.save({"args": saved_args()}, folder / name / legacy_checkpoint.MODEL_FILE)
-    (root / checkpointing.TRACKER).write_text("4")
+    (root / checkpoint_files.TRACKER).write_text("4")
     return folder
 
 
 def test_the_format_is_told_from_the_directory(tmp_path):
     folder = legacy(tmp_path / "legacy", "mp_rank_00_000", "mp_rank_00_001")
-    assert legacy_checkpoint.is_legacy(str(folder))
+    assert checkpoint_files.is_legacy(str(folder))
     dist_ckpt = tmp_path / "dist" / "iter_0000004"
     dist_ckpt.mkdir(parents=True)
     (dist_ckpt / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
-    assert not legacy_checkpoint.is_legacy(str(dist_ckpt))
-    assert not legacy_checkpoint.is_legacy(str(tmp_path / "nothing"))
-    assert not legacy_checkpoint.is_legacy(str(tmp_path / "dist"))
+    assert not checkpoint_files.is_legacy(str(dist_ckpt))
+    assert not checkpoint_files.is_legacy(str(tmp_path / "nothing"))
+    assert not checkpoint_files.is_legacy(str(tmp_path / "dist"))
 
 
-def test_load_checkpoint_loads_a_legacy_directory_and_hands_others_over(tmp_path, monkeypatch):
+def test_load_checkpoint_hands_each_format_to_its_reader(tmp_path, monkeypatch):
+    import types
+
     seen = []
-    monkeypatch.setattr(legacy_checkpoint, "load", lambda *a: seen.append(("legacy", a)))
-    monkeypatch.setattr(checkpointing, "load_checkpoint", lambda *a: seen.append(("dist", a)))
-    cfg = config()
+    contents = SaveContents({"iteration": 4, "args": argparse.Namespace()}, None, None)
+
+    def legacy_reader(directory, config, state, *rest):
+        seen.append(("legacy", directory, config, state))
+        return contents
+
+    def dist_reader(found, config, state, *rest):
+        seen.append(("dist", found.directory, config, state))
+        return contents
+
+    monkeypatch.setattr(legacy_checkpoint, "load_legacy", legacy_reader)
+    monkeypatch.setattr(checkpointing, "load_torch_dist", dist_reader)
+    monkeypatch.setattr(checkpointing, "restore_alike", lambda *a: None)  # after either reader
+    cfg, state = config(), types.SimpleNamespace(model=[None])
     folder = legacy(tmp_path, "mp_rank_00")
-    legacy_checkpoint.load_checkpoint(str(tmp_path), cfg, "state")
+    checkpointing.load_checkpoint(checkpoint_files.saved_in(str(tmp_path)), cfg, state)
     (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')  # torch_dist
-    legacy_checkpoint.load_checkpoint(str(tmp_path), cfg, "state")
-    legacy_checkpoint.load_checkpoint(str(tmp_path / "nothing"), cfg, "state")
-    assert seen == [
-        ("legacy", (str(folder), False, cfg, "state")),
-        ("dist", (str(tmp_path), cfg, "state")),
-        ("dist", (str(tmp_path / "nothing"), cfg, "state")),
-    ]
+    checkpointing.load_checkpoint(checkpoint_files.saved_in(str(tmp_path)), cfg, state)
+    assert checkpoint_files.saved_in(str(tmp_path / "nothing")) is None
+    assert seen == [("legacy", str(folder), cfg, state), ("dist", str(folder), cfg, state)]
 
 
 def test_the_saved_layout_is_read_from_the_first_position(tmp_path):
@@ -140,12 +149,16 @@ def test_each_model_chunk_loads_from_its_own_key():
     saved_chunks = [torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)]
     saved = {f"model{i}": chunk.state_dict() for i, chunk in enumerate(saved_chunks)}
     state = types.SimpleNamespace(model=[torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)])
-    legacy_checkpoint.load_model(saved, state, "f.pt")
+    legacy_checkpoint.load_model(saved, state, checkpointing.model_keys(2), "f.pt")
     for loaded, chunk in zip(state.model, saved_chunks):
         assert torch.equal(loaded.weight, chunk.weight) and torch.equal(loaded.bias, chunk.bias)
     assert not torch.equal(state.model[0].weight, state.model[1].weight)  # not one state twice
     with pytest.raises(CheckpointError, match="f.pt holds no 'model1'"):
-        legacy_checkpoint.load_model({"model0": saved["model0"]}, state, "f.pt")
+        legacy_checkpoint.load_model(
+            {"model0": saved["model0"]}, state, checkpointing.model_keys(2), "f.pt"
+        )
     one = types.SimpleNamespace(model=[torch.nn.Linear(3, 2)])
-    legacy_checkpoint.load_model({"model": saved["model1"]}, one, "f.pt")
+    legacy_checkpoint.load_model(
+        {"model": saved["model1"]}, one, checkpointing.model_keys(1), "f.pt"
+    )
     assert torch.equal(one.model[0].weight, saved_chunks[1].weight)
