@@ -107,9 +107,7 @@ class Coordinator:
     # ----- outputs -----
     def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
         """``assign``: the spares a decision will most likely pick, so that
-        they can build their model while the survivors tear down.
-        ``boundary`` tells workers to stop at their next iteration boundary,
-        not within an iteration (a grow, a drain, a stop)."""
+        they can build their model while the survivors tear down."""
         self.put(P.GEN_KEY, **self.record.generation(assign or {}))
 
     def put(self, key: str, **body) -> None:
@@ -152,6 +150,8 @@ class Coordinator:
         self.replicate()  # what the messages changed, and the lease
         now = self.clock()
         self.judge(self.look(now) if self.detector.due(now) else None)
+        if self.record.state in COLLECTING:  # once every message of the step is in
+            self.carry_out(Policy().decide(self.view()))
         if self.status_listeners and now - self.watch.status_sent_at >= STATUS_EVERY_S:
             self.watch.status_sent_at = now
             report = self.status()
@@ -168,7 +168,7 @@ class Coordinator:
 
     def judge(self, sighting=None) -> None:
         """The rules, in order, each on a view with what the ones before
-        it did; then, while a generation collects reports, its decision."""
+        it did."""
         view = self.view(sighting)
         for trigger in TRIGGERS:
             done = trigger(view)
@@ -179,8 +179,6 @@ class Coordinator:
             if done:
                 view = self.view(sighting)
         self.news.clear()
-        if self.record.state in COLLECTING:
-            self.carry_out(Policy().decide(self.view(sighting)))
 
     # ----- what comes in -----
     def take(self, body: dict) -> bool:
@@ -307,7 +305,8 @@ class Coordinator:
         self.enter(o.state)
         self.record.open(o)
         self.round = self.round.next(self.clock(), o.cause)
-        self.round.leaving, self.round.assign = list(o.leaving), dict(o.assign)
+        self.round.leaving = list(o.leaving)
+        self.round.published_spares = tuple(self.record.membership.spares)
         self.round.reasons += o.reasons
         for said in o.notes:
             self.note(said)
@@ -315,7 +314,7 @@ class Coordinator:
 
     @carry_out.register
     def republish(self, p: E.Publish) -> None:
-        self.round.assign = dict(p.assign)
+        self.round.published_spares = p.ready
         self.publish(p.assign)
 
     @carry_out.register
@@ -375,10 +374,12 @@ class Coordinator:
 
     @carry_out.register
     def send_off(self, s: E.SendOff) -> None:
+        self.see_off(s.node, s.reason, self.record.send_off(s.node))
+
+    def see_off(self, node: int, why: str, slots: List[str]) -> None:
         """A drained node leaves: its agent stops its workers and ends."""
-        slots = self.record.send_off(s.node)
-        self.tell_agent(s.node, Command.LEAVE)
-        self.say("node_drained", node=s.node, slots=slots, reason=s.reason)
+        self.tell_agent(node, Command.LEAVE)
+        self.say("node_drained", node=node, slots=slots, reason=why)
 
     @carry_out.register
     def drop_drain(self, d: E.DropDrain) -> None:
@@ -414,7 +415,7 @@ class Coordinator:
         drained = self.record.adopt(decision, self.round.leaving)
         for node in self.round.leaving:
             if node in drained:
-                self.send_off(E.SendOff(node, drained[node]))
+                self.see_off(node, *drained[node])
             else:
                 self.say("drain_refused", node=node, reason="; ".join(decision.warnings))
         self.round.leaving = []

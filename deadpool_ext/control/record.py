@@ -127,11 +127,11 @@ class JobRecord:
             boundary=self.state in AT_BOUNDARY,
         )
 
-    def adopt(self, decision: Decision, leaving: List[int]) -> Dict[int, str]:
+    def adopt(self, decision: Decision, leaving: List[int]) -> Dict[int, Tuple[str, List[str]]]:
         """The decision's members form the generation (a resize's, another
         world: rank 0 of it sends its layout anew). The nodes a drain asked
-        for are no longer asked for; those the decision drained (node ->
-        why) leave."""
+        for are no longer asked for; those the decision drained leave (node
+        -> why, its slots), before the nodes alive now become the quorum."""
         m = self.membership
         asked = {node: self.drains.pop(node, "") for node in leaving}
         if decision.action.resizes:
@@ -143,9 +143,10 @@ class JobRecord:
         m.members = decision.members
         m.spares = [s for s in m.spares if s not in decision.replaced.values()]
         m.released |= set(decision.released)
+        drained = {n: (why, self.send_off(n)) for n, why in asked.items() if n in decision.drained}
         m.quorum_nodes = m.alive_nodes()
         self.lost, self.decision = set(), decision
-        return {node: why for node, why in asked.items() if node in decision.drained}
+        return drained
 
     def send_off(self, node: int) -> List[str]:
         """A drained node: its slots count as gone (it may join again)."""
@@ -227,7 +228,7 @@ class Round:
     joining: Set[int] = field(default_factory=set)
     resumed: Set[int] = field(default_factory=set)
     leaving: List[int] = field(default_factory=list)  # a drain's nodes
-    assign: Dict[int, str] = field(default_factory=dict)  # the spares last published for it
+    published_spares: Tuple[str, ...] = ()  # the ready spares when it was last published
     rendezvous: bool = False  # every member joined: the join key is out
     decided_at: float = 0.0
     # Why the generations since the last decision opened: the decision
@@ -308,7 +309,7 @@ def view_of(
         joining=frozenset(round_.joining),
         rendezvous=round_.rendezvous,
         resumed=frozenset(round_.resumed),
-        assign=dict(round_.assign),
+        published_spares=round_.published_spares,
         since_decided_s=now - round_.decided_at,
         settling_s=None if watch.took_over_at is None else now - watch.took_over_at,
         reasons=tuple(round_.reasons),

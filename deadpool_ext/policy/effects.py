@@ -74,9 +74,11 @@ class Advance:
 
 @dataclass(frozen=True)
 class Publish:
-    """The generation again, naming the spares that may build now."""
+    """The generation again, naming the spares that may build now (of the
+    ``ready`` spares)."""
 
     assign: Mapping[int, str]
+    ready: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -430,10 +430,10 @@ def redos_finished(view: JobView, done: int) -> Effects:
 
 def spares_arrived(view: JobView) -> Effects:
     """Spares that became ready while survivors report may build now."""
-    if view.state != S.RECOVERING:
+    if view.state != S.RECOVERING or view.spares == view.published_spares:
         return NOTHING
     assign = likely_spares(view)
-    return (Publish(assign),) if assign != dict(view.assign) else NOTHING
+    return (Publish(assign, view.spares),)
 
 
 # ----- while training: operations, then growth -----

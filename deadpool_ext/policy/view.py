@@ -184,7 +184,7 @@ class JobView:
     joining: FrozenSet[int] = frozenset()
     rendezvous: bool = False  # every member joined: the join key is out
     resumed: FrozenSet[int] = frozenset()
-    assign: Mapping[int, str] = field(default_factory=dict)  # the spares last published
+    published_spares: Tuple[str, ...] = ()  # the ready spares when it was last published
     since_decided_s: float = 0.0
     settling_s: Optional[float] = None  # since a takeover, until every agent beat here
     reasons: Tuple[str, ...] = ()  # why the generations since the last decision opened
