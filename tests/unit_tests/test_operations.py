@@ -1,9 +1,10 @@
-"""Operating a job, driven by hand (no worker processes): drains, stops
-and status asked for on the requests' topic, a request without the secret,
-the straggler watch, and deadpool-ctl's side (finding the job, printing
-its status). The real runs are in tests/functional_tests/test_operations.py."""
+"""Operating a job, driven by hand (no worker processes): a drain carried
+out end to end and one refused, a stop interrupted by a failure, a request
+without the secret, the fault specs of operations, and deadpool-ctl's side
+(finding the job, printing its status). What a drain, a stop or the
+straggler watch decides is held without a store in tests/unit_tests/policy/;
+the real runs are in tests/functional_tests/test_operations.py."""
 
-import dataclasses
 import json
 import os
 import stat
@@ -13,10 +14,6 @@ import pytest
 from deadpool_ext.control import ctl, jobs
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.ports import free_port
-from deadpool_ext.policy.effects import Note
-from deadpool_ext.policy.stragglers import judge, node_times
-from deadpool_ext.policy.triggers import stragglers
-from deadpool_ext.policy.view import JobView, Sighting
 from deadpool_ext.inject import InjectError, Injector, parse_fault, spares_ready_at
 from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
 from deadpool_ext.wire import Channel, connect
@@ -101,16 +98,7 @@ def test_a_drain_hands_node_1_to_the_spare_node_at_the_boundary_and_it_may_join_
     assert coordinator.status()["nodes"]["1"]["role"] == "spare"
 
 
-def test_a_drain_without_a_spare_shrinks_or_is_refused_by_the_policy():
-    coordinator, worker, _ = make_job(spares=())
-    ask(worker, coordinator, "drain", node=1)
-    report_all(worker, 1)
-    coordinator.step()
-    decision = Decision.from_message(worker.get("decision/1"))
-    assert decision.action == "shrink" and decision.drained == [1]
-    assert (decision.old_dp, decision.new_dp) == (4, 2)
-    assert sorted(decision.released) == ["1.0", "1.1"]
-
+def test_a_drain_the_policy_refuses_leaves_no_drain_pending():
     coordinator, worker, _ = make_job(spares=(), on_spares_exhausted="abort")
     ask(worker, coordinator, "drain", node=1)
     report_all(worker, 1)
@@ -138,98 +126,6 @@ def test_a_request_without_the_secret_changes_nothing_and_is_counted():
     coordinator.step()
     assert coordinator.gen == 0 and not coordinator.record.lost
     assert ask(worker, coordinator, "status")["status"]["rejected_requests"] == 5
-
-
-def test_drains_the_job_cannot_take_are_refused_with_the_reason():
-    coordinator, worker, _ = make_job()
-    assert ask(worker, coordinator, "drain", nonce="a", node=7)["message"].startswith("no node 7")
-    assert ask(worker, coordinator, "stop", nonce="b")["ok"]
-    assert ask(worker, coordinator, "drain", nonce="c", node=1) == {
-        "ok": False,
-        "message": "the job is ending",
-    }
-
-
-def test_a_stop_saves_at_the_boundary_and_the_job_ends_well():
-    coordinator, worker, _ = make_job()
-    assert ask(worker, coordinator, "stop", reason="the allocation ends")["ok"]
-    assert worker.get("gen")["boundary"] is True
-    report_all(worker, 1)
-    coordinator.step()
-    decision = Decision.from_message(worker.get("decision/1"))
-    assert decision.stop and decision.rollback_to == 5 and decision.replaced == {}
-    assert decision.reason == "the allocation ends"
-    resume_all(coordinator, worker)
-    assert coordinator.state == "stopping"
-    for rank, slot in coordinator.record.membership.members.items():
-        worker.post("coordinator", kind="done", rank=rank, slot=slot)
-    assert coordinator.run(poll_s=0.0) == ExitCode.OK
-
-
-def test_a_drain_waits_for_warming_spares_while_training_goes_on():
-    coordinator, worker, clock = make_job(spares=(), spare_wait=30.0)
-    for slot in ("2.0", "2.1"):
-        worker.put(f"hb/{slot}", iteration=None, state="starting")
-    coordinator.step()
-    ask(worker, coordinator, "drain", node=1)
-    assert coordinator.state == "training" and coordinator.record.drains == {
-        1: "asked by deadpool-ctl"
-    }
-    for slot in ("2.0", "2.1"):
-        worker.post("coordinator", kind="spare_ready", slot=slot)
-    coordinator.step()
-    assert coordinator.state == "draining" and worker.get("gen")["assign"] == {
-        "2": "2.0",
-        "3": "2.1",
-    }
-
-
-def beat(worker, slot, seconds, count=2, iteration=9, seq=1):
-    compute = {"seconds": seconds, "count": count, "iteration": iteration}
-    worker.put(f"hb/{slot}", iteration=iteration, state="training", compute=compute, seq=seq)
-
-
-def test_a_straggler_is_reported_and_with_swap_drained_to_a_ready_spare_node():
-    coordinator, worker, _ = make_job(straggler_window=2, on_straggler="swap")
-    for slot, seconds in {"0.0": 0.10, "0.1": 0.11, "1.0": 0.19, "1.1": 0.23}.items():
-        beat(worker, slot, seconds)
-    coordinator.step()
-    assert coordinator.state == "training"  # 0.21 is not twice 0.105 (the default factor)
-    for slot, seconds in {"1.0": 0.31, "1.1": 0.35}.items():
-        beat(worker, slot, seconds, seq=2)
-    coordinator.step()
-    assert coordinator.state == "draining" and coordinator.round.leaving == [1]
-    stragglers = coordinator.status()["stragglers"]
-    assert stragglers["1"]["ratio"] == pytest.approx(0.33 / 0.105, rel=0.01)
-
-
-def compute(seconds, count=3, iteration=7):
-    return {"seconds": seconds, "count": count, "iteration": iteration}
-
-
-def test_the_straggler_watch_compares_each_node_with_the_others():
-    times = {"0.0": compute(1.0), "1.0": compute(1.2), "2.0": compute(1.4)}
-    assert judge(node_times(times, list(times), 3), 1.5) == {}  # 1.4 is not 1.5 x 1.1
-    times["2.0"] = compute(3.0, iteration=8)
-    found = judge(node_times(times, list(times), 3), 1.5)
-    assert [(s.node, s.others_s, s.iteration) for s in found.values()] == [(2, 1.1, 8)]
-    # Said once while it lasts.
-    settings = CoordinatorSettings(straggler_factor=1.5, straggler_window=3)
-    view = JobView(gen=0, state=JobState.TRAINING, settings=settings, sighting=Sighting())
-    view = dataclasses.replace(view, node_times=node_times(times, list(times), 3))
-    said = [e for e in stragglers(view) if isinstance(e, Note) and e.event == "straggler"]
-    assert len(said) == 1 and said[0].fields["node"] == 2
-    again = dataclasses.replace(view, stragglers=found)
-    assert not [e for e in stragglers(again) if isinstance(e, Note) and e.event == "straggler"]
-    times["1.1"] = compute(9.0, count=2, iteration=8)  # its window is not full
-    assert node_times(times, list(times), 3)[1][0] == 1.2
-    # A node's time is its ranks' median: one noisy rank does not make it slow.
-    times["0.1"], times["0.2"] = compute(5.0, iteration=8), compute(1.1, iteration=8)
-    assert node_times(times, list(times), 3)[0][0] == 1.1
-    assert 0 not in judge(node_times(times, list(times), 3), 1.5)
-    kept = node_times(times, ["0.0", "1.0"], 3)  # only the live members count
-    assert 2 not in kept and judge(kept, 1.5) == {}
-    assert judge(node_times(times, list(times), 3), 0) == {}
 
 
 def test_slow_and_drain_specs():
@@ -309,45 +205,6 @@ def test_a_stop_interrupted_by_a_failure_recovers_first_and_stops_after():
     report_all(worker, 3, members=coordinator.record.membership.members)
     coordinator.step()
     assert Decision.from_message(worker.get("decision/3")).stop
-
-
-def test_a_straggler_is_asked_to_drain_once_while_it_stays_one():
-    coordinator, worker, _ = make_job(straggler_window=2, on_straggler="swap")
-    for slot, seconds in {"0.0": 0.1, "0.1": 0.1, "1.0": 0.4, "1.1": 0.4}.items():
-        beat(worker, slot, seconds)
-    coordinator.step()
-    assert coordinator.record.drains == {1: "straggler: 4.0x the other nodes' compute time"}
-    coordinator.record.drains.clear()  # as a drain the policy refused leaves it
-    coordinator.enter(JobState.RECOVERING)
-    coordinator.enter(JobState.REBUILDING)
-    coordinator.enter(JobState.TRAINING)
-    coordinator.judge(coordinator.look(coordinator.clock()))
-    assert coordinator.record.drains == {}  # not again while it stays slow
-
-
-def test_a_node_lost_before_its_drain_is_not_sent_off_as_drained():
-    coordinator, worker, _ = make_job(spare_wait=30.0, spares=())
-    for slot in ("2.0", "2.1"):
-        worker.put(f"hb/{slot}", iteration=None, state="starting")
-    coordinator.step()
-    ask(worker, coordinator, "drain", node=2)  # a spare node, still warming: waits... no rank
-    assert coordinator.status()["nodes"]["2"]["role"] == "drained"  # no rank: it left at once
-    coordinator, worker, _ = make_job(spare_wait=30.0, spares=())
-    for slot in ("2.0", "2.1"):
-        worker.put(f"hb/{slot}", iteration=None, state="starting")
-    coordinator.step()
-    ask(worker, coordinator, "drain", node=1)  # waits for the warming spares
-    coordinator.record.membership.lose(
-        coordinator.record.membership.slots_of(1)
-    )  # then the node dies
-    coordinator.judge()
-    assert coordinator.record.drains == {} and 1 not in coordinator.record.drained_nodes
-
-
-def test_a_stop_in_a_job_without_save_says_nothing_is_saved():
-    coordinator, worker, _ = make_job()
-    coordinator.record.plan.saves = False
-    assert "no --save: nothing is saved" in ask(worker, coordinator, "stop")["message"]
 
 
 def test_the_job_file_goes_only_to_a_folder_of_this_users_alone(tmp_path):
