@@ -240,7 +240,7 @@ class RecoveryHook(Hook):
         )
 
     def log_fields(self, trainer: Trainer) -> List[str]:
-        planned = self.config.extra.get("planned_world_size", self.config.world_size)
+        planned = self.config.planned_world_size
         if planned == self.config.world_size:
             return []
         p = self.config.parallel
@@ -455,7 +455,7 @@ class FaultHook(Hook):
 
     def ranks_on_this_node(self) -> int:
         """In the current world (a resized one names each rank's node)."""
-        nodes = self.trainer.config.extra.get("rank_nodes")
+        nodes = self.trainer.config.world.rank_nodes
         if nodes is None:
             return self.ctx.env.ranks_per_node
         return sum(1 for name in nodes if name == f"node{self.ctx.node}")

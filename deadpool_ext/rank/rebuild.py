@@ -15,10 +15,10 @@ import time
 from typing import List, Optional, Tuple
 
 from megatron.training import optimizer_layout
-from megatron.training.config import Config
+from megatron.training.config import Config, WorldLayout
 from megatron.training.training import Trainer
 
-from deadpool_ext.config import experts_of, section
+from deadpool_ext.config import DeadpoolConfig, experts_of, section
 from deadpool_ext.protocol import Action, Decision
 from deadpool_ext.rank.generation import (
     enter_generation,
@@ -39,13 +39,16 @@ def world_config(config: Config, world: Optional[dict]) -> Config:
     before the first."""
     if not world or world["size"] == config.world_size and world.get("nodes") is None:
         return config
-    extra = dict(config.extra)
-    extra.setdefault("planned_world_size", config.world_size)
-    extra["rank_nodes"] = list(world["nodes"])
     # A smaller job may have no buddy layout across nodes; a same-node buddy
     # still covers the loss of a single rank.
-    extra["deadpool"] = dataclasses.replace(section(config), deadpool_allow_same_node_buddy=True)
-    return dataclasses.replace(config, world_size=world["size"], extra=extra)
+    deadpool = dataclasses.replace(section(config), deadpool_allow_same_node_buddy=True)
+    return dataclasses.replace(
+        config,
+        world_size=world["size"],
+        run=dataclasses.replace(config.run),
+        world=WorldLayout(list(world["nodes"]), config.planned_world_size),
+        extensions={**config.extensions, DeadpoolConfig: deadpool},
+    )
 
 
 def expert_peers(config: Config, ring: List[int], rank: int) -> List[int]:
@@ -138,11 +141,11 @@ def finish(rec, decision: Decision, start: float, old_rank: Optional[int]) -> No
         dp_before=decision.old_dp,
         dp_after=decision.new_dp,
         world_size=decision.world_size,
-        planned_world_size=rec.config.extra.get("planned_world_size"),
+        planned_world_size=rec.config.world.planned_world_size,
         ms=round((time.monotonic() - start) * 1e3, 1),
     )
     p = rec.config.parallel
-    planned = rec.config.extra.get("planned_world_size", rec.config.world_size) // (
+    planned = rec.config.planned_world_size // (
         p.tensor_model_parallel_size * p.pipeline_model_parallel_size
     )
     if decision.action == Action.CHECKPOINT:
