@@ -154,16 +154,6 @@ class MirrorHook(Hook):
             same_node=buddies.same_node,
         )
 
-    def rebind(self, trainer: Trainer) -> None:
-        """Point the mirror at rebuilt model and optimizer objects (same layout)."""
-        self.mirror.wait_idle()
-        layout = snap.build_layout(trainer.state.optimizer)
-        if (layout.numel, layout.nbytes) != (self.layout.numel, self.layout.nbytes):
-            raise snap.SnapshotError("the rebuilt optimizer has another shard layout")
-        self.layout = self.mirror.layout = layout
-        self.mirror.optimizer = trainer.state.optimizer
-        self.mirror.resync()
-
     def before_step(self, trainer: Trainer) -> None:
         if self.mirror is not None:
             self.mirror.start(trainer.progress.iteration, replay_state(trainer))
