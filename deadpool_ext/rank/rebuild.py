@@ -43,7 +43,7 @@ def world_config(config: Config, world: Optional[dict]) -> Config:
     return dataclasses.replace(
         config,
         world_size=world["size"],
-        run=dataclasses.replace(config.run),
+        run=dataclasses.replace(config.run),  # the new world's trainer sets its own
         world=WorldLayout(list(world["nodes"]), config.planned_world_size),
         extensions={**config.extensions, DeadpoolConfig: deadpool},
     )

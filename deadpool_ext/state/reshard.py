@@ -33,7 +33,7 @@ class Holdings:
     buckets, which the gathered shards are laid out in."""
 
     layout: snap.ShardLayout
-    mirror: Mirror
+    mirror: Optional[Mirror]
     ring: List[int]  # the position's old ranks, in DP order
     rank: int  # this process's old rank
     buckets: list  # optimizer_layout.buckets of the old model and optimizer
