@@ -84,10 +84,8 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
     m = config.model
     return GPTModel(
         config=tf_config,
-        transformer_layer_spec=layer_spec(
-            config, tf_config, config.extra.get("on_cpu", False), vp_stage
-        ),
-        vocab_size=config.extra["padded_vocab_size"],
+        transformer_layer_spec=layer_spec(config, tf_config, config.run.on_cpu, vp_stage),
+        vocab_size=config.run.padded_vocab_size,
         max_sequence_length=m.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
@@ -96,9 +94,7 @@ def model_provider(config, tf_config, pre_process: bool, post_process: bool, vp_
         position_embedding_type=m.position_embedding_type,
         rotary_base=m.rotary_base,
         rotary_percent=m.rotary_percent,
-        mtp_block_spec=mtp_block_spec(
-            config, tf_config, config.extra.get("on_cpu", False), vp_stage
-        ),
+        mtp_block_spec=mtp_block_spec(config, tf_config, config.run.on_cpu, vp_stage),
         vp_stage=vp_stage,
     )
 

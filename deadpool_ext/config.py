@@ -182,7 +182,7 @@ class DeadpoolConfig:
 
 
 def section(config: Config) -> DeadpoolConfig:
-    return config.extra.get("deadpool") or DeadpoolConfig()
+    return config.section(DeadpoolConfig)
 
 
 def coordinator_settings(
@@ -235,8 +235,8 @@ def nodes_are_emulated(config: Config, environ=os.environ) -> bool:
 
 
 def node_names(config: Config, environ=os.environ) -> List[str]:
-    if config.extra.get("rank_nodes"):  # a shrunk job: nodes as the coordinator placed them
-        return list(config.extra["rank_nodes"])
+    if config.world.rank_nodes:  # a shrunk job: nodes as the coordinator placed them
+        return list(config.world.rank_nodes)
     dp = section(config)
     per_node = ranks_per_node(dp, config.world_size, environ)
     return nodes_by_block(config.world_size, per_node)
@@ -278,7 +278,7 @@ def resize_limits(config: Config, buddies: Optional[BuddyMap]) -> dict:
     if config.virtual_pipeline_model_parallel_size is not None:
         p = config.parallel
         per_replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size
-        planned = config.extra.get("planned_world_size", config.world_size) // per_replica
+        planned = config.planned_world_size // per_replica
         limits["data_parallel_sizes"] = [
             d for d in range(1, planned + 1) if interleaving_problem_at(config, d) is None
         ]

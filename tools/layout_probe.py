@@ -69,8 +69,8 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
     config = _config(argv, world_size)
     with _fake_world(rank, world_size):
         runtime = initialize(config)
-        config.extra["on_cpu"] = runtime.on_cpu
-        config.extra["padded_vocab_size"] = padded_vocab_size(vocab_size, config)
+        config.run.on_cpu = runtime.on_cpu
+        config.run.padded_vocab_size = padded_vocab_size(vocab_size, config)
         state = setup_model_and_optimizer(config, pretrain_gpt.model_provider, runtime.on_cpu)
         layout = snap.build_layout(state.optimizer)
         params = [
@@ -88,7 +88,7 @@ def probe_rank(argv: Sequence[str], world_size: int, rank: int, vocab_size: int)
             "nbytes": layout.nbytes,
             "sidecar_capacity": layout.sidecar_capacity,
             "params": params,
-            "padded_vocab_size": config.extra["padded_vocab_size"],
+            "padded_vocab_size": config.run.padded_vocab_size,
         }
 
 

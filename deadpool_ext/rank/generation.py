@@ -55,6 +55,7 @@ from megatron.training.initialize import init_process_groups
 
 from deadpool_ext.config import section
 from deadpool_ext.protocol import Decision, Joining, group_key, join_key
+from deadpool_ext.rank import regroup
 from deadpool_ext.sockets import (
     open_descriptors,
     peer_of,
@@ -237,7 +238,12 @@ class Generation:
 
 
 @contextlib.contextmanager
-def recording_groups(generation: Generation, kept: Collection[str] = (), enabled: bool = True):
+def recording_groups(
+    generation: Generation,
+    kept: Collection[str] = (),
+    enabled: bool = True,
+    aside: Optional[regroup.SetAside] = None,
+):
     """While megatron-core and the mirror make a generation's groups: name
     each by its group_key, note the sockets it connected (a release can then
     spare a kept group's), and hand back the group carried over for each
@@ -245,9 +251,12 @@ def recording_groups(generation: Generation, kept: Collection[str] = (), enabled
     the groups made keep one order and torch's names everywhere). Torch has
     no hook on group creation and megatron-core calls
     ``torch.distributed.new_group``; the wrapper is in place for the call alone.
-    Not ``enabled``: groups are made as they always are."""
+    Not ``enabled``: groups are made as they always are. ``aside``: the
+    carried-over groups as the last generation set them aside, registered
+    in this one's world first; yields how many."""
+    put_back = regroup.put_back(aside, generation.number)
     if not enabled:
-        yield
+        yield put_back
         return
     make = dist.new_group
     seen: Dict[Tuple[int, ...], int] = {}
@@ -270,7 +279,7 @@ def recording_groups(generation: Generation, kept: Collection[str] = (), enabled
 
     dist.new_group = new_group
     try:
-        yield
+        yield put_back
     finally:
         dist.new_group = make
 

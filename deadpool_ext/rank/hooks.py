@@ -4,7 +4,8 @@
   step until the shard is copied out, report in the log line;
 * ``RecoveryHook``: progress for the heartbeats, a failure announced by
   the coordinator seen between microbatches, the buddy plan for the
-  coordinator, the first iteration after a recovery;
+  coordinator, the first iteration after a recovery (with its
+  ``RecoveryReport`` on the job's dashboards);
 * ``FaultHook``: where ``--deadpool-inject`` faults fire;
 * ``ComputeClock``: each iteration's compute time (forward and backward,
   before the gradient reduction's waits), for the straggler watch;
@@ -20,7 +21,7 @@ import socket
 import statistics
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -153,16 +154,6 @@ class MirrorHook(Hook):
             same_node=buddies.same_node,
         )
 
-    def rebind(self, trainer: Trainer) -> None:
-        """Point the mirror at rebuilt model and optimizer objects (same layout)."""
-        self.mirror.wait_idle()
-        layout = snap.build_layout(trainer.state.optimizer)
-        if (layout.numel, layout.nbytes) != (self.layout.numel, self.layout.nbytes):
-            raise snap.SnapshotError("the rebuilt optimizer has another shard layout")
-        self.layout = self.mirror.layout = layout
-        self.mirror.optimizer = trainer.state.optimizer
-        self.mirror.resync()
-
     def before_step(self, trainer: Trainer) -> None:
         if self.mirror is not None:
             self.mirror.start(trainer.progress.iteration, replay_state(trainer))
@@ -207,6 +198,57 @@ class MirrorHook(Hook):
         self.events.close()
 
 
+# Recovery stages on the dashboards: event -> name.
+DASHBOARD_STAGES = {
+    "groups_torn_down": "teardown",
+    "groups_rebuilt": "rebuild",
+    "state_restored": "restore",
+    "shrunk": "resize",
+    "grown": "resize",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryReport:
+    """A recovery as the job's TensorBoard / W&B show it, written by the
+    last rank after the first iteration it completes."""
+
+    decision: P.Decision
+    data_parallel_size: int  # the world's the rank resumed in
+    world_size: int
+    failure_seen_at: Optional[float]  # time.monotonic(); None: a spare saw no failure
+    stage_ms: Dict[str, float]  # the recovery's stages, by event, as the rank timed them
+
+    def dashboard(self) -> Tuple[Dict[str, float], str]:
+        """Scalars and a line, as of now."""
+        decision = self.decision
+        values = {
+            "deadpool/generation": decision.gen,
+            "deadpool/data-parallel-size": self.data_parallel_size,
+            "deadpool/world-size": self.world_size,
+            "deadpool/rollback-iteration": decision.rollback_to,
+        }
+        if self.failure_seen_at is not None:
+            values["deadpool/recovery-seconds"] = time.monotonic() - self.failure_seen_at
+        for event, stage in DASHBOARD_STAGES.items():
+            if event in self.stage_ms:
+                values[f"deadpool/{stage}-ms"] = self.stage_ms[event]
+        line = f"generation {decision.gen}: {decision.action.value}"
+        line += f" ({decision.reason})" if decision.reason else ""
+        line += f", training goes on after iteration {decision.rollback_to}"
+        if decision.action.resizes:
+            line += f", data-parallel size {decision.old_dp} -> {decision.new_dp}"
+        if decision.gpus or decision.withheld:
+            values["deadpool/spares-withheld"] = len(decision.withheld)
+        for slot, gpu in sorted(decision.gpus.items()):
+            line += f"; spare {slot}'s {gpu}"
+        if decision.withheld:
+            line += (
+                f"; spares not used, their GPU failing its check: {', '.join(decision.withheld)}"
+            )
+        return values, line
+
+
 class RecoveryHook(Hook):
     """Heartbeat progress, failure announcements between iterations, the
     buddy plan for the coordinator, and the first iteration after a recovery."""
@@ -214,7 +256,7 @@ class RecoveryHook(Hook):
     def __init__(self, ctx, mirror_hook: MirrorHook, config: Config):
         self.ctx, self.mirror_hook, self.config = ctx, mirror_hook, config
         self.recovered_at: Optional[float] = None
-        self.report = None  # () -> (scalars, line) of the recovery, for the dashboards
+        self.report: Optional[RecoveryReport] = None  # of the recovery, for the dashboards
 
     def on_setup(self, trainer: Trainer) -> None:
         """Rank 0 tells the coordinator the layout: at start, and after a
@@ -240,7 +282,7 @@ class RecoveryHook(Hook):
         )
 
     def log_fields(self, trainer: Trainer) -> List[str]:
-        planned = self.config.extra.get("planned_world_size", self.config.world_size)
+        planned = self.config.planned_world_size
         if planned == self.config.world_size:
             return []
         p = self.config.parallel
@@ -268,9 +310,9 @@ class RecoveryHook(Hook):
         if self.ctx.failure_announced() and not self.ctx.boundary_announced():
             raise FailureAnnounced(f"the coordinator announced generation {self.ctx.latest['gen']}")
 
-    def resumed(self, report) -> None:
+    def resumed(self, report: RecoveryReport) -> None:
         """A recovery ended here: the next step's time is reported, with
-        ``report()``'s scalars and line on the job's dashboards."""
+        the report's scalars and line on the job's dashboards."""
         self.recovered_at, self.report = time.monotonic(), report
 
     def after_step(self, trainer: Trainer, metrics: dict) -> None:
@@ -284,7 +326,7 @@ class RecoveryHook(Hook):
                 seconds=round(seconds, 3),
             )
             self.recovered_at = None
-            values, line = self.report()
+            values, line = self.report.dashboard()
             values["deadpool/first-iteration-seconds"] = seconds
             trainer.dashboards.scalars(values, trainer.progress.iteration, None)
             trainer.dashboards.text("deadpool/recovery", line, trainer.progress.iteration)
@@ -455,7 +497,7 @@ class FaultHook(Hook):
 
     def ranks_on_this_node(self) -> int:
         """In the current world (a resized one names each rank's node)."""
-        nodes = self.trainer.config.extra.get("rank_nodes")
+        nodes = self.trainer.config.world.rank_nodes
         if nodes is None:
             return self.ctx.env.ranks_per_node
         return sum(1 for name in nodes if name == f"node{self.ctx.node}")

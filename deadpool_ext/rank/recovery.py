@@ -23,9 +23,7 @@ position against a fake world (no collectives), re-pointed the same way.
 """
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
-
-import torch.distributed as dist
+from typing import Callable, Dict, List, Optional
 
 from megatron.training.log import get_logger
 from megatron.training.training import Trainer
@@ -36,7 +34,7 @@ from deadpool_ext.defaults import STUCK_REPORT_TIMEOUTS
 from deadpool_ext.protocol import Action, Decision, ExitCode, Source, WorkerState, group_members
 from deadpool_ext.rank import rebuild, regroup
 from deadpool_ext.rank.errors import Failure, WorkerExit, classify, summary
-from deadpool_ext.rank.hooks import Builders, RankHooks
+from deadpool_ext.rank.hooks import Builders, RankHooks, RecoveryReport
 from deadpool_ext.rank.generation import (
     enter_generation,
     open_fake_world,
@@ -44,7 +42,7 @@ from deadpool_ext.rank.generation import (
     recording_groups,
     records_groups,
 )
-from deadpool_ext.rank.restore import restore_snapshot
+from deadpool_ext.rank.restore import restore_from_mirror
 from deadpool_ext.state.digest import SilentCorruption
 from deadpool_ext.state.mirror import MirrorError
 
@@ -103,9 +101,7 @@ class Recovery:
 
     def adopt(self, trainer: Trainer, hooks: RankHooks) -> None:
         """Train with these objects from now on (at start, and after a resize)."""
-        self.trainer, self.config = trainer, trainer.config
-        self.mirror_hook, self.recovery_hook = hooks.mirror, hooks.recovery
-        self.fault_hook = hooks.faults
+        self.trainer, self.config, self.hooks = trainer, trainer.config, hooks
         self.logger = get_logger(trainer.runtime.rank)
         timeout = section(self.config).deadpool_heartbeat_timeout
         self.ctx.watch_stuck(STUCK_REPORT_TIMEOUTS * timeout, self._report_stuck)
@@ -134,11 +130,11 @@ class Recovery:
 
     @property
     def mirror(self):
-        return self.mirror_hook.mirror
+        return self.hooks.mirror.mirror
 
     @property
     def events(self):
-        return self.mirror_hook.events
+        return self.hooks.mirror.events
 
     def roots(self) -> dict:
         return {"state": self.trainer.state, "mirror": self.mirror}
@@ -272,10 +268,12 @@ class Recovery:
         self.finish_tear_down(decision)
         if decision.action.resizes:
             start, old_rank = time.monotonic(), self.trainer.runtime.rank
-            trainer, hooks = rebuild.resize(self, decision)
+            trainer, hooks = rebuild.resize(
+                self.ctx, self.builders, self.trainer, self.hooks, decision
+            )
             self.slots = None
             self.adopt(trainer, hooks)
-            rebuild.finish(self, decision, start, old_rank)
+            self.resized(decision, start, old_rank)
         else:
             self.rebuild(decision)
             self.restore(decision)
@@ -307,7 +305,7 @@ class Recovery:
                 regroup.reset()
         elif not self.intact:
             self.intact = None
-            self.detach()
+            self.slots = regroup.detach(self.roots(), self.mirror_roles())
         self.emit(
             "groups_torn_down",
             ms=round((time.monotonic() - start) * 1e3, 1),
@@ -317,16 +315,11 @@ class Recovery:
             groups_intact=intact,
         )
 
-    def detach(self, keep: Optional[Dict[str, object]] = None) -> None:
-        """Every group but those of ``keep`` swapped for a placeholder and
-        destroyed (no local may hold one: detach checks none is left alive)."""
-        keep = keep or {}
-        self.set_aside = regroup.set_aside(keep.values())
-        self.slots = regroup.detach(
-            self.roots(),
-            {} if self.mirror is None else self.mirror.groups.roles(),
-            keep=keep.values(),
-        )
+    def mirror_roles(self) -> Dict[str, object]:
+        """The mirror's pair groups, by role (none without a mirror). No local
+        may hold the dict while groups are detached: detach checks none of
+        them is left alive."""
+        return {} if self.mirror is None else self.mirror.groups.roles()
 
     def may_keep_groups(self) -> bool:
         """Groups are kept (``adopt`` gave the heartbeat thread ``keepable``)
@@ -351,8 +344,9 @@ class Recovery:
         ]
 
     def finish_tear_down(self, decision: Decision) -> None:
-        """After the decision: the groups it keeps stay, every other one
-        goes (its connections shut down first)."""
+        """After the decision: the groups it keeps stay (set aside for the
+        next generation), every other one goes (its connections shut down
+        first)."""
         if self.intact is None:
             return
         keep = {}
@@ -360,7 +354,8 @@ class Recovery:
             keep = {k: g for k, g in self.intact.items() if k in decision.kept}
         self.intact = None
         self.ctx.generation.release(by="rebuild", keep=self.ctx.generation.sockets_of(keep))
-        self.detach(keep)
+        self.set_aside = regroup.set_aside(keep.values())
+        self.slots = regroup.detach(self.roots(), self.mirror_roles(), keep=keep.values())
 
     def enter_built(self, decision: Decision) -> None:
         """The decision's generation is built: this rank trains in it."""
@@ -405,7 +400,7 @@ class Recovery:
                 )
             )
             self.emit("reported", for_gen=gen, groups=len(intact))
-            self.fault_hook.at("recovery")
+            self.hooks.faults.at("recovery")
             while ctx.current()["gen"] == gen:
                 decision = ctx.decision(gen)
                 if decision is not None:
@@ -439,21 +434,23 @@ class Recovery:
         raise WorkerExit(ExitCode.RELEASED, why)
 
     # ----- the new generation -----
-    def enter_generation(self, decision: Decision, rank: int, world_size: int) -> None:
-        enter_generation(self.ctx, self.config, decision, rank, world_size)
-
     def rebuild(self, decision: Decision) -> None:
         """The new generation's groups, and every live object re-pointed to
         them. Its stages are timed apart: arriving waits for the slowest
         rank (a spare still building), the rest is the groups' cost."""
         marks = [time.monotonic()]
-        self.enter_generation(decision, self.trainer.runtime.rank, self.config.world_size)
-        kept = regroup.put_back(self.set_aside, decision.gen)
-        self.set_aside = None
+        rank, config = self.trainer.runtime.rank, self.config
+        enter_generation(self.ctx, config, decision, rank, config.world_size)
         marks.append(time.monotonic())
-        # A hot swap keeps the world, so the buddies are the ones planned at setup.
-        with self.recording(decision.kept):
-            groups = open_training_groups(self.config, self.mirror_hook.buddies)
+        # Named and recorded, so that a later failure can keep groups
+        # (--deadpool-rebuild-groups changed).
+        recording = recording_groups(
+            self.ctx.generation, decision.kept, records_groups(config), self.set_aside
+        )
+        with recording as kept:
+            # A hot swap keeps the world, so the buddies are the ones planned at setup.
+            groups = open_training_groups(config, self.hooks.mirror.buddies)
+        self.set_aside = None
         marks.append(time.monotonic())
         regroup.attach(self.roots(), self.slots, groups.roles())
         self.slots = None
@@ -470,29 +467,51 @@ class Recovery:
             **self.ctx.generation.size(),
         )
 
-    def recording(self, kept=()):
-        """Group creation named and recorded, so that a later failure can
-        keep groups (--deadpool-rebuild-groups changed)."""
-        return recording_groups(self.ctx.generation, kept, records_groups(self.config))
+    def resized(self, decision: Decision, start: float, old_rank: Optional[int]) -> None:
+        """The new world is built and restored: train in it from the rollback
+        iteration. ``old_rank``: this rank's in the old world (None: a spare
+        that a grow brought in)."""
+        R = decision.rollback_to
+        self.enter_built(decision)
+        self.resume_at(decision)
+        self.emit(
+            "grown" if decision.action == Action.GROW else "shrunk",
+            action=decision.action,
+            old_rank=old_rank,
+            rollback_to=R,
+            dp_before=decision.old_dp,
+            dp_after=decision.new_dp,
+            world_size=decision.world_size,
+            planned_world_size=self.config.world.planned_world_size,
+            ms=round((time.monotonic() - start) * 1e3, 1),
+        )
+        if decision.action == Action.CHECKPOINT:
+            self.logger.warning(
+                "deadpool: generation %d gathered the state of %d data-parallel "
+                "replicas on %d, to save iteration %d",
+                decision.gen,
+                decision.old_dp,
+                decision.new_dp,
+                R,
+            )
+            return
+        p = self.config.parallel
+        self.logger.warning(
+            "deadpool: generation %d %s the job from %d to %d data-parallel "
+            "replicas (launched with %d); resuming at iteration %d",
+            decision.gen,
+            "grew" if decision.action == Action.GROW else "shrank",
+            decision.old_dp,
+            decision.new_dp,
+            self.config.planned_world_size
+            // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size),
+            R + 1,
+        )
 
     def restore(self, decision: Decision) -> None:
-        start = time.monotonic()
-        rank, mirror, R = self.trainer.runtime.rank, self.mirror, decision.rollback_to
-        requests = []
-        for lost in decision.from_buddy:  # the buddy sends its copy to the new process
-            if mirror.owner == lost and rank != lost:
-                held = mirror.held[mirror.find("held", R)]
-                requests.append(dist.isend(held, lost, group=mirror.group_with(lost)))
-        if rank in decision.from_buddy:
-            source, index = "buddy", 0
-            buddy = mirror.buddy
-            requests.append(dist.irecv(mirror.own[0], buddy, group=mirror.group_with(buddy)))
-        else:
-            source, index = "own", mirror.find("own", R)
-        for request in requests:
-            request.wait()
-        restore_snapshot(self.trainer, self.mirror_hook.layout, mirror.own[index], iteration=R)
-        mirror.resume(index)
+        start, R = time.monotonic(), decision.rollback_to
+        layout = self.hooks.mirror.layout
+        source = restore_from_mirror(self.trainer, self.mirror, layout, decision.from_buddy, R)
         self.resume_at(decision)
         self.emit(
             "state_restored",
@@ -516,49 +535,19 @@ class Recovery:
         self.ctx.post(
             P.Resumed(gen=decision.gen, rank=self.trainer.runtime.rank, slot=self.ctx.slot)
         )
-        self.recovery_hook.resumed(lambda: self.dashboard_report(decision))
-
-    def dashboard_report(self, decision: Decision) -> Tuple[Dict[str, float], str]:
-        """The recovery as the job's TensorBoard / W&B show it (written by the
-        last rank after the first iteration it completes): scalars and a line."""
-        values = {
-            "deadpool/generation": decision.gen,
-            "deadpool/data-parallel-size": self.config.data_parallel_size,
-            "deadpool/world-size": self.config.world_size,
-            "deadpool/rollback-iteration": decision.rollback_to,
-        }
-        if self.failure_seen_at is not None:  # a spare saw no failure
-            values["deadpool/recovery-seconds"] = time.monotonic() - self.failure_seen_at
-        for event, stage in DASHBOARD_STAGES.items():
-            if event in self.stage_ms:
-                values[f"deadpool/{stage}-ms"] = self.stage_ms[event]
-        line = f"generation {decision.gen}: {decision.action.value}"
-        line += f" ({decision.reason})" if decision.reason else ""
-        line += f", training goes on after iteration {decision.rollback_to}"
-        if decision.action.resizes:
-            line += f", data-parallel size {decision.old_dp} -> {decision.new_dp}"
-        if decision.gpus or decision.withheld:
-            values["deadpool/spares-withheld"] = len(decision.withheld)
-        for slot, gpu in sorted(decision.gpus.items()):
-            line += f"; spare {slot}'s {gpu}"
-        if decision.withheld:
-            line += (
-                f"; spares not used, their GPU failing its check: {', '.join(decision.withheld)}"
+        self.hooks.recovery.resumed(
+            RecoveryReport(
+                decision,
+                self.config.data_parallel_size,
+                self.config.world_size,
+                self.failure_seen_at,
+                self.stage_ms,
             )
-        return values, line
+        )
 
 
 # Roles (megatron-core's parallel_state names) of groups with point-to-point traffic.
 P2P_ROLES = ("_PIPELINE_MODEL_PARALLEL_GROUP",)
-
-# Recovery stages on the dashboards: event -> name.
-DASHBOARD_STAGES = {
-    "groups_torn_down": "teardown",
-    "groups_rebuilt": "rebuild",
-    "state_restored": "restore",
-    "shrunk": "resize",
-    "grown": "resize",
-}
 
 
 def prepare_spare(ctx, rank: int, config, builders: Builders, datasets) -> Recovery:
@@ -594,5 +583,5 @@ def join_grown(ctx, config, builders: Builders, datasets, decision: Decision) ->
     start = time.monotonic()
     trainer, hooks = rebuild.grow_into(ctx, config, builders, datasets, decision)
     rec = Recovery(ctx, trainer, hooks, builders=builders)
-    rebuild.finish(rec, decision, start, None)
+    rec.resized(decision, start, None)
     return rec

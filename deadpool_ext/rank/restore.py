@@ -4,18 +4,20 @@ own snapshot or its buddy's copy as it is, or, after a shrink or grow, the
 position's shards gathered, laid out in the new buckets and sliced again.
 """
 
-from typing import List, Optional
+from typing import Collection, Optional
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state
 
 from megatron.training import optimizer_layout, rank_state
 from megatron.training.config import Config
 from megatron.training.training import Progress, Trainer
 
-from deadpool_ext.protocol import Action, Decision, Source
+from deadpool_ext.protocol import Action, Decision
 from deadpool_ext.state import reshard
 from deadpool_ext.state import snapshot as snap
+from deadpool_ext.state.mirror import Mirror
 from deadpool_ext.topology import Grid
 
 
@@ -41,6 +43,38 @@ def restore_snapshot(
     return trainer.progress.iteration
 
 
+def restore_from_mirror(
+    trainer: Trainer,
+    mirror: Mirror,
+    layout: snap.ShardLayout,
+    lost: Collection[int],
+    iteration: int,
+) -> str:
+    """A hot swap's restore, collective over the pairs of the ``lost``
+    ranks (their processes new) and their buddies, then over data-parallel
+    peers: a lost rank takes the copy its buddy holds, sent over their pair
+    group and verified; any other its own snapshot of ``iteration``. The
+    mirror then starts afresh from the restored snapshot. Returns where
+    this rank's state came from: "buddy" or "own"."""
+    rank = trainer.runtime.rank
+    requests = []
+    for lost_rank in lost:  # the buddy sends its copy to the new process
+        if mirror.owner == lost_rank and rank != lost_rank:
+            held = mirror.held[mirror.find("held", iteration)]
+            requests.append(dist.isend(held, lost_rank, group=mirror.group_with(lost_rank)))
+    if rank in lost:
+        source, index = "buddy", 0
+        buddy = mirror.buddy
+        requests.append(dist.irecv(mirror.own[0], buddy, group=mirror.group_with(buddy)))
+    else:
+        source, index = "own", mirror.find("own", iteration)
+    for request in requests:
+        request.wait()
+    restore_snapshot(trainer, layout, mirror.own[index], iteration=iteration)
+    mirror.resume(index)
+    return source
+
+
 def grid_of(config: Config) -> Grid:
     p = config.parallel
     return Grid(
@@ -49,18 +83,6 @@ def grid_of(config: Config) -> Grid:
         config.data_parallel_size,
         p.use_tp_pp_dp_mapping,
     )
-
-
-def contributions(rec, decision: Decision, ring: List[int]) -> dict:
-    """The old snapshots of this position that this rank broadcasts."""
-    me, mirror, R = rec.trainer.runtime.rank, rec.mirror, decision.rollback_to
-    mine = {}
-    for old_rank in ring:
-        contributor, kind = decision.sources[old_rank]
-        if contributor == me:
-            buffers = mirror.own if kind == Source.OWN else mirror.held
-            mine[old_rank] = buffers[mirror.find(kind, R)]
-    return mine
 
 
 def restore_resharded(

@@ -559,35 +559,12 @@ class Mirror:
             return self.groups.from_owner
         raise ValueError(f"rank {peer} is neither rank {self.rank}'s buddy nor its owner")
 
-    def exchange(
-        self,
-        send: torch.Tensor,
-        receive: torch.Tensor,
-        to: Optional[int] = None,
-        source: Optional[int] = None,
-    ) -> None:
+    def exchange(self, send: torch.Tensor, receive: torch.Tensor) -> None:
         """Send to the buddy and receive from the owner at the same time (in
         a ring with DP=2 they are the same peer)."""
-        to = self.buddy if to is None else to
-        source = self.owner if source is None else source
-        if to == self.rank:  # a ring of one: nothing to send
-            receive.copy_(send)
-            return
         send_and_receive(
             [
-                (dist.isend, send, to, self.group_with(to)),
-                (dist.irecv, receive, source, self.group_with(source)),
+                (dist.isend, send, self.buddy, self.group_with(self.buddy)),
+                (dist.irecv, receive, self.owner, self.group_with(self.owner)),
             ]
         )
-
-    # ----- recovery -----
-    def return_to_owners(self) -> torch.Tensor:
-        """Collective: every rank sends the mirror it holds back to its owner
-        and gets its own snapshot back from its buddy, verified."""
-        self.wait_idle()
-        if self.held_index is None:
-            raise MirrorError("no verified mirror is held yet")
-        scratch = self.own[1 - self.own_index] if self.own_index is not None else self.own[0]
-        self.exchange(self.held[self.held_index], scratch, to=self.owner, source=self.buddy)
-        snap.verify(scratch, self.layout, owner=self.rank)
-        return scratch

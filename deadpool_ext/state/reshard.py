@@ -12,12 +12,43 @@ the position's first rank then sends the whole re-laid state, sealed like a
 snapshot, to every rank of the position, the new ones included.
 """
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from megatron.training import optimizer_layout
+
+from deadpool_ext.protocol import Decision, Source
 from deadpool_ext.state import snapshot as snap
+from deadpool_ext.state.mirror import Mirror
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What a survivor brings of its (tp, pp) position's old state to a
+    resize: the old world's shard layout, the position's ranks in it, the
+    mirror whose snapshots this rank contributes, and the old optimizer's
+    buckets, which the gathered shards are laid out in."""
+
+    layout: snap.ShardLayout
+    mirror: Optional[Mirror]
+    ring: List[int]  # the position's old ranks, in DP order
+    rank: int  # this process's old rank
+    buckets: list  # optimizer_layout.buckets of the old model and optimizer
+    experts: List[int]  # the ring's ranks holding this rank's experts (none: dense)
+
+
+def gather_state(old: Holdings, decision: Decision, group) -> Tuple[dict, dict]:
+    """The position's whole optimizer state in the old buckets, and this
+    rank's sidecar, from every old snapshot of the rollback iteration
+    (``gather_position`` over ``group``, the position's holders)."""
+    buffers = gather_position(old, decision, group)
+    shards = [snap.regions(b, old.layout) for b in buffers]
+    experts = [shards[old.ring.index(r)] for r in old.experts]
+    state = optimizer_layout.full_state(old.buckets, shards, experts)
+    return state, snap.read_sidecar(buffers[old.ring.index(old.rank)], old.layout)
 
 
 def share_position(
@@ -49,35 +80,39 @@ def share_position(
     return torch.stack(snap.regions(buffer, whole)), snap.read_sidecar(buffer, whole)
 
 
-def gather_position(
-    old_layout: snap.ShardLayout,
-    own: Dict[int, torch.Tensor],
-    sources: Dict[int, List],
-    old_ring: List[int],
-    renumber: Dict[int, int],
-    iteration: int,
-    group,
-) -> List[torch.Tensor]:
+def gather_position(old: Holdings, decision: Decision, group) -> List[torch.Tensor]:
     """Every old snapshot of this position, in old DP order, on every rank
     of ``group`` (the position's holders): broadcast by its contributor,
-    verified on arrival. ``own``: old rank -> buffer this process contributes."""
+    verified on arrival."""
+    own = contributions(old, decision)
     buffers = []
-    for old_rank in old_ring:
-        contributor = renumber[sources[old_rank][0]]
+    for old_rank in old.ring:
+        contributor = decision.renumber[decision.sources[old_rank][0]]
         buffer = own.get(old_rank)
         if buffer is None:
-            buffer = snap.allocate(old_layout)
+            buffer = snap.allocate(old.layout)
         else:  # device-memory mirrors too: resharding runs on the host
             try:
-                buffer = snap.to_host(buffer, old_layout)
+                buffer = snap.to_host(buffer, old.layout)
             except snap.SnapshotError:
                 # Sent anyway, torn: every holder's verify below refuses it
                 # together, none waits in the broadcast for this one.
-                buffer = snap.allocate(old_layout)
+                buffer = snap.allocate(old.layout)
         dist.broadcast(buffer, contributor, group=group)
-        snap.verify(buffer, old_layout, iteration=iteration, owner=old_rank)
+        snap.verify(buffer, old.layout, iteration=decision.rollback_to, owner=old_rank)
         buffers.append(buffer)
     return buffers
+
+
+def contributions(old: Holdings, decision: Decision) -> Dict[int, torch.Tensor]:
+    """The old snapshots of the position that this rank broadcasts, by old rank."""
+    mine = {}
+    for old_rank in old.ring:
+        contributor, kind = decision.sources[old_rank]
+        if contributor == old.rank:
+            buffers = old.mirror.own if kind == Source.OWN else old.mirror.held
+            mine[old_rank] = buffers[old.mirror.find(kind, decision.rollback_to)]
+    return mine
 
 
 def build_snapshot(

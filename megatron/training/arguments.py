@@ -15,7 +15,7 @@ import os
 import typing
 from typing import Callable, Dict, List, Optional, Sequence
 
-from megatron.training.config import SECTIONS, Config
+from megatron.training.config import SECTIONS, Config, RunContext
 from megatron.training.flags import host
 from megatron.training.flags.checks import validate
 from megatron.training.flags.defaults import fill_defaults
@@ -155,11 +155,12 @@ def parse_args(
     """Parse flags into a Config, fill derived defaults and validate it.
 
     ``extra_sections`` lets an extension (deadpool) add its own dataclass of
-    flags; its parsed section lands in ``config.extra[name]``. ``defaults``
-    and ``extra_args_provider`` are what a script written against
-    Megatron-LM's ``pretrain`` gives (megatron_lm.py): defaults by flag
-    destination, and a function that adds the script's own flags to the
-    parser (their values land in ``config.extra["script_args"]``). Raises
+    flags, under a title for the help; its parsed section is
+    ``config.section(cls)``. ``defaults`` and ``extra_args_provider`` are
+    what a script written against Megatron-LM's ``pretrain`` gives
+    (megatron_lm.py): defaults by flag destination, and a function that adds
+    the script's own flags to the parser (their values land in
+    ``config.run.script_args``). Raises
     ConfigError with a message naming the flag to change.
     """
     extra_sections = extra_sections or {}
@@ -181,10 +182,9 @@ def parse_args(
     config = Config(
         **{name: parsed[name] for name in SECTIONS},
         world_size=world_size,
-        extra={name: parsed[name] for name in extra_sections},
+        run=RunContext(script_args={dest: getattr(namespace, dest) for dest in theirs}),
+        extensions={cls: parsed[name] for name, cls in extra_sections.items()},
     )
-    if theirs:
-        config.extra["script_args"] = {dest: getattr(namespace, dest) for dest in theirs}
     fill_defaults(config)
     validate(config)
     for check in extra_validators:

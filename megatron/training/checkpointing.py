@@ -133,7 +133,7 @@ def checkpoint_args(config: Config, progress) -> argparse.Namespace:
     values.update(
         world_size=config.world_size,
         data_parallel_size=config.data_parallel_size,
-        padded_vocab_size=config.extra.get("padded_vocab_size"),
+        padded_vocab_size=config.run.padded_vocab_size,
         iteration=progress.iteration,
         consumed_train_samples=progress.consumed_samples,
         skipped_train_samples=0,
@@ -614,7 +614,7 @@ def model_shape(config: Config) -> dict:
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
         "num_attention_heads": m.num_attention_heads,
-        "padded_vocab_size": config.extra.get("padded_vocab_size"),
+        "padded_vocab_size": config.run.padded_vocab_size,
         "num_experts": config.moe.num_experts,
     }
 

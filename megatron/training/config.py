@@ -11,7 +11,7 @@ A field marked ``required`` must be given; ``choices`` limit the values;
 import argparse
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Type, TypeVar, Union
 
 # The file in a checkpoint directory that names its latest save (Megatron-LM's).
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -1119,6 +1119,34 @@ SECTIONS = {
 
 
 @dataclass
+class RunContext:
+    """What a run learns beside its flags: where it computes and its
+    vocabulary (set as its trainer is built), and what a script written
+    against Megatron-LM's API brings (megatron_lm.py): its datasets provider
+    and the values of its own flags."""
+
+    on_cpu: bool = False
+    tokenizer: Optional[Any] = None
+    padded_vocab_size: Optional[int] = None
+    # (config, samples per split, tokenizer) -> (train, valid, test) datasets
+    datasets_provider: Optional[Callable] = None
+    script_args: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorldLayout:
+    """The world of a job an extension resized (deadpool's shrink or grow):
+    the node of every rank, and the world size the job was launched with.
+    Empty until the first resize."""
+
+    rank_nodes: Optional[List[str]] = None
+    planned_world_size: Optional[int] = None
+
+
+Section = TypeVar("Section")
+
+
+@dataclass
 class Config:
     """All sections of a run, plus the world it runs in."""
 
@@ -1133,7 +1161,21 @@ class Config:
     logging: LoggingConfig
     gpu: GpuConfig = field(default_factory=GpuConfig)
     world_size: int = 1
-    extra: dict = field(default_factory=dict)  # sections added by extensions
+    run: RunContext = field(default_factory=RunContext)
+    world: WorldLayout = field(default_factory=WorldLayout)
+    # The sections extensions add (their dataclass of flags), by their type.
+    extensions: Dict[type, Any] = field(default_factory=dict)
+
+    def section(self, cls: Type[Section]) -> Section:
+        """The extension section of type ``cls``: as parsed, or its defaults
+        where the flags were parsed without it."""
+        found = self.extensions.get(cls)
+        return cls() if found is None else found
+
+    @property
+    def planned_world_size(self) -> int:
+        """The world size the job was launched with (a resize changes world_size)."""
+        return self.world.planned_world_size or self.world_size
 
     @property
     def data_parallel_size(self) -> int:

@@ -166,7 +166,7 @@ def build_datasets(config: Config, tokenizer):
     holds barriers), data-holding or not. A script written against
     Megatron-LM's API builds its own (megatron_lm.py: its provider, given
     the numbers of samples)."""
-    provider = config.extra.get("datasets_provider")
+    provider = config.run.datasets_provider
     if provider is not None:
         return tuple(provider(config, dataset_sizes(config), tokenizer))
     cls = MockGPTDataset if config.data.mock_data else GPTDataset

@@ -33,8 +33,8 @@ def get_timers():
 
 
 def get_tokenizer():
-    if _Run.config is not None and "tokenizer" in _Run.config.extra:
-        return _Run.config.extra["tokenizer"]
+    if _Run.config is not None and _Run.config.run.tokenizer is not None:
+        return _Run.config.run.tokenizer
     return _Run.tokenizer  # a spare's, built before its trainer
 
 
@@ -52,4 +52,4 @@ def core_transformer_config_from_args(args, config_class=None):
         return _Run.tf_config
     from megatron.training.model_setup import transformer_config
 
-    return transformer_config(_Run.config, on_cpu=_Run.config.extra.get("on_cpu", False))
+    return transformer_config(_Run.config, on_cpu=_Run.config.run.on_cpu)

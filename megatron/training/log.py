@@ -93,7 +93,7 @@ def flops_per_iteration(config: Config, global_batch_size: int) -> float:
     mlp = sum(2 * h * mlp_width(config, bool(moe)) * gemms for moe in layers)
     attention = len(layers) * attention_flops_per_token(config)
     mtp_extra = mtp * 2 * (3 * h + 2 * h * h)
-    logits = (mtp + 1) * 2 * h * config.extra.get("padded_vocab_size", 0)
+    logits = (mtp + 1) * 2 * h * (config.run.padded_vocab_size or 0)
     forward_per_token = mlp + attention + mtp_extra + logits
     return 3.0 * forward_per_token * m.seq_length * global_batch_size
 

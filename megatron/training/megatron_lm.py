@@ -74,10 +74,9 @@ def args_view(config: Config) -> argparse.Namespace:
     args = argparse.Namespace()
     for name in SECTIONS:
         args.__dict__.update(dataclasses.asdict(getattr(config, name)))
-    for section in config.extra.values():
-        if dataclasses.is_dataclass(section):
-            args.__dict__.update(dataclasses.asdict(section))
-    args.__dict__.update(config.extra.get("script_args", {}))
+    for section in config.extensions.values():
+        args.__dict__.update(dataclasses.asdict(section))
+    args.__dict__.update(config.run.script_args)
     m, t = config.model, config.training
     args.__dict__.update(
         world_size=config.world_size,
@@ -85,7 +84,7 @@ def args_view(config: Config) -> argparse.Namespace:
         data_parallel_size=config.data_parallel_size,
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         context_parallel_size=1,
-        padded_vocab_size=config.extra.get("padded_vocab_size"),
+        padded_vocab_size=config.run.padded_vocab_size,
         params_dtype=_params_dtype(config),
         add_bias_linear=not m.disable_bias_linear,
         add_position_embedding=m.position_embedding,
@@ -264,7 +263,7 @@ def _train(datasets_provider, model_provider, forward_step, extra_args_provider,
     runner = _runner()
     config = _parse(runner, defaults, extra_args_provider)
     _check_for_scripts(config)
-    config.extra["datasets_provider"] = _DatasetsProvider(datasets_provider)
+    config.run.datasets_provider = _DatasetsProvider(datasets_provider)
     _Run.config, _Run.args = config, None
     from megatron.training import cpu_compat
 

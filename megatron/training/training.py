@@ -949,10 +949,9 @@ def build_trainer(
     """Process groups, tokenizer, model, optimizer and data (unless built
     already: a warm spare builds them before it knows its place), ready to train."""
     runtime = initialize(config)
-    config.extra["on_cpu"] = runtime.on_cpu
-    tokenizer = build_tokenizer(config.tokenizer)
-    config.extra["tokenizer"] = tokenizer
-    padded = config.extra["padded_vocab_size"] = padded_vocab_size(tokenizer.vocab_size, config)
+    config.run.on_cpu = runtime.on_cpu
+    tokenizer = config.run.tokenizer = build_tokenizer(config.tokenizer)
+    padded = config.run.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, config)
     if runtime.rank == 0:  # Megatron-LM's lines
         p = config.parallel
         print(

@@ -5,8 +5,9 @@ training with --deadpool, plus two probes the user's entry point does not have.
                        write this rank's live optimizer state and the snapshot
                        it holds for its owner to --dump-dir (rank files).
   --restore-at K       after iteration K, throw the model and optimizer away,
-                       build fresh (perturbed) ones, fetch this rank's
-                       snapshot back from its buddy, restore it and finish.
+                       build fresh (perturbed) ones, and restore them as a
+                       hot swap restores a new process (every rank lost):
+                       from the copy its buddy holds; then finish.
   --corrupt-packet-at T R
                        (--deadpool-mirror-mode grad) rank R flips one bit of
                        the gradients it sends at the start of iteration T, as
@@ -32,7 +33,7 @@ from deadpool_ext.state import replay  # noqa: E402
 from deadpool_ext.state import snapshot as snap  # noqa: E402
 from deadpool_ext.config import parse_args  # noqa: E402
 from deadpool_ext.rank.hooks import MirrorHook  # noqa: E402
-from deadpool_ext.rank.restore import restore_snapshot  # noqa: E402
+from deadpool_ext.rank.restore import restore_from_mirror  # noqa: E402
 
 
 class DumpHook(Hook):
@@ -74,7 +75,12 @@ class DumpHook(Hook):
 
 
 def restore_into_fresh_objects(trainer: Trainer, mirror_hook: MirrorHook) -> None:
-    buffer = mirror_hook.mirror.return_to_owners().clone()
+    """Every rank as a hot swap's new process: fresh objects, restored from
+    the copy its buddy holds (the recovery's own restore, every rank lost)."""
+    mirror = mirror_hook.mirror
+    mirror.wait_idle()
+    mirror.halt()  # as a recovery's tear-down
+    iteration = mirror.held_iteration()
     trainer.state = setup_model_and_optimizer(
         trainer.config, pretrain_gpt.model_provider, trainer.runtime.on_cpu
     )
@@ -82,8 +88,12 @@ def restore_into_fresh_objects(trainer: Trainer, mirror_hook: MirrorHook) -> Non
         for chunk in trainer.state.model:
             for param in chunk.parameters():
                 param.add_(0.5)
-    mirror_hook.rebind(trainer)
-    restore_snapshot(trainer, mirror_hook.layout, buffer)
+    # A new process builds its mirror for its new objects; this one follows them.
+    layout = snap.build_layout(trainer.state.optimizer)
+    assert (layout.numel, layout.nbytes) == (mirror.layout.numel, mirror.layout.nbytes)
+    mirror.optimizer, mirror.layout, mirror_hook.layout = trainer.state.optimizer, layout, layout
+    lost = range(trainer.runtime.world_size)
+    assert restore_from_mirror(trainer, mirror, layout, lost, iteration) == "buddy"
 
 
 def corrupt_packet(mirror_hook: MirrorHook, iteration: int, rank: int) -> None:

@@ -37,7 +37,7 @@ from megatron.core import parallel_state, tensor_parallel
 parallel_state.initialize_model_parallel()
 tensor_parallel.model_parallel_cuda_manual_seed(1234)
 config = parse_args(json.loads(sys.argv[2]), world_size=1)
-config.extra["padded_vocab_size"] = 128
+config.run.padded_vocab_size = 128
 model = pretrain_gpt.model_provider(config, transformer_config(config, True), True, True)
 layer = model.decoder.layers[0]
 calls = {"layer": 0, "core_attention": 0}

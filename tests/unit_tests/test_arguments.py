@@ -582,7 +582,7 @@ def test_parser_has_exactly_the_dataclass_flags():
     assert options - {"-h", "--help"} == expected | aliases
 
 
-def test_extra_section_lands_in_config_extra():
+def test_extra_section_lands_in_config_extensions_by_its_type():
     @dataclasses.dataclass(kw_only=True)
     class Extra:
         """An extension's flags."""
@@ -596,8 +596,10 @@ def test_extra_section_lands_in_config_extra():
         extra_validators=[seen.append],
         world_size=1,
     )
-    assert config.extra["ext"].my_knob == 7
+    assert config.section(Extra).my_knob == 7
     assert seen == [config]
+    # Parsed without it, the section has its defaults.
+    assert parse_args(argv(), world_size=1).section(Extra).my_knob == 3
 
 
 # --- bad input: ConfigError naming the flag ------------------------------------------

@@ -38,7 +38,7 @@ def config(*extra):
         *extra,
     ]
     cfg = parse_args(argv, world_size=1)
-    cfg.extra["padded_vocab_size"] = 128
+    cfg.run.padded_vocab_size = 128
     return cfg
 
 

@@ -193,7 +193,10 @@ def test_fault_injection_is_checked_and_needs_the_launcher():
         2,
         LAUNCHED,
     )
-    assert config.extra["deadpool"].deadpool_inject == ["kill:rank=1:iter=3", "hang:rank=0:iter=5"]
+    assert config.section(DeadpoolConfig).deadpool_inject == [
+        "kill:rank=1:iter=3",
+        "hang:rank=0:iter=5",
+    ]
     parse(DEADPOOL + ["--deadpool-inject", "slow-warm:node=2:gen=1"], 2, LAUNCHED)  # a spare node
 
 
@@ -238,7 +241,7 @@ def test_spare_wait_must_not_be_negative():
     assert "--deadpool-spare-wait" in error(DEADPOOL + ["--deadpool-spare-wait", "-1"], 2, LAUNCHED)
     assert (
         parse(DEADPOOL + ["--deadpool-spare-wait", "0"], 2, LAUNCHED)
-        .extra["deadpool"]
+        .section(DeadpoolConfig)
         .deadpool_spare_wait
         == 0
     )
@@ -274,7 +277,7 @@ def test_checkpoint_policy_needs_a_save_directory():
     args = DEADPOOL + ["--deadpool-on-spares-exhausted", "checkpoint"]
     assert "add --save DIR" in error(args, 2, LAUNCHED)
     config = parse(args + ["--save", "/tmp/unused-ckpt"], 2, LAUNCHED)
-    assert config.extra["deadpool"].deadpool_on_spares_exhausted == "checkpoint"
+    assert config.section(DeadpoolConfig).deadpool_on_spares_exhausted == "checkpoint"
 
 
 def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
@@ -294,11 +297,11 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
 
 def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeout():
     config = parse(DEADPOOL + ["--deadpool-recovery-timeout", "300"], 2, LAUNCHED)
-    assert config.extra["deadpool"].deadpool_recovery_timeout == 300
+    assert config.section(DeadpoolConfig).deadpool_recovery_timeout == 300
     # The deadline runs from the decision, after detection: a long heartbeat
     # timeout needs no longer recovery timeout (a CI run's test had 120 s).
     slow = parse(DEADPOOL + ["--deadpool-heartbeat-timeout", "180"], 2, LAUNCHED)
-    assert slow.extra["deadpool"].deadpool_recovery_timeout == 120
+    assert slow.section(DeadpoolConfig).deadpool_recovery_timeout == 120
     message = error(DEADPOOL + ["--deadpool-recovery-timeout", "0"], 2, LAUNCHED)
     assert "--deadpool-recovery-timeout must be > 0 seconds" in message
 
@@ -359,7 +362,7 @@ def launcher_refusal(flags, monkeypatch, capsys) -> str:
 
 def test_the_defaults_keep_the_timeouts_order():
     defaults.check_order()
-    assert parse(DEADPOOL, 2, LAUNCHED).extra["deadpool"].deadpool_mirror_timeout == 300
+    assert parse(DEADPOOL, 2, LAUNCHED).section(DeadpoolConfig).deadpool_mirror_timeout == 300
 
 
 @pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["interval", "mirror"])
@@ -383,7 +386,7 @@ def test_constants_out_of_the_timeouts_order_are_refused_by_the_launcher(
 
 
 def test_on_nan_acts_on_megatron_lms_check_and_is_refused_without_it():
-    assert parse(DEADPOOL, 2, LAUNCHED).extra["deadpool"].deadpool_on_nan is None  # rollback
+    assert parse(DEADPOOL, 2, LAUNCHED).section(DeadpoolConfig).deadpool_on_nan is None  # rollback
     assert parse(DEADPOOL + ["--deadpool-on-nan", "stop"], 2, LAUNCHED)
     message = error(
         DEADPOOL + ["--deadpool-on-nan", "rollback", "--no-check-for-nan-in-loss-and-grad"],
@@ -465,9 +468,9 @@ def test_the_replicas_are_checked_every_iteration_under_deadpool_unless_told_oth
     assert parse([], 2).training.check_weight_hash_across_dp_replicas_interval is None
     config = parse(DEADPOOL, 2, LAUNCHED)
     assert config.training.check_weight_hash_across_dp_replicas_interval == 1
-    assert config.extra["deadpool"].deadpool_on_sdc == "rollback"
+    assert config.section(DeadpoolConfig).deadpool_on_sdc == "rollback"
     given = parse(DEADPOOL + [interval, "10", "--deadpool-on-sdc", "swap"], 2, LAUNCHED)
     assert given.training.check_weight_hash_across_dp_replicas_interval == 10
-    assert given.extra["deadpool"].deadpool_on_sdc == "swap"
+    assert given.section(DeadpoolConfig).deadpool_on_sdc == "swap"
     message = error(DEADPOOL + ["--deadpool-on-sdc", "ignore"], 2, LAUNCHED)
     assert "choose from 'rollback', 'swap', 'stop'" in message

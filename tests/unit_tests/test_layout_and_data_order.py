@@ -440,7 +440,7 @@ def test_flops_are_megatron_lms_count_with_causal_attention():
     argv = [item for name, value in flags.items() for item in (f"--{name}", str(value))]
     argv += ["--group-query-attention", "--swiglu", "--mock-data"]
     config = parse_args(argv, world_size=1)
-    config.extra["padded_vocab_size"] = vocab
+    config.run.padded_vocab_size = vocab
     kv = h // heads * groups
     per_layer = h * (h + 2 * kv) + h * s / 2 * 2 + h * h + 3 * h * ffn
     assert flops_per_iteration(config, gbs) == 3 * 2 * gbs * s * (layers * per_layer + h * vocab)
@@ -474,7 +474,7 @@ def test_flops_of_multi_latent_attention_are_megatron_lms_count():
     }
     argv = [item for name, value in flags.items() for item in (f"--{name}", str(value))]
     config = parse_args(argv + ["--multi-latent-attention", "--mock-data"], world_size=1)
-    config.extra["padded_vocab_size"] = vocab
+    config.run.padded_vocab_size = vocab
     attention = (
         q_rank * (h + heads * (qk + pos) + 1)
         + kv_rank * (h + heads * (qk + v) + 1)

@@ -143,7 +143,7 @@ def test_throughput_counts_the_routed_and_shared_experts_as_megatron_lm():
         + ["--moe-shared-expert-intermediate-size", "32"],
         world_size=1,
     )
-    config.extra["padded_vocab_size"] = 128
+    config.run.padded_vocab_size = 128
     h, s, layers, gbs = 64, 32, 2, 8
     # Megatron-LM's transformer_flops, term by term: 3 (fwd+bwd) x 2 (FMA) x h x
     # (routed experts: moe_ffn x topk x 2 GEMMs, shared: its width x 2) ...
@@ -167,7 +167,7 @@ def test_throughput_counts_dense_layers_and_multi_token_prediction_as_megatron_l
         + ["--position-embedding-type", "rope"],
         world_size=1,
     )
-    config.extra["padded_vocab_size"] = 128
+    config.run.padded_vocab_size = 128
     h, s, gbs, ffn = 64, 32, 8, 256
     dense, routed = 3 * 2 * h * ffn * 2, 3 * 2 * h * 96 * 2 * 2
     attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)

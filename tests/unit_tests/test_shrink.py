@@ -1,14 +1,15 @@
 """Shrinking when spares run out (--deadpool-on-spares-exhausted shrink),
 and growing back when a node joins: the pure parts, in-process (the
-policy's plans, the sample quotas, the re-sharding arithmetic). The real
-runs (deadpool-launch with no spare node, ranks SIGKILLed, a repaired node
-joining) and the shrink tolerance's reasoning are in
-tests/functional_tests/test_shrink.py.
+policy's plans, the sample quotas, the re-sharding arithmetic, a resized
+world's config). The real runs (deadpool-launch with no spare node, ranks
+SIGKILLed, a repaired node joining) and the shrink tolerance's reasoning
+are in tests/functional_tests/test_shrink.py.
 """
 
 import pytest
 import torch
 
+from deadpool_ext.config import DeadpoolConfig
 from deadpool_ext.policy.decide import (
     grow,
     kept_replicas,
@@ -19,7 +20,9 @@ from deadpool_ext.policy.decide import (
 )
 from deadpool_ext.policy.view import JobView, Limits
 from deadpool_ext.protocol import Report
+from deadpool_ext.rank.rebuild import world_config
 from deadpool_ext.topology import Grid
+from megatron.training.arguments import parse_args
 from megatron.training.data import MicrobatchSampler, microbatches_per_iteration
 from megatron.training.optimizer_layout import Bucket, full_state, new_shard
 
@@ -261,6 +264,27 @@ def test_sampler_with_global_batch_is_megatrons_order_when_dp_divides():
         assert list(MicrobatchSampler(64, 16, 2, r, 2, 16)) == list(
             MicrobatchSampler(64, 16, 2, r, 2)
         )
+
+
+def test_a_resized_world_config_keeps_the_launched_size_and_leaves_the_old_one_alone():
+    config = parse_args(
+        ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"]
+        + ["--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "10"]
+        + ["--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer"]
+        + ["--vocab-size", "100", "--deadpool", "--use-distributed-optimizer"],
+        extra_sections={"deadpool": DeadpoolConfig},
+        world_size=8,
+    )
+    assert world_config(config, None) is config
+    shrunk = world_config(config, {"size": 6, "nodes": ["node0"] * 4 + ["node2"] * 2})
+    assert (shrunk.world_size, shrunk.planned_world_size) == (6, 8)
+    assert shrunk.world.rank_nodes == ["node0"] * 4 + ["node2"] * 2
+    assert shrunk.section(DeadpoolConfig).deadpool_allow_same_node_buddy
+    shrunk.run.padded_vocab_size = 128  # its trainer's, not the old world's
+    assert config.run.padded_vocab_size is None and config.world.rank_nodes is None
+    assert not config.section(DeadpoolConfig).deadpool_allow_same_node_buddy
+    again = world_config(shrunk, {"size": 4, "nodes": ["node0"] * 4})
+    assert (again.world_size, again.planned_world_size) == (4, 8)
 
 
 def test_reshard_round_trip_between_dp_sizes():

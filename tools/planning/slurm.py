@@ -160,8 +160,9 @@ def parallel_of(config: Config) -> scale.Parallel:
 def deadpool_flags(config: Config):
     """The job's --deadpool* flags: the training flags are parsed with
     deadpool_ext.config.parse_args (tools/slurm_plan.py), which always
-    fills this section."""
-    return config.extra["deadpool"]
+    fills this section. Found by a flag it holds: this module imports
+    neither megatron nor deadpool's config, whose type keys the section."""
+    return next(s for s in config.extensions.values() if hasattr(s, "deadpool_mirror_mode"))
 
 
 # ----- the script's #SBATCH header -----
