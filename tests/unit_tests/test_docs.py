@@ -1,4 +1,4 @@
-"""The parts of docs/architecture.md that follow the code, held to it:
+"""The docs that follow the code, each held to it:
 
 * the list of files is what ``tools.architecture_files`` renders from the
   modules' docstrings;
@@ -7,7 +7,9 @@
   or a ``setattr`` on it), no more, each with the version it was checked
   against, which must be the one the repository pins;
 * the list of parts names the modules of ``ORDER``
-  (test_architecture.py), in its order.
+  (test_architecture.py), in its order;
+* README.md and docs/ name no commit, date, issue or stop: a figure says
+  how and where it was measured, and against which code in words.
 
 Each has a negative control that feeds it a small tree, source or table and
 asserts that the difference is caught.
@@ -340,3 +342,44 @@ def test_a_part_out_of_order_is_caught(tmp_path):
     assert listed_parts(f"{PARTS_HEADING}\n\n{listed}") == expected == ["wire.py", "control/"]
     swapped = "```\ncontrol/  the launcher\nwire.py   the wire\n```\n"
     assert listed_parts(f"{PARTS_HEADING}\n\n{swapped}") != expected
+
+
+# ----- the user docs say what is, not how it came to be -----
+HISTORY = {
+    "a commit": r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b",
+    "a date": r"\b20\d\d-\d\d-\d\d\b(?! \d\d:)",  # a log line's timestamp is its format
+    "an issue or stop number": r"(?i)\b(?:issue|stop)s? \d+",
+}
+
+
+def history(text: str) -> List[str]:
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        found += [f"line {number}: {what}" for what, p in HISTORY.items() if re.search(p, line)]
+    return found
+
+
+def test_the_user_docs_narrate_no_history():
+    pages = ["README.md"] + [f"docs/{n}" for n in sorted(os.listdir(os.path.join(REPO, "docs")))]
+    found = [
+        f"{page} {said}"
+        for page in pages
+        if page.endswith(".md")
+        for said in history(read(os.path.join(REPO, page)))
+    ]
+    assert not found, "say what is measured and how, not when or at which commit:\n" + "\n".join(
+        found
+    )
+
+
+def test_history_in_a_page_is_found():
+    text = (
+        "Measured 2026-11-22 at 3be0efc.\n(issue 21)\nAt stop 42.\n"
+        "[2026-11-22 08:05:16.5] iteration 30 | a log line\nseed 1234, 0.5 s, deadbeef\n"
+    )
+    assert history(text) == [
+        "line 1: a commit",
+        "line 1: a date",
+        "line 2: an issue or stop number",
+        "line 3: an issue or stop number",
+    ]
