@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
-from tests.unit_tests.test_architecture import ORDER, REPO, write_package
+from tests.unit_tests.test_architecture import ORDER, REPO, find_modules, write_package
 from tools import architecture_files
 
 ARCHITECTURE = os.path.join(REPO, "docs", "architecture.md")
@@ -90,7 +90,7 @@ def test_a_module_without_a_docstring_or_a_page_without_markers_is_refused(tmp_p
 # ----- the patches we carry -----
 # Packages of this repository: replacing their attributes is no patch.
 OURS = ("deadpool_ext", "megatron.training", "tools", "tests", "pretrain_gpt")
-PATCHED_PACKAGES = ["deadpool_ext", "megatron/training"]
+PATCHED_PACKAGES = ["deadpool_ext", "megatron.training"]
 Patch = Tuple[str, str]  # (what is replaced, "file:function")
 
 
@@ -184,13 +184,10 @@ def patches_in(source: str, path: str) -> Set[Patch]:
     return finder.found
 
 
-def patches_of(root: str, folders: List[str]) -> Set[Patch]:
+def patches_of(root: str, packages: List[str]) -> Set[Patch]:
     found = set()
-    for package in folders:
-        for folder, _, files in os.walk(os.path.join(root, package)):
-            for name in sorted(f for f in files if f.endswith(".py")):
-                path = os.path.join(folder, name)
-                found |= patches_in(read(path), os.path.relpath(path, root))
+    for path in find_modules(root, packages).values():
+        found |= patches_in(read(path), os.path.relpath(path, root))
     return found
 
 
