@@ -1,4 +1,4 @@
-"""Pretrain GPT on megatron-core.
+"""Pretrain GPT on megatron-core: the model, batch and loss providers of the user's entry point.
 
 Run like Megatron-LM's script, under torchrun (or deadpool-launch):
 

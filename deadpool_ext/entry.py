@@ -1,8 +1,9 @@
-"""What a training script runs once its flags are parsed: pretrain_gpt.py,
-and a script written against Megatron-LM's training API, whose
-``megatron.training.pretrain`` finds this module as the installed runner
-(setup.py's ``megatron.training.runners`` entry point: megatron/training
-never imports deadpool_ext).
+"""What a training script runs once its flags are parsed: a rank with recovery, or the mirror.
+
+The scripts are pretrain_gpt.py and any script written against Megatron-LM's
+training API, whose ``megatron.training.pretrain`` finds this module as the
+installed runner (setup.py's ``megatron.training.runners`` entry point:
+megatron/training never imports deadpool_ext).
 
 Under deadpool-launch the rank runs with recovery (rank/main.py); under
 torchrun with ``--deadpool`` it trains with the buddy mirror only.

@@ -1,7 +1,8 @@
-"""Everything processes tell each other, typed in one place: the messages
-on the control plane, the states they carry, the decisions, the workers'
-environment and the exit codes (their defaults and tuning constants are
-in ``defaults.py``).
+"""Everything processes tell each other, typed in one place.
+
+The messages on the control plane, the states they carry, the decisions,
+the workers' environment and the exit codes (their defaults and tuning
+constants are in ``defaults.py``).
 
 Pure: no sockets and no torch. The wire (``wire.py``) signs and carries the
 dict form of these messages; this module turns them into objects and back.

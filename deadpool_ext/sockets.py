@@ -1,6 +1,8 @@
-"""The TCP sockets a process has open, found through /proc/self/fd: shut
-one down (what releases a generation, ``rank/generation.py``) or bound how
-long it may wait on a peer that went silent (``wire.connect``).
+"""The TCP sockets a process has open, found through /proc/self/fd: shut down, or bounded.
+
+Shutting one down is what releases a generation (``rank/generation.py``);
+a bound is how long it may wait on a peer that went silent
+(``wire.connect``).
 """
 
 import contextlib

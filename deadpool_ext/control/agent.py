@@ -1,6 +1,7 @@
-"""One agent per node: starts the node's workers (active ranks or warm
-spares), reports their exits at once, beats for the node, and carries out
-the coordinator's commands (kill a hung worker, stop).
+"""One agent per node: it starts the node's workers and carries out the coordinator's commands.
+
+Its workers are active ranks or warm spares; it reports their exits at once,
+beats for the node, and kills a hung worker or stops when told to.
 
 Run by the launcher, ``python -m deadpool_ext.control.agent --command JSON``
 (the workers' command, which ps then shows for the node), with its other

@@ -1,7 +1,8 @@
-"""deadpool-launch's command line: its flags (torchrun's spellings where a
-job with warm spares has a use for them, the others refused with the
-reason), and the checks that run before anything starts, the training
-script's --deadpool* flags among them (read as its workers will read them).
+"""deadpool-launch's command line: its flags, and the checks that run before anything starts.
+
+The flags take torchrun's spellings where a job with warm spares has a use
+for them (the others are refused with the reason); the checks take in the
+training script's --deadpool* flags (read as its workers will read them).
 """
 
 import argparse

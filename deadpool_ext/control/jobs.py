@@ -1,5 +1,6 @@
-"""Where a standalone job leaves its address and secret for deadpool-ctl on
-the same host: one file per launcher in a folder only its user can read
+"""Where a standalone job leaves its address and secret for deadpool-ctl on the same host.
+
+One file per launcher, in a folder only its user can read
 ($DEADPOOL_RUN_DIR, else /tmp/deadpool-UID), removed when the job ends.
 
 A multi-node job needs none: its operators have the settings its launchers

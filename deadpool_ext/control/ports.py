@@ -1,6 +1,7 @@
-"""The launcher's ports: a free one for a standalone job's store (and the
-standby's next to it), drawn where no connection's source port can take it
-first, and the standby store's address.
+"""The launcher's ports: a free one for a standalone job's store, and the standby's address.
+
+The free port (and the standby's, next to it) is drawn where no
+connection's source port can take it first.
 """
 
 import random

@@ -1,6 +1,8 @@
-"""The launcher's process tree: one agent per node this launcher runs (its
-workers below it), started as a process or, standalone where workers are
-forked, forked from the launcher itself; and how an agent is killed.
+"""The launcher's process tree: the agents this launcher runs, how each starts and is killed.
+
+One agent per node this launcher runs (its workers below it), started as a
+process or, standalone where workers are forked, forked from the launcher
+itself.
 """
 
 import json

@@ -1,7 +1,9 @@
-"""The job as the coordinator knows it: ``JobRecord``, everything a
-takeover needs, replicated whole to the standby; ``Round``, what one
-generation collects, which by construction is not (a takeover opens a new
-generation); and ``view_of``, the frozen view the rules judge.
+"""The job as the coordinator knows it: its record, one generation's round, the rules' view.
+
+``JobRecord`` is everything a takeover needs, replicated whole to the
+standby; ``Round``, what one generation collects, by construction is not (a
+takeover opens a new generation); ``view_of`` makes the frozen view the
+rules judge.
 
 The record's JSON is generated from its fields' types (pydantic's
 ``TypeAdapter`` over these dataclasses: a well-kept library that round-trips

@@ -1,9 +1,11 @@
-"""The standby coordinator: node 1's launcher (with ``--standby-addr``)
-hosts a second store, where the primary writes its state before anything it
-publishes and renews a lease every heartbeat interval. When the lease has
-been silent for the heartbeat timeout and the agents of a majority of the
-job's live nodes have come over (each posts ``LostPrimary`` once it lost the
-primary), the standby takes over on its own store.
+"""The standby coordinator: node 1's launcher, which takes over when the primary falls silent.
+
+With ``--standby-addr`` node 1's launcher hosts a second store, where the
+primary writes its state before anything it publishes and renews a lease
+every heartbeat interval. When the lease has been silent for the heartbeat
+timeout and the agents of a majority of the job's live nodes have come over
+(each posts ``LostPrimary`` once it lost the primary), the standby takes
+over on its own store.
 
 Why a majority: a primary that is only cut off from some nodes keeps
 coordinating the others. It stops deciding once it hears from no more than

@@ -1,7 +1,8 @@
-"""The job as others see it: deadpool-ctl status and the Prometheus
-metrics (one dict read off the coordinator's record, its current generation
-and its last look at the heartbeats), and a decision as the event log says
-it. Nothing is judged here."""
+"""The job as others see it: deadpool-ctl status, Prometheus metrics, a decision's log line.
+
+The status and the metrics are one dict read off the coordinator's record,
+its current generation and its last look at the heartbeats. Nothing is
+judged here."""
 
 import dataclasses
 from typing import Dict, List

@@ -1,6 +1,7 @@
-"""A node's zygote: one process that imports torch and megatron-core once
-and forks the node's workers from there, each then running the worker
-command's script as ``python -u script args`` would.
+"""A node's zygote: one process that imports torch and megatron-core once and forks the workers.
+
+Each worker then runs the worker command's script as ``python -u script
+args`` would.
 
 Why: a rank spends most of its start importing (about 8 s of CPU on a
 2-core machine, torch and megatron-core's own modules), and a node starts

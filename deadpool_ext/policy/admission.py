@@ -1,6 +1,8 @@
-"""Who may take part: a node's launcher started for another job size, a
-node that joins a running job (``deadpool-launch --join``), and the
-majority a decision needs when a standby coordinator could take over.
+"""Who may take part: launchers, joining nodes, and the majority a decision needs.
+
+It judges a node's launcher started for another job size, a node that joins
+a running job (``deadpool-launch --join``), and the majority a decision
+needs when a standby coordinator could take over.
 
 Why a majority: a primary that is only cut off from some nodes keeps
 coordinating the others. It stops deciding once it hears from no more than

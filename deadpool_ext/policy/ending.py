@@ -1,6 +1,7 @@
-"""What the end of the job says: its exit code, and what is said once no
-rank trains any more (the drains it never reached, the NaN redos every rank
-finished, a stop or a checkpoint carried out)."""
+"""What the end of the job says: its exit code, and what is said once no rank trains any more.
+
+That is the drains it never reached, the NaN redos every rank finished, a
+stop or a checkpoint carried out."""
 
 from typing import List, Tuple
 

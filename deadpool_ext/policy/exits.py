@@ -1,7 +1,8 @@
-"""What an exit, a silence or a stall means for the job: pure functions
-of its state that say which exits stop it, which members to kill (from the
-heartbeats the detector read), and which must not be killed because they
-hold the only copy of a shard.
+"""What an exit, a silence or a stall means for the job: what stops it, whom to kill, whom not.
+
+Pure functions of its state that say which exits stop it, which members to
+kill (from the heartbeats the detector read), and which must not be killed
+because they hold the only copy of a shard.
 
 Failure detection, fastest first:
   1. an agent sees its worker exit and reports it at once;

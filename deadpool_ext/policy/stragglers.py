@@ -1,10 +1,12 @@
-"""Which node is slow: each rank's compute time per iteration (forward and
-backward, without the waits for peers: rank/hooks.py's ``ComputeClock``)
-comes with its heartbeats as the median over its last iterations; a node
-whose ranks' median takes ``factor`` times the other nodes' median is a
-straggler (the median, not the slowest rank: one rank's noise must not make
-a node slow, and a rank that is really slow holds up its tensor-parallel
-peers on the same node inside its layers, whose times then count too).
+"""Which node is slow: one whose ranks compute ``factor`` times slower than the other nodes'.
+
+Each rank's compute time per iteration (forward and backward, without the
+waits for peers: rank/hooks.py's ``ComputeClock``) comes with its heartbeats
+as the median over its last iterations; a node whose ranks' median takes
+``factor`` times the other nodes' median is a straggler (the median, not the
+slowest rank: one rank's noise must not make a node slow, and a rank that is
+really slow holds up its tensor-parallel peers on the same node inside its
+layers, whose times then count too).
 Pure (no I/O): the coordinator's view holds the times, a trigger judges.
 
 Why a node's *compute* time and not its step time: a slow rank holds up

@@ -1,7 +1,8 @@
-"""GPT training on megatron-core (this package's trainer: training.py), and
-Megatron-LM's training API for scripts written against it: ``from
-megatron.training import pretrain, get_args, ...`` (megatron_lm.py, imported
-when one of its names is first asked for, so that parsing flags stays light).
+"""GPT training on megatron-core, and Megatron-LM's training API for scripts written against it.
+
+This package's trainer is training.py. The API, ``from megatron.training
+import pretrain, get_args, ...``, is megatron_lm.py's, imported when one of
+its names is first asked for, so that parsing flags stays light.
 """
 
 MEGATRON_LM_API = (

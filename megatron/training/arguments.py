@@ -1,6 +1,7 @@
-"""Command line: flags generated from the config dataclasses, parsed into
-a Config, its derived defaults filled and every check run (megatron/
-training/flags/, a module per section).
+"""Command line: flags generated from the config dataclasses, parsed into a checked Config.
+
+Parsing fills the Config's derived defaults and runs every check
+(megatron/training/flags/, a module per section).
 
 Every check runs before any process group exists, so bad input costs
 nothing and each message says which flag to change. Megatron-LM's scripts

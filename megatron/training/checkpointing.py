@@ -1,7 +1,7 @@
-"""The one entrance for loading a checkpoint in either of Megatron-LM's
-formats, what a save of either holds, and Megatron-LM's own format,
-``--ckpt-format torch_dist``, through megatron-core's ``dist_checkpointing``
-(no format of ours).
+"""The one entrance for loading a checkpoint in either of Megatron-LM's formats; what a save holds.
+
+Megatron-LM's own format, ``--ckpt-format torch_dist``, goes through
+megatron-core's ``dist_checkpointing`` (no format of ours).
 
 Loading: the trainer finds the save (checkpoint_files.py: the tracker, the
 format told from the directory) and hands it to ``load_checkpoint``, which

@@ -1,9 +1,10 @@
-"""Transformer Engine's CUDA graphs (--cuda-graph-impl transformer_engine), as
-Megatron-LM's training loop drives them, through the trainer's hook points:
-megatron-core's TECudaGraphHelper captures each transformer layer's forward
-and backward once --cuda-graph-warmup-steps iterations have run, and the
-layers replay them from then on. GPU only (arguments.py refuses it
-elsewhere, and under --deadpool: a graph replays the communicators it was
+"""Transformer Engine's CUDA graphs, captured and replayed through the trainer's hook points.
+
+With --cuda-graph-impl transformer_engine, as Megatron-LM's training loop
+drives them: megatron-core's TECudaGraphHelper captures each transformer
+layer's forward and backward once --cuda-graph-warmup-steps iterations have
+run, and the layers replay them from then on. GPU only (arguments.py refuses
+it elsewhere, and under --deadpool: a graph replays the communicators it was
 captured with)."""
 
 from typing import TYPE_CHECKING, Optional

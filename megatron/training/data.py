@@ -1,6 +1,7 @@
-"""Datasets from megatron.core.datasets, and iterators that are a pure
-function of the number of samples consumed (so a run can resume, or redo an
-iteration, from nothing but that count)."""
+"""Datasets from megatron.core.datasets, and iterators that a sample count alone determines.
+
+The iterators are a pure function of the number of samples consumed, so a
+run can resume, or redo an iteration, from nothing but that count."""
 
 import os
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union

@@ -1,7 +1,8 @@
-"""Fill-in-the-middle samples (``--fim-data``), as Megatron-LM's FIM dataset
-makes them: each sample is cut at its end-of-document tokens, and each
-segment, with probability ``--fim-rate``, is cut at two random points of
-its text into prefix, middle and suffix and reordered around sentinel tokens,
+"""Fill-in-the-middle samples (``--fim-data``), as Megatron-LM's FIM dataset makes them.
+
+Each sample is cut at its end-of-document tokens, and each segment, with
+probability ``--fim-rate``, is cut at two random points of its text into
+prefix, middle and suffix and reordered around sentinel tokens,
 prefix-suffix-middle (PSM) or, with probability ``--fim-spm-rate``,
 suffix-prefix-middle (SPM); the sample keeps its length (cut, or padded with
 the pad sentinel). With ``--fim-split-sample`` a segment is first cut at

@@ -1,5 +1,6 @@
-"""The run a script written against Megatron-LM's training API reads
-(megatron_lm.py sets it): Megatron-LM's ``global_vars`` names, ``get_args``,
+"""The run a script written against Megatron-LM's training API reads, by Megatron-LM's names.
+
+megatron_lm.py sets it: Megatron-LM's ``global_vars`` names, ``get_args``,
 ``get_timers``, ``get_tokenizer``, and the run's megatron-core
 TransformerConfig (``core_transformer_config_from_args``, which such a
 script imports from ``megatron.training.arguments``, as Megatron-LM's)."""

@@ -1,5 +1,6 @@
-"""GPT2BPETokenizer: GPT-2's byte-level BPE from a local vocab.json and
-merges.txt, through the ``tokenizers`` package, in megatron-core's tokenizer
+"""GPT2BPETokenizer: GPT-2's byte-level BPE from a local vocab.json and merges.txt.
+
+It runs on the ``tokenizers`` package, in megatron-core's tokenizer
 interface (what GPTDataset and preprocess_data read).
 
 vocab_size is the vocabulary's length and eod the id of <|endoftext|>, as

@@ -1,8 +1,9 @@
-"""Several ranks on one GPU: for validating multi-rank NCCL jobs (hot swap,
-shrink, the mirror) on a machine with fewer GPUs than ranks, such as a
-lent single-GPU machine. Never a default, and never for a real cluster,
-where each rank has a GPU of its own: a job turns it on with the
-environment, which torchrun and deadpool-launch pass to every rank.
+"""Several ranks on one GPU: for validating multi-rank NCCL jobs on fewer GPUs than ranks.
+
+Hot swap, shrink and the mirror are validated so on a single-GPU machine.
+Never a default, and never for a real cluster, where each rank has a GPU of
+its own: a job turns it on with the environment, which torchrun and
+deadpool-launch pass to every rank.
 
 ``DEADPOOL_SHARE_GPU``:
 

@@ -1,8 +1,9 @@
-"""Megatron-LM's training API, for scripts written against it: what
-Megatron-LM's ``pretrain_gpt.py`` imports from ``megatron.training``
-(``pretrain``, ``get_args``, ``get_timers``, ``get_tokenizer``,
-``print_rank_0``, ...), run by this package's trainer. Such a script runs
-unchanged under torchrun, and with ``--deadpool`` under deadpool-launch with
+"""Megatron-LM's training API, for scripts written against it, run by this package's trainer.
+
+It is what Megatron-LM's ``pretrain_gpt.py`` imports from
+``megatron.training`` (``pretrain``, ``get_args``, ``get_timers``,
+``get_tokenizer``, ``print_rank_0``, ...). Such a script runs unchanged
+under torchrun, and with ``--deadpool`` under deadpool-launch with
 recovery: ``pretrain`` hands the run to the installed runner (setup.py's
 ``megatron.training.runners`` entry point: deadpool_ext/entry.py), or to
 this package's trainer where none is installed.

@@ -1,7 +1,8 @@
-"""--profile as Megatron-LM: on the ranks of --profile-ranks, iterations
---profile-step-start to --profile-step-end are profiled, by torch.profiler
-with its traces in --tensorboard-dir (--use-pytorch-profiler) or inside a
-CUDA profiler range that nsys records (a GPU)."""
+"""--profile as Megatron-LM: a range of iterations profiled on the ranks of --profile-ranks.
+
+Iterations --profile-step-start to --profile-step-end are profiled, by
+torch.profiler with its traces in --tensorboard-dir (--use-pytorch-profiler)
+or inside a CUDA profiler range that nsys records (a GPU)."""
 
 from typing import Optional
 

@@ -1,8 +1,9 @@
-"""The parts of a rank's training state that are neither model parameters
-nor optimizer tensors: the scheduler, the grad scaler, every RNG and the
-model's persistent buffers (MoE routers' expert biases), as plain tensors
-and containers. DeadPool's in-memory snapshots carry them beside the optimizer
-shard; checkpoints on disk hold the same in Megatron-LM's own keys
+"""A rank's training state beyond its parameters and optimizer tensors, as plain containers.
+
+The scheduler, the grad scaler, every RNG and the model's persistent
+buffers (MoE routers' expert biases), as plain tensors and containers.
+DeadPool's in-memory snapshots carry them beside the optimizer shard;
+checkpoints on disk hold the same in Megatron-LM's own keys
 (``checkpointing.py``)."""
 
 import random

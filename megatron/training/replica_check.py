@@ -1,9 +1,11 @@
-"""--check-weight-hash-across-dp-replicas-interval, as Megatron-LM: at the
-start and after every interval-th step, each parameter's hash against the
-other data-parallel replicas' (megatron-core's check). A difference is
-corruption, and the run stops. A hook, so that an extension can check
-elsewhere in the iteration or act otherwise on a difference (deadpool's
-``rank/sdc.py`` checks every iteration and redoes it from memory)."""
+"""--check-weight-hash-across-dp-replicas-interval: the parameters' hashes across DP replicas.
+
+As Megatron-LM: at the start and after every interval-th step, each
+parameter's hash against the other data-parallel replicas' (megatron-core's
+check). A difference is corruption, and the run stops. A hook, so that an
+extension can check elsewhere in the iteration or act otherwise on a
+difference (deadpool's ``rank/sdc.py`` checks every iteration and redoes it
+from memory)."""
 
 import contextlib
 from typing import TYPE_CHECKING, List

@@ -1,7 +1,8 @@
-"""megatron-core's core-attention interface on torch's
-``scaled_dot_product_attention``: the module that ``--attention-backend``
-puts in the layer spec's ``core_attention`` slot where Transformer Engine is
-absent (megatron/training/attention.py says when, and why).
+"""torch's ``scaled_dot_product_attention`` behind megatron-core's core-attention interface.
+
+It is the module that ``--attention-backend`` puts in the layer spec's
+``core_attention`` slot where Transformer Engine is absent
+(megatron/training/attention.py says when, and why).
 """
 
 import contextlib

@@ -1,7 +1,9 @@
-"""Megatron-LM's timers (--timing-log-level): megatron-core's Timers, which
-its schedules, gradient reduction and optimizer time themselves with once
-given one; the training step adds 'optimizer'. Every
-log line is followed by the timers' (min, max) over ranks, as Megatron-LM."""
+"""Megatron-LM's timers (--timing-log-level), on megatron-core's Timers.
+
+megatron-core's schedules, gradient reduction and optimizer time
+themselves with its Timers once given one; the training step adds
+'optimizer'. Every log line is followed by the timers' (min, max) over
+ranks, as Megatron-LM."""
 
 from typing import Dict, List
 

@@ -1,6 +1,7 @@
-"""Megatron-LM's batch helpers for scripts written against its training API
-(megatron_lm.py): the same names, arguments and results, for what this
-build trains (no packed sequences or multi-token prediction).
+"""Megatron-LM's batch helpers for scripts written against its training API (megatron_lm.py).
+
+The same names, arguments and results, for what this build trains (no
+packed sequences or multi-token prediction).
 """
 
 from typing import Optional

@@ -1,6 +1,7 @@
-"""Checks of the GPU-only features (the gpu section): Transformer
-Engine's communication overlap, delayed weight gradients, activation
-offloading and CUDA graphs, refused by name off a GPU."""
+"""Checks of the GPU-only features (the gpu section), refused by name off a GPU.
+
+They are Transformer Engine's communication overlap, delayed weight
+gradients, activation offloading and CUDA graphs."""
 
 import dataclasses
 import os

@@ -1,7 +1,8 @@
-"""Checks of the model's shape and features: sizes that divide over the
-tensor-parallel ranks, activations, position embeddings, attention (its
-backend, multi-latent attention), the layers' kernels, multi-token
-prediction."""
+"""Checks of the model's shape and features.
+
+Sizes that divide over the tensor-parallel ranks, activations, position
+embeddings, attention (its backend, multi-latent attention), the layers'
+kernels, multi-token prediction."""
 
 import dataclasses
 
