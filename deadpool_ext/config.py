@@ -425,7 +425,9 @@ def check_timeouts(dp: DeadpoolConfig) -> None:
 def check_timeout_order(dp: DeadpoolConfig) -> None:
     """The order the watches rely on (defaults.check_order), as a usage error."""
     try:
-        check_order(dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout)
+        check_order(
+            dp.deadpool_heartbeat_timeout, dp.deadpool_mirror_timeout, dp.deadpool_recovery_timeout
+        )
     except OrderError as error:
         raise ConfigError(str(error)) from None
 

@@ -156,13 +156,16 @@ class Order:
         )
 
 
-def flag_orders(heartbeat_timeout_s: float, mirror_timeout_s: float) -> List[Order]:
-    """The orders the --deadpool flags' values must keep. The stuck watch's
-    against the recovery timeout and the releases' against the stuck report
-    are the defaults' alone (constant_orders): a job may give a short
-    heartbeat timeout, or a long one with the default recovery timeout (the
-    reports' deadline then takes a stuck rank before its watch does)."""
+def flag_orders(
+    heartbeat_timeout_s: float, mirror_timeout_s: float, recovery_timeout_s: float
+) -> List[Order]:
+    """The orders the --deadpool flags' values must keep: heartbeat interval
+    < heartbeat timeout < the stuck watch's kill < recovery timeout, and a
+    buddy counted lost no sooner than the coordinator counts it. The
+    releases' against the stuck report are the defaults' alone
+    (constant_orders): a job may give a short heartbeat timeout."""
     heartbeat, mirror = "--deadpool-heartbeat-timeout", "--deadpool-mirror-timeout"
+    recovery = "--deadpool-recovery-timeout"
     return [
         Order(
             "HEARTBEAT_INTERVAL_S",
@@ -187,6 +190,14 @@ def flag_orders(heartbeat_timeout_s: float, mirror_timeout_s: float) -> List[Ord
             f"STUCK_KILL_TIMEOUTS x {heartbeat}",
             STUCK_KILL_TIMEOUTS * heartbeat_timeout_s,
             f"a stuck rank writes its stacks before it is killed: change {HERE}",
+        ),
+        Order(
+            f"STUCK_KILL_TIMEOUTS x {heartbeat}",
+            STUCK_KILL_TIMEOUTS * heartbeat_timeout_s,
+            recovery,
+            recovery_timeout_s,
+            f"a survivor stuck where no release reaches is killed, its stacks written, "
+            f"before the reports' deadline takes it: raise {recovery} or lower {heartbeat}",
         ),
     ]
 
@@ -231,21 +242,17 @@ def constant_orders() -> List[Order]:
             STUCK_REPORT_TIMEOUTS * HEARTBEAT_TIMEOUT_S,
             f"the coordinator's stuck watch comes after the last release: change {HERE}",
         ),
-        Order(
-            "STUCK_KILL_TIMEOUTS x HEARTBEAT_TIMEOUT_S",
-            STUCK_KILL_TIMEOUTS * HEARTBEAT_TIMEOUT_S,
-            "RECOVERY_TIMEOUT_S",
-            RECOVERY_TIMEOUT_S,
-            f"a stuck rank is killed before the reports' deadline: change {HERE}",
-        ),
     ]
 
 
 def check_order(
-    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, mirror_timeout_s: float = MIRROR_TIMEOUT_S
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    mirror_timeout_s: float = MIRROR_TIMEOUT_S,
+    recovery_timeout_s: float = RECOVERY_TIMEOUT_S,
 ) -> None:
     """Raises OrderError, naming both ends and what to change, for the first
     order these values or the constants break."""
-    for order in flag_orders(heartbeat_timeout_s, mirror_timeout_s) + constant_orders():
+    flags = flag_orders(heartbeat_timeout_s, mirror_timeout_s, recovery_timeout_s)
+    for order in flags + constant_orders():
         if not order.holds():
             raise OrderError(order.broken())

@@ -365,7 +365,7 @@ def test_shrink_twice_then_a_repaired_node_joins_and_the_job_grows_back(tmp_path
     and takes them all."""
     args = deadpool_args(
         tmp_path,
-        DP4,
+        DP4 + ["--deadpool-recovery-timeout", "400"],  # above 3 heartbeat timeouts
         ["kill:rank=5:iter=3:phase=forward", "kill:node=1:iter=6"],
         ITERS,
         heartbeat_timeout=120,

@@ -298,10 +298,12 @@ def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
 def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeout():
     config = parse(DEADPOOL + ["--deadpool-recovery-timeout", "300"], 2, LAUNCHED)
     assert config.section(DeadpoolConfig).deadpool_recovery_timeout == 300
-    # The deadline runs from the decision, after detection: a long heartbeat
-    # timeout needs no longer recovery timeout (a CI run's test had 120 s).
-    slow = parse(DEADPOOL + ["--deadpool-heartbeat-timeout", "180"], 2, LAUNCHED)
-    assert slow.section(DeadpoolConfig).deadpool_recovery_timeout == 120
+    # A long heartbeat timeout needs a longer recovery timeout: the stuck
+    # watch kills 3 timeouts after the announcement, before the reports' deadline.
+    slow = DEADPOOL + ["--deadpool-heartbeat-timeout", "180"]
+    assert "must be below --deadpool-recovery-timeout (120 s)" in error(slow, 2, LAUNCHED)
+    given = parse(slow + ["--deadpool-recovery-timeout", "600"], 2, LAUNCHED)
+    assert given.section(DeadpoolConfig).deadpool_recovery_timeout == 600
     message = error(DEADPOOL + ["--deadpool-recovery-timeout", "0"], 2, LAUNCHED)
     assert "--deadpool-recovery-timeout must be > 0 seconds" in message
 
@@ -309,6 +311,12 @@ def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeou
 # The timeouts' order (defaults.check_order): each broken order, the flags'
 # and the constants', is one line naming both ends and what to change.
 FLAG_ORDERS = [
+    (
+        ["--deadpool-heartbeat-timeout", "50"],
+        "STUCK_KILL_TIMEOUTS x --deadpool-heartbeat-timeout (150 s) must be below "
+        "--deadpool-recovery-timeout (120 s)",
+        "raise --deadpool-recovery-timeout or lower --deadpool-heartbeat-timeout",
+    ),
     (
         ["--deadpool-heartbeat-timeout", "0.5"],
         "HEARTBEAT_INTERVAL_S (0.5 s) must be below --deadpool-heartbeat-timeout (0.5 s)",
@@ -341,10 +349,6 @@ CONSTANT_ORDERS = [
         "RELEASE_ALL_COMPUTING_AFTER_S (20 s) must be below "
         "STUCK_REPORT_TIMEOUTS x HEARTBEAT_TIMEOUT_S (20 s)",
     ),
-    (
-        {"RECOVERY_TIMEOUT_S": 30.0},
-        "STUCK_KILL_TIMEOUTS x HEARTBEAT_TIMEOUT_S (30 s) must be below RECOVERY_TIMEOUT_S (30 s)",
-    ),
 ]
 
 
@@ -365,7 +369,7 @@ def test_the_defaults_keep_the_timeouts_order():
     assert parse(DEADPOOL, 2, LAUNCHED).section(DeadpoolConfig).deadpool_mirror_timeout == 300
 
 
-@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["interval", "mirror"])
+@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["stuck", "interval", "mirror"])
 def test_flags_out_of_the_timeouts_order_are_refused_before_anything_starts(
     flags, broken, fix, monkeypatch, capsys
 ):
