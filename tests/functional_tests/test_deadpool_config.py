@@ -60,7 +60,7 @@ def test_the_launcher_refuses_a_multi_node_run_without_a_shared_secret():
     assert proc.returncode == 2 and "DEADPOOL_SECRET" in proc.stderr
 
 
-@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["interval", "mirror"])
+@pytest.mark.parametrize("flags, broken, fix", FLAG_ORDERS, ids=["stuck", "interval", "mirror"])
 def test_the_launcher_refuses_timeouts_out_of_order_before_any_worker(flags, broken, fix):
     from dist_utils import launch_command
 
