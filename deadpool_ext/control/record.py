@@ -28,7 +28,7 @@ from deadpool_ext.policy.view import (
     Sighting,
     Straggler,
     as_tuple,
-    grid_of,
+    plan_grid,
     limits_of,
 )
 from deadpool_ext.policy.effects import Caught, Lost, Opening, Redone, Rollback
@@ -281,8 +281,8 @@ def view_of(
         spares=tuple(m.spares),
         buddy=None if plan is None else as_tuple(plan.buddy),
         owner=None if plan is None else as_tuple(plan.owner),
-        grid=None if plan is None else grid_of(plan, m.world_size),
-        planned_dp=0 if plan is None else grid_of(plan, m.planned_size).dp,
+        grid=None if plan is None else plan_grid(plan, m.world_size),
+        planned_dp=0 if plan is None else plan_grid(plan, m.planned_size).dp,
         limits=limits_of(plan, record.settings.on_spares_exhausted),
         state=record.state,
         doomed=record.doomed,

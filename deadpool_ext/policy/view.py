@@ -135,7 +135,7 @@ def limits_of(plan: Optional[Plan], on_spares_exhausted: str) -> Limits:
     )
 
 
-def grid_of(plan: Plan, world_size: int) -> Grid:
+def plan_grid(plan: Plan, world_size: int) -> Grid:
     """The plan's layout over ``world_size`` ranks."""
     return Grid(plan.tp, plan.pp, world_size // (plan.tp * plan.pp), plan.tp_pp_dp)
 

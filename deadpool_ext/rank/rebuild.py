@@ -26,7 +26,7 @@ from deadpool_ext.rank.generation import (
     records_groups,
 )
 from deadpool_ext.rank.hooks import Builders, MirrorHook, RankHooks
-from deadpool_ext.rank.restore import grid_of, restore_resharded
+from deadpool_ext.rank.restore import config_grid, restore_resharded
 from deadpool_ext.state import reshard
 from deadpool_ext.topology import expert_dp_groups
 
@@ -65,7 +65,7 @@ def expert_peers(config: Config, ring: List[int], rank: int) -> List[int]:
 
 def holdings(old: Trainer, mirror_hook: MirrorHook) -> reshard.Holdings:
     """What this survivor brings of its position's old state to a resize."""
-    rank, grid = old.runtime.rank, grid_of(old.config)
+    rank, grid = old.runtime.rank, config_grid(old.config)
     tp, _, pp = grid.coords(rank)
     ring = [grid.rank(tp, d, pp) for d in range(grid.dp)]
     return reshard.Holdings(
@@ -103,7 +103,7 @@ def resize(
     datasets = (old.train_ds, old.valid_ds, old.test_ds)
     new_rank = decision.renumber[held.rank]
     trainer, hooks = rebuild_for(ctx, old.config, builders, datasets, decision, new_rank)
-    groups = position_groups(grid_of(trainer.config), set(decision.renumber.values()))
+    groups = position_groups(config_grid(trainer.config), set(decision.renumber.values()))
     state, sidecar = reshard.gather_state(held, decision, groups[0])
     restore_resharded(trainer, hooks.mirror.layout, decision, groups, state, sidecar)
     if held.mirror is not None:
@@ -118,6 +118,6 @@ def grow_into(
     world, restored from the state its position's first rank sends."""
     rank = decision.rank_of(ctx.slot)
     trainer, hooks = rebuild_for(ctx, config, builders, datasets, decision, rank)
-    groups = position_groups(grid_of(trainer.config), set(decision.renumber.values()))
+    groups = position_groups(config_grid(trainer.config), set(decision.renumber.values()))
     restore_resharded(trainer, hooks.mirror.layout, decision, groups, None, None)
     return trainer, hooks

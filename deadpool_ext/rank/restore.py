@@ -75,7 +75,7 @@ def restore_from_mirror(
     return source
 
 
-def grid_of(config: Config) -> Grid:
+def config_grid(config: Config) -> Grid:
     p = config.parallel
     return Grid(
         p.tensor_model_parallel_size,
@@ -99,7 +99,7 @@ def restore_resharded(
     rank's copy. ``layout``: the mirror's, None without a mirror."""
     new_buckets = optimizer_layout.buckets(trainer.state.model, trainer.state.optimizer)
     layout = layout or snap.build_layout(trainer.state.optimizer)
-    R, runtime, grid = decision.rollback_to, trainer.runtime, grid_of(trainer.config)
+    R, runtime, grid = decision.rollback_to, trainer.runtime, config_grid(trainer.config)
     flats = None if state is None else optimizer_layout.flat_state(new_buckets, state)
     if decision.action == Action.GROW:
         tp, _, pp = grid.coords(runtime.rank)
