@@ -275,11 +275,14 @@ def test_job_mirrors_and_saves_on_sigterm(plans, name):
 
 # ----- bad input -----
 def model_file(tmp_path, **changes) -> str:
-    """A copy of cpu_demo.sh with some settings changed."""
+    """A copy of cpu_demo.sh with some settings changed: its own, or the
+    recipe's, which a setting before deadpool_main wins over."""
     with open(os.path.join(SLURM, "cpu_demo.sh")) as f:
         text = f.read()
     for name, value in changes.items():
         text, count = re.subn(rf"^{name}=.*$", f"{name}={value}", text, flags=re.M)
+        if not count:
+            text, count = re.subn(r"^deadpool_main ", f"{name}={value}\\n\\g<0>", text, flags=re.M)
         assert count == 1, name
     path = tmp_path / "model.sh"
     path.write_text(text)
