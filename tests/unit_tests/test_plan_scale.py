@@ -8,30 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from tools.planning import recipes
 from tools.planning import scale as ps
 from tools import plan_scale as plan_scale_cli
 from tools.bench.common import LARGE_MODEL
 
 MODEL_FLAGS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
-DEMO = [
-    "--tensor-model-parallel-size",
-    "2",
-    "--pipeline-model-parallel-size",
-    "2",
-    "--use-tp-pp-dp-mapping",
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "128",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "128",
-    "--max-position-embeddings",
-    "128",
-    "--global-batch-size",
-    "32",
-] + MODEL_FLAGS
+DEMO = recipes.DEMO.model_flags() + ["--use-tp-pp-dp-mapping", "--train-iters", "1", "--lr", "1e-3"]
 # The benchmarks' large configuration, as they run it.
 LARGE = LARGE_MODEL + ["--train-iters", "1", "--lr", "1e-3"]
 # LLaMA-style, with every option that changes the tensors or the padding:
@@ -103,8 +86,8 @@ CASES = {
         DEMO,
         8,
         512,
-        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
-        ps.Parallel(2, 2, 2),
+        recipes.DEMO.shape,
+        recipes.DEMO.layout,
         lambda r: (r // 2) % 2,
     ),
     "large": (
