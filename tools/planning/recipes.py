@@ -35,27 +35,34 @@ class Recipe:
 
     def model_args(self) -> List[str]:
         """The model's flags: its shape, expert parallelism and routing."""
-        experts = (
-            ["--expert-model-parallel-size", str(self.layout.ep)] if self.layout.ep > 1 else []
-        )
-        return shape_flags(self.shape) + experts + list(self.routing)
+        return shape_flags(self.shape) + expert_flags(self.layout) + list(self.routing)
 
     def model_flags(self) -> List[str]:
         """The layout, the model and the batch: what a snapshot's layout follows."""
-        lay = self.layout
-        return [
-            *("--tensor-model-parallel-size", str(lay.tp)),
-            *("--pipeline-model-parallel-size", str(lay.pp)),
-            "--use-distributed-optimizer",
-            *self.model_args(),
-            *("--micro-batch-size", str(lay.micro_batch)),
-            *("--global-batch-size", str(lay.global_batch)),
-        ]
+        return model_flags(self.shape, self.layout) + list(self.routing)
 
     def flags(self) -> List[str]:
         """The whole recipe, as `make demo` passes it."""
         iters = ["--train-iters", str(self.train_iters)]
         return self.model_flags() + iters + [*self.schedule, *self.data, *self.logging]
+
+
+def model_flags(shape: scale.ModelShape, layout: scale.Parallel) -> List[str]:
+    """pretrain_gpt.py's flags for the planner's shape and layout (not its
+    precision or recompute): TP, PP, the model, its experts and the batch."""
+    return [
+        *("--tensor-model-parallel-size", str(layout.tp)),
+        *("--pipeline-model-parallel-size", str(layout.pp)),
+        "--use-distributed-optimizer",
+        *shape_flags(shape),
+        *expert_flags(layout),
+        *("--micro-batch-size", str(layout.micro_batch)),
+        *("--global-batch-size", str(layout.global_batch)),
+    ]
+
+
+def expert_flags(layout: scale.Parallel) -> List[str]:
+    return ["--expert-model-parallel-size", str(layout.ep)] if layout.ep > 1 else []
 
 
 def shape_flags(shape: scale.ModelShape) -> List[str]:
