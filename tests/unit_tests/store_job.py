@@ -1,8 +1,9 @@
-"""The job the store-driven coordinator tests drive by hand
-(test_coordinator.py, test_standby.py, test_operations.py): a coordinator
-on a real store with a fake clock, looking at the heartbeats at every step,
-and a worker's channel on the same store that posts rank 0's plan and the
-spares' readiness.
+"""The job that the store-driven coordinator tests drive by hand.
+
+test_coordinator.py, test_standby.py and test_operations.py build it: a
+coordinator on a real store with a fake clock, looking at the heartbeats at
+every step, and a worker's channel on the same store that posts rank 0's
+plan, the spares' readiness and the ranks' reports.
 
 By default: two nodes of two ranks (TP1 x PP1 x DP4, each rank's buddy and
 owner on the other node), a spare node whose slots 2.0 and 2.1 are ready, a

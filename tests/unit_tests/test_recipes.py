@@ -1,8 +1,9 @@
-"""The training recipes (tools/planning/recipes.py) in-process: each one's
-flags, read back by pretrain_gpt.py's parser, are its shape and layout, and
-tools/recipe.py prints them as examples/slurm/common.sh reads them. The
-sbatch scripts' dry runs, which parse the same flags with the job's own, are
-in tests/functional_tests/test_slurm_scripts.py."""
+"""The training recipes (tools/planning/recipes.py), in-process.
+
+Each recipe's flags, read back by pretrain_gpt.py's parser, are its shape
+and layout, and tools/recipe.py prints them as examples/slurm/common.sh
+reads them. The sbatch scripts' dry runs, which parse the same flags as the
+job does, are in tests/functional_tests/test_slurm_scripts.py."""
 
 import pytest
 

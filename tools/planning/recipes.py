@@ -1,6 +1,8 @@
-"""The training recipes of the sbatch scripts in examples/slurm/ and of
-`make demo`: for each run, the model, the layout it is planned for and how
-it trains (batch, iterations, schedule, data), as pretrain_gpt.py flags.
+"""Training recipes: what the sbatch scripts and `make demo` train, and how.
+
+For each run of examples/slurm/ and the Makefile's demo: the model, the
+layout it is planned for and how it trains (batch, iterations, schedule,
+data), as pretrain_gpt.py flags.
 
 The paper's models and their 512-GPU layouts are the planner's
 (``scale.MODELS`` and ``scale.paper_layouts``), so a script trains what
