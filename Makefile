@@ -10,21 +10,13 @@ RUN_DIR ?= runs/demo
 # The failure-free run whose loss curve the demo's must equal; kept between demos.
 REFERENCE_DIR := $(RUN_DIR)-reference
 
-# A peak lr of 1e-3 reached over the first 10 iterations, then cosine decay
-# to a tenth: the loss falls smoothly (at 3e-3 after 6 it spiked to 11).
-DEMO_ARGS = \
-	--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
-	--use-distributed-optimizer \
-	--num-layers 4 --hidden-size 128 --num-attention-heads 4 \
-	--seq-length 128 --max-position-embeddings 128 \
-	--micro-batch-size 4 --global-batch-size 32 \
-	--train-iters 60 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10 \
-	--weight-decay 0.1 --clip-grad 1.0 --seed 1234 \
-	--data-path data/corpus_text_document --tokenizer-type ByteLevelTokenizer \
-	--split 98,2,0 --num-workers 0 \
-	--log-interval 5 --eval-interval 30 --eval-iters 2 --log-throughput \
+# The demo's recipe (demo in tools/planning/recipes.py: its model, layout,
+# batch, schedule and data), then where and how this run keeps its results.
+DEMO_ARGS = $(DEMO_RECIPE) --log-throughput \
 	--save $(RUN_DIR)/checkpoints --save-interval 30 \
 	--metrics-file $(RUN_DIR)/metrics.jsonl
+DEMO_RECIPE = $(or $(shell $(PYTHON) -m tools.recipe demo --flags),\
+	$(error python -m tools.recipe printed no flags for the demo))
 # Buddy mirroring and hot swap across emulated 4-rank nodes (DP peers on
 # other nodes); the demo kills node 1 in iteration 25.
 DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/events.jsonl

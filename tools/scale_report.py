@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence
 
 from tools.planning import goodput as gp
+from tools.planning import recipes
 from tools.planning import scale as ps
 from tools import layout_probe, scale_rebuild
 from tools.bench.common import LARGE_MODEL
@@ -333,34 +334,11 @@ def hardware_table(items: List[ps.Plan]) -> str:
 # issue 3, from the mirror_ready events): flags, world, planner inputs, MiB.
 PROBED = {
     "demo (8 ranks, TP2·PP2·DP2)": (
-        [
-            "--tensor-model-parallel-size",
-            "2",
-            "--pipeline-model-parallel-size",
-            "2",
-            "--use-tp-pp-dp-mapping",
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "128",
-            "--num-attention-heads",
-            "4",
-            "--seq-length",
-            "128",
-            "--max-position-embeddings",
-            "128",
-            "--micro-batch-size",
-            "4",
-            "--global-batch-size",
-            "32",
-            "--train-iters",
-            "1",
-            "--lr",
-            "1e-3",
-        ],
+        recipes.DEMO.model_flags()
+        + ["--use-tp-pp-dp-mapping", "--train-iters", "1", "--lr", "1e-3"],
         8,
-        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
-        ps.Parallel(2, 2, 2, 4, 32),
+        recipes.DEMO.shape,
+        recipes.DEMO.layout,
         (1.7, 6.8),
     ),
     "large (2 ranks, DP=2, 19.4 M params)": (

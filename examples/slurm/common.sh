@@ -1,47 +1,46 @@
 # shellcheck shell=bash
 # The shared body of the sbatch scripts in examples/slurm/. A model file sets
-# its layout, then sources this file, which checks it, sets up the cluster's
-# environment and starts one deadpool-launch per node with srun: the active
-# nodes run the training ranks, the spare nodes warm spares, and the first
-# node also the coordinator. SIGTERM from `#SBATCH --signal` before the time
+# its cluster and spare nodes, sources this file and calls deadpool_main with
+# the name of its recipe, which reads the recipe, checks the settings, sets
+# up the cluster's environment and starts one deadpool-launch per node with
+# srun: the active nodes run the training ranks, the spare nodes warm spares,
+# and the first node also the coordinator. SIGTERM from `#SBATCH --signal` before the time
 # limit makes every rank save a checkpoint and stop (--exit-signal-handler);
 # resubmitting the same script resumes from it (--load).
 #
 # A model file sets:
 #   CLUSTER         perlmutter | vista | cpu
-#   NODES           active nodes; SPARE_NODES: warm spare nodes in the same job
-#                   (its #SBATCH -N must be NODES + SPARE_NODES)
+#   SPARE_NODES     warm spare nodes in the same job (its #SBATCH -N must be
+#                   NODES + SPARE_NODES)
+# and calls deadpool_main RECIPE "$@", RECIPE being one of
+# tools/planning/recipes.py (python -m tools.recipe RECIPE prints it), which
+# sets the rest; any of these that the model file sets wins over the
+# recipe's:
+#   NODES           active nodes
 #   RANKS_PER_NODE  GPUs per node (processes per node on cpu)
 #   TP, PP          tensor- and pipeline-parallel sizes (DP is what is left)
-#   MICRO_BATCH, GLOBAL_BATCH, TRAIN_ITERS, SAVE_INTERVAL
+#   MICRO_BATCH, GLOBAL_BATCH, TRAIN_ITERS
 #   MODEL_ARGS      array: the model's shape flags
 #   TRAIN_ARGS      array: optimizer, schedule and logging flags
 #   DATA_ARGS       array: data and tokenizer flags
-#   MODEL           optional: the planner's name for the shape
+#   MODEL           the planner's name for the shape
 #                   (tools/planning/scale.py MODELS), which
 #                   the dry run checks the flags against
-# These may be changed at submission, through the environment (sbatch passes
-# it on): RUN_DIR (checkpoints, metrics, events; default
+# and SAVE_INTERVAL, the iterations between checkpoints, is 500 unless set.
+# These may also be changed at submission, through the environment (sbatch
+# passes it on), as may RUN_DIR (checkpoints, metrics, events; default
 # $SCRATCH/deadpool/<job name>, or runs/ without $SCRATCH), DATA (replaces
 # DATA_ARGS, as one string: "--data-path PREFIX --tokenizer-type ..."), PYTHON
 # (default .venv/bin/python, else python3), MODULES, HARDWARE (the dry run's
 # node type, e.g. perlmutter-a100-80 for -C "gpu&hbm80g"), MASTER_PORT.
 #
 # Arguments of the script: --dry-run [--json] prints the layout (no Slurm, no
-# GPU) and exits; any other argument goes to pretrain_gpt.py, after ours.
+# GPU) and exits; any other argument goes to pretrain_gpt.py, after ours (so
+# --global-batch-size 1024, say, wins over the recipe's).
 set -euo pipefail
 
 DEADPOOL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 JOB_NAME=${SLURM_JOB_NAME:-$(basename "$0" .sh)}
-
-# The pretraining schedule of the GPU scripts, after the GPT-3 and LLaMA
-# papers: Adam with beta2 0.95, weight decay 0.1, clipping at 1.0, 2000
-# warm-up iterations, cosine decay to a tenth of the peak (each file sets
-# --lr and --min-lr).
-# shellcheck disable=SC2034  # used by the model files
-GPU_SCHEDULE=(--adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1.0
-    --lr-warmup-iters 2000 --lr-decay-style cosine --log-interval 10 --log-throughput
-    --eval-interval 1000 --eval-iters 10 --num-workers 2)
 
 die() {
     echo "$JOB_NAME: $*" >&2
@@ -57,6 +56,22 @@ require_int() {  # NAME MIN: the variable NAME is an integer >= MIN
 require_array() {
     [[ $(declare -p "$1" 2>/dev/null) == "declare -a"* ]] ||
         die "$1 must be set as an array, e.g. $1=(--flag value)"
+}
+
+# Every setting the model file (or the environment) leaves unset, from the
+# recipe RECIPE: tools.recipe prints one "NAME VALUE..." line a setting, and
+# the *_ARGS settings are arrays.
+read_recipe() {
+    local lines name values
+    lines=$("$PYTHON" -m tools.recipe "$1") || exit 2
+    while read -r name values; do
+        if [[ -v $name ]]; then continue; fi
+        if [[ $name == *_ARGS ]]; then
+            read -ra "${name?}" <<<"$values"
+        else
+            printf -v "$name" %s "$values"
+        fi
+    done <<<"$lines"
 }
 
 check_settings() {
@@ -145,12 +160,24 @@ load_modules() {
     module load $MODULES
 }
 
-cluster_env() {
-    case $CLUSTER in
+# A job's first steps, before the recipe is read: inside Slurm, with the
+# cluster's modules, which bring the job's Python.
+enter_job() {
+    [[ -n ${SLURM_JOB_ID:-} ]] ||
+        die "not inside a Slurm job: submit with sbatch, or use --dry-run to see the layout"
+    case ${CLUSTER:-} in
         perlmutter)
             # NERSC's PyTorch module, unless MODULES says otherwise (empty: none).
             MODULES=${MODULES-pytorch}
             load_modules
+            ;;
+        vista) load_modules ;;
+    esac
+}
+
+cluster_env() {
+    case $CLUSTER in
+        perlmutter)
             export CUDA_DEVICE_MAX_CONNECTIONS=1
             # NCCL over Slingshot through the aws-ofi-nccl plugin, with HPE's
             # settings (without the plugin NCCL falls back to TCP, 2-3x slower).
@@ -161,10 +188,7 @@ cluster_env() {
             # Only across nodes: on one node NCCL must not be forced onto the NIC.
             if ((NODES + SPARE_NODES > 1)); then export NCCL_NET="AWS Libfabric"; fi
             ;;
-        vista)
-            load_modules
-            export CUDA_DEVICE_MAX_CONNECTIONS=1
-            ;;
+        vista) export CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
         cpu)
             # One thread per rank: the ranks of a node share its CPUs.
             export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -173,8 +197,6 @@ cluster_env() {
 }
 
 check_allocation() {
-    [[ -n ${SLURM_JOB_ID:-} ]] ||
-        die "not inside a Slurm job: submit with sbatch, or use --dry-run to see the layout"
     local total=$((NODES + SPARE_NODES))
     [[ ${SLURM_JOB_NUM_NODES:-} == "$total" ]] ||
         die "the job has ${SLURM_JOB_NUM_NODES:-?} nodes, but NODES + SPARE_NODES =" \
@@ -245,8 +267,10 @@ launch() {
     exit "$status"
 }
 
-deadpool_main() {
+deadpool_main() {  # RECIPE [--dry-run [--json]] [pretrain_gpt.py flags]
+    local recipe=${1:?"deadpool_main RECIPE: a recipe of tools/planning/recipes.py"}
     local dry=0 json=0 extra=()
+    shift
     while (($#)); do
         case $1 in
             --dry-run) dry=1 ;;
@@ -255,14 +279,18 @@ deadpool_main() {
         esac
         shift
     done
-    check_settings
-    if [[ -n ${DATA:-} ]]; then read -ra DATA_ARGS <<<"$DATA"; fi
     PYTHON=${PYTHON:-$(default_python)}
     local run_dir
     run_dir=$(realpath -m "${RUN_DIR:-${SCRATCH:-$DEADPOOL_REPO/runs}/deadpool/$JOB_NAME}")
-    training_args "$run_dir" "${extra[@]}"
-    # Relative paths in the flags (data) are relative to the checkout.
+    # Relative paths (tools.recipe, the data in the flags) are relative to
+    # the checkout.
     cd "$DEADPOOL_REPO"
+    if [[ $dry == 0 ]]; then enter_job; fi
+    read_recipe "$recipe"
+    SAVE_INTERVAL=${SAVE_INTERVAL:-500}
+    check_settings
+    if [[ -n ${DATA:-} ]]; then read -ra DATA_ARGS <<<"$DATA"; fi
+    training_args "$run_dir" "${extra[@]}"
     if [[ $dry == 1 ]]; then dry_run "$json"; fi
     check_allocation
     cluster_env

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2034  # the settings below are read by common.sh
 # The CPU variant of the same script, for any Slurm cluster: no GPU, gloo,
-# `make demo`'s model (4 layers, hidden 128, TP2 x PP2 x DP2) on 2 active
-# nodes of 4 ranks with 1 warm spare node. tools/slurm_local.sh makes such a
+# `make demo`'s recipe (demo in tools/planning/recipes.py: 4 layers, hidden
+# 128, TP2 x PP2 x DP2, micro-batch 4, global batch 32, 60 iterations) on 2
+# active nodes of 4 ranks with 1 warm spare node. tools/slurm_local.sh makes such a
 # cluster on one machine; `make test-slurm` submits this script there, kills a
 # node and checks the hot swap.
 #   make data                                   # the embedded corpus, once
@@ -15,28 +16,12 @@
 #SBATCH --cpus-per-task=4
 #SBATCH --no-kill
 #SBATCH --signal=TERM@60
-set -euo pipefail
 # sbatch runs a copy of this file: common.sh is found from where it was submitted.
 # shellcheck source=examples/slurm/common.sh
 source "${DEADPOOL_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/../..}}/examples/slurm/common.sh" ||
     { echo "submit from the checkout's root, or set DEADPOOL_REPO" >&2; exit 2; }
 
 CLUSTER=cpu
-NODES=2
 SPARE_NODES=1
-RANKS_PER_NODE=4
-TP=2
-PP=2
-MICRO_BATCH=4
-GLOBAL_BATCH=32
-TRAIN_ITERS=60
 SAVE_INTERVAL=30
-MODEL_ARGS=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128
-    --max-position-embeddings 128)
-TRAIN_ARGS=(--lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10
-    --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 5 --eval-interval 30
-    --eval-iters 2 --num-workers 0)
-DATA_ARGS=(--data-path data/corpus_text_document --tokenizer-type ByteLevelTokenizer
-    --split "98,2,0")
-
-deadpool_main "$@"
+deadpool_main demo "$@"

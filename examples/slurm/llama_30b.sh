@@ -2,10 +2,13 @@
 # shellcheck disable=SC2034  # the settings below are read by common.sh
 # LLaMA 30B-class (33B: 60 layers, hidden 6656, 52 heads, FFN 17920)
 # on 128 Perlmutter nodes (512 A100-40GB) as TP4 x PP4 x DP32,
+# micro-batch 1, global batch 2048, 50000 iterations: the recipe llama-30b of
+# tools/planning/recipes.py (python -m tools.recipe llama-30b prints it),
 # with 2 warm spare nodes in the same job. Mock data by default; for yours:
 #   DATA="--data-path PREFIX --tokenizer-type ..." sbatch -A <project> \
 #       examples/slurm/llama_30b.sh
 #   sbatch -A <project> examples/slurm/llama_30b.sh [more pretrain_gpt.py flags]
+#       # they win over the recipe's: --train-iters 100, say
 #   bash examples/slurm/llama_30b.sh --dry-run     # layout, buddies, memory: no GPU, no Slurm
 # The #SBATCH lines must stay in this file (sbatch reads no other); -N is
 # NODES + SPARE_NODES, and the dry run checks that.
@@ -20,29 +23,11 @@
 #SBATCH --gpu-bind=none
 #SBATCH --no-kill
 #SBATCH --signal=TERM@300
-set -euo pipefail
 # sbatch runs a copy of this file: common.sh is found from where it was submitted.
 # shellcheck source=examples/slurm/common.sh
 source "${DEADPOOL_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/../..}}/examples/slurm/common.sh" ||
     { echo "submit from the checkout's root, or set DEADPOOL_REPO" >&2; exit 2; }
 
-MODEL=llama-30b
 CLUSTER=perlmutter
-NODES=128
 SPARE_NODES=2
-RANKS_PER_NODE=4
-TP=4
-PP=4
-MICRO_BATCH=1
-GLOBAL_BATCH=2048
-TRAIN_ITERS=50000
-SAVE_INTERVAL=500
-MODEL_ARGS=(--num-layers 60 --hidden-size 6656 --num-attention-heads 52
-    --ffn-hidden-size 17920 --seq-length 2048
-    --swiglu --normalization RMSNorm --position-embedding-type rope
-    --disable-bias-linear --untie-embeddings-and-output-weights
-    --hidden-dropout 0 --attention-dropout 0)
-TRAIN_ARGS=("${GPU_SCHEDULE[@]}" --lr 1.5e-4 --min-lr 1.5e-5)
-DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size 31999)  # LLaMA's 32000 ids
-
-deadpool_main "$@"
+deadpool_main llama-30b "$@"

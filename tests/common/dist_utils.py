@@ -94,6 +94,15 @@ MOCK_GPT = (
 )
 
 
+def corpus_run(directory, corpus: str, iters: int, global_batch: int = 8) -> List[str]:
+    """Training on the corpus for ``iters`` iterations of ``global_batch``
+    sequences, the metrics in ``directory``."""
+    return [
+        *("--global-batch-size", str(global_batch), "--data-path", corpus),
+        *("--train-iters", str(iters), "--metrics-file", str(directory / "metrics.jsonl")),
+    ]
+
+
 # What starts ``nproc`` ranks of a script: torchrun, or the ranks forked
 # from one zygote (forkrun.py: a quarter of the start) with torchrun's variables.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
@@ -157,6 +166,18 @@ def assert_same_state(a, b, path: str = "") -> None:
     """Recursive, bitwise equality of two saved rank states."""
     difference = state_difference(a, b, path)
     assert difference is None, difference
+
+
+def assert_same_run(run_dir, reference_dir, iters: int, checkpoints: str = "ckpt") -> None:
+    """The run in ``run_dir`` trained iterations 1 .. ``iters`` on the
+    reference's curve to its final state (in ``checkpoints``), bit for bit."""
+    got = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["iteration"] for m in got] == list(range(1, iters + 1))
+    assert curve(got) == curve(read_metrics(reference_dir / "metrics.jsonl"))
+    assert_same_state(
+        checkpoint_state(str(run_dir / checkpoints)),
+        checkpoint_state(str(reference_dir / checkpoints)),
+    )
 
 
 def mirror_mode_args() -> List[str]:

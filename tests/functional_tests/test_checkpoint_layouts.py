@@ -13,7 +13,7 @@ shows that a load without the optimizer's state leaves it."""
 
 import pytest
 
-from dist_utils import TINY_GPT, read_metrics, run_pretrain, saved_args
+from dist_utils import TINY_GPT, corpus_run, read_metrics, run_pretrain, saved_args
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +37,7 @@ def train(directory, corpus, layout, extra=()):
             "0",
             "--use-distributed-optimizer",
             "--dist-ckpt-optim-fully-reshardable",
-            "--global-batch-size",
-            "8",
-            "--data-path",
-            corpus,
-            "--train-iters",
-            str(ITERS),
-            "--metrics-file",
-            str(directory / "metrics.jsonl"),
+            *corpus_run(directory, corpus, ITERS),
             *extra,
         ]
     )

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dist_utils import TINY_GPT, saved_args, read_metrics, torchrun_command, worker_env
+from dist_utils import TINY_GPT, corpus_run, saved_args, read_metrics, torchrun_command, worker_env
 
 # Every test here starts real processes.
 pytestmark = pytest.mark.integration
@@ -29,39 +29,38 @@ def wait_for_iterations(path, count, proc, timeout=120):
     raise AssertionError(f"no {count} iterations within {timeout} s")
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
-    metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
-    args = TINY_GPT + [
-        "--use-distributed-optimizer",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "1000",
-        "--data-path",
-        corpus_prefix,
-        "--exit-signal-handler",
-        "--save",
-        str(ckpt),
-        "--metrics-file",
-        str(metrics),
-    ]
-    proc = subprocess.Popen(
-        torchrun_command(2, args),
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def run_until_sigterm(command, metrics, send_sigterm, **popen) -> subprocess.CompletedProcess:
+    """``command`` run until it has trained 3 iterations, then sent SIGTERM
+    by ``send_sigterm(proc)`` and waited for."""
+    proc = subprocess.Popen(command, env=worker_env(), stdout=subprocess.PIPE, text=True, **popen)
     try:
         wait_for_iterations(metrics, 3, proc)
-        workers = children(proc.pid)
-        assert len(workers) == 2
-        os.kill(workers[1], signal.SIGTERM)  # one rank only, as a node's SIGTERM might
+        send_sigterm(proc)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, corpus_prefix):
+    metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+    args = TINY_GPT + [
+        "--use-distributed-optimizer",
+        *corpus_run(tmp_path, corpus_prefix, 1000, global_batch=4),
+        "--exit-signal-handler",
+        "--save",
+        str(ckpt),
+    ]
+
+    def sigterm_one_rank(proc):
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGTERM)  # one rank only, as a node's SIGTERM might
+
+    command = torchrun_command(2, args)
+    proc = run_until_sigterm(command, metrics, sigterm_one_rank, stderr=subprocess.PIPE)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     done = read_metrics(metrics)
     assert 3 <= len(done) < 1000
     saved = saved_args(str(ckpt))
@@ -82,12 +81,7 @@ def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
     metrics, ckpt = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
     args = TINY_GPT + [
         "--use-distributed-optimizer",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "1000",
-        "--data-path",
-        corpus_prefix,
+        *corpus_run(tmp_path, corpus_prefix, 1000, global_batch=4),
         # 969,30,1 leaves the small corpus's test split no document (refused:
         # megatron-core would loop forever building it)
         "--split",
@@ -99,8 +93,6 @@ def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
         "--exit-signal-handler",
         "--save",
         str(ckpt),
-        "--metrics-file",
-        str(metrics),
         "--deadpool",
     ]
     command = [
@@ -115,21 +107,14 @@ def test_sigterm_under_deadpool_launch_saves_once_and_skips_final_validation(
         os.path.join(REPO, "pretrain_gpt.py"),
         *args,
     ]
-    proc = subprocess.Popen(
+    proc = run_until_sigterm(
         command,
-        env=worker_env(),
+        metrics,
+        lambda launcher: launcher.send_signal(signal.SIGTERM),
         cwd=REPO,
-        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
-    try:
-        wait_for_iterations(metrics, 3, proc)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     done = read_metrics(metrics)
     saved = saved_args(str(ckpt))

@@ -19,6 +19,7 @@ from dist_utils import (
     float32,
     tensorboard_scalars,
     tensorboard_texts,
+    assert_same_run,
     assert_same_state,
     saved_args,
     checkpoint_state,
@@ -476,14 +477,7 @@ def test_the_coordinator_is_lost_and_the_standby_takes_over_bit_for_bit(
     logs = "".join((tmp_path / f"node{n}.log").read_text() for n in range(3))
     assert codes == [-9, 0, 0], readable_logs(tmp_path, 3)
     assert not leftovers(tmp_path)
-    got = read_metrics(tmp_path / "metrics.jsonl")
-    want = read_metrics(references["small"] / "metrics.jsonl")
-    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
-    assert curve(got) == curve(want)
-    assert_same_state(
-        checkpoint_state(str(tmp_path / "ckpt")),
-        checkpoint_state(str(references["small"] / "ckpt")),
-    )
+    assert_same_run(tmp_path, references["small"], ITERS)
     events = read_events(str(tmp_path / "events.jsonl"))
     takeover = [e for e in events if e["event"] == "takeover"]
     assert len(takeover) == 1 and takeover[0]["node"] == 0, takeover

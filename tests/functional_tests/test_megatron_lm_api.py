@@ -10,9 +10,7 @@ import pytest
 
 from dist_utils import (
     captured,
-    assert_same_state,
-    checkpoint_state,
-    curve,
+    assert_same_run,
     forkrun,
     launch_command,
     leftovers,
@@ -63,11 +61,6 @@ def test_a_megatron_lm_script_recovers_under_deadpool_launch_bit_for_bit(tmp_pat
     reference, recovered = tmp_path / "reference", tmp_path / "recovered"
     launch(reference, corpus_prefix, 0, [])
     launch(recovered, corpus_prefix, 1, ["kill:node=1:iter=3:phase=backward"])
-    got, want = read_metrics(recovered / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
-    assert [m["iteration"] for m in got] == list(range(1, 7))
-    assert curve(got) == curve(want)
-    assert_same_state(
-        checkpoint_state(str(recovered / "ckpt")), checkpoint_state(str(reference / "ckpt"))
-    )
+    assert_same_run(recovered, reference, 6)
     events = (recovered / "events.jsonl").read_text()
     assert '"event": "recovered"' in events

@@ -20,6 +20,7 @@ from dist_utils import (
     assert_same_state,
     saved_args,
     checkpoint_state,
+    corpus_run,
     curve,
     forkrun,
     read_metrics,
@@ -65,16 +66,9 @@ def base_args(topology, precision, corpus, directory):
         + flags
         + [
             "--use-distributed-optimizer",
-            "--global-batch-size",
-            "8",
-            "--data-path",
-            corpus,
-            "--train-iters",
-            str(ITERS),
+            *corpus_run(directory, corpus, ITERS),
             "--save",
             str(directory / "ckpt"),
-            "--metrics-file",
-            str(directory / "metrics.jsonl"),
         ]
         + (["--bf16"] if precision == "bf16" else [])
     )

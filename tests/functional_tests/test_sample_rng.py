@@ -10,7 +10,7 @@ shrink-then-grow, and the shrink's negative control)."""
 import pytest
 
 from tools.compare import SHRINK_TOLERANCE
-from dist_utils import TINY_GPT, read_metrics, run_pretrain
+from dist_utils import TINY_GPT, corpus_run, read_metrics, run_pretrain
 
 pytestmark = pytest.mark.integration
 
@@ -21,14 +21,7 @@ def train(directory, corpus, ranks, extra=()):
     args = TINY_GPT + [
         "--use-distributed-optimizer",
         "--dist-ckpt-optim-fully-reshardable",
-        "--global-batch-size",
-        "8",
-        "--data-path",
-        corpus,
-        "--train-iters",
-        str(ITERS),
-        "--metrics-file",
-        str(directory / "metrics.jsonl"),
+        *corpus_run(directory, corpus, ITERS),
         # Each rank a node of its own: its buddy is on another.
         *("--deadpool", "--deadpool-ranks-per-node", "1"),
         *extra,

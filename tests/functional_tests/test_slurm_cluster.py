@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from dist_utils import REPO, assert_same_state, saved_args, checkpoint_state, curve
+from dist_utils import REPO, assert_same_run, assert_same_state, saved_args, checkpoint_state, curve
 from dist_utils import read_metrics
 from deadpool_ext.events import read_events
 from deadpool_ext.defaults import SLURM_STATE_INTERVAL_S
@@ -454,14 +454,7 @@ def test_first_node_failure_keeps_the_failure_free_curve_and_state_bit_for_bit(
     first_node_failure, reference, report
 ):
     run_dir = first_node_failure["killed"]["dir"]
-    got = read_metrics(run_dir / "metrics.jsonl")
-    want = read_metrics(reference["dir"] / "metrics.jsonl")
-    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
-    assert curve(got) == curve(want)
-    assert_same_state(
-        checkpoint_state(str(run_dir / "checkpoints")),
-        checkpoint_state(str(reference["dir"] / "checkpoints")),
-    )
+    assert_same_run(run_dir, reference["dir"], ITERS, "checkpoints")
     events = read_events(str(run_dir / "events.jsonl"))
     takeover = [e for e in events if e["event"] == "takeover"]
     decisions = [e for e in events if e["event"] == "decision"]
@@ -569,14 +562,7 @@ def test_a_slurm_drain_keeps_the_failure_free_curve_and_state_bit_for_bit(
 ):
     events = read_events(str(slurm_drain["dir"] / "events.jsonl"))
     assert [e["drained"] for e in events if e["event"] == "decision"] == [[1]]  # a swap to compare
-    got = read_metrics(slurm_drain["dir"] / "metrics.jsonl")
-    want = read_metrics(reference["dir"] / "metrics.jsonl")
-    assert [m["iteration"] for m in got] == list(range(1, ITERS + 1))
-    assert curve(got) == curve(want)
-    assert_same_state(
-        checkpoint_state(str(slurm_drain["dir"] / "checkpoints")),
-        checkpoint_state(str(reference["dir"] / "checkpoints")),
-    )
+    assert_same_run(slurm_drain["dir"], reference["dir"], ITERS, "checkpoints")
     report.add(
         "Slurm drain: the curve and final checkpoints equal the failure-free job's bit for bit"
     )

@@ -275,11 +275,14 @@ def test_job_mirrors_and_saves_on_sigterm(plans, name):
 
 # ----- bad input -----
 def model_file(tmp_path, **changes) -> str:
-    """A copy of cpu_demo.sh with some settings changed."""
+    """A copy of cpu_demo.sh with some settings changed: its own, or the
+    recipe's, which a setting before deadpool_main wins over."""
     with open(os.path.join(SLURM, "cpu_demo.sh")) as f:
         text = f.read()
     for name, value in changes.items():
         text, count = re.subn(rf"^{name}=.*$", f"{name}={value}", text, flags=re.M)
+        if not count:
+            text, count = re.subn(r"^deadpool_main ", f"{name}={value}\\n\\g<0>", text, flags=re.M)
         assert count == 1, name
     path = tmp_path / "model.sh"
     path.write_text(text)
@@ -349,6 +352,30 @@ def test_on_node_waits_through_sigterm_and_records_node_0(tmp_path, node):
     assert (status.read_text().strip() == "3") if node == "0" else not status.exists()
 
 
+def on_node_in_job_7(tmp_path, child: str, **env) -> subprocess.CompletedProcess:
+    """on_node.sh on node 1 of job 7 around a Python ``child``, with a
+    scancel that records its arguments in tmp_path/cancelled."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scancel").write_text(f'#!/usr/bin/env bash\necho "$@" >{tmp_path}/cancelled\n')
+    (bin_dir / "scancel").chmod(0o755)
+    env = dict(
+        script_env(),
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_NODEID="1",
+        SLURM_JOB_ID="7",
+        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
+        **env,
+    )
+    return subprocess.run(
+        ["bash", ON_NODE, sys.executable, "-c", child],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 # What scontrol says of job 7 while its first node lives, and after Slurm
 # removed it (docs/slurm.md: with --no-kill the job stays RUNNING without it).
 FAKE_SCONTROL = """#!/usr/bin/env bash
@@ -370,26 +397,13 @@ def test_on_node_ends_the_job_its_first_node_left_behind(tmp_path, code):
     bin_dir, status = tmp_path / "bin", tmp_path / "status"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
-    (bin_dir / "scancel").write_text(f'#!/usr/bin/env bash\necho "$@" >{tmp_path}/cancelled\n')
-    for tool in ("scontrol", "scancel"):
-        (bin_dir / tool).chmod(0o755)
-    env = dict(
-        script_env(),
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
+    (bin_dir / "scontrol").chmod(0o755)
+    proc = on_node_in_job_7(
+        tmp_path,
+        f"import sys; sys.exit({int(code)})",
         CALLS=str(tmp_path / "calls"),
-        SLURM_NODEID="1",
-        SLURM_JOB_ID="7",
         DEADPOOL_STATUS_FILE=str(status),
-        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
         DEADPOOL_ORPHAN_POLL_S="0.1",
-    )
-    child = f"import sys; sys.exit({int(code)})"
-    proc = subprocess.run(
-        ["bash", ON_NODE, sys.executable, "-c", child],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert proc.returncode == code, proc.stderr
     if code == ExitCode.COORDINATOR_LOST:
@@ -406,30 +420,13 @@ def test_on_node_ends_the_job_the_standby_took_over_with_its_status(tmp_path):
     """The second node's launcher took over as the coordinator (the first
     node died with the batch script): its exit status is the job's, and
     nobody else would end the job."""
-    bin_dir, status = tmp_path / "bin", tmp_path / "status"
-    bin_dir.mkdir()
-    (bin_dir / "scancel").write_text(f'#!/usr/bin/env bash\necho "$@" >{tmp_path}/cancelled\n')
-    (bin_dir / "scancel").chmod(0o755)
-    env = dict(
-        script_env(),
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        SLURM_NODEID="1",
-        SLURM_JOB_ID="7",
-        DEADPOOL_STATUS_FILE=str(status),
-        DEADPOOL_COORDINATOR_LOST=str(int(ExitCode.COORDINATOR_LOST)),
-    )
+    status = tmp_path / "status"
     child = (
         "import os, sys\n"
         "open(os.environ['DEADPOOL_TAKEOVER_FILE'], 'w').write('node 1 took over: silent')\n"
         "sys.exit(0)\n"
     )
-    proc = subprocess.run(
-        ["bash", ON_NODE, sys.executable, "-c", child],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = on_node_in_job_7(tmp_path, child, DEADPOOL_STATUS_FILE=str(status))
     assert proc.returncode == 0, proc.stderr
     assert status.read_text().strip() == "0"
     assert (tmp_path / "cancelled").read_text().strip() == "7"

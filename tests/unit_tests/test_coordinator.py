@@ -8,68 +8,28 @@ store in tests/unit_tests/policy/."""
 import pytest
 
 from deadpool_ext.wire import Channel, connect
-from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.ports import free_port
-from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
-
-SECRET = b"test-secret"
-BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def settings(on_spares_exhausted="abort", spare_wait=0.0, heartbeat_timeout=3.0):
-    """The coordinator's --deadpool settings in these tests."""
-    return CoordinatorSettings(
-        heartbeat_timeout=heartbeat_timeout,
-        spare_wait=spare_wait,
-        on_spares_exhausted=on_spares_exhausted,
-    )
+from deadpool_ext.protocol import Decision, ExitCode, JobState
+from tests.unit_tests.store_job import (
+    SECRET,
+    Clock,
+    coordinator_on,
+    new_store,
+    post_plan,
+    reports,
+    settings,
+    start,
+)
 
 
 @pytest.fixture()
 def job():
-    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-    clock = Clock()
-    coordinator = Coordinator(
-        Channel(store, SECRET), nnodes=2, spare_nodes=1, nproc=2, settings=settings(), clock=clock
-    )
-    coordinator.detector.every_s = 0.0  # every step
+    store, clock = new_store(), Clock()
+    coordinator = coordinator_on(store, clock)
     worker = Channel(store, SECRET)
-    worker.post(
-        "coordinator",
-        kind="plan",
-        gen=0,
-        buddy=BUDDY,
-        owner=BUDDY,
-        tp=1,
-        pp=1,
-        tp_pp_dp=False,
-    )
-    for slot in ("2.0", "2.1"):
-        worker.post("coordinator", kind="spare_ready", slot=slot)
-    coordinator.step()
+    start(worker, coordinator)
     return coordinator, worker, clock
-
-
-def report_all(worker, gen, ranks, own=(5, 4)):
-    for rank in ranks:
-        worker.post(
-            "coordinator",
-            kind="report",
-            gen=gen,
-            rank=rank,
-            slot=f"{rank // 2}.{rank % 2}",
-            own=list(own),
-            held=list(own),
-        )
 
 
 def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
@@ -86,7 +46,7 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
         "boundary": False,
         "standby": False,
     }
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.action == "recover" and decision.replaced == {3: "2.0"}
@@ -133,7 +93,7 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     for slot in ("1.0", "1.1", "0.1"):
         worker.post("coordinator", kind="exit", slot=slot, code=-9)
     coordinator.step()
-    report_all(worker, coordinator.gen, [0])
+    reports(worker, coordinator.gen, [0])
     coordinator.step()
     assert coordinator.finished
     start = time.monotonic()
@@ -159,27 +119,10 @@ def test_forged_messages_change_nothing(job):
 def shrinking_job():
     """PP2 x DP2 on two 2-rank nodes (tp-pp-dp order: replica d = ranks 2d,
     2d+1 = node d), no spare node, shrink when spares run out."""
-    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-    coordinator = Coordinator(
-        Channel(store, SECRET),
-        nnodes=2,
-        spare_nodes=0,
-        nproc=2,
-        settings=settings("shrink"),
-        clock=Clock(),
-    )
+    store = new_store()
+    coordinator = coordinator_on(store, Clock(), settings("shrink"), spare_nodes=0)
     worker = Channel(store, SECRET)
-    worker.post(
-        "coordinator",
-        kind="plan",
-        gen=0,
-        buddy=BUDDY,
-        owner=BUDDY,
-        tp=1,
-        pp=2,
-        tp_pp_dp=True,
-    )
-    coordinator.step()
+    start(worker, coordinator, spares=(), pp=2, tp_pp_dp=True)
     return coordinator, worker
 
 
@@ -194,7 +137,7 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     coordinator, worker = shrinking_job
     coordinator.agent_ended(1, -9)  # replica 1 is gone (as the launcher says)
     coordinator.step()
-    report_all(worker, 1, [0, 1])
+    reports(worker, 1, [0, 1])
     coordinator.step()
     assert Decision.from_message(worker.get("decision/1")).action == "shrink"
     resume(coordinator, worker, [0, 1])
@@ -220,7 +163,7 @@ def test_a_shrunk_job_grows_back_when_a_node_joins(shrinking_job):
     coordinator.step()
     assert worker.get("gen")["boundary"] is True and coordinator.gen == 2
     assert coordinator.state == "growing"
-    report_all(worker, 2, [0, 1], own=(9, 8))
+    reports(worker, 2, [0, 1], own=(9, 8))
     coordinator.step()
     assert coordinator.state == "resizing" and worker.get("gen")["boundary"] is False
     decision = Decision.from_message(worker.get("decision/2"))
@@ -324,28 +267,10 @@ def warming_job():
 
 
 def spare_wait_job(spares_beat: bool):
-    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-    clock = Clock()
-    coordinator = Coordinator(
-        Channel(store, SECRET),
-        nnodes=2,
-        spare_nodes=1,
-        nproc=2,
-        settings=settings("shrink", spare_wait=30.0),
-        clock=clock,
-    )
-    coordinator.detector.every_s = 0.0
+    store, clock = new_store(), Clock()
+    coordinator = coordinator_on(store, clock, settings("shrink", spare_wait=30.0))
     worker = Channel(store, SECRET)
-    worker.post(
-        "coordinator",
-        kind="plan",
-        gen=0,
-        buddy=BUDDY,
-        owner=BUDDY,
-        tp=1,
-        pp=2,
-        tp_pp_dp=True,
-    )
+    post_plan(worker, pp=2, tp_pp_dp=True)
     for slot in ("2.0", "2.1") if spares_beat else ():
         worker.put(f"hb/{slot}", seq=1, iteration=None, state="starting")
     coordinator.step()
@@ -355,7 +280,7 @@ def spare_wait_job(spares_beat: bool):
 def lose_rank_3_and_report(coordinator, worker, clock):
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     clock.now += 1.0
     for seq, slot in enumerate(("2.0", "2.1"), start=2):  # still beating, still starting
         worker.put(f"hb/{slot}", seq=seq, iteration=None, state="starting")
@@ -383,7 +308,7 @@ def test_spares_that_have_not_beaten_yet_on_a_live_node_are_waited_for():
     assert coordinator.detector.last.warming == ("2.0", "2.1")
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     coordinator.step()
     assert worker.get("decision/1") is None
     worker.post("coordinator", kind="spare_ready", slot="2.0")
@@ -398,7 +323,7 @@ def test_no_wait_without_warming_spares(warming_job):
     coordinator.step()
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     coordinator.step()
     assert Decision.from_message(worker.get("decision/1")).action == "shrink"
 
@@ -416,7 +341,7 @@ def test_every_move_of_a_job_follows_the_state_table(job):
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     seen.append(coordinator.state)
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     coordinator.step()
     seen.append(coordinator.state)
     resume(coordinator, worker, range(4))
@@ -436,7 +361,7 @@ def test_a_lost_slots_leftover_process_cannot_speak_for_its_old_rank(job):
     coordinator, worker, _ = job
     coordinator.agent_ended(1, -9)
     coordinator.step()
-    report_all(worker, 1, [0, 1, 2, 3])  # 2 and 3 from the lost slots 1.0, 1.1
+    reports(worker, 1, [0, 1, 2, 3])  # 2 and 3 from the lost slots 1.0, 1.1
     coordinator.step()
     assert sorted(coordinator.round.reports) == [0, 1]
     decision = Decision.from_message(worker.get("decision/1"))
@@ -463,13 +388,8 @@ def test_a_node_whose_beats_are_only_replayed_or_forged_is_declared_lost(attack)
     port = free_port()
     store = connect("127.0.0.1", port, timeout_s=10, is_master=True)
     clock = Clock()
-    coordinator = Coordinator(
-        Channel(store, SECRET),
-        nnodes=2,
-        spare_nodes=0,
-        nproc=1,
-        settings=settings(heartbeat_timeout=10.0),
-        clock=clock,
+    coordinator = coordinator_on(
+        store, clock, settings(heartbeat_timeout=10.0), spare_nodes=0, nproc=1
     )
     agents = [Channel(connect("127.0.0.1", port, timeout_s=10), SECRET) for _ in range(2)]
     attacker = connect("127.0.0.1", port, timeout_s=10)
@@ -511,7 +431,7 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     )
     coordinator.step()
     assert worker.get("gen")["gen"] == 1 and worker.get("gen")["lost"] == []
-    report_all(worker, 1, [0, 1, 2, 3])
+    reports(worker, 1, [0, 1, 2, 3])
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.action == "recover" and decision.replaced == {} and decision.rollback_to == 5
@@ -529,7 +449,7 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     )
     coordinator.step()
     assert not coordinator.finished  # every rank reports first, to hear why it stops
-    report_all(worker, 2, [0, 1, 2, 3])
+    reports(worker, 2, [0, 1, 2, 3])
     coordinator.step()
     assert coordinator.finished and "again in iteration 4" in coordinator.record.result.reason
 
@@ -566,19 +486,22 @@ def gpu_readings(worker, node: int, ecc_errors: dict) -> None:
     worker.post("coordinator", kind="gpu_health", node=node, readings=readings)
 
 
+def spares_after_readings(coordinator, worker, ecc_errors: dict) -> tuple:
+    """The spares ready and those withheld once node 2's readings are in."""
+    gpu_readings(worker, 2, ecc_errors)
+    coordinator.step()
+    return coordinator.record.membership.spares, coordinator.record.membership.withheld
+
+
 def test_a_spare_whose_gpu_fails_its_check_is_not_used(job):
     """Spare 2.0's GPU has uncorrectable ECC errors: the decision takes 2.1,
     says which GPU it took and which spare it left out."""
     coordinator, worker, _ = job
-    gpu_readings(worker, 2, {"2.0": 2, "2.1": 0})
-    coordinator.step()
-    assert coordinator.record.membership.spares == [
-        "2.1"
-    ] and coordinator.record.membership.withheld == {"2.0"}
+    assert spares_after_readings(coordinator, worker, {"2.0": 2, "2.1": 0}) == (["2.1"], {"2.0"})
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
     assert worker.get("gen")["assign"] == {"3": "2.1"}
-    report_all(worker, 1, [0, 1, 2])
+    reports(worker, 1, [0, 1, 2])
     coordinator.step()
     decision = Decision.from_message(worker.get("decision/1"))
     assert decision.replaced == {3: "2.1"} and decision.withheld == ["2.0"]
@@ -599,11 +522,7 @@ def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
         record.membership.withheld == {"2.0", "2.1"}
         and record.membership.gpus["2.0"].ecc_uncorrected == 1
     )
-    gpu_readings(worker, 2, {"2.0": 0, "2.1": 1})
-    coordinator.step()
-    assert coordinator.record.membership.spares == [
-        "2.0"
-    ] and coordinator.record.membership.withheld == {"2.1"}
+    assert spares_after_readings(coordinator, worker, {"2.0": 0, "2.1": 1}) == (["2.0"], {"2.1"})
     # A withheld spare that dies is forgotten.
     worker.post("coordinator", kind="exit", slot="2.1", code=-9)
     coordinator.step()

@@ -60,10 +60,15 @@ def test_a_hot_swap_loses_only_the_interrupted_iteration():
     assert out.counts == {"swaps": 1}
 
 
-def test_without_a_spare_the_job_shrinks_to_dp_minus_one_replicas():
-    s = gp.Strategy(
-        "shrink", hot_swap=True, iteration_s=1, spares=0, shrink_when_out=True, shrink_s=10, dp=4
+def shrinking(spares: int, **changes) -> gp.Strategy:
+    """Hot swap in 1 s iterations, shrinking when the spares run out."""
+    return gp.Strategy(
+        "shrink", hot_swap=True, iteration_s=1, spares=spares, shrink_when_out=True, **changes
     )
+
+
+def test_without_a_spare_the_job_shrinks_to_dp_minus_one_replicas():
+    s = shrinking(0, shrink_s=10, dp=4)
     out = gp.simulate(s, [100.5], horizon_s=1000)
     after = 1000 - 100.5 - 10
     assert out.work_s == pytest.approx(100 + after * 3 / 4)
@@ -72,33 +77,28 @@ def test_without_a_spare_the_job_shrinks_to_dp_minus_one_replicas():
 
 
 def test_a_repaired_node_grows_the_job_back():
-    s = gp.Strategy(
-        "shrink",
-        hot_swap=True,
-        iteration_s=1,
-        spares=0,
-        shrink_when_out=True,
-        shrink_s=10,
-        regrow_s=10,
-        dp=4,
-        repair_mean_s=100,
-    )
+    s = shrinking(0, shrink_s=10, regrow_s=10, dp=4, repair_mean_s=100)
     out = gp.simulate(s, [100.5], horizon_s=100_000)
     assert out.counts == {"shrinks": 1, "regrows": 1}
     assert out.ratio > 0.99  # back at full speed long before the end
 
 
-def test_when_spares_run_out_the_job_falls_back_to_its_checkpoint():
-    s = gp.Strategy(
+def hot_swap_over_checkpoints(**changes) -> gp.Strategy:
+    """Hot swap in 1 s iterations, a checkpoint every 60 s (1 s to save,
+    30 s to restart from) to fall back to."""
+    return gp.Strategy(
         "hs",
         checkpoint_interval_s=60,
         checkpoint_cost_s=1,
         restart_s=30,
         hot_swap=True,
         iteration_s=1,
-        swap_s=5,
-        spares=1,
+        **changes,
     )
+
+
+def test_when_spares_run_out_the_job_falls_back_to_its_checkpoint():
+    s = hot_swap_over_checkpoints(swap_s=5, spares=1)
     out = gp.simulate(s, [100.0, 200.0], horizon_s=1000)
     assert out.counts["swaps"] == 1 and out.counts["fallbacks"] == 1
     assert out.counts["restarts"] == 1
@@ -108,16 +108,7 @@ def test_when_spares_run_out_the_job_falls_back_to_its_checkpoint():
 def test_losing_the_buddy_during_a_swap_loses_the_mirror():
     # Save at 60-61; the failure at 100 (an iteration boundary) loses nothing;
     # the second, during the swap, takes the mirror: back to the work saved at 61.
-    s = gp.Strategy(
-        "hs",
-        checkpoint_interval_s=60,
-        checkpoint_cost_s=1,
-        restart_s=30,
-        hot_swap=True,
-        iteration_s=1,
-        swap_s=50,
-        pair_loss_probability=1.0,
-    )
+    s = hot_swap_over_checkpoints(swap_s=50, pair_loss_probability=1.0)
     out = gp.simulate(s, [100.0, 120.0], horizon_s=1000)
     assert out.counts["pair_losses"] == 1 and out.counts["restarts"] == 1
     assert out.spent["rework"] == pytest.approx(39)
@@ -235,15 +226,7 @@ def test_the_share_of_failures_finding_no_spare_matches_the_queue_formula():
     rate, repair = 1 / (100 * HOUR), 50 * HOUR
     assert gp.probability_no_spare(rate, repair, 0) == 1.0
     assert gp.probability_no_spare(rate, repair, 1) == pytest.approx(1 - math.exp(-0.5))
-    s = gp.Strategy(
-        "shrink",
-        hot_swap=True,
-        iteration_s=1,
-        spares=1,
-        repair_mean_s=repair,
-        shrink_when_out=True,
-        dp=1000,
-    )
+    s = shrinking(1, repair_mean_s=repair, dp=1000)
     runs = gp.simulate_seeds(s, rate, 200_000 * HOUR, range(2))
     share = sum(o.counts.get("shrinks", 0) for o in runs) / sum(o.failures for o in runs)
     assert share == pytest.approx(gp.probability_no_spare(rate, repair, 1), abs=0.03)

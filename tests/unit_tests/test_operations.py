@@ -12,35 +12,19 @@ import stat
 import pytest
 
 from deadpool_ext.control import ctl, jobs
-from deadpool_ext.control.coordinator import Coordinator
-from deadpool_ext.control.ports import free_port
 from deadpool_ext.inject import InjectError, Injector, parse_fault, spares_ready_at
-from deadpool_ext.protocol import CoordinatorSettings, Decision, ExitCode, JobState
-from deadpool_ext.wire import Channel, connect
-from tests.unit_tests.test_coordinator import BUDDY, SECRET, Clock
+from deadpool_ext.protocol import Decision, ExitCode, JobState
+from deadpool_ext.wire import Channel
+from tests.unit_tests import store_job
+from tests.unit_tests.store_job import SECRET, SPARES, Clock, new_store, reports, start
 
 
-def make_job(spares=("2.0", "2.1"), on_spares_exhausted="shrink", **settings):
-    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-    clock = Clock()
-    coordinator = Coordinator(
-        Channel(store, SECRET),
-        nnodes=2,
-        spare_nodes=1,
-        nproc=2,
-        settings=CoordinatorSettings(
-            **{"heartbeat_timeout": 3.0, "spare_wait": 0.0, **settings},
-            on_spares_exhausted=on_spares_exhausted,
-        ),
-        clock=clock,
-    )
-    coordinator.detector.every_s = 0.0
+def make_job(spares=SPARES, on_spares_exhausted="shrink", **settings):
+    store, clock = new_store(), Clock()
+    job_settings = store_job.settings(on_spares_exhausted, **settings)
+    coordinator = store_job.coordinator_on(store, clock, job_settings)
     worker = Channel(store, SECRET)
-    plan = dict(kind="plan", gen=0, buddy=BUDDY, owner=BUDDY, tp=1, pp=1, tp_pp_dp=False)
-    worker.post("coordinator", **plan)
-    for slot in spares:
-        worker.post("coordinator", kind="spare_ready", slot=slot)
-    coordinator.step()
+    start(worker, coordinator, spares)
     coordinator.enter(JobState.TRAINING)
     return coordinator, worker, clock
 
@@ -52,17 +36,7 @@ def ask(worker, coordinator, request, nonce="n1", **fields):
 
 
 def report_all(worker, gen, own=(5, 4), members=None):
-    for rank in range(4):
-        slot = members[rank] if members else f"{rank // 2}.{rank % 2}"
-        worker.post(
-            "coordinator",
-            kind="report",
-            gen=gen,
-            rank=rank,
-            slot=slot,
-            own=list(own),
-            held=list(own),
-        )
+    reports(worker, gen, range(4), own, members=members)
 
 
 def resume_all(coordinator, worker):

@@ -8,107 +8,62 @@ from dataclasses import replace
 
 import pytest
 
+from tools.planning import recipes
 from tools.planning import scale as ps
 from tools import plan_scale as plan_scale_cli
 from tools.bench.common import LARGE_MODEL
 
-MODEL_FLAGS = ["--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"]
-DEMO = [
-    "--tensor-model-parallel-size",
-    "2",
-    "--pipeline-model-parallel-size",
-    "2",
-    "--use-tp-pp-dp-mapping",
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "128",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "128",
-    "--max-position-embeddings",
-    "128",
-    "--global-batch-size",
-    "32",
-] + MODEL_FLAGS
-# The benchmarks' large configuration, as they run it.
-LARGE = LARGE_MODEL + ["--train-iters", "1", "--lr", "1e-3"]
+RUN = ["--train-iters", "1", "--lr", "1e-3"]
 # LLaMA-style, with every option that changes the tensors or the padding:
 # SwiGLU, RMSNorm, grouped-query attention, no biases, untied output layer,
 # rotary positions, bf16, a vocabulary that needs padding, DP = 3.
-LLAMA = [
-    "--tensor-model-parallel-size",
-    "2",
-    "--pipeline-model-parallel-size",
-    "2",
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--group-query-attention",
-    "--num-query-groups",
-    "2",
-    "--ffn-hidden-size",
-    "176",
-    "--swiglu",
-    "--normalization",
-    "RMSNorm",
-    "--disable-bias-linear",
-    "--untie-embeddings-and-output-weights",
-    "--position-embedding-type",
-    "rope",
-    "--bf16",
-    "--seq-length",
-    "32",
-    "--global-batch-size",
-    "6",
-] + MODEL_FLAGS
+LLAMA = ps.ModelShape(
+    "llama",
+    4,
+    64,
+    4,
+    176,
+    1000,
+    32,
+    num_query_groups=2,
+    swiglu=True,
+    normalization="RMSNorm",
+    add_bias_linear=False,
+    position_embedding="rope",
+    tied_embeddings=False,
+)
+LLAMA_LAYOUT = ps.Parallel(2, 2, 3, global_batch=6, precision="bf16")
 # Mixtral-style MoE: SwiGLU experts narrower than the dense MLP, EP 2 over
 # DP 4 (expert-DP 2), PP 2 with a first stage holding the embedding.
-MOE = [
-    "--pipeline-model-parallel-size",
-    "2",
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--ffn-hidden-size",
-    "256",
-    "--swiglu",
-    "--normalization",
-    "RMSNorm",
-    "--disable-bias-linear",
-    "--num-experts",
-    "4",
-    "--moe-ffn-hidden-size",
-    "96",
-    "--moe-router-topk",
-    "2",
-    "--expert-model-parallel-size",
-    "2",
-    "--seq-length",
-    "32",
-    "--global-batch-size",
-    "8",
-] + MODEL_FLAGS
+MOE = ps.ModelShape(
+    "moe",
+    4,
+    64,
+    4,
+    256,
+    512,
+    32,
+    swiglu=True,
+    normalization="RMSNorm",
+    add_bias_linear=False,
+    num_experts=4,
+    moe_ffn_hidden_size=96,
+)
+MOE_LAYOUT = ps.Parallel(1, 2, 4, global_batch=8, precision="fp32", ep=2)
 
 CASES = {
     # name: (flags, world, vocabulary, planner shape, planner layout, rank -> stage)
     "demo": (
-        DEMO,
+        recipes.DEMO.model_flags() + ["--use-tp-pp-dp-mapping"] + RUN,
         8,
         512,
-        ps.ModelShape("demo", 4, 128, 4, 512, 512, 128),
-        ps.Parallel(2, 2, 2),
+        recipes.DEMO.shape,
+        recipes.DEMO.layout,
         lambda r: (r // 2) % 2,
     ),
+    # The benchmarks' large configuration, as they run it.
     "large": (
-        LARGE,
+        LARGE_MODEL + RUN,
         2,
         512,
         ps.ModelShape("large", 6, 512, 8, 2048, 512, 512),
@@ -116,46 +71,19 @@ CASES = {
         lambda r: 0,
     ),
     "llama": (
-        LLAMA,
+        recipes.model_flags(LLAMA, LLAMA_LAYOUT) + ["--bf16"] + RUN,
         12,
         1000,
-        ps.ModelShape(
-            "llama",
-            4,
-            64,
-            4,
-            176,
-            1000,
-            32,
-            num_query_groups=2,
-            swiglu=True,
-            normalization="RMSNorm",
-            add_bias_linear=False,
-            position_embedding="rope",
-            tied_embeddings=False,
-        ),
-        ps.Parallel(2, 2, 3, precision="bf16"),
+        LLAMA,
+        LLAMA_LAYOUT,
         lambda r: r // 6,
     ),
     "moe": (
-        MOE,
+        recipes.model_flags(MOE, MOE_LAYOUT) + RUN,
         8,
         512,
-        ps.ModelShape(
-            "moe",
-            4,
-            64,
-            4,
-            256,
-            512,
-            32,
-            swiglu=True,
-            normalization="RMSNorm",
-            add_bias_linear=False,
-            num_experts=4,
-            moe_ffn_hidden_size=96,
-        ),
-        ps.Parallel(1, 2, 4, precision="fp32", ep=2),
+        MOE,
+        MOE_LAYOUT,
         lambda r: r // 4,
     ),
 }

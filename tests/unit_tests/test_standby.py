@@ -10,69 +10,23 @@ from megatron.training.arguments import ConfigError
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control import command_line
-from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.control.ports import free_port
 from deadpool_ext.control.standby import Replica, Standby, Verdict
 from deadpool_ext.defaults import TAKEOVER_GRACE_S
 from deadpool_ext.protocol import Decision
-from deadpool_ext.wire import Channel, JobEnded, connect, standby_channel
-
-SECRET = b"test-secret"
-BUDDY = [2, 3, 0, 1]  # 2 nodes x 2 ranks, DP peers on the other node; node 2 spare
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from deadpool_ext.wire import Channel, JobEnded, standby_channel
+from tests.unit_tests import store_job
+from tests.unit_tests.store_job import BUDDY, SECRET, Clock, new_store, start
 
 
-def new_store():
-    return connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
-
-
-def coordinator_on(store, clock, replica=None, record=None) -> Coordinator:
-    coordinator = Coordinator(
-        Channel(store, SECRET),
-        nnodes=2,
-        spare_nodes=1,
-        nproc=2,
-        settings=P.CoordinatorSettings(
-            heartbeat_timeout=3.0, spare_wait=0.0, on_spares_exhausted="shrink"
-        ),
-        clock=clock,
-        replica=replica,
-        record=record,
-    )
-    coordinator.detector.every_s = 0.0
-    return coordinator
-
-
-def start(worker: Channel, coordinator: Coordinator) -> None:
-    worker.post(
-        "coordinator",
-        kind="plan",
-        gen=0,
-        buddy=BUDDY,
-        owner=BUDDY,
-        tp=1,
-        pp=1,
-        tp_pp_dp=False,
-    )
-    for slot in ("2.0", "2.1"):
-        worker.post("coordinator", kind="spare_ready", slot=slot)
-    coordinator.step()
+def coordinator_on(store, clock, replica=None, record=None):
+    """The job of tests/unit_tests/store_job.py, shrinking when spares run out."""
+    shrink = store_job.settings("shrink")
+    return store_job.coordinator_on(store, clock, shrink, replica=replica, record=record)
 
 
 def report(worker, gen, ranks, own=(5, 4)):
-    for rank in ranks:
-        slot = f"{rank // 2}.{rank % 2}"
-        worker.post(
-            "coordinator", kind="report", gen=gen, rank=rank, slot=slot, own=list(own), held=[4]
-        )
+    store_job.reports(worker, gen, ranks, own, held=[4])
 
 
 @pytest.fixture()
@@ -210,20 +164,24 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
     assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
 
 
+def silence_nodes_1_and_2(coordinator, worker, clock):
+    """Every node beats, then node 0 alone for longer than the timeout; node
+    0's ranks report the generation that follows."""
+    for node in (0, 1, 2):
+        worker.put(P.node_heartbeat_key(node), time=0)
+    coordinator.step()
+    clock.now += 4.0
+    worker.put(P.node_heartbeat_key(0), time=1)
+    coordinator.step()
+    report(worker, coordinator.gen, [0, 1])
+    coordinator.step()
+
+
 def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
     """Nodes 1 and 2 silent at once (a partition): the other side may take
     over, so this side must not go on (it would shrink to node 0)."""
     coordinator, worker, _, clock = primary
-    beating = Channel(coordinator.channel.store, SECRET)
-    beating.put(P.node_heartbeat_key(0), time=0)
-    for node in (1, 2):
-        beating.put(P.node_heartbeat_key(node), time=0)
-    coordinator.step()
-    clock.now += 4.0
-    beating.put(P.node_heartbeat_key(0), time=1)
-    coordinator.step()
-    report(worker, coordinator.gen, [0, 1])
-    coordinator.step()
+    silence_nodes_1_and_2(coordinator, worker, clock)
     assert coordinator.record.result is not None
     assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.record.result.reason
 
@@ -234,14 +192,7 @@ def test_without_a_standby_the_same_losses_shrink_the_job():
     coordinator = coordinator_on(new_store(), clock)
     worker = Channel(coordinator.channel.store, SECRET)
     start(worker, coordinator)
-    for node in (0, 1, 2):
-        worker.put(P.node_heartbeat_key(node), time=0)
-    coordinator.step()
-    clock.now += 4.0
-    worker.put(P.node_heartbeat_key(0), time=1)
-    coordinator.step()
-    report(worker, coordinator.gen, [0, 1])
-    coordinator.step()
+    silence_nodes_1_and_2(coordinator, worker, clock)
     assert coordinator.record.result is None and coordinator.state == "resizing"
 
 

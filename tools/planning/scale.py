@@ -625,24 +625,8 @@ def mixtral_8x7b() -> ModelShape:
     7B's layers (32 x 4096, 32 heads, 8 KV heads, SwiGLU 14336, RMSNorm,
     rotary, no biases, untied output, 32000 tokens) with 8 experts, top-2;
     46.7B parameters, 12.9B active per token; trained here at 4096 tokens."""
-    return ModelShape(
-        "Mixtral 8x7B",
-        32,
-        4096,
-        32,
-        14336,
-        32000,
-        4096,
-        num_query_groups=8,
-        swiglu=True,
-        normalization="RMSNorm",
-        add_bias_linear=False,
-        position_embedding="rope",
-        tied_embeddings=False,
-        dropout=False,
-        num_experts=8,
-        moe_router_topk=2,
-    )
+    layers = llama("Mixtral 8x7B", 32, 4096, 32, 14336)
+    return replace(layers, seq_length=4096, num_query_groups=8, num_experts=8, moe_router_topk=2)
 
 
 MODELS = {
