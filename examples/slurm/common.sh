@@ -27,8 +27,10 @@
 #                   (tools/planning/scale.py MODELS), which
 #                   the dry run checks the flags against
 # and SAVE_INTERVAL, the iterations between checkpoints, is 500 unless set.
-# These may also be changed at submission, through the environment (sbatch
-# passes it on), as may RUN_DIR (checkpoints, metrics, events; default
+# A shell's own variables of these names are not the job's: common.sh
+# forgets them when it is sourced, so only the model file's count. At
+# submission, through the environment (sbatch passes it on): RUN_DIR
+# (checkpoints, metrics, events; default
 # $SCRATCH/deadpool/<job name>, or runs/ without $SCRATCH), DATA (replaces
 # DATA_ARGS, as one string: "--data-path PREFIX --tokenizer-type ..."), PYTHON
 # (default .venv/bin/python, else python3), MODULES, HARDWARE (the dry run's
@@ -38,6 +40,9 @@
 # GPU) and exits; any other argument goes to pretrain_gpt.py, after ours (so
 # --global-batch-size 1024, say, wins over the recipe's).
 set -euo pipefail
+RECIPE_SETTINGS=(MODEL NODES RANKS_PER_NODE TP PP MICRO_BATCH GLOBAL_BATCH TRAIN_ITERS
+    SAVE_INTERVAL MODEL_ARGS TRAIN_ARGS DATA_ARGS)
+unset "${RECIPE_SETTINGS[@]}"
 
 DEADPOOL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 JOB_NAME=${SLURM_JOB_NAME:-$(basename "$0" .sh)}
@@ -58,7 +63,7 @@ require_array() {
         die "$1 must be set as an array, e.g. $1=(--flag value)"
 }
 
-# Every setting the model file (or the environment) leaves unset, from the
+# Every setting the model file leaves unset, from the
 # recipe RECIPE: tools.recipe prints one "NAME VALUE..." line a setting, and
 # the *_ARGS settings are arrays.
 read_recipe() {

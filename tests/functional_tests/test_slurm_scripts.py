@@ -316,6 +316,15 @@ def test_bad_settings_stop_with_a_clear_message(tmp_path, changes, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+def test_a_shells_own_variables_of_the_settings_names_change_no_job():
+    """TP or NODES exported for something else must not reach the layout:
+    only the model file sets the recipe's settings."""
+    plain = run_model(os.path.join(SLURM, "cpu_demo.sh"), "--dry-run")
+    stray = run_model(os.path.join(SLURM, "cpu_demo.sh"), "--dry-run", TP="3", NODES="9")
+    assert plain.returncode == stray.returncode == 0, stray.stderr
+    assert stray.stdout == plain.stdout
+
+
 def test_outside_a_job_it_says_to_use_sbatch(tmp_path):
     proc = run_model(os.path.join(SLURM, "cpu_demo.sh"))
     assert proc.returncode == 2 and "not inside a Slurm job" in proc.stderr
