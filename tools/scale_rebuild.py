@@ -1,13 +1,13 @@
 """docs/scale.md's section 3: what rebuilding the process groups costs after
 a failure as the job grows, a full rebuild (what recovery does) against a
-partial one (issue 22, not built), from
+partial one (not built), from
 
 - megatron-core's real groups at each size (``tools.layout_probe --groups``,
   a fake world: nothing runs at scale),
 - one group's costs measured on this machine and the rebuilds measured at
   8, 16 and 32 ranks (``tools.bench.recovery --scale``, recorded in
   docs/data/bench_recovery_scale.json),
-- the arithmetic of ``tools/planning/regroup.py``.
+- the arithmetic of ``tools/planning/rebuild_cost.py``.
 
 Called by ``tools.scale_report``, which writes the page.
 """
@@ -17,7 +17,7 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-from tools.planning import regroup as rg
+from tools.planning import rebuild_cost as rg
 from deadpool_ext.topology import Grid
 from tools import layout_probe
 
@@ -259,7 +259,7 @@ def section(probe_layouts: bool = True) -> str:
     )
 
 
-SECTION = """## 3. Recovery time: rebuilding the groups (`tools/planning/regroup.py`)
+SECTION = """## 3. Recovery time: rebuilding the groups (`tools/planning/rebuild_cost.py`)
 
 A hot swap, a shrink and a grow each rebuild every process group of every rank: each rank
 takes part in creating every group of the world (torch's `new_group` is called by all ranks,
@@ -312,7 +312,7 @@ talks to):
 
 {times}
 
-What this says, and what partial rebuild needs (issue 22; it is not built):
+What this says, and what partial rebuild needs (it is not built):
 - Keeping unchanged groups spares every survivor the kinds that do not contain the lost node
   and every rank its calls for groups it does not hold ({calls_s} at 16,384 GPUs), but not
   the spare's own groups, which bound the recovery: the time is in the world-spanning

@@ -331,7 +331,7 @@ def hardware_table(items: List[ps.Plan]) -> str:
 
 
 # Configurations whose snapshot sizes real runs logged (docs/benchmarks.md,
-# issue 3, from the mirror_ready events): flags, world, planner inputs, MiB.
+# from the mirror_ready events): flags, world, planner inputs, MiB.
 PROBED = {
     "demo (8 ranks, TP2·PP2·DP2)": (
         recipes.DEMO.model_flags()
@@ -811,10 +811,10 @@ SOURCES = """\
   400 Gb/s per node used here is an assumption, not checked against TACC's pages).
 - Llama 3's storage: Tectonic, 2 TB/s sustained, 7 TB/s peak (Dubey et al. 2024, section
   3.3.1).
-- nccl#1156 (communicator setup ~2.5 min at thousands of GPUs, at launch and at restarts),
-  TrainMover (arXiv 2412.12636: ~20 s of downtime at 1,024 GPUs), NVIDIA in-process restart:
-  collected in ../../shared/notes/recovery-mechanisms.md.
-- Ours: docs/benchmarks.md (issue 3: snapshot sizes of real runs, checksum speed) and
+- NVIDIA/nccl#1156 (communicator setup ~2.5 min at thousands of GPUs, at launch and at
+  restarts), TrainMover (arXiv 2412.12636: ~20 s of downtime at 1,024 GPUs), NVIDIA's
+  in-process restart (nvidia-resiliency-ext's documentation).
+- Ours: docs/benchmarks.md (snapshot sizes of real runs, checksum speed) and
   docs/data/bench_recovery.json (hot swap vs checkpoint-restart on CPU).
 """
 

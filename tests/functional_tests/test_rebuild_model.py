@@ -1,10 +1,10 @@
-"""The groups the group-rebuild time model (tools/planning/regroup.py)
+"""The groups the group-rebuild time model (tools/planning/rebuild_cost.py)
 is fed (tools/layout_probe.py --groups: megatron-core's own, in a fake world),
 checked against the rank arithmetic of deadpool_ext/topology."""
 
 import pytest
 
-from tools.planning import regroup as rg
+from tools.planning import rebuild_cost as rg
 from deadpool_ext.state.mirror import MirrorGroups
 from deadpool_ext.topology import Grid, buddy_map, dp_rings, nodes_by_block
 from tools import scale_rebuild

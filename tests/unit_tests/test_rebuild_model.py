@@ -1,9 +1,9 @@
-"""The group-rebuild time model (tools/planning/regroup.py), in-process:
+"""The group-rebuild time model (tools/planning/rebuild_cost.py), in-process:
 which groups a hot swap rebuilds and what a full and a partial rebuild pay,
 checked against the rank arithmetic of deadpool_ext/topology. The groups it
 is fed are checked in tests/functional_tests/test_rebuild_model.py."""
 
-from tools.planning import regroup as rg
+from tools.planning import rebuild_cost as rg
 from deadpool_ext.topology import Grid, dp_rings
 from tools import scale_rebuild
 

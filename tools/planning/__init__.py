@@ -7,7 +7,7 @@
   simulation of a long run under failures, per recovery strategy;
 - ``slurm``: the layout of a Slurm job under deadpool-launch (ranks per
   node, warm spares, buddies, the #SBATCH header), the sbatch scripts' dry run;
-- ``regroup``: what rebuilding the process groups after a failure costs a
+- ``rebuild_cost``: what rebuilding the process groups after a failure costs a
   rank, every group (what recovery does) or only those with a changed member.
 
 The command lines are the thin scripts beside it in tools/ (plan_scale.py,

@@ -51,7 +51,7 @@ PACKET_BUFFERS = 2  # grad mode: the packet sent and the one received
 MIRROR_MODES = ("state", "grad")  # --deadpool-mirror-mode's choices
 
 # The mirror's CPU work per byte, from our own floor measurement
-# (docs/benchmarks.md, issue 3: checksum 9.1 ms and verify 9.2 ms of one
+# (docs/benchmarks.md: checksum 9.1 ms and verify 9.2 ms of one
 # 111.5 MiB snapshot on one core of the development machine).
 MEASURED_CHECKSUM_BYTES_PER_S = 111.5 * MiB / 9.15e-3
 
