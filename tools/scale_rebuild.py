@@ -1,6 +1,6 @@
 """docs/scale.md's section 3: what rebuilding the process groups costs after
 a failure as the job grows, a full rebuild (what recovery does) against a
-partial one (not built), from
+partial one (`--deadpool-rebuild-groups changed`), from
 
 - megatron-core's real groups at each size (``tools.layout_probe --groups``,
   a fake world: nothing runs at scale),
@@ -312,7 +312,7 @@ talks to):
 
 {times}
 
-What this says, and what partial rebuild needs (it is not built):
+What this says, and what partial rebuild (`--deadpool-rebuild-groups changed`) does and does not buy:
 - Keeping unchanged groups spares every survivor the kinds that do not contain the lost node
   and every rank its calls for groups it does not hold ({calls_s} at 16,384 GPUs), but not
   the spare's own groups, which bound the recovery: the time is in the world-spanning
@@ -330,14 +330,48 @@ What this says, and what partial rebuild needs (it is not built):
   pairs the rebuild stage fell by 40-58% at 16 and 32 ranks (docs/benchmarks.md). They are
   not used: torch 2.13's gloo sometimes never completes a lazily connected pair (`python -m
   tools.probes.gloo_lazy_pairs`: 4 trials of 20 hung lazily, none of 14 with the full mesh).
-- In torch 2.13 gloo cannot shrink (`supports_shrinking` is false), and shrinking the default
-  group destroys every other group: keeping groups means keeping the default group and
-  editing it, not making it again.
+- Torch 2.13's gloo cannot shrink (`supports_shrinking` is false), and torch's own
+  `shrink_group` of the default group destroys every other group. A hot swap need not go
+  through it: a group taken out of torch's registry before the default group is destroyed,
+  and registered again once the next generation's default group exists, keeps its object
+  and its connections and works in the new world. `python -m tools.probes.keep_groups --ranks 8
+  --replace 3` shows it with nothing of ours but our two registry helpers
+  (`regroup.set_aside`, `put_back`): 8 gloo processes, every neighbour pair a group,
+  rank 3 replaced by a new process; the 5 pairs without rank 3 are kept, the 2 with it made
+  again (every rank calls `new_group` for those alone, in the same order), and every
+  group's all-reduce and torch's answers about it (its ranks, a member's place) are right.
+  Left out of the registry, a kept group still all-reduces but `get_rank` on it fails
+  (the negative control). It uses torch's private registry helpers, the ones its
+  `shrink_group` uses.
 - A kept group may have a collective in flight when the failure comes (a survivor in a
   tensor-parallel all-reduce with a peer that left for the recovery): it can be kept only if
-  every member is between two collectives of it, so ranks would report each group's count
-  of finished collectives with their reports; otherwise its connections are shut down like
-  the rest.
+  every member is between two operations of it. Gloo's per-group sequence number says so:
+  it counts each collective, send and receive a member issued (the same command's two-rank
+  probe: 2 and 2 after an all-reduce and a matched send, 3 and 2 after a send the peer never
+  received). Equal counts prove matched operations only where every member issues the same
+  ones: collectives. In a group with sends and receives among more than two members (a
+  pipeline), equal counts can hide a receive posted for a send that never came, so
+  pipeline groups (and the mirror's pairs) are always made again.
+- How `--deadpool-rebuild-groups changed` does it (docs/recovery.md, "Rebuild"): each group is named
+  as it is made by its members and how many groups of the same members came before it in
+  the generation, with the sockets it connected; a survivor that stops shuts down every
+  connection but those of its groups without a lost member, and reports each one's count;
+  the coordinator's decision lists the groups whose every member reported the same count;
+  a rank shuts down and drops the rest, sets the kept ones aside from torch's registry,
+  makes the new default group, registers them in it, and hands each back when
+  megatron-core asks for a group of its members (every rank skips the same groups). A
+  rank still blocked in a collective is released by its heartbeat thread after the grace,
+  as before, and every group it holds is made again. Measured (docs/benchmarks.md,
+  "Partial rebuild"): at 8, 16 and 32 ranks a rank made 48, 64 and 88 groups instead of
+  70, 130 and 242, and the rebuild stage was no shorter, as the model says: the spare's
+  groups, the world-spanning ones above all, bound it.
+- NCCL (measured on one H200, torch 2.11.0+cu130, NCCL 2.28.9; `python -m tools.probes.nccl_groups`
+  on a GPU): the NCCL backend reports `supports_shrinking` and `supports_splitting`, so
+  on that software a shrink can edit a communicator in place. A communicator of one rank
+  took 18.2 ms to make split from the default one and 19.7 ms not split (medians of 19),
+  the default group 520 ms with the CUDA context; that is a rank's local share of a
+  group, without the network part, which one GPU cannot show (it cannot host two NCCL
+  ranks).
 - The time the goodput simulation above takes for a hot swap (40 s at 512 GPUs, published;
   2 min at 16,384, assumed) is the whole recovery, of which this is one stage.
 """

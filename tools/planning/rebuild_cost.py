@@ -7,9 +7,9 @@ megatron-core) and on one group's costs as ``python -m tools.bench.recovery
 Full rebuild (what recovery does): every rank takes part in creating every
 group of the world (torch's ``new_group`` is called by all ranks in the same
 order, members or not), then connects to the peers of each group it holds.
-Partial rebuild (not built, see docs/scale.md): a group whose
-members are all alive and unchanged is kept; a group with a replaced,
-removed or added member is created again, by its members only.
+Partial rebuild (``--deadpool-rebuild-groups changed``, docs/recovery.md):
+a group whose members are all alive and unchanged is kept; a group with a
+replaced, removed or added member is created again.
 
 Costs are per rank, in seconds; a rebuild takes as long as its slowest rank.
 """
