@@ -312,7 +312,8 @@ talks to):
 
 {times}
 
-What this says, and what partial rebuild (`--deadpool-rebuild-groups changed`) does and does not buy:
+What this says, and what partial rebuild (`--deadpool-rebuild-groups changed`) does and
+does not buy:
 - Keeping unchanged groups spares every survivor the kinds that do not contain the lost node
   and every rank its calls for groups it does not hold ({calls_s} at 16,384 GPUs), but not
   the spare's own groups, which bound the recovery: the time is in the world-spanning

@@ -255,8 +255,8 @@ def take_checkpoint_args(namespace: argparse.Namespace) -> None:
     if not namespace.use_checkpoint_args:
         return
     # Reading a checkpoint needs torch and megatron-core; parsing alone does not.
-    legacy = host.import_with_megatron_core("megatron.training.legacy_checkpoint")
-    saved = legacy.saved_args(namespace.load) if namespace.load else None
+    checkpoints = host.import_with_megatron_core("megatron.training.checkpointing")
+    saved = checkpoints.saved_args(namespace.load) if namespace.load else None
     if saved is None:
         say(f"--use-checkpoint-args: no checkpoint in --load {namespace.load}; using the flags")
         return

@@ -80,6 +80,7 @@ from megatron.training.checkpoint_files import (
     SaveContents,
     checkpoint_dir,
     read_tracker,
+    saved_in,
     torch_dist_args,
 )
 from megatron.training.config import SECTIONS, TRACKER, Config
@@ -381,6 +382,17 @@ def fsync_path(path: str) -> None:
 
 
 # ----- load: the one entrance, for either format -----
+def saved_args(root: str) -> Optional[argparse.Namespace]:
+    """The ``args`` of the checkpoint the tracker in ``root`` names, in
+    either format; None when there is none (--use-checkpoint-args)."""
+    found = saved_in(root)
+    if found is None:
+        return None
+    if found.legacy:
+        return legacy_checkpoint.saved_state_of_rank_0(found.directory)["args"]
+    return torch_dist_args(found.directory)
+
+
 def load_checkpoint(found: Found, config: Config, state) -> Loaded:
     """Collective. The save ``found`` names, read by its format's reader
     (torch_dist here, Megatron-LM's legacy torch format in

@@ -36,12 +36,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.utils import unwrap_model
 
-from megatron.training.checkpoint_files import (
-    CheckpointError,
-    SaveContents,
-    saved_in,
-    torch_dist_args,
-)
+from megatron.training.checkpoint_files import CheckpointError, SaveContents
 from megatron.training.config import Config
 from megatron.training.optimizer_layout import inner_optimizers
 
@@ -190,17 +185,6 @@ def parameter_state_problem(optimizer, path: str) -> Optional[str]:
 
 
 # ----- loading -----
-def saved_args(root: str):
-    """The ``args`` of the checkpoint the tracker in ``root`` names, in
-    either format; None when there is none (--use-checkpoint-args)."""
-    found = saved_in(root)
-    if found is None:
-        return None
-    if found.legacy:
-        return saved_state_of_rank_0(found.directory)["args"]
-    return torch_dist_args(found.directory)
-
-
 def load_legacy(
     directory: str,
     config: Config,
