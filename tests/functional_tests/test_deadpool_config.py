@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dist_utils import captured, worker_env
-from tests.unit_tests.test_deadpool_config import BASE, DEADPOOL, FLAG_ORDERS, TP2_PP2
+from tests.unit_tests.test_config import BASE, DEADPOOL, FLAG_ORDERS, TP2_PP2
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from deadpool_ext.wire import connect, control_connect, listening
 from deadpool_ext.control.ports import free_port
 from deadpool_ext.rank.generation import Generation
-from tests.unit_tests.test_generation import connected, listener  # noqa: F401  (a fixture)
+from tests.unit_tests.test_sockets import connected, listener  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -10,19 +10,10 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg as fake_pg
 
 from deadpool_ext.rank import regroup
-from deadpool_ext.rank.generation import Generation, groups_created, recording_groups
 
 
 class Holder:
     __slots__ = ("group", "other")
-
-
-@pytest.fixture()
-def fake_world():
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=1, world_size=4)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def holders(group):
@@ -100,31 +91,3 @@ def test_a_group_kept_out_of_reach_is_named_with_its_holder(fake_world):
     with pytest.raises(regroup.RegroupError, match="untracked dict in _GatherBackward"):
         regroup.detach({"root": {}}, settle_s=0.2)
     del hidden
-
-
-def test_recorded_groups_are_named_by_members_and_order_and_kept_ones_are_not_made(fake_world):
-    generation, original = Generation(), dist.new_group
-    generation.begin(0)
-    with recording_groups(generation):
-        tp = dist.new_group([0, 1])
-        dist.new_group(ranks=[2, 3])
-        again = dist.new_group([1, 0])
-    assert set(generation.made()) == {"0,1#0", "0,1#1"}  # rank 1 holds these two
-    assert generation.made()["0,1#0"] is tp and generation.made()["0,1#1"] is again
-    # The next generation keeps {0, 1}#0 and (for every rank) {2, 3}#0.
-    generation.begin(1, keep={"0,1#0"})
-    made_before = groups_created()
-    with recording_groups(generation, kept={"0,1#0", "2,3#0"}):
-        assert dist.new_group([0, 1]) is tp
-        assert dist.new_group([2, 3]) is dist.GroupMember.NON_GROUP_MEMBER
-        fresh = dist.new_group([0, 1])
-    assert fresh is not again and groups_created() == made_before + 1
-    assert dist.new_group is original  # torch's own again
-
-
-def test_without_recording_groups_are_made_as_always(fake_world):
-    generation = Generation()
-    generation.begin(0)
-    with recording_groups(generation, enabled=False):
-        dist.new_group([0, 1])
-    assert generation.made() == {}

@@ -103,54 +103,6 @@ def test_an_oversized_sidecar_is_refused():
         snap.seal(snap.allocate(layout), layout, 0, 0, b"x" * 17)
 
 
-def test_halt_abandons_a_worker_stuck_in_an_exchange(tmp_path):
-    """A worker waiting on a send that gloo never fails (test_generation.py)
-    is abandoned by halt(); when its wait ends at last, it leaves the
-    mirror's state alone, and the next worker goes on."""
-    import threading
-    import time
-
-    from deadpool_ext.events import EventLog, read_events
-    from deadpool_ext.state.mirror import Mirror, MirrorError, MirrorGroups
-
-    layout = snap.ShardLayout(segments=[], numel=4, sidecar_capacity=64)
-    mirror = Mirror(
-        None,
-        layout,
-        rank=0,
-        buddy=1,
-        owner=1,
-        groups=MirrorGroups(None, None),
-        events=EventLog(str(tmp_path / "events.jsonl"), 0),
-    )
-    stuck, ran = threading.Event(), []
-
-    def run(iteration, *job):
-        ran.append(iteration)
-        if iteration == 1:
-            stuck.wait()  # the queued send, until the group's timeout
-            raise RuntimeError("Timed out waiting for the send")
-
-    mirror._run = run
-    mirror.allocate()
-    mirror.start(1, {})
-    time.sleep(0.1)
-    with pytest.raises(MirrorError, match="abandoned"):
-        mirror.halt(timeout_s=0.2)
-    mirror.wait_idle()  # nothing is pending any more
-    mirror.resume(0)
-    mirror.start(2, {})
-    mirror.wait_idle()
-    stuck.set()  # the abandoned wait ends with its error
-    time.sleep(0.3)
-    assert mirror.error is None and mirror._pending == 0
-    assert not read_events(str(tmp_path / "events.jsonl"))  # no mirror_failed
-    mirror.start(3, {})
-    mirror.wait_idle()
-    assert ran == [1, 2, 3]
-    mirror.close()
-
-
 class DistributedOptimizer:
     """What the snapshot reads of megatron-core's: its inner optimizer and
     where each model parameter's main parameter is (group, place)."""
@@ -163,7 +115,7 @@ class DistributedOptimizer:
 def test_the_shard_and_adams_step_come_back_where_the_optimizer_keeps_them(per_parameter):
     """torch's Adam keeps its step per parameter; Apex's and Transformer
     Engine's FusedAdam per group (test_replay.GroupStepAdamW keeps it so)."""
-    from tests.unit_tests.test_replay import GroupStepAdamW
+    from tests.unit_tests.state.test_replay import GroupStepAdamW
 
     cls = torch.optim.AdamW if per_parameter else GroupStepAdamW
     sizes, model_params = [5, 3], [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]

@@ -6,21 +6,18 @@ of nodes came over, and the coordinator it builds goes on from the state."""
 import pytest
 import torch.distributed as dist
 
-from megatron.training.arguments import ConfigError
-
 from deadpool_ext import protocol as P
-from deadpool_ext.control import command_line
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.standby import Replica, Standby, Verdict
 from deadpool_ext.defaults import TAKEOVER_GRACE_S
 from deadpool_ext.protocol import Decision
 from deadpool_ext.wire import Channel, JobEnded, standby_channel
-from tests.unit_tests import store_job
-from tests.unit_tests.store_job import BUDDY, SECRET, Clock, new_store, start
+from tests.unit_tests.control import store_job
+from tests.unit_tests.control.store_job import BUDDY, SECRET, Clock, new_store, start
 
 
 def coordinator_on(store, clock, replica=None, record=None):
-    """The job of tests/unit_tests/store_job.py, shrinking when spares run out."""
+    """The job of tests/unit_tests/control/store_job.py, shrinking when spares run out."""
     shrink = store_job.settings("shrink")
     return store_job.coordinator_on(store, clock, shrink, replica=replica, record=record)
 
@@ -194,23 +191,6 @@ def test_without_a_standby_the_same_losses_shrink_the_job():
     start(worker, coordinator)
     silence_nodes_1_and_2(coordinator, worker, clock)
     assert coordinator.record.result is None and coordinator.state == "resizing"
-
-
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ["--standalone", "--nnodes", "2", "--spare-nodes", "1"],
-        ["--nnodes", "1", "--spare-nodes", "1", "--master-port", "1234"],
-    ],
-    ids=["standalone", "two-nodes"],
-)
-def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkeypatch):
-    monkeypatch.setenv(P.SECRET_ENV, "x")
-    opts = command_line.build_parser().parse_args(
-        [*flags, "--standby-addr", "h", "pretrain_gpt.py"]
-    )
-    with pytest.raises(ConfigError, match="at least 3 nodes in all"):
-        command_line.check(opts)
 
 
 def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):

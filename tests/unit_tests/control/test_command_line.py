@@ -1,22 +1,16 @@
-"""deadpool-launch's command line (deadpool_ext/control/command_line.py), parsed
-in-process: torchrun's spellings that make sense for a job with warm spares
-are taken, the others refused with the reason; ``-m`` runs a module, as
-torchrun's. The jobs deadpool-launch starts are in
-tests/functional_tests/test_launch.py."""
-
-import socket
-import sys
+"""deadpool-launch's command line (deadpool_ext/control/command_line.py),
+parsed in-process: torchrun's spellings that make sense for a job with warm
+spares are taken, the others refused with the reason; a standby, a join and
+a spare node held warming that cannot work are refused with what to change.
+The jobs deadpool-launch starts are in tests/functional_tests/test_launch.py."""
 
 import pytest
 
 from megatron.training.arguments import ConfigError
 
-from deadpool_ext.control import launch
+from deadpool_ext import protocol as P
+from deadpool_ext.control import command_line
 from deadpool_ext.control.command_line import build_parser, check, checked_options
-from deadpool_ext.control.launch import main
-from deadpool_ext.control.ports import can_bind, ephemeral_ports, free_port
-from deadpool_ext.control.process_tree import worker_command
-from deadpool_ext.protocol import ExitCode
 
 SCRIPT = ["pretrain_gpt.py", "--num-layers", "2"]
 
@@ -73,51 +67,6 @@ def test_elastic_nnodes_is_refused_with_what_deadpool_does_instead(capsys):
     assert parsed("--standalone", "--max-restarts", "0").max_restarts == "0"  # no restarts anyway
 
 
-def test_a_module_runs_as_python_m_runs_it():
-    opts = parsed("--standalone", "-m")
-    assert worker_command(opts)[:4] == [sys.executable, "-u", "-m", "pretrain_gpt.py"]
-
-
-def test_a_free_port_and_the_next_lie_outside_the_ephemeral_ports():
-    """No connection made before the job's stores listen can take them."""
-    low, high = ephemeral_ports()
-    for _ in range(20):
-        port = free_port(span=2)
-        assert not (low <= port <= high or low <= port + 1 <= high), port
-        assert can_bind(port) and can_bind(port + 1)
-
-
-@pytest.mark.parametrize("node", [0, 1], ids=["store", "standby"])
-def test_a_store_whose_port_is_taken_says_what_to_change(node, capsys, monkeypatch):
-    """Node 0's store listens on --master-port, node 1's standby store on
-    the next: either taken is a usage error, said in one line."""
-    monkeypatch.setenv("DEADPOOL_SECRET", "s")
-    agent = AgentStandIn()
-    monkeypatch.setattr(launch, "start_agents", lambda *_: {0: agent})  # node 0's, first
-    port = free_port(span=2)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port + node))
-        taken.listen()
-        code = main(
-            ["--nnodes", "2", "--spare-nodes", "1", "--nproc-per-node", "1", "--node-rank"]
-            + [str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-            + ["--standby-addr", "127.0.0.1", *SCRIPT]
-        )
-    said = capsys.readouterr().err.strip().splitlines()
-    assert code == ExitCode.USAGE and len(said) == 1, said
-    where = f"127.0.0.1:{port + node}"
-    assert said[0].startswith("deadpool-launch: error: ") and where in said[0], said
-    assert ("standby's store" in said[0]) == (node == 1) and "--master-port" in said[0]
-    assert agent.killed == (node == 0)  # nothing outlives a usage error
-
-
-class AgentStandIn:
-    killed = False
-
-    def kill(self):
-        self.killed = True
-
-
 def test_a_spare_node_held_warming_must_exist(monkeypatch):
     monkeypatch.setenv("DEADPOOL_SECRET", "s")
     flags = ["--nnodes", "2", "--spare-nodes", "1", "--master-port", "1234", *SCRIPT]
@@ -125,3 +74,36 @@ def test_a_spare_node_held_warming_must_exist(monkeypatch):
     with pytest.raises(ConfigError, match="node 3 does not exist"):
         checked_options([*flags, *held])
     checked_options([*flags, "--deadpool-inject", "slow-warm:node=2:gen=1"])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--standalone", "--nnodes", "2", "--spare-nodes", "1"],
+        ["--nnodes", "1", "--spare-nodes", "1", "--master-port", "1234"],
+    ],
+    ids=["standalone", "two-nodes"],
+)
+def test_a_standby_that_cannot_work_is_refused_with_what_to_change(flags, monkeypatch):
+    monkeypatch.setenv(P.SECRET_ENV, "x")
+    opts = command_line.build_parser().parse_args(
+        [*flags, "--standby-addr", "h", "pretrain_gpt.py"]
+    )
+    with pytest.raises(ConfigError, match="at least 3 nodes in all"):
+        command_line.check(opts)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--join", "--standalone", "--node-rank", "1", "x.py"], "not --standalone"),
+        (["--join", "--node-rank", "0", "--master-port", "29500", "x.py"], "--node-rank >= 1"),
+        (["--join", "--node-rank", "2", "x.py"], "--master-port"),
+    ],
+)
+def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
+    from deadpool_ext.control.command_line import build_parser, check
+
+    with pytest.raises(ConfigError) as error:
+        check(build_parser().parse_args(argv))
+    assert message in str(error.value)

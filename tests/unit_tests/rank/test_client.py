@@ -1,14 +1,11 @@
-"""What a rank does to release an old generation, in-process
-(deadpool_ext.sockets, deadpool_ext.rank.client): shutting down only
-connected TCP sockets, and the heartbeat thread's watch, which reports a
-main thread still training after an announcement, releases an old
-generation only after the grace (sparing the groups that may be kept until
-the main thread blocks), and frees the main thread when the store is gone.
-Releasing ranks blocked on an old generation, with real processes, is in
-tests/functional_tests/test_generation.py.
-"""
+"""A worker's line to the coordinator (deadpool_ext/rank/client.py),
+in-process: the heartbeat thread's watch, which reports a main thread still
+training after an announcement, releases an old generation only after the
+grace (sparing the groups that may be kept until the main thread blocks),
+and frees the main thread when the store is gone. Releasing ranks blocked
+on an old generation, with real processes, is in
+tests/functional_tests/test_generation.py."""
 
-import socket
 import threading
 import time
 
@@ -18,36 +15,6 @@ from deadpool_ext import defaults
 from deadpool_ext.protocol import Where
 from deadpool_ext.wire import connect
 from deadpool_ext.control.ports import free_port
-from deadpool_ext.sockets import shut_down, socket_descriptors
-
-
-@pytest.fixture()
-def listener():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    yield sock
-    sock.close()
-
-
-def connected(listener):
-    """Both ends of a new loopback TCP connection."""
-    client = socket.create_connection(listener.getsockname())
-    return client, listener.accept()[0]
-
-
-def test_shut_down_touches_only_connected_tcp_sockets(listener):
-    client, server = connected(listener)
-    left, right = socket.socketpair()  # a unix socket
-    try:
-        assert not shut_down(listener.fileno())
-        assert not shut_down(left.fileno())
-        assert shut_down(client.fileno())
-        assert server.recv(1) == b""  # the peer sees the end of the stream
-        assert client.fileno() in socket_descriptors().values()  # still open here
-    finally:
-        for s in (client, server, left, right):
-            s.close()
 
 
 def test_a_rank_still_training_after_an_announcement_reports_its_stacks():
@@ -187,62 +154,3 @@ def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which
             assert leaving.value.code == ExitCode.FAILED
     finally:
         ctx.stop()
-
-
-class _StoreStandIn:
-    def set_timeout(self, timeout):
-        pass
-
-
-def test_a_release_leaves_a_control_connect_under_way_alone(listener, monkeypatch):
-    """The heartbeat thread reaches the standby while the main thread tears
-    its generation down: the connection that control connect has opened but
-    does not know as its own yet is left alone (once shut down it made the
-    rank leave as if no standby had taken over); the generation's is shut
-    down, and the control connection stays alone once known."""
-    from deadpool_ext import wire
-    from deadpool_ext.rank.generation import Generation
-
-    opened, proceed = [], threading.Event()
-
-    def store_opening_slowly(host, port, timeout_s, is_master):
-        opened.append(socket.create_connection((host, port)))
-        proceed.wait(10)
-        return _StoreStandIn()
-
-    monkeypatch.setattr(wire, "_store", store_opening_slowly)
-    generation = Generation()
-    generation.begin(1)
-    group_end, group_peer = connected(listener)  # a connection of the generation
-    generation.built()
-    other = socket.socket()
-    other.bind(("127.0.0.1", 0))
-    other.listen()
-    late_end = late_peer = None
-    port = listener.getsockname()[1]
-    connecting = threading.Thread(target=wire.control_connect, args=("127.0.0.1", port))
-    connecting.start()
-    try:
-        while not opened:
-            time.sleep(0.01)
-        late_end, late_peer = connected(other)  # the generation's, opened meanwhile
-        late_peer.setblocking(False)
-        generation.release("tear down")
-        assert group_peer.recv(1) == b""  # shut down
-        assert opened[0].send(b"x") == 1  # open (once shut down, EPIPE)
-        with pytest.raises(BlockingIOError):  # spared this time, as it might be the connect's
-            late_peer.recv(1)
-        proceed.set()
-        connecting.join(10)
-        # The heartbeat thread's release comes again for what was spared.
-        assert generation.release_if_older(2, "again") >= 1
-        assert late_peer.recv(1) == b""
-        assert opened[0].send(b"x") == 1
-        shut_down(opened[0].fileno())  # the control of the check above
-        with pytest.raises(BrokenPipeError):
-            opened[0].send(b"x")
-    finally:
-        proceed.set()
-        for s in (group_end, group_peer, other, late_end, late_peer, *opened):
-            if s is not None:
-                s.close()

@@ -1,18 +1,14 @@
-"""policy/exits.py, policy/admission.py and control/membership.py: what an
-exit or a stall means, who may join, and who is who, without a store or a
-process."""
-
-import dataclasses
+"""What an exit or a stall means (deadpool_ext/policy/exits.py), without a
+store or a process: which exits stop the job and which are losses, who
+holds the only copy of a lost rank's shard, whom a stall kills and who is
+kept, and when a member computing without progress is hung."""
 
 from deadpool_ext import protocol as P
-from deadpool_ext.control.membership import Membership
-from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.policy import exits as watch
-from deadpool_ext.policy.admission import why_not_join
-from deadpool_ext.policy.view import Exited, Progress, Sighting
-from deadpool_ext.protocol import CoordinatorSettings, ExitCode
+from deadpool_ext.policy.view import Exited, Progress
+from deadpool_ext.protocol import ExitCode
+from tests.unit_tests.policy.job import MEMBERS
 
-MEMBERS = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
 BUDDY = [2, 3, 0, 1]
 
 
@@ -65,21 +61,3 @@ def test_a_member_computing_without_progress_is_hung_only_while_a_peer_waits_on_
     seen["0.1"] = progress(P.Where.COMPUTE, 0.0, 0.0)  # nobody waits: slow, not hung
     assert watch.hung_computing(MEMBERS, states, seen, 10.0, now=60.0) == []
     assert watch.hung_computing(MEMBERS, states, seen, 0.0, now=60.0) == []  # check off
-
-
-def test_membership_round_trips_and_admits_a_node_only_where_one_is_free():
-    view = Membership.launched(nnodes=2, spare_nodes=1, nproc=2)
-    assert view.members == MEMBERS and view.planned_size == 4 and view.nodes() == [0, 1, 2]
-    assert view.lose(["1.1", "2.0"]) == {3} and view.alive_nodes() == {0, 1, 2}
-    record = dataclasses.replace(
-        JobRecord.launched(CoordinatorSettings(), 2, 1, 2), membership=view
-    )
-    assert JobRecord.from_json(record.to_json()).membership == view
-    seen = view_of(record, Round(), Watch(), (None, Sighting(), {}, {}), (), 0.0)
-    assert why_not_join(seen, 1, 2) == "node 1 is still part of the job"
-    assert why_not_join(seen, 3, 4) == "it runs 4 ranks per node, the job 2"
-    assert why_not_join(seen, 3, 2) is None and view.admit(3) == ["3.0", "3.1"]
-    assert view.nodes() == [0, 1, 2, 3]
-    view.released.add("0.1")
-    assert view.note_exit("0.1") and "0.1" not in view.released  # a shrink's: no loss
-    assert not view.note_exit("1.0")

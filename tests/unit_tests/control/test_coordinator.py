@@ -1,17 +1,28 @@
-"""The coordinator's shell, driven by hand over a real store with a fake
-clock (no worker processes): what it publishes (``gen``, ``decision/N``,
-``join/N``, ``admit/N``) and tells the agents, which messages it drops, what
-its heartbeat looks see, the run's grace after an abort, and a loss, a NaN
-and a grow carried out end to end. What its rules decide is held without a
-store in tests/unit_tests/policy/."""
+"""The coordinator's shell (deadpool_ext/control/coordinator.py), driven by
+hand over a real store with a fake clock (no worker processes): what it
+publishes (``gen``, ``decision/N``, ``join/N``, ``admit/N``) and tells the
+agents, which messages it drops, what its heartbeat looks see, the run's
+grace after an abort, and a loss, a NaN, a GPU check and a grow carried out
+end to end. And the shell's shape, read from its source with ``ast``: it
+calls no rule of policy/ itself (every decision is made there, through the
+ordered triggers and ``Policy.decide``) and it stays small, with a negative
+control that feeds the check a shell that decides. What its rules decide is
+held without a store in tests/unit_tests/policy/."""
+
+import ast
+import importlib
+import inspect
+import os
+from typing import Dict, List, Tuple
 
 import pytest
 
+from dist_utils import REPO
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.ports import free_port
 from deadpool_ext.protocol import Decision, ExitCode, JobState
-from tests.unit_tests.store_job import (
+from tests.unit_tests.control.store_job import (
     SECRET,
     Clock,
     coordinator_on,
@@ -193,26 +204,6 @@ def test_a_join_into_a_live_node_is_refused(shrinking_job):
     assert worker.get("admit/c3") == {
         "accepted": True
     } and coordinator.record.membership.joined_nodes == {5}
-
-
-def test_a_spare_finds_its_assignment_after_a_new_generation_began():
-    """Generation 1 named spare 2.0; generation 2 began before the spare
-    looked (it was building its model), and generation 3 has no decision yet."""
-    from deadpool_ext.rank.main import newest_assignment
-
-    class Ctx:
-        slot = "2.0"
-        decisions = {1: Decision(gen=1, action="recover", replaced={3: "2.0"})}
-
-        def decision(self, gen):
-            return self.decisions.get(gen)
-
-    ctx = Ctx()
-    decision, checked = newest_assignment(ctx, 0, 3)
-    assert decision.gen == 1 and checked == 1
-    ctx.slot = "2.1"  # not named: generation 2 was overtaken, 3 is pending
-    assert newest_assignment(ctx, 0, 3) == (None, 2)
-    assert newest_assignment(ctx, 2, 2) == (None, 2)
 
 
 def test_a_silent_node_is_one_failure_even_when_its_workers_time_out_first(job):
@@ -454,27 +445,6 @@ def test_a_nan_rolls_every_rank_back_once_and_a_second_one_stops_the_job(job):
     assert coordinator.finished and "again in iteration 4" in coordinator.record.result.reason
 
 
-def test_an_agent_announces_its_node_before_any_worker_starts():
-    """A joining node's spares, forked from a warm zygote, can say they are
-    ready within milliseconds; the coordinator reads its topic in order and
-    ignores readiness from a slot it still counts as lost, so the node's
-    announcement must come first (a grow once waited forever for a spare)."""
-    import types
-
-    from deadpool_ext.control.agent import Agent
-
-    order = []
-    agent = types.SimpleNamespace(
-        node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4
-    )
-    agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
-    agent.start_worker = lambda local, active: order.append(f"worker {local}")
-    agent.check_gpus = lambda now: order.append("gpus")
-    Agent.start(agent)
-    # Its GPUs' health too: a spare whose GPU fails is never counted ready.
-    assert order == ["node", "gpus", "worker 0", "worker 1"]
-
-
 def gpu_readings(worker, node: int, ecc_errors: dict) -> None:
     """Node ``node``'s agent read its GPUs: slot -> uncorrectable ECC errors."""
     from deadpool_ext.control.gpu_health import GpuReading
@@ -529,16 +499,89 @@ def test_a_withheld_spare_is_ready_again_once_its_gpu_reads_clean(job):
     assert coordinator.record.membership.withheld == set()
 
 
-def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp_path):
-    """torch's default ends a process whose NCCL communicator failed; a
-    worker's environment says otherwise unless the user set it."""
-    from deadpool_ext.control.agent import Agent
+SHELL = os.path.join(REPO, "deadpool_ext", "control", "coordinator.py")
+# What the shell may run of policy/: the ordered triggers, the decision of a
+# generation that collected its reports, and what the job's end says. It
+# builds effects and views (classes) freely.
+ENTRY_POINTS = {"TRIGGERS", "Policy", "at_end"}
+MOST_LINES, MOST_ATTRIBUTES = 450, 15
 
-    agent = Agent.__new__(Agent)
-    agent.node, agent.nproc, agent.world_size, agent.store_addr = 1, 2, 4, "h:1"
-    agent.standby, agent.takeover_wait_s, agent.error_dir = None, 0.0, str(tmp_path)
-    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
-    env = agent.worker_env(1, active=True)
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["RANK"] == "3"
-    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+def imported_from_policy(tree: ast.AST) -> Dict[str, Tuple[str, str]]:
+    """Local name -> (module, name) of everything taken from policy/."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "deadpool_ext.policy"
+        ):
+            for alias in node.names:
+                names[alias.asname or alias.name] = (node.module, alias.name)
+    return names
+
+
+def resolved(module: str, name: str):
+    base = importlib.import_module(module)
+    return getattr(base, name, None) or importlib.import_module(f"{module}.{name}")
+
+
+def rules_called(source: str) -> List[str]:
+    """The functions of policy/ the shell calls that are not entry points."""
+    tree = ast.parse(source)
+    names = imported_from_policy(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func, target = node.func, None
+        if isinstance(func, ast.Name) and func.id in names:
+            target, label = resolved(*names[func.id]), func.id
+        elif isinstance(func, ast.Attribute) and getattr(func.value, "id", None) in names:
+            module = resolved(*names[func.value.id])
+            target, label = getattr(module, func.attr, None), f"{func.value.id}.{func.attr}"
+        if target is None or inspect.isclass(target) or inspect.ismodule(target):
+            continue
+        if label.split(".")[-1] not in ENTRY_POINTS:
+            found.append(f"line {node.lineno}: {label}")
+    return found
+
+
+def attributes(source: str) -> List[str]:
+    """Every ``self.X`` the shell's class assigns."""
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    assigned = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == "self":
+                    assigned.add(t.attr)
+    return sorted(assigned)
+
+
+def test_the_coordinator_calls_no_rule_of_its_own():
+    with open(SHELL) as f:
+        assert rules_called(f.read()) == []
+
+
+def test_a_shell_that_decides_itself_is_caught():
+    source = (
+        "from deadpool_ext.policy.decide import waits_for_spares, Policy\n"
+        "from deadpool_ext.policy import triggers\n"
+        "class Shell:\n"
+        "    def step(self, view):\n"
+        "        Policy().decide(view)\n"
+        "        triggers.lost_ranks(view)\n"
+        "        return waits_for_spares(1, 0, 1, 0.0, 5.0)\n"
+    )
+    assert rules_called(source) == ["line 6: triggers.lost_ranks", "line 7: waits_for_spares"]
+
+
+def test_the_coordinator_stays_small():
+    """It grew back to 1,054 lines and 46 attributes once, as features
+    landed in it: a feature adds a rule to policy/ instead."""
+    with open(SHELL) as f:
+        source = f.read()
+    assert len(source.splitlines()) < MOST_LINES
+    assert len(attributes(source)) < MOST_ATTRIBUTES, attributes(source)

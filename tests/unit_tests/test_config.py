@@ -1,7 +1,8 @@
-"""--deadpool flags, parsed in-process: bad layouts are refused before any
-process group, with a message that says what to change; good ones pass.
-(pretrain_gpt.py and the launcher refusing them, as processes, are in
-tests/functional_tests/test_deadpool_config.py.)"""
+"""--deadpool flags (deadpool_ext/config.py), parsed in-process: bad layouts
+are refused before any process group, with a message that says what to
+change; good ones pass; the launcher reads the flags it shares with the
+workers. (pretrain_gpt.py and the launcher refusing them, as processes, are
+in tests/functional_tests/test_deadpool_config.py.)"""
 
 import pytest
 
@@ -9,7 +10,13 @@ from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.flags import host
 
 from deadpool_ext import defaults
-from deadpool_ext.config import DeadpoolConfig, plan_buddies, ranks_per_node, validate_deadpool
+from deadpool_ext.config import (
+    DeadpoolConfig,
+    coordinator_settings,
+    plan_buddies,
+    ranks_per_node,
+    validate_deadpool,
+)
 from deadpool_ext.protocol import ExitCode
 
 BASE = [
@@ -280,21 +287,6 @@ def test_checkpoint_policy_needs_a_save_directory():
     assert config.section(DeadpoolConfig).deadpool_on_spares_exhausted == "checkpoint"
 
 
-def test_a_fault_not_reached_is_due_again_when_the_iteration_is_redone():
-    """A rank that fails on a peer's death while it waits to reach its
-    fault's point (its snapshot exchange) meets the fault in the redone
-    iteration: only firing consumes it (CI once lost a stall this way)."""
-    from deadpool_ext.inject import Injector, parse_fault
-
-    stall = parse_fault("stall:rank=1:iter=4:phase=forward")
-    injector = Injector([stall], rank=1, node=0, original=True)
-    assert injector.due("forward", 4) == [stall]
-    assert injector.due("forward", 4) == [stall]  # not reached: still due
-    injector.fired.add(stall)  # what the fault hook does as it fires it
-    assert injector.due("forward", 4) == []
-    assert Injector([stall], rank=1, node=0, original=False).due("forward", 4) == []  # a spare
-
-
 def test_the_recovery_timeout_is_a_positive_flag_apart_from_the_heartbeat_timeout():
     config = parse(DEADPOOL + ["--deadpool-recovery-timeout", "300"], 2, LAUNCHED)
     assert config.section(DeadpoolConfig).deadpool_recovery_timeout == 300
@@ -478,3 +470,24 @@ def test_the_replicas_are_checked_every_iteration_under_deadpool_unless_told_oth
     assert given.section(DeadpoolConfig).deadpool_on_sdc == "swap"
     message = error(DEADPOOL + ["--deadpool-on-sdc", "ignore"], 2, LAUNCHED)
     assert "choose from 'rollback', 'swap', 'stop'" in message
+
+
+def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
+    """The coordinator acts on the --deadpool flags as the workers read
+    them, from the start: the script's other flags are the script's."""
+    args = ["--num-layers", "2", "--deadpool", "--deadpool-events", "e.jsonl"]
+    args += ["--deadpool-heartbeat-timeout=3", "--deadpool-on-spares-exhausted", "checkpoint"]
+    got = coordinator_settings(args)
+    assert (got.events, got.heartbeat_timeout, got.on_spares_exhausted) == (
+        "e.jsonl",
+        3.0,
+        "checkpoint",
+    )
+    # Given twice, the last counts, as in the workers' argparse; the rest
+    # are the flags' defaults (DeadpoolConfig's).
+    again = coordinator_settings(args + ["--deadpool-heartbeat-timeout", "10"])
+    assert (
+        again.heartbeat_timeout == 10.0 and again.spare_wait == DeadpoolConfig().deadpool_spare_wait
+    )
+    with pytest.raises(ConfigError, match="--deadpool-spare-wait"):
+        coordinator_settings(["--deadpool-spare-wait", "soon"])

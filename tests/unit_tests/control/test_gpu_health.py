@@ -1,45 +1,13 @@
 """GPU health from NVML (deadpool_ext/control/gpu_health.py), against a fake
 NVML whose calls answer from a table (tests/common/fake_nvml: NVML's
-constants and errors are the real module's); the agent's checks, and the
-coordinator keeping a spare with a failing GPU out of its decisions."""
+constants and errors are the real module's): each problem named, what is
+no problem, older bindings, and a reading through the wire's form."""
 
-import importlib.util
 import json
-import os
-import types
 
 import pytest
 
-from dist_utils import COMMON
-from deadpool_ext.control.agent import Agent
 from deadpool_ext.control.gpu_health import GpuReading, NvmlReader, NvmlUnavailable
-from deadpool_ext.protocol import Decision, GpuHealth
-
-FAKE = os.path.join(COMMON, "fake_nvml", "pynvml.py")
-
-
-@pytest.fixture
-def nvml(tmp_path, monkeypatch):
-    """The fake NVML; ``nvml.gpus(node_or_default, [GPU, ...])`` sets what it answers."""
-    table = {"nodes": {}, "default": [{}]}
-    path = tmp_path / "nvml.json"
-    monkeypatch.setenv("FAKE_NVML", str(path))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("DEADPOOL_SHARE_GPU", raising=False)
-    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    def gpus(gpu_list, node=None):
-        if node is None:
-            table["default"] = gpu_list
-        else:
-            table["nodes"][str(node)] = gpu_list
-        path.write_text(json.dumps(table))
-
-    module.gpus = gpus
-    gpus([{}])
-    return module
 
 
 def test_a_healthy_gpu_is_read_and_has_no_problem(nvml):
@@ -136,62 +104,3 @@ def test_no_nvml_or_no_gpu_means_no_check(nvml, monkeypatch):
 def test_a_reading_survives_the_wire():
     reading = GpuReading(index=0, name="x", ecc_uncorrected=2, clock_reasons=("power",))
     assert GpuReading.from_dict(json.loads(json.dumps(reading.to_dict()))) == reading
-
-
-def agent_on(nvml, node=2, nproc=2):
-    posted = []
-    agent = Agent.__new__(Agent)
-    agent.node, agent.nproc = node, nproc
-    agent.gpus, agent.gpu_verdicts, agent.next_gpu_check = NvmlReader(nvml), None, 0.0
-    agent.channel = types.SimpleNamespace(post=lambda topic, message: posted.append(message))
-    return agent, posted
-
-
-def test_the_agent_tells_the_coordinator_when_a_verdict_changes(nvml):
-    nvml.gpus([{}, {}])
-    agent, posted = agent_on(nvml)
-    agent.check_gpus(now=True)
-    assert len(posted) == 1 and isinstance(posted[0], GpuHealth)
-    assert sorted(posted[0].readings) == ["2.0", "2.1"]
-    agent.check_gpus(now=True)  # nothing changed: nothing sent
-    agent.check_gpus()  # not due yet
-    assert len(posted) == 1
-    nvml.gpus([{}, {"ecc_uncorrected": 5}])
-    agent.check_gpus(now=True)
-    assert len(posted) == 2
-    assert GpuReading.from_dict(posted[1].readings["2.1"]).problems()
-
-
-def test_a_check_that_breaks_stops_the_checks_not_the_agent(nvml, capsys):
-    nvml.gpus([{}, {}])
-    agent, posted = agent_on(nvml)
-
-    def broken(handle):
-        raise RuntimeError("the binding broke")
-
-    nvml.nvmlDeviceGetHandleByIndex = broken
-    agent.check_gpus(now=True)
-    assert posted == [] and agent.gpus is None
-    assert "GPU health checks stop: RuntimeError: the binding broke" in capsys.readouterr().err
-    agent.check_gpus(now=True)  # and nothing more is read
-
-
-def test_the_agent_reads_its_gpus_again_when_a_failure_is_announced(nvml):
-    agent, posted = agent_on(nvml)
-    agent.checked_failure_gen = None
-    generations = iter([{"gen": 0, "state": "training"}, {"gen": 1, "state": "recovering"}])
-    agent.channel.put = lambda *args, **kwargs: None
-    agent.channel.get = lambda key: next(generations)
-    agent.beat()
-    assert posted == []
-    agent.next_gpu_check = float("inf")  # not due: only the announcement reads
-    agent.beat()
-    assert len(posted) == 1
-
-
-def test_the_decision_carries_the_spares_gpus_over_the_wire():
-    decision = Decision(
-        gen=1, action="recover", gpus={"2.0": "GPU 0 (x): healthy"}, withheld=["3.1"]
-    )
-    back = Decision.from_message(json.loads(json.dumps(decision.to_message())))
-    assert back.gpus == decision.gpus and back.withheld == ["3.1"]

@@ -1,6 +1,5 @@
-"""Reading a Slurm node's DRAIN marking (deadpool_ext/control/slurm_state.py)
-and the agent's request to drain its node (control/agent.py), in-process:
-scontrol's text is given, never run.
+"""Reading a Slurm node's DRAIN marking (deadpool_ext/control/slurm_state.py),
+in-process: scontrol's text is given, never run.
 
 The samples are ``scontrol show node NAME --oneliner`` as Slurm 22.05.8
 printed them on tools/slurm_local.sh's cluster (after ``scontrol update
@@ -9,13 +8,10 @@ and as newer and older releases print them (src/api/node_info.c).
 """
 
 import subprocess
-import time
 
 import pytest
 
-from deadpool_ext import protocol as P
 from deadpool_ext.control import slurm_state
-from deadpool_ext.control.agent import Agent
 from deadpool_ext.control.slurm_state import drain_reason, node_state
 
 HEAD = (
@@ -156,96 +152,3 @@ def test_own_node_needs_a_slurm_node_name_and_scontrol(monkeypatch):
     assert slurm_state.own_node({}) is None
     monkeypatch.setattr(slurm_state.shutil, "which", lambda name: None)
     assert slurm_state.own_node({"SLURMD_NODENAME": "node2"}) is None
-
-
-# ----- the agent -----
-class FakeChannel:
-    def __init__(self):
-        self.posted = []
-
-    def reader(self, topic):
-        return None
-
-    def post(self, topic, message):
-        self.posted.append((topic, message))
-
-
-def agent(tmp_path, slurm_node="node2"):
-    return Agent(
-        FakeChannel(),
-        1,
-        4,
-        True,
-        8,
-        ["true"],
-        "127.0.0.1:1",
-        scratch=str(tmp_path),
-        slurm_node=slurm_node,
-    )
-
-
-def drain_requests(a):
-    return [m for topic, m in a.channel.posted if topic == P.CONTROL_TOPIC]
-
-
-def test_the_agent_asks_once_per_drain_marking_for_its_own_node(tmp_path, capsys):
-    a = agent(tmp_path)
-    a.on_slurm_state(IDLE)
-    assert drain_requests(a) == []
-    a.on_slurm_state(DRAINING_MIXED)
-    a.on_slurm_state(DRAINING_MIXED)
-    a.on_slurm_state(None)  # scontrol failed: still marked as far as we know
-    a.on_slurm_state(DRAINED_IDLE)
-    (request,) = drain_requests(a)
-    assert isinstance(request, P.ControlRequest)
-    assert (request.request, request.node, request.by) == ("drain", 1, "slurm")
-    assert request.reason == "Slurm marked node2 MIXED+DRAIN: admin check"
-    assert request.nonce
-    lines = capsys.readouterr().err.splitlines()
-    assert lines == [
-        "deadpool agent 1: Slurm marked node2 MIXED+DRAIN: admin check; asking to drain this node"
-    ]
-    # Resumed, then marked again: a new request.
-    a.on_slurm_state(IDLE)
-    a.on_slurm_state(DRAINING_ALLOCATED)
-    assert [r.reason.split(": ", 1)[0] for r in drain_requests(a)] == [
-        "Slurm marked node2 MIXED+DRAIN",
-        "Slurm marked node2 ALLOCATED+DRAIN",
-    ]
-    assert len({r.nonce for r in drain_requests(a)}) == 2
-
-
-def test_the_agent_reads_in_the_background_every_interval(tmp_path, monkeypatch):
-    reads = []
-
-    def read_node(name, timeout_s):
-        reads.append(name)
-        return DRAINED_IDLE
-
-    monkeypatch.setattr(slurm_state, "read_node", read_node)
-    a = agent(tmp_path)
-    a.check_slurm()  # starts the first reading
-    wait_until(lambda: a.slurm_reading.done())
-    a.check_slurm()  # acts on it
-    assert reads == ["node2"] and len(drain_requests(a)) == 1
-    a.check_slurm()  # not due before the interval
-    assert a.slurm_reading is None and reads == ["node2"]
-    a.next_slurm_check = time.monotonic()
-    a.check_slurm()
-    wait_until(lambda: a.slurm_reading.done())
-    a.check_slurm()
-    assert reads == ["node2", "node2"] and len(drain_requests(a)) == 1
-
-
-def test_an_agent_outside_slurm_reads_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(slurm_state, "read_node", lambda *args: pytest.fail("read"))
-    a = agent(tmp_path, slurm_node=None)
-    a.check_slurm()
-    assert a.slurm_reading is None
-
-
-def wait_until(done, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "the reading did not end"
-        time.sleep(0.01)
