@@ -5,7 +5,8 @@ tested in tests/unit_tests/test_data_tools.py.)"""
 
 import pytest
 
-from tests.unit_tests.test_data_tools import _file_bytes, _preprocess
+from tests.unit_tests.tools.test_prepare_corpus import _file_bytes
+from tests.unit_tests.tools.test_preprocess_data import _preprocess
 
 pytestmark = pytest.mark.integration
 

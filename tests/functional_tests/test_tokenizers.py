@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.unit_tests.test_tokenizers import build, corpus, fields  # noqa: F401  (a fixture)
+from tests.unit_tests.training.test_tokenizer import build, corpus, fields  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,9 @@
-"""The scale planner (tools/planning/scale.py) in-process, against our
-own code: the sizes real runs logged (docs/benchmarks.md), its constants are
-deadpool_ext's, memory terms against their published closed forms, and the
-CLI. The snapshot sizes against the layouts megatron-core builds for real
-models are in tests/functional_tests/test_plan_scale.py."""
+"""The scale planner (tools/planning/scale.py) in-process, against our own
+code: the sizes real runs logged (docs/benchmarks.md), its constants are
+deadpool_ext's, and memory terms against their published closed forms. Its
+command line is tests/unit_tests/tools/test_plan_scale.py's; the snapshot
+sizes against the layouts megatron-core builds for real models are in
+tests/functional_tests/test_plan_scale.py."""
 
 from dataclasses import replace
 
@@ -10,7 +11,6 @@ import pytest
 
 from tools.planning import recipes
 from tools.planning import scale as ps
-from tools import plan_scale as plan_scale_cli
 from tools.bench.common import LARGE_MODEL
 
 RUN = ["--train-iters", "1", "--lr", "1e-3"]
@@ -301,21 +301,6 @@ def test_paper_layouts_are_the_first_to_leave_a_third_of_the_memory_free():
 
         first = next(tp_pp for tp_pp in order if used(*tp_pp) <= 2 / 3 * hw.gpu_memory_gib * ps.GiB)
         assert first == (par.tp, par.pp), key
-
-
-def test_the_cli_prints_a_plan(capsys):
-    plan_scale_cli.main(["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128"])
-    out = capsys.readouterr().out
-    assert "GPT 13B on 512" in out and "hides" in out and "state mode sends" in out
-
-
-def test_the_cli_plans_grad_mode_in_device_memory_only(capsys):
-    args = ["--model", "gpt-13b", "--tp", "4", "--pp", "1", "--dp", "128", "--mirror-mode", "grad"]
-    with pytest.raises(SystemExit, match="add --mirror-memory device"):
-        plan_scale_cli.main(args)
-    plan_scale_cli.main(args + ["--mirror-memory", "device"])
-    out = capsys.readouterr().out
-    assert "grad mode sends" in out and "in device memory" in out
 
 
 def test_mixtral_on_512_a100s_mirrors_dense_and_expert_shards():

@@ -1,20 +1,25 @@
-"""Every --tokenizer-type with a vocabulary learned from the embedded corpus
-(tools/train_tokenizers.py, run by prepare_corpus), in-process: Megatron-LM's
-vocabulary size and end-of-document id, exact round trips, GPT-2 BPE ids
-checked against a second, independent BPE implementation, and the .bin/.idx
-data written. Training on each kind, and what a zygote imports for them,
-are in tests/functional_tests/test_tokenizers.py."""
+"""The tokenizer builder (megatron/training/tokenizer.py), in-process: the
+byte-level and null tokenizers' round trips, the checks of a tokenizer's
+flags and packages, the flags a type does not read, and every
+--tokenizer-type with a vocabulary learned from the embedded corpus
+(tools/train_tokenizers.py, run by prepare_corpus): Megatron-LM's
+vocabulary size and end-of-document id, exact round trips, and GPT-2 BPE
+ids checked against a second, independent BPE implementation. Training on
+each kind, and what a zygote imports for them, are in
+tests/functional_tests/test_tokenizers.py."""
 
 import base64
+import importlib.util
 import json
 import os
+import re
 
 import pytest
 
-from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.training import tokenizer as tokenizer_module
 from megatron.training.config import TokenizerConfig
 from megatron.training.gpt2_bpe import GPT2_EOD
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.tokenizer import TOKENIZER_TYPES, build_tokenizer, check_tokenizer
 from tools.train_tokenizers import byte_of_character
 
 # GPT-2's split pattern (OpenAI's encoder.py; Hugging Face's ByteLevel pre-tokenizer).
@@ -169,30 +174,112 @@ def test_sentencepiece_kinds_give_back_the_text(corpus, kind):
         assert tok.detokenize(ids).split() == text.split()
 
 
-def test_the_corpus_is_written_with_gpt2_bpe_ids(corpus):
-    """prepare_corpus's GPT-2 dataset holds each document's ids and eod,
-    as preprocess_data writes them for pretrain_gpt.py."""
-    directory, vocabularies, texts = corpus
-    tok = build("GPT2BPETokenizer", vocabularies)
-    dataset = IndexedDataset(os.path.join(directory, "corpus_gpt2_text_document"))
-    documents = [dataset[i].tolist() for i in range(len(dataset))]
-    assert documents == [tok.tokenize(text) + [tok.eod] for text in texts if text]
+TEXTS = ["Hello world.", "", "Ünïcødé text: naïve café ☕", "a\nmulti-line\ndocument"]
 
 
-def test_the_slurm_planner_knows_the_gpt2_vocabulary_without_building_it(corpus):
-    from tools.planning.slurm import vocabulary
-    from megatron.training.arguments import parse_args
+# --- tokenizer -----------------------------------------------------------------------
 
-    _, vocabularies, _ = corpus
-    files = fields("GPT2BPETokenizer", vocabularies)
-    argv = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"]
-    argv += ["--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1"]
-    argv += [
-        "--mock-data",
-        "--vocab-file",
-        files["vocab_file"],
-        "--merge-file",
-        files["merge_file"],
+
+def tokenizer(**fields):
+    return build_tokenizer(TokenizerConfig(**fields))
+
+
+def test_byte_level_round_trip():
+    tok = tokenizer(tokenizer_type="ByteLevelTokenizer")
+    assert (tok.vocab_size, tok.eod) == (512, 0)
+    ids = tok.tokenize(TEXTS[2])
+    assert ids == list(TEXTS[2].encode("utf-8"))
+    assert tok.detokenize(ids) == TEXTS[2]
+
+
+def test_null_round_trip():
+    tok = tokenizer(tokenizer_type="NullTokenizer", vocab_size=100)
+    # Megatron convention: eod is appended after the --vocab-size ids.
+    assert (tok.vocab_size, tok.eod) == (101, 100)
+    assert tok.tokenize("5 17 99") == [5, 17, 99]
+    assert tok.detokenize([5, 17, 99]) == "5 17 99"
+
+
+def check(**fields):
+    return check_tokenizer(TokenizerConfig(**fields))
+
+
+def test_check_tokenizer_accepts_valid():
+    assert check(tokenizer_type="ByteLevelTokenizer") is None
+    assert check(tokenizer_type="NullTokenizer", vocab_size=32) is None
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        (dict(tokenizer_type="GPT2BPETokenizer"), "GPT2BPETokenizer needs --vocab-file"),
+        (
+            dict(tokenizer_type="GPT2BPETokenizer", vocab_file=__file__),
+            "GPT2BPETokenizer needs --merge-file",
+        ),
+        (
+            dict(tokenizer_type="GPT2BPETokenizer", vocab_file="/no/vocab.json"),
+            "--vocab-file '/no/vocab.json' is no file",
+        ),
+        (dict(tokenizer_type="NullTokenizer"), "NullTokenizer needs --vocab-size"),
+        (dict(tokenizer_type="NullTokenizer", vocab_size=0), "--vocab-size must be positive"),
+        (dict(tokenizer_type="ByteLevelTokenizer", vocab_size=100), "--vocab-size 100 is too"),
+        (dict(tokenizer_type="HuggingFaceTokenizer"), "needs --tokenizer-model"),
+        (dict(tokenizer_type="Llama2Tokenizer"), "needs --tokenizer-model"),
+        (dict(tokenizer_type="TikTokenizer"), "needs --tokenizer-model"),
+        (
+            dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/no/such/dir"),
+            "is no directory",
+        ),
+        (
+            dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model="/no/such.model"),
+            "is no file",
+        ),
+        (dict(tokenizer_type="BertWordPieceCase"), "not available here: BERT"),
+        (dict(tokenizer_type="SFTTokenizer"), "not available here: it belongs"),
+        (dict(tokenizer_type="SomethingElse"), "supported: " + ", ".join(TOKENIZER_TYPES)),
+    ],
+)
+def test_check_tokenizer_refuses(fields, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        check(**fields)
+
+
+@pytest.mark.parametrize(
+    "tokenizer_type, module",
+    [
+        ("HuggingFaceTokenizer", "transformers"),
+        ("SentencePieceTokenizer", "sentencepiece"),
+        ("GPT2BPETokenizer", "tokenizers"),
+    ],
+)
+def test_check_tokenizer_missing_package(tmp_path, monkeypatch, tokenizer_type, module):
+    model = tmp_path / "tok.model"
+    model.write_bytes(b"")
+    paths = {
+        "HuggingFaceTokenizer": dict(tokenizer_model=str(tmp_path)),
+        "SentencePieceTokenizer": dict(tokenizer_model=str(model)),
+        "GPT2BPETokenizer": dict(vocab_file=str(model), merge_file=str(model)),
+    }
+    real_find_spec = importlib.util.find_spec
+    # Pretend the package is absent even where it happens to be installed.
+    monkeypatch.setattr(
+        tokenizer_module.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == module else real_find_spec(name, *a),
+    )
+    with pytest.raises(ValueError, match=f"pip install {module}"):
+        check(tokenizer_type=tokenizer_type, **paths[tokenizer_type])
+
+
+def test_a_tokenizer_flag_the_type_does_not_read_is_named_with_who_reads_it():
+    """Megatron-LM ignores them; parsing warns (test_arguments.py)."""
+    from megatron.training.tokenizer import unused_tokenizer_flags
+
+    null = TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=9, merge_file="m.txt")
+    assert unused_tokenizer_flags(null) == [
+        ("--merge-file", ("GPT2BPETokenizer", "HuggingFaceTokenizer"))
     ]
-    config = parse_args(argv, world_size=1)
-    assert vocabulary(config) == build("GPT2BPETokenizer", vocabularies).vocab_size
+    byte = TokenizerConfig(tokenizer_type="ByteLevelTokenizer", tiktoken_num_special_tokens=10)
+    assert [flag for flag, _ in unused_tokenizer_flags(byte)] == ["--tiktoken-num-special-tokens"]
+    assert unused_tokenizer_flags(TokenizerConfig(tokenizer_type="NullTokenizer")) == []

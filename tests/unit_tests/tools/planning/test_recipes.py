@@ -1,13 +1,11 @@
-"""The training recipes (tools/planning/recipes.py), in-process.
-
-Each recipe's flags, read back by pretrain_gpt.py's parser, are its shape
-and layout, and tools/recipe.py prints them as examples/slurm/common.sh
-reads them. The sbatch scripts' dry runs, which parse the same flags as the
-job does, are in tests/functional_tests/test_slurm_scripts.py."""
+"""The training recipes (tools/planning/recipes.py), in-process: each
+recipe's flags, read back by pretrain_gpt.py's parser, are its shape and
+layout; the demo recipe is make demo's model on two nodes of four. The
+sbatch scripts' dry runs, which parse the same flags as the job does, are
+in tests/functional_tests/test_slurm_scripts.py."""
 
 import pytest
 
-from tools import recipe as recipe_cli
 from tools.planning import recipes, slurm
 from tools.slurm_plan import parse_training
 
@@ -41,21 +39,3 @@ def test_the_demo_recipe_is_make_demos_model_on_two_nodes_of_four():
     demo = recipes.RECIPES["demo"]
     assert demo is recipes.DEMO and demo.model is None
     assert (demo.nodes, demo.ranks_per_node, demo.layout.world) == (2, 4, 8)
-
-
-def test_settings_are_printed_one_a_line_by_common_sh_names(capsys):
-    assert recipe_cli.main(["llama-65b"]) == 0
-    lines = dict(line.split(" ", 1) for line in capsys.readouterr().out.splitlines())
-    assert lines["MODEL"] == "llama-65b"
-    assert (lines["NODES"], lines["RANKS_PER_NODE"], lines["TP"], lines["PP"]) == (
-        "128",
-        "4",
-        "4",
-        "8",
-    )
-    assert lines["DATA_ARGS"] == "--mock-data --tokenizer-type NullTokenizer --vocab-size 31999"
-
-
-def test_flags_are_printed_on_one_line(capsys):
-    assert recipe_cli.main(["demo", "--flags"]) == 0
-    assert capsys.readouterr().out.split() == recipes.DEMO.flags()

@@ -1,11 +1,8 @@
 """The group-rebuild time model (tools/planning/rebuild_cost.py), in-process:
-which groups a hot swap rebuilds and what a full and a partial rebuild pay,
-checked against the rank arithmetic of deadpool_ext/topology. The groups it
-is fed are checked in tests/functional_tests/test_rebuild_model.py."""
+which groups a hot swap rebuilds and what a full and a partial rebuild pay.
+The groups it is fed are checked in tests/functional_tests/test_rebuild_model.py."""
 
 from tools.planning import rebuild_cost as rg
-from deadpool_ext.topology import Grid, dp_rings
-from tools import scale_rebuild
 
 HELD = {"tp": [0, 1], "dp": [0, 2, 4, 6], "WORLD": list(range(8)), "alone": [0]}
 COSTS = rg.GroupCosts(per_call=1.0, per_member=10.0)
@@ -30,10 +27,3 @@ def test_partial_rebuild_pays_only_the_groups_with_a_changed_member():
     # for its own groups, and none of the calls for others' groups.
     everything = set(range(8))
     assert rg.partial_rebuild_s(HELD, everything, COSTS) == rg.full_rebuild_s(HELD, 4, COSTS)
-
-
-def test_a_replica_is_the_ranks_of_one_data_parallel_index():
-    for grid in (Grid(2, 2, 3), Grid(2, 2, 3, tp_pp_dp=True), Grid(4, 8, 4)):
-        rings = dp_rings(grid.world_size, grid.tp, grid.pp, grid.tp_pp_dp)
-        for dp in range(grid.dp):
-            assert sorted(scale_rebuild.replica_ranks(grid, dp)) == sorted(r[dp] for r in rings)
