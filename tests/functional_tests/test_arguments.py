@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.unit_tests.test_arguments import _names_all, argv
+from tests.unit_tests.training.command_line import _names_all, argv
 
 pytestmark = pytest.mark.integration
 

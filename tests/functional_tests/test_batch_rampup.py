@@ -22,7 +22,7 @@ from dist_utils import (
     run_pretrain,
     tensorboard_scalars,
 )
-from tests.unit_tests.test_batch_rampup import RAMP, RAMP_SIZES
+from tests.unit_tests.training.test_schedule import RAMP, RAMP_SIZES
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,12 @@ import pytest
 import forkserver
 from dist_utils import REPO, curve, read_metrics, run_pretrain, worker_env
 from deadpool_ext.control.ports import free_port
-from tests.unit_tests.test_recompute import BASE, FULL_BLOCK, FULL_UNIFORM, SELECTIVE
+from tests.unit_tests.training.flags.test_training import (
+    FULL_BLOCK,
+    FULL_UNIFORM,
+    RECOMPUTE_BASE as BASE,
+    SELECTIVE,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,11 +1,13 @@
 """--deadpool flags (deadpool_ext/config.py), parsed in-process: bad layouts
 are refused before any process group, with a message that says what to
-change; good ones pass; the launcher reads the flags it shares with the
-workers. (pretrain_gpt.py and the launcher refusing them, as processes, are
-in tests/functional_tests/test_deadpool_config.py.)"""
+change; good ones pass, MoE whatever its expert-parallel size; the launcher
+reads the flags it shares with the workers. (pretrain_gpt.py and the
+launcher refusing them, as processes, are in
+tests/functional_tests/test_deadpool_config.py.)"""
 
 import pytest
 
+from dist_utils import MOCK_GPT
 from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.flags import host
 
@@ -18,6 +20,7 @@ from deadpool_ext.config import (
     validate_deadpool,
 )
 from deadpool_ext.protocol import ExitCode
+from tests.unit_tests.training.flags.test_moe import MOE
 
 BASE = [
     "--num-layers",
@@ -491,3 +494,16 @@ def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
     )
     with pytest.raises(ConfigError, match="--deadpool-spare-wait"):
         coordinator_settings(["--deadpool-spare-wait", "soon"])
+
+
+def test_deadpool_takes_moe_whatever_its_expert_parallel_size(monkeypatch):
+    """4 ranks on 2-rank nodes: EP 2 leaves expert-DP 2 (buddies hold the
+    same experts), EP 4 leaves 1 (buddies hold others' snapshots)."""
+    from deadpool_ext.config import parse_args as deadpool_parse, plan_buddies
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    flags = MOCK_GPT + MOE + ["--use-distributed-optimizer", "--deadpool"]
+    flags += ["--deadpool-ranks-per-node", "2"]
+    for ep, apart in ((2, False), (4, True)):
+        config = deadpool_parse(flags + ["--expert-model-parallel-size", str(ep)], environ={})
+        assert plan_buddies(config, environ={}).experts_apart is apart

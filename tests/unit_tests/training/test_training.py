@@ -1,13 +1,19 @@
 """The training loop (megatron/training/training.py), in-process: each
 training microbatch's place in the run (MicrobatchPosition) is the place of
 the samples the data pipeline gives it, whatever the data-parallel layout,
-and each model chunk counts its own microbatches."""
+and each model chunk counts its own microbatches; skipped and NaN
+iterations are counted per log interval; --exit-on-missing-checkpoint acts
+only with a load folder; FIM sentinels without an id are refused before
+training."""
 
 import types
 
 import pytest
 
 from megatron.training import cpu_compat
+from megatron.training.arguments import ConfigError, parse_args
+from tests.unit_tests.training.test_checkpointing import config
+from tests.unit_tests.training.test_fim import flags
 
 cpu_compat.import_megatron_core_without_cuda()  # import-time only
 
@@ -70,3 +76,57 @@ def test_each_model_chunk_counts_its_own_microbatches():
     assert Trainer._next_position(trainer, second.module).chunk == 1
     with pytest.raises(ValueError):
         Trainer._next_position(trainer, object())
+
+
+def test_exit_on_missing_checkpoint_acts_only_with_a_load_folder(tmp_path):
+    """With --load naming an empty folder the run ends before its first
+    iteration (exit 0, as Megatron-LM); without --load the flag has no
+    effect (the parser says so) and the run starts from scratch."""
+    import types
+
+    from megatron.training import cpu_compat
+
+    cpu_compat.import_megatron_core_without_cuda()
+    from megatron.training.training import NothingToResume, Trainer
+
+    def trainer(*flags):
+        quiet = types.SimpleNamespace(info=lambda *args: None)
+        return types.SimpleNamespace(config=config(*flags), state=None, logger=quiet)
+
+    Trainer.load(trainer("--exit-on-missing-checkpoint"))  # starts from scratch
+    empty = str(tmp_path / "empty")
+    with pytest.raises(NothingToResume, match="--exit-on-missing-checkpoint"):
+        Trainer.load(trainer("--exit-on-missing-checkpoint", "--load", empty))
+
+
+class NoUnknown:
+    """A vocabulary without the sentinels, and a tokenizer without an
+    unknown token (Hugging Face's gives None then)."""
+
+    vocab = ["a", "b"]
+    eod = 0
+
+    class _tokenizer:
+        @staticmethod
+        def tokens_to_ids(tokens):
+            return [None for _ in tokens]
+
+
+def test_sentinels_without_an_id_are_refused_before_training(corpus_prefix, tmp_path):
+    from megatron.training.training import _check_sentinels
+
+    config = parse_args(flags(corpus_prefix, tmp_path, "--fim-data"), world_size=1)
+    with pytest.raises(ConfigError, match="no unknown token to stand for it"):
+        _check_sentinels(config, NoUnknown(), say=False)
+
+
+def test_skipped_and_nan_iterations_are_counted_per_log_interval():
+    from megatron.training.training import _LogWindow
+
+    window = _LogWindow()
+    window.add(1.0, {"lm loss": float("nan")}, skipped=True)
+    window.add(1.0, {"lm loss": 2.0}, skipped=True)
+    assert (window.iterations, window.skipped, window.nans) == (2, 2, 1)
+    window.__init__()  # what the log line does after printing
+    window.add(1.0, {"lm loss": 2.0}, skipped=False)
+    assert (window.skipped, window.nans) == (0, 0)

@@ -1,14 +1,13 @@
-"""Mixture of experts through pretrain_gpt.py, in-process: megatron-core's
-MoE layers with Megatron-LM's flags, refused up front where they cannot run,
-Megatron-LM's defaults and layer patterns, deadpool's buddies for any
-expert-parallel size, and the throughput arithmetic. The runs on ranks are in
+"""The mixture of experts' flags (megatron/training/flags/moe.py), parsed
+in-process: refused up front where megatron-core's MoE layers cannot run,
+Megatron-LM's defaults and layer patterns. The runs on ranks are in
 tests/functional_tests/test_moe.py."""
 
 import pytest
 
 from dist_utils import MOCK_GPT
-from megatron.training import layout_invariant_init, log
 from megatron.training.arguments import ConfigError, parse_args
+from tests.unit_tests.training.command_line import _config_error, _names_all, argv
 
 BASE = MOCK_GPT
 MOE = ["--num-experts", "4", "--disable-bias-linear"]
@@ -89,17 +88,6 @@ def test_tensor_parallel_moe_needs_sequence_parallel():
     assert "need --sequence-parallel" in message
 
 
-def test_multi_token_prediction_is_refused_where_megatron_core_cannot_run_it():
-    mtp = ["--mtp-num-layers", "1"]
-    assert "needs --position-embedding-type rope" in _error(mtp, 1, BASE)
-    rope = ["--position-embedding-type", "rope"]
-    pipeline = ["--pipeline-model-parallel-size", "2"]
-    assert "needs --untie-embeddings-and-output-weights" in _error(mtp + rope + pipeline, 2, BASE)
-    untied = ["--untie-embeddings-and-output-weights"]
-    parse_args(BASE + mtp + rope + pipeline + untied, world_size=2)
-    parse_args(BASE + mtp + rope, world_size=1)  # one stage: tied is fine
-
-
 def test_a_layer_pattern_is_read_as_megatron_lm_reads_it():
     config = parse_args(BASE + MOE + ["--moe-layer-freq", "([0]*1+[1]*1)"], world_size=1)
     assert config.moe.moe_layer_freq == [0, 1]
@@ -119,66 +107,13 @@ def test_megatron_lms_defaults_and_single_values():
     assert parse_args(BASE + ["--num-experts", "0"], world_size=1).moe.num_experts is None
 
 
-def test_deadpool_takes_moe_whatever_its_expert_parallel_size(monkeypatch):
-    """4 ranks on 2-rank nodes: EP 2 leaves expert-DP 2 (buddies hold the
-    same experts), EP 4 leaves 1 (buddies hold others' snapshots)."""
-    from deadpool_ext.config import parse_args as deadpool_parse, plan_buddies
-
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    flags = BASE + MOE + ["--use-distributed-optimizer", "--deadpool"]
-    flags += ["--deadpool-ranks-per-node", "2"]
-    for ep, apart in ((2, False), (4, True)):
-        config = deadpool_parse(flags + ["--expert-model-parallel-size", str(ep)], environ={})
-        assert plan_buddies(config, environ={}).experts_apart is apart
-
-
-# --- arithmetic -------------------------------------------------------------------
-
-
-def test_throughput_counts_the_routed_and_shared_experts_as_megatron_lm():
-    config = parse_args(
-        BASE
-        + MOE
-        + ["--moe-router-topk", "2", "--moe-ffn-hidden-size", "96"]
-        + ["--moe-shared-expert-intermediate-size", "32"],
-        world_size=1,
+def test_moe_with_the_tp_pp_dp_order_is_refused_where_megatron_core_would_stop():
+    """EP 2 over PP 2 on 8 ranks with --use-tp-pp-dp-mapping: megatron-core's
+    assertion at group creation, said here before any group exists."""
+    moe = argv(
+        *("--num-experts", "4", "--expert-model-parallel-size", "2"),
+        *("--pipeline-model-parallel-size", "2", "--disable-bias-linear"),
     )
-    config.run.padded_vocab_size = 128
-    h, s, layers, gbs = 64, 32, 2, 8
-    # Megatron-LM's transformer_flops, term by term: 3 (fwd+bwd) x 2 (FMA) x h x
-    # (routed experts: moe_ffn x topk x 2 GEMMs, shared: its width x 2) ...
-    mlp = 3 * 2 * h * (96 * 2 * 2 + 32 * 2)
-    attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)
-    logits = 3 * 2 * h * 128
-    expected = gbs * s * (layers * (mlp + attention) + logits)
-    assert log.flops_per_iteration(config, gbs) == expected
-
-
-def test_throughput_counts_dense_layers_and_multi_token_prediction_as_megatron_lm():
-    """Megatron-LM's transformer_flops with --moe-layer-freq and MTP, term by
-    term: a dense first layer, an MoE second, one MTP layer like the last
-    (MoE), the MTP layer's two norms (3h) and projection (2h x h), and the
-    logits once more."""
-    config = parse_args(
-        BASE
-        + MOE
-        + ["--moe-router-topk", "2", "--moe-ffn-hidden-size", "96"]
-        + ["--moe-layer-freq", "[0,1]", "--mtp-num-layers", "1"]
-        + ["--position-embedding-type", "rope"],
-        world_size=1,
-    )
-    config.run.padded_vocab_size = 128
-    h, s, gbs, ffn = 64, 32, 8, 256
-    dense, routed = 3 * 2 * h * ffn * 2, 3 * 2 * h * 96 * 2 * 2
-    attention = 3 * 2 * (h * (64 + 64 + 64) + 64 * s / 2 * 2 + 64 * h)
-    mtp = 3 * 2 * 1 * (3 * h + 2 * h * h)
-    logits = 3 * 2 * h * 128 * 2
-    expected = gbs * s * (dense + 2 * routed + 3 * attention + mtp + logits)
-    assert log.flops_per_iteration(config, gbs) == expected
-
-
-def test_an_expert_parallel_ranks_local_experts_have_their_global_names():
-    local = "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"
-    assert layout_invariant_init.global_name(local, 2, False, expert_offset=2) == (
-        "decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight"
-    )
+    message = _config_error(moe + ["--use-tp-pp-dp-mapping"], world_size=8)
+    _names_all(message, "--use-tp-pp-dp-mapping", "--expert-model-parallel-size")
+    parse_args(moe, world_size=8)  # Megatron's default order takes it

@@ -4,7 +4,10 @@ a CPU: a model megatron-core refuses on a GPU (a GELU model without bias
 once was, its bias-activation fusion left on) is caught without one. The
 flags are parsed as on a GPU node without Transformer Engine or Apex, and
 as on one where Transformer Engine is importable (parsing is all that can
-tell here: the configuration is then built without its kernels)."""
+tell here: the configuration is then built without its kernels). Also the
+recompute settings and the fused kernels a GPU run asks megatron-core for,
+and the control: without the GPU-only features' flags, megatron-core's
+defaults."""
 
 import dataclasses
 from unittest import mock
@@ -15,6 +18,8 @@ import torch.nn.functional as F
 from megatron.training import cpu_compat
 from megatron.training.arguments import ConfigError, parse_args
 from megatron.training.flags import host
+from tests.unit_tests.training.flags.test_gpu import on_a_gpu_node
+from tests.unit_tests.training.flags.test_training import FULL_BLOCK, RECOMPUTE_BASE, SELECTIVE
 
 cpu_compat.import_megatron_core_without_cuda()  # import-time only
 
@@ -23,6 +28,7 @@ from megatron.core.transformer import TransformerConfig  # noqa: E402
 from megatron.core.transformer.identity_op import IdentityOp  # noqa: E402
 
 import pretrain_gpt  # noqa: E402
+from megatron.training.cuda_graphs import cuda_graph_hooks  # noqa: E402
 from megatron.training.model_setup import transformer_config  # noqa: E402
 from megatron.training.sdpa import TorchSdpaAttention  # noqa: E402
 
@@ -98,11 +104,6 @@ def test_what_megatron_core_refuses_is_caught_here():
         TransformerConfig(**dict(fields, bias_activation_fusion=True))
 
 
-def test_squared_relu_and_swiglu_are_one_activation_too_many():
-    with pytest.raises(ConfigError, match="--squared-relu and --swiglu"):
-        gpu_config(["--squared-relu", "--swiglu"], False)
-
-
 def test_fp8_keeps_the_first_and_last_layers_in_bf16_when_asked():
     """--first-last-layers-bf16 and its counts reach megatron-core, whose
     checks run before any process group (it refuses a delayed recipe)."""
@@ -115,3 +116,58 @@ def test_fp8_keeps_the_first_and_last_layers_in_bf16_when_asked():
     delayed = fp8 + ["--fp8-recipe", "delayed"]
     with pytest.raises(ConfigError, match="Delayed scaling does not support"):
         gpu_config(delayed, transformer_engine=True)
+
+
+def test_the_settings_reach_megatron_cores_transformer_config():
+    from megatron.training.model_setup import transformer_config
+
+    config = parse_args(RECOMPUTE_BASE + FULL_BLOCK, world_size=1)
+    tf = transformer_config(config, on_cpu=True)
+    assert (tf.recompute_granularity, tf.recompute_method, tf.recompute_num_layers) == (
+        "full",
+        "block",
+        2,
+    )
+    modules = ["--recompute-modules", "core_attn", "layernorm"]
+    tf = transformer_config(
+        parse_args(RECOMPUTE_BASE + SELECTIVE + modules, world_size=1), on_cpu=True
+    )
+    assert tf.recompute_modules == ["core_attn", "layernorm"]
+
+
+# --- the fused kernels a GPU run asks megatron-core for ------------------------------
+
+
+@pytest.mark.parametrize("present", [(), ("apex", "scaled_masked_softmax_cuda")])
+def test_a_gpu_run_fuses_only_what_has_a_kernel_there(monkeypatch, present):
+    """Megatron-LM's defaults persist the layer norm and fuse scale-mask-softmax;
+    without Apex or Transformer Engine megatron-core has neither kernel and
+    fails (both seen on an H200): there the run takes torch's."""
+    import importlib.util
+
+    from megatron.training import model_setup
+
+    optional = {"apex", "scaled_masked_softmax_cuda", "transformer_engine"}
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name in optional:
+            return object() if name in present else None
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    tf = model_setup.transformer_config(parse_args(RECOMPUTE_BASE, world_size=1), on_cpu=False)
+    assert tf.persist_layer_norm == ("apex" in present)
+    assert tf.masked_softmax_fusion == ("scaled_masked_softmax_cuda" in present)
+    assert tf.bias_dropout_fusion  # torch.compile's, on any GPU
+    cpu = model_setup.transformer_config(parse_args(RECOMPUTE_BASE, world_size=1), on_cpu=True)
+    assert not (cpu.persist_layer_norm or cpu.masked_softmax_fusion or cpu.bias_dropout_fusion)
+
+
+def test_no_feature_no_megatron_core_fields_changed():
+    """Control: without the gpu section's flags the configuration keeps
+    megatron-core's defaults (no overlap, no graphs, no offloading)."""
+    tf = transformer_config(on_a_gpu_node([]), on_cpu=False)
+    assert not (tf.tp_comm_overlap or tf.overlap_moe_expert_parallel_comm)
+    assert not tf.fine_grained_activation_offloading
+    assert tf.cuda_graph_impl == "none" and cuda_graph_hooks(on_a_gpu_node([])) == []

@@ -1,20 +1,13 @@
 """Several ranks on one GPU for test jobs (megatron/training/gpu_sharing.py):
 off unless asked for, each rank's GPU, NCCL's settings per mode, and the
-refusals at parse time."""
+memory fraction. The refusal at parse time is
+tests/unit_tests/training/flags/test_parallel.py's."""
 
 import pytest
 import torch
 
 from megatron.training import gpu_sharing
-from megatron.training.arguments import ConfigError, parse_args
-from megatron.training.flags import host
 from megatron.training.gpu_sharing import HOSTID, MULTI_RANK, SHARE_ENV
-
-ARGS = [
-    *("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"),
-    *("--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"),
-    *("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"),
-]
 
 
 def test_off_unless_asked_for():
@@ -70,21 +63,3 @@ def test_apply_sets_the_device_and_leaves_what_the_user_set(monkeypatch):
     assert gpu_sharing.apply(3, environ) == 0
     assert calls == {"device": 0, "fraction": (0.1, 0)}
     assert environ["NCCL_SOCKET_IFNAME"] == "eth9" and "NCCL_HOSTID" in environ
-
-
-@pytest.fixture
-def gpu_host(monkeypatch):
-    monkeypatch.setattr(host, "cuda_available", lambda: True)
-    monkeypatch.setattr(host, "gpu_count", lambda: 1)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.delenv(SHARE_ENV, raising=False)
-
-
-def test_more_ranks_than_gpus_is_refused_at_parse_time(gpu_host, monkeypatch):
-    with pytest.raises(ConfigError, match="local rank 1 has no GPU of its own"):
-        parse_args(ARGS, world_size=2)
-    monkeypatch.setenv(SHARE_ENV, HOSTID)
-    assert parse_args(ARGS, world_size=2).parallel.distributed_backend == "nccl"
-    monkeypatch.setenv(SHARE_ENV, "yes")
-    with pytest.raises(ConfigError, match="choose one of hostid, multi-rank"):
-        parse_args(ARGS, world_size=2)

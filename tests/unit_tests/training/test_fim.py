@@ -2,16 +2,16 @@
 segment holds its text around the sentinels in Megatron-LM's PSM and SPM
 orders, a sample keeps its length and its document ends, fragments are
 reordered one by one, and how a sample is reordered depends on the seed and
-its index alone. Then megatron-core's samples reordered by the dataset, the
-sentinels looked up as Megatron-LM does, and --fim-data's flags checked
-before anything starts."""
+its index alone. Then megatron-core's samples reordered by the dataset, and
+the sentinels looked up as Megatron-LM does. --fim-data's flags are
+tests/unit_tests/training/flags/test_data.py's."""
 
 import numpy
 import pytest
 
 from dist_utils import gpt2_bpe_data
 from megatron.training import data
-from megatron.training.arguments import ConfigError, parse_args
+from megatron.training.arguments import parse_args
 from megatron.training.fim import (
     FIMDatasetConfig,
     Reorderer,
@@ -183,59 +183,3 @@ def test_sentinels_missing_from_the_vocabulary_take_the_unknown_id_as_in_megatro
     # GPT-2's unknown token is its end of text (Hugging Face's GPT-2 tokenizer too).
     assert token_id(tokenizer, "<fim_prefix>") == (tokenizer.eod, False)
     assert token_id(tokenizer, "<|endoftext|>") == (tokenizer.eod, True)
-
-
-class NoUnknown:
-    """A vocabulary without the sentinels, and a tokenizer without an
-    unknown token (Hugging Face's gives None then)."""
-
-    vocab = ["a", "b"]
-    eod = 0
-
-    class _tokenizer:
-        @staticmethod
-        def tokens_to_ids(tokens):
-            return [None for _ in tokens]
-
-
-def test_sentinels_without_an_id_are_refused_before_training(corpus_prefix, tmp_path):
-    from megatron.training.training import _check_sentinels
-
-    config = parse_args(flags(corpus_prefix, tmp_path, "--fim-data"), world_size=1)
-    with pytest.raises(ConfigError, match="no unknown token to stand for it"):
-        _check_sentinels(config, NoUnknown(), say=False)
-
-
-def parse_fim(corpus_prefix, tmp_path, *extra):
-    return parse_args(flags(corpus_prefix, tmp_path, *extra), world_size=1)
-
-
-@pytest.mark.parametrize(
-    "extra, says",
-    [
-        (["--fim-data", "--fim-rate", "0"], "--fim-rate 0.0 must be in (0, 1]"),
-        (["--fim-data", "--fim-spm-rate", "1.5"], "--fim-spm-rate 1.5 must be in (0, 1]"),
-        (["--fim-data", "--fim-split-sample", "x"], "give it"),
-        (["--fim-data", "--fim-split-sample", "x", "--fim-fragment-rate", "2"], "in [0, 1]"),
-        (["--fim-data", "--tokenizer-type", "ByteLevelTokenizer"], "has none: use one of"),
-        (["--fim-data", "--legacy-tokenizer"], "Megatron-LM refuses it with --legacy-tokenizer"),
-    ],
-)
-def test_fim_flags_are_checked_before_anything_starts(corpus_prefix, tmp_path, extra, says):
-    with pytest.raises(ConfigError) as error:
-        parse_fim(corpus_prefix, tmp_path, *extra)
-    assert says in str(error.value)
-
-
-def test_fim_data_refuses_mock_data(corpus_prefix, tmp_path):
-    args = [a for a in flags(corpus_prefix, tmp_path) if "corpus_gpt2" not in a]
-    args.remove("--data-path")
-    with pytest.raises(ConfigError, match="drop --mock-data"):
-        parse_args(args + ["--mock-data", "--fim-data"], world_size=1)
-
-
-def test_fim_flags_without_fim_data_are_ignored_with_a_warning(corpus_prefix, tmp_path, capsys):
-    parse_fim(corpus_prefix, tmp_path, "--fim-rate", "0.3", "--fim-pad-token", "<pad>")
-    assert (
-        "--fim-rate, --fim-pad-token have no effect without --fim-data" in capsys.readouterr().out
-    )

@@ -1,7 +1,8 @@
 """The parts of loading Megatron-LM's legacy ``--ckpt-format torch``
-checkpoints that need no process group: telling the format from the
-directory, the checks made before any tensor is read, and the flag. Loading
-itself runs in real processes (test_megatron_lm_checkpoints.py)."""
+checkpoints (megatron/training/legacy_checkpoint.py) that need no process
+group: the saved layout read from the first position, the checks made
+before any tensor is read, and each model chunk loaded from its own key.
+Loading itself runs in real processes (test_megatron_lm_checkpoints.py)."""
 
 import argparse
 import os
@@ -10,11 +11,11 @@ import pytest
 import torch
 
 from megatron.training import checkpoint_files, checkpointing, legacy_checkpoint
-from megatron.training.arguments import ConfigError, parse_args
-from megatron.training.checkpoint_files import CheckpointError, SaveContents
+from megatron.training.arguments import parse_args
+from megatron.training.checkpoint_files import CheckpointError
 
 
-def config(*extra):
+def pp2_config(*extra):
     argv = [
         *("--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"),
         *("--seq-length", "8", "--micro-batch-size", "1", "--train-iters", "4"),
@@ -44,43 +45,6 @@ def legacy(root, *names):
     return folder
 
 
-def test_the_format_is_told_from_the_directory(tmp_path):
-    folder = legacy(tmp_path / "legacy", "mp_rank_00_000", "mp_rank_00_001")
-    assert checkpoint_files.is_legacy(str(folder))
-    dist_ckpt = tmp_path / "dist" / "iter_0000004"
-    dist_ckpt.mkdir(parents=True)
-    (dist_ckpt / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
-    assert not checkpoint_files.is_legacy(str(dist_ckpt))
-    assert not checkpoint_files.is_legacy(str(tmp_path / "nothing"))
-    assert not checkpoint_files.is_legacy(str(tmp_path / "dist"))
-
-
-def test_load_checkpoint_hands_each_format_to_its_reader(tmp_path, monkeypatch):
-    import types
-
-    seen = []
-    contents = SaveContents({"iteration": 4, "args": argparse.Namespace()}, None, None)
-
-    def legacy_reader(directory, config, state, *rest):
-        seen.append(("legacy", directory, config, state))
-        return contents
-
-    def dist_reader(found, config, state, *rest):
-        seen.append(("dist", found.directory, config, state))
-        return contents
-
-    monkeypatch.setattr(legacy_checkpoint, "load_legacy", legacy_reader)
-    monkeypatch.setattr(checkpointing, "load_torch_dist", dist_reader)
-    monkeypatch.setattr(checkpointing, "restore_alike", lambda *a: None)  # after either reader
-    cfg, state = config(), types.SimpleNamespace(model=[None])
-    folder = legacy(tmp_path, "mp_rank_00")
-    checkpointing.load_checkpoint(checkpoint_files.saved_in(str(tmp_path)), cfg, state)
-    (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')  # torch_dist
-    checkpointing.load_checkpoint(checkpoint_files.saved_in(str(tmp_path)), cfg, state)
-    assert checkpoint_files.saved_in(str(tmp_path / "nothing")) is None
-    assert seen == [("legacy", str(folder), cfg, state), ("dist", str(folder), cfg, state)]
-
-
 def test_the_saved_layout_is_read_from_the_first_position(tmp_path):
     folder = legacy(tmp_path, "mp_rank_00_000")
     saved = legacy_checkpoint.saved_state_of_rank_0(str(folder))
@@ -94,10 +58,10 @@ def test_the_saved_layout_is_read_from_the_first_position(tmp_path):
 
 
 def test_another_tp_or_pp_is_refused_with_what_to_do():
-    legacy_checkpoint.check_layout(saved_args(), config(), "d")
+    legacy_checkpoint.check_layout(saved_args(), pp2_config(), "d")
     with pytest.raises(CheckpointError) as error:
         legacy_checkpoint.check_layout(
-            saved_args(), config("--tensor-model-parallel-size", "2"), "d"
+            saved_args(), pp2_config("--tensor-model-parallel-size", "2"), "d"
         )
     message = str(error.value)
     assert "saved at TP 1 and PP 2; this run is at TP 2 and PP 2" in message
@@ -105,22 +69,24 @@ def test_another_tp_or_pp_is_refused_with_what_to_do():
     assert "tools/checkpoint" in message and "save it as torch_dist" in message
     with pytest.raises(CheckpointError, match="2 virtual pipeline stage.* this run has 1"):
         legacy_checkpoint.check_layout(
-            saved_args(virtual_pipeline_model_parallel_size=2), config(), "d"
+            saved_args(virtual_pipeline_model_parallel_size=2), pp2_config(), "d"
         )
-    interleaved = config(*VIRTUAL_STAGES)
+    interleaved = pp2_config(*VIRTUAL_STAGES)
     legacy_checkpoint.check_layout(
         saved_args(virtual_pipeline_model_parallel_size=2), interleaved, "d"
     )
     with pytest.raises(CheckpointError, match="1 virtual pipeline stage.* this run has 2"):
         legacy_checkpoint.check_layout(saved_args(), interleaved, "d")
     with pytest.raises(CheckpointError, match="expert_model_parallel_size 2"):
-        legacy_checkpoint.check_layout(saved_args(expert_model_parallel_size=2), config(), "d")
+        legacy_checkpoint.check_layout(saved_args(expert_model_parallel_size=2), pp2_config(), "d")
 
 
 def test_an_optimizer_of_the_other_kind_is_refused():
-    legacy_checkpoint.check_optimizer(saved_args(), config(), "d")
+    legacy_checkpoint.check_optimizer(saved_args(), pp2_config(), "d")
     with pytest.raises(CheckpointError, match="saved without --use-distributed-optimizer"):
-        legacy_checkpoint.check_optimizer(saved_args(), config("--use-distributed-optimizer"), "d")
+        legacy_checkpoint.check_optimizer(
+            saved_args(), pp2_config("--use-distributed-optimizer"), "d"
+        )
 
 
 def test_an_unreadable_file_is_named(tmp_path):
@@ -128,15 +94,6 @@ def test_an_unreadable_file_is_named(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=f"{bad} cannot be read"):
         legacy_checkpoint.read(str(bad))
-
-
-def test_ckpt_format_torch_saves_in_the_foreground_without_experts(tmp_path):
-    save = ["--save", str(tmp_path / "out"), "--ckpt-format", "torch"]
-    assert config(*save).checkpoint.ckpt_format == "torch"
-    with pytest.raises(ConfigError, match="--async-save with --ckpt-format torch"):
-        config(*save, "--async-save", "--use-persistent-ckpt-worker")
-    with pytest.raises(ConfigError, match="--ckpt-format torch_dcp cannot be written or read"):
-        config("--ckpt-format", "torch_dcp")
 
 
 def test_each_model_chunk_loads_from_its_own_key():

@@ -1,7 +1,6 @@
 """torch's scaled_dot_product_attention as megatron-core's core attention
-(megatron/training/sdpa.py), and which attention a run gets (attention.py),
-in-process. A real tensor-parallel run with SDPA and dropout is in
-tests/functional_tests/test_sdpa.py.
+(megatron/training/sdpa.py), in-process. A real tensor-parallel run with
+SDPA and dropout is in tests/functional_tests/test_sdpa.py.
 
 The SDPA module must compute what megatron-core's DotProductAttention
 computes, forward and backward, up to the rounding of fp32 (one kernel
@@ -30,13 +29,6 @@ from megatron.core.transformer import TransformerConfig  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from megatron.core.transformer.enums import AttnBackend, AttnMaskType  # noqa: E402
 
-from megatron.training.attention import (  # noqa: E402
-    LOCAL,
-    SDPA,
-    TE,
-    attention_problem,
-    core_attention_kind,
-)
 from megatron.training.sdpa import TorchSdpaAttention, with_core_attention  # noqa: E402
 
 # Largest difference allowed, relative to the largest value compared: a
@@ -201,36 +193,3 @@ def test_the_spec_gets_sdpa_in_every_layer_and_the_original_is_kept():
     swapped = with_core_attention(block, TorchSdpaAttention)
     assert core_attentions(swapped) == [TorchSdpaAttention] * 2
     assert core_attentions(block) == [DotProductAttention] * 2
-
-
-@pytest.mark.parametrize(
-    "backend, uses_te, on_cpu, kind",
-    [
-        ("auto", True, False, TE),
-        ("flash", True, False, TE),
-        ("auto", False, False, SDPA),  # a GPU without Transformer Engine
-        ("auto", False, True, LOCAL),  # CPU: megatron-core's, as before
-        ("local", False, False, LOCAL),
-        ("flash", False, True, SDPA),
-        ("fused", False, False, SDPA),
-        ("unfused", False, True, SDPA),
-    ],
-)
-def test_which_attention_a_run_gets(backend, uses_te, on_cpu, kind):
-    assert core_attention_kind(backend, uses_te, on_cpu) == kind
-
-
-def test_backends_that_cannot_run_here_are_refused_with_what_to_change():
-    assert "--transformer-impl local" in attention_problem("local", True, False, 0.1)
-    assert "needs a GPU" in attention_problem("fused", False, True, 0.0)
-    assert "--attention-dropout 0" in attention_problem("flash", False, True, 0.1)
-    assert attention_problem("flash", False, True, 0.0) is None
-    assert attention_problem("flash", False, False, 0.1) is None  # GPU flash has dropout
-    assert attention_problem("fused", False, False, 0.1) is None
-    mask = "--reset-attention-mask"
-    assert mask in attention_problem("flash", False, False, 0.0, masked_by=mask)
-    assert attention_problem("unfused", False, True, 0.1, masked_by=mask) is None
-    mla = "multi-latent attention's head dimensions"
-    assert core_attention_kind("auto", False, True, local_lacks=mla) == "sdpa"
-    assert mla in attention_problem("local", False, True, 0.1, local_lacks=mla)
-    assert attention_problem("flash", False, True, 0.0, local_lacks=mla) is None

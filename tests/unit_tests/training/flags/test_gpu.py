@@ -1,14 +1,10 @@
-"""Megatron-LM's GPU-only features (the gpu section: Transformer Engine's
-tensor-parallel overlap, the MoE communication overlap, fine-grained
-activation offloading, Transformer Engine's CUDA graphs): their rules at
-parse time, the megatron-core configuration a GPU run builds with them (built
-here, on a CPU), and the wiring that runs them (the userbuffers' setup, the
-schedule plan of the combined 1F1B schedule, the graphs' capture), each with
-stand-ins for what only a GPU has."""
+"""Megatron-LM's GPU-only features (megatron/training/flags/gpu.py: Transformer
+Engine's tensor-parallel overlap, the MoE communication overlap,
+fine-grained activation offloading, Transformer Engine's CUDA graphs):
+their rules at parse time, and the megatron-core configuration a GPU run
+builds with them (built here, on a CPU, with stand-ins for what only a GPU
+has)."""
 
-import sys
-import types
-from functools import partial
 from unittest import mock
 
 import pytest
@@ -21,9 +17,6 @@ cpu_compat.import_megatron_core_without_cuda()  # import-time only
 
 from megatron.core.transformer.enums import CudaGraphScope  # noqa: E402
 
-import pretrain_gpt  # noqa: E402
-from megatron.training import initialize  # noqa: E402
-from megatron.training.cuda_graphs import CudaGraphHook, cuda_graph_hooks  # noqa: E402
 from megatron.training.model_setup import transformer_config  # noqa: E402
 
 BASE = [
@@ -55,9 +48,6 @@ def refusal(flags, world_size=1, **kwargs) -> str:
     with pytest.raises(ConfigError) as caught:
         on_a_gpu_node(flags, world_size, **kwargs)
     return str(caught.value)
-
-
-# --- parse time -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -169,124 +159,3 @@ def test_settings_without_their_feature_are_said_to_have_no_effect(capsys):
     out = capsys.readouterr().out
     assert "--cuda-graph-scope has no effect without --cuda-graph-impl" in out
     assert "--offload-modules has no effect without --fine-grained-activation-offloading" in out
-
-
-def test_no_feature_no_megatron_core_fields_changed():
-    """Control: without the gpu section's flags the configuration keeps
-    megatron-core's defaults (no overlap, no graphs, no offloading)."""
-    tf = transformer_config(on_a_gpu_node([]), on_cpu=False)
-    assert not (tf.tp_comm_overlap or tf.overlap_moe_expert_parallel_comm)
-    assert not tf.fine_grained_activation_offloading
-    assert tf.cuda_graph_impl == "none" and cuda_graph_hooks(on_a_gpu_node([])) == []
-
-
-# --- the wiring that runs them ------------------------------------------------------
-
-
-def test_the_userbuffers_are_set_up_as_megatron_lm_sets_them_up(tmp_path, monkeypatch):
-    """Transformer Engine's initialize_ub gets one microbatch's
-    sequence-parallel activations and the YAML settings (a stand-in module:
-    the real one needs a GPU)."""
-    calls = []
-    modes = types.SimpleNamespace(FP8="fp8", NONE="none")
-    base = types.SimpleNamespace(
-        UserBufferQuantizationMode=modes, initialize_ub=lambda **kw: calls.append(kw)
-    )
-    settings = tmp_path / "ub.yaml"
-    settings.write_text("qkv_fprop:\n  method: ring_exchange\n")
-    flags = TP2_SP + ["--tp-comm-overlap", "--tp-comm-overlap-cfg", str(settings)]
-    config = on_a_gpu_node(flags, 2)
-    te = types.ModuleType("transformer_engine")
-    te.pytorch = types.ModuleType("transformer_engine.pytorch")
-    te.pytorch.module = types.SimpleNamespace(base=base)
-    monkeypatch.setitem(sys.modules, "transformer_engine", te)
-    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", te.pytorch)
-    initialize.init_tp_communicators(config)
-    assert calls == [
-        dict(
-            shape=[2 * 32, 64],  # micro batch x sequence, hidden
-            tp_size=2,
-            ub_cfgs={"qkv_fprop": {"method": "ring_exchange"}},
-            bootstrap_backend="nccl",
-            quantization_modes=["none"],
-        )
-    ]
-
-
-class _Model:
-    def __init__(self):
-        self.called = []
-
-    def __call__(self, *args, **kwargs):
-        self.called.append("forward")
-        return "output"
-
-    def build_schedule_plan(self, *args, **kwargs):
-        self.called.append("plan")
-        return "plan"
-
-
-def test_the_forward_step_gives_the_combined_schedule_its_plan(monkeypatch):
-    """megatron-core's combined 1F1B schedule asks the forward step for the
-    model's schedule plan; the same inputs, the same loss function."""
-    batch = ("tokens", "labels", "mask", None, "positions")
-    monkeypatch.setattr(pretrain_gpt, "get_batch", lambda iterator: batch)
-    model = _Model()
-    output, loss = pretrain_gpt.forward_step(None, model, return_schedule_plan=True)
-    assert output == "plan" and model.called == ["plan"]
-    assert isinstance(loss, partial) and loss.args == ("mask",)
-    # Control: without it, the forward itself.
-    assert pretrain_gpt.forward_step(None, model)[0] == "output"
-
-
-class _Chunk:
-    def __init__(self, log):
-        self.log = log
-
-    def disable_forward_pre_hook(self, param_sync=True):
-        self.log.append(("disable", param_sync))
-
-    def enable_forward_pre_hook(self):
-        self.log.append("enable")
-
-
-class _Helper:
-    def __init__(self, log):
-        self.log, self.created = log, False
-
-    def graphs_created(self):
-        return self.created
-
-    def create_cudagraphs(self):
-        self.log.append("capture")
-        self.created = True
-
-    def cuda_graph_set_manual_hooks(self):
-        self.log.append("manual hooks")
-
-    def delete_cuda_graphs(self):
-        self.log.append("delete")
-
-
-def _trainer(iteration, warmup, overlap, log):
-    gpu = types.SimpleNamespace(cuda_graph_warmup_steps=warmup)
-    parallel = types.SimpleNamespace(overlap_param_gather=overlap)
-    return types.SimpleNamespace(
-        progress=types.SimpleNamespace(iteration=iteration),
-        config=types.SimpleNamespace(gpu=gpu, parallel=parallel),
-        state=types.SimpleNamespace(model=[_Chunk(log), _Chunk(log)]),
-    )
-
-
-@pytest.mark.parametrize("overlap", [False, True])
-def test_the_graphs_are_captured_after_the_warmup_once_and_deleted_at_the_end(overlap):
-    log = []
-    hook = CudaGraphHook()
-    hook.helper, hook.start_iteration = _Helper(log), 5  # resumed at iteration 5
-    for iteration in range(5, 10):
-        hook.before_step(_trainer(iteration, warmup=2, overlap=overlap, log=log))
-        log.append(iteration)
-    hook.on_train_end(_trainer(10, 2, overlap, log))
-    around = [("disable", False), ("disable", False), "capture", "enable", "enable"]
-    captured = (around + ["manual hooks"]) if overlap else ["capture"]
-    assert log == [5, 6, *captured, 7, 8, 9, "delete"]
