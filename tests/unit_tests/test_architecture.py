@@ -789,21 +789,29 @@ def integration_marks(tree: ast.Module) -> int:
     )
 
 
+def modules_under(root: str) -> List[str]:
+    """The test modules under ``root``, its subfolders' too (the unit tests
+    are laid out by subpackage)."""
+    return sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.startswith("test_") and name.endswith(".py")
+    )
+
+
 def misplaced_tests(tests_dir: str) -> List[str]:
     """Test files in the wrong folder: a unit test file that marks anything
     integration, or a functional one whose tests are not all integration."""
     wrong = []
     for folder, functional in (("unit_tests", False), ("functional_tests", True)):
-        root = os.path.join(tests_dir, folder)
-        for name in sorted(os.listdir(root)):
-            if not (name.startswith("test_") and name.endswith(".py")):
-                continue
-            tree = parse(os.path.join(root, name))
+        for path in modules_under(os.path.join(tests_dir, folder)):
+            tree = parse(path)
             placed = (
                 marks_every_test_integration(tree) if functional else not integration_marks(tree)
             )
             if not placed:
-                wrong.append(f"{folder}/{name}")
+                wrong.append(os.path.relpath(path, tests_dir))
     return wrong
 
 
@@ -821,7 +829,10 @@ def test_the_layout_check_sees_a_misplaced_test(tmp_path):
     (tmp_path / "unit_tests" / "test_ok.py").write_text("def test_a():\n    pass\n")
     (tmp_path / "unit_tests" / "test_marked.py").write_text(marked)
     (tmp_path / "unit_tests" / "test_one_marked.py").write_text(one_marked)
+    (tmp_path / "unit_tests" / "policy").mkdir()
+    (tmp_path / "unit_tests" / "policy" / "test_marked.py").write_text(marked)
     assert misplaced_tests(str(tmp_path)) == [
+        "unit_tests/policy/test_marked.py",
         "unit_tests/test_marked.py",
         "unit_tests/test_one_marked.py",
         "functional_tests/test_unmarked.py",
