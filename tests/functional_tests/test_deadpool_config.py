@@ -3,7 +3,7 @@ layout before any process group (from argument parsing, so no rendezvous
 is attempted), and the launcher refuses a multi-node run without a shared
 secret or timeouts out of their order, and says why its workers refused
 their flags. (The flags' checks, in-process, are in
-tests/unit_tests/test_deadpool_config.py.)"""
+tests/unit_tests/test_config.py.)"""
 
 import os
 import sys

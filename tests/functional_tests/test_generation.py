@@ -15,7 +15,8 @@ Rank 2 then stops using the generation:
 The release also shuts what a generation opened but the control plane
 (with the store's server in a process of its own, as in a job). What a
 rank does in-process (which sockets it shuts, the heartbeat thread's
-watch) is in tests/unit_tests/test_generation.py.
+watch) is in tests/unit_tests/test_sockets.py and
+tests/unit_tests/rank/test_client.py and test_generation.py.
 """
 
 import datetime

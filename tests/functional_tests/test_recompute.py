@@ -2,7 +2,8 @@
 really runs (layers and attention cores run twice per microbatch) and changes
 nothing: with dropout on, the curve equals the run without recompute bit for
 bit, because megatron-core restores the RNG streams before it recomputes.
-The flags are tested in tests/unit_tests/test_recompute.py; hot swap with
+The flags are tested in tests/unit_tests/training/flags/test_training.py and
+what they set in tests/unit_tests/training/test_model_setup.py; hot swap with
 recompute: test_hot_swap.py."""
 
 import json

@@ -2,7 +2,7 @@
 written with each kind (the embedding table is the vocabulary padded as
 Megatron-LM pads it), and a node's zygote imports transformers only where a
 rank may build Hugging Face's tokenizer. (The tokenizers themselves,
-in-process, are in tests/unit_tests/test_tokenizers.py.)"""
+in-process, are in tests/unit_tests/training/test_tokenizer.py.)"""
 
 import json
 import os

@@ -273,7 +273,7 @@ def test_check_tokenizer_missing_package(tmp_path, monkeypatch, tokenizer_type, 
 
 
 def test_a_tokenizer_flag_the_type_does_not_read_is_named_with_who_reads_it():
-    """Megatron-LM ignores them; parsing warns (test_arguments.py)."""
+    """Megatron-LM ignores them; parsing warns (training/flags/test_data.py)."""
     from megatron.training.tokenizer import unused_tokenizer_flags
 
     null = TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=9, merge_file="m.txt")
