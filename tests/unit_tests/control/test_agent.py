@@ -59,6 +59,7 @@ def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp
     assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
 
+# ----- its GPUs (the fake NVML) -----
 def agent_on(nvml, node=2, nproc=2):
     posted = []
     agent = Agent.__new__(Agent)
@@ -110,7 +111,7 @@ def test_the_agent_reads_its_gpus_again_when_a_failure_is_announced(nvml):
     assert len(posted) == 1
 
 
-# ----- the agent -----
+# ----- Slurm's DRAIN marking of its node -----
 class FakeChannel:
     def __init__(self):
         self.posted = []

@@ -197,6 +197,7 @@ def test_a_decision_names_the_gpu_it_takes_and_the_spare_it_left_out():
     assert decision.gpus == {"2.1": healthy}
 
 
+# ----- the hot swap's rank arithmetic -----
 # 4 ranks on 2 nodes of 2 (TP2 x DP2, tp-pp-dp order): DP peers 0<->2, 1<->3.
 MEMBERS = {0: "0.0", 1: "0.1", 2: "1.0", 3: "1.1"}
 BUDDY = OWNER = [2, 3, 0, 1]
@@ -422,6 +423,7 @@ def test_a_doomed_generation_stops_at_once_and_a_grow_generation_grows():
     assert got.action == "grow" and got.replaced == {2: "2.0", 3: "2.1"}
 
 
+# ----- a shrink and a grow: whole replicas -----
 def limits(unit=1, sizes=None, **rest) -> Limits:
     return Limits(shrink_unit=unit, data_parallel_sizes=sizes and tuple(sizes), **rest)
 
@@ -457,9 +459,6 @@ def plan_grow(gen, members, reports, spares, grid, planned_dp, sizes=None):
         limits=limits(sizes=sizes),
     )
     return grow(view)
-
-
-# --- pure arithmetic -----------------------------------------------------------------
 
 
 def resize_reports(ranks, own=(2, 3), held=(2, 3)):
