@@ -2,7 +2,8 @@
 through pretrain_gpt.py as a process: it fails fast on bad arguments,
 before any process group (no rendezvous is attempted), and its --help lists
 every flag. (The arguments' defaults, generated flags and bad inputs,
-in-process, are in tests/unit_tests/test_arguments.py.)
+in-process, are in tests/unit_tests/training/test_arguments.py and
+tests/unit_tests/training/flags/.)
 """
 
 import os
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.unit_tests.test_arguments import _names_all, argv
+from tests.unit_tests.training.command_line import _names_all, argv
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 before each larger batch, and the batch is a function of the samples
 consumed, so a resumed run and a shrunk one (fewer replicas, uneven quotas)
 take the failure-free run's batches. (The ramp itself, in-process, is in
-tests/unit_tests/test_batch_rampup.py.)
+tests/unit_tests/training/test_schedule.py.)
 
 The shrink test's tolerance is test_shrink.py's (its docstring says why
 1e-5 relative, fifty times the fp32 reordering measured there), and its
@@ -22,7 +22,7 @@ from dist_utils import (
     run_pretrain,
     tensorboard_scalars,
 )
-from tests.unit_tests.test_batch_rampup import RAMP, RAMP_SIZES
+from tests.unit_tests.training.test_schedule import RAMP, RAMP_SIZES
 
 pytestmark = pytest.mark.integration
 

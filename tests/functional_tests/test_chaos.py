@@ -8,7 +8,7 @@ tolerance where the job shrinks, and every survivor must have torn its
 groups down within the heartbeat timeout of the failure's detection.
 Then a short seeded sample of the randomized campaign (the full campaign,
 100 trials, is run by hand: docs/reliability.md). The campaign's draws,
-in-process, are tested in tests/unit_tests/test_chaos.py.
+in-process, are tested in tests/unit_tests/tools/test_chaos.py.
 """
 
 import dataclasses

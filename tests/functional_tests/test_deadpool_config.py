@@ -3,7 +3,7 @@ layout before any process group (from argument parsing, so no rendezvous
 is attempted), and the launcher refuses a multi-node run without a shared
 secret or timeouts out of their order, and says why its workers refused
 their flags. (The flags' checks, in-process, are in
-tests/unit_tests/test_deadpool_config.py.)"""
+tests/unit_tests/test_config.py.)"""
 
 import os
 import sys
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dist_utils import captured, worker_env
-from tests.unit_tests.test_deadpool_config import BASE, DEADPOOL, FLAG_ORDERS, TP2_PP2
+from tests.unit_tests.test_config import BASE, DEADPOOL, FLAG_ORDERS, TP2_PP2
 
 pytestmark = pytest.mark.integration
 

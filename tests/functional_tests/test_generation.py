@@ -15,7 +15,8 @@ Rank 2 then stops using the generation:
 The release also shuts what a generation opened but the control plane
 (with the store's server in a process of its own, as in a job). What a
 rank does in-process (which sockets it shuts, the heartbeat thread's
-watch) is in tests/unit_tests/test_generation.py.
+watch) is in tests/unit_tests/test_sockets.py and
+tests/unit_tests/rank/test_client.py and test_generation.py.
 """
 
 import datetime
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from deadpool_ext.wire import connect, control_connect, listening
 from deadpool_ext.control.ports import free_port
 from deadpool_ext.rank.generation import Generation
-from tests.unit_tests.test_generation import connected, listener  # noqa: F401  (a fixture)
+from tests.unit_tests.test_sockets import connected, listener  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 

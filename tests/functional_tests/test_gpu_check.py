@@ -1,7 +1,7 @@
 """The prepared GPU validation's script (tools/gpu_check.sh), run here as
 a process in its dry run: the script a GPU session's device call runs.
 (The dry run and checks of tools/gpu_check.py, in-process, are unit tests:
-tests/unit_tests/test_gpu_check.py.)"""
+tests/unit_tests/tools/test_gpu_check.py.)"""
 
 import subprocess
 import sys

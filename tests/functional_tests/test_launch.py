@@ -1,7 +1,8 @@
 """deadpool-launch (deadpool_ext/control/launch.py) starting real jobs: a
 module given with ``-m`` trains, as torchrun's would run it, and
 --exit-on-missing-checkpoint ends a job cleanly with and without deadpool.
-The command line's parsing is tested in tests/unit_tests/test_launch.py."""
+The command line's parsing is tested in
+tests/unit_tests/control/test_command_line.py."""
 
 import subprocess
 import sys

@@ -15,7 +15,7 @@ from dist_utils import (
     run_pretrain,
     tensorboard_scalars,
 )
-from tests.unit_tests.test_moe import BASE, MOE
+from tests.unit_tests.training.flags.test_moe import BASE, MOE
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import pytest
 
 from dist_utils import captured
 from tools.planning import scale as ps
-from tests.unit_tests.test_plan_scale import CASES
+from tests.unit_tests.tools.planning.test_scale import CASES
 
 pytestmark = pytest.mark.integration
 

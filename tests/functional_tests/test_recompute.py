@@ -2,7 +2,8 @@
 really runs (layers and attention cores run twice per microbatch) and changes
 nothing: with dropout on, the curve equals the run without recompute bit for
 bit, because megatron-core restores the RNG streams before it recomputes.
-The flags are tested in tests/unit_tests/test_recompute.py; hot swap with
+The flags are tested in tests/unit_tests/training/flags/test_training.py and
+what they set in tests/unit_tests/training/test_model_setup.py; hot swap with
 recompute: test_hot_swap.py."""
 
 import json
@@ -13,7 +14,12 @@ import pytest
 import forkserver
 from dist_utils import REPO, curve, read_metrics, run_pretrain, worker_env
 from deadpool_ext.control.ports import free_port
-from tests.unit_tests.test_recompute import BASE, FULL_BLOCK, FULL_UNIFORM, SELECTIVE
+from tests.unit_tests.training.flags.test_training import (
+    FULL_BLOCK,
+    FULL_UNIFORM,
+    RECOMPUTE_BASE as BASE,
+    SELECTIVE,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """--train-samples as Megatron-LM, in real runs: a run given in samples
 equals the same run given in iterations, and the warm-up in samples is
 read. (The schedule itself, in-process, is in
-tests/unit_tests/test_schedule.py.)"""
+tests/unit_tests/training/test_schedule.py.)"""
 
 import pytest
 

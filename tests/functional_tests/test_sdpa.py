@@ -2,7 +2,7 @@
 real run: pretrain_gpt.py on two tensor-parallel ranks with SDPA and
 dropout trains and repeats bit for bit. (The module against megatron-core's
 attention, and which attention a run gets, in-process, are in
-tests/unit_tests/test_sdpa.py.)"""
+tests/unit_tests/training/test_sdpa.py and test_attention.py.)"""
 
 import pytest
 

@@ -4,7 +4,8 @@ spare node, ranks SIGKILLed, the job drops the replicas that lost a rank
 and goes on with the survivors and the same global batch; a repaired node
 joins (deadpool-launch --join) and the job grows back to its launched size.
 (The pure parts, in-process: the plans, the sample quotas, the re-sharding
-arithmetic, are in tests/unit_tests/test_shrink.py.)
+arithmetic, are in tests/unit_tests/policy/test_decide.py,
+tests/unit_tests/training/test_data.py and test_optimizer_layout.py.)
 
 Tolerance. After a shrink the run is the failure-free one with the
 data-parallel reduction done over fewer replicas: the same samples, the same

@@ -2,14 +2,14 @@
 written with each kind (the embedding table is the vocabulary padded as
 Megatron-LM pads it), and a node's zygote imports transformers only where a
 rank may build Hugging Face's tokenizer. (The tokenizers themselves,
-in-process, are in tests/unit_tests/test_tokenizers.py.)"""
+in-process, are in tests/unit_tests/training/test_tokenizer.py.)"""
 
 import json
 import os
 
 import pytest
 
-from tests.unit_tests.test_tokenizers import build, corpus, fields  # noqa: F401  (a fixture)
+from tests.unit_tests.training.test_tokenizer import build, corpus, fields  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,5 @@
-"""The package's shape, read from the source with ``ast`` (nothing is imported):
+"""The package's shape, read from the source with ``ast`` (nothing is
+imported but by the namespace's check):
 
 * no import cycle among the repository's modules, counting imports inside
   functions too (a function-level import is still a dependency; it only
@@ -14,7 +15,9 @@
 * a process ends only in a ``main`` (``PROCESS_MAINS`` names the two mains
   by contract and the exit they share);
 * tests that start processes are in tests/functional_tests, marked
-  ``integration`` as a whole module, and tests/unit_tests marks none.
+  ``integration`` as a whole module, and tests/unit_tests marks none;
+* ``megatron`` is a namespace package: megatron-core from the wheel,
+  megatron.training from the repository.
 
 Each check has a negative control that feeds it a small cycle or a small
 impure package and asserts that it is caught; so does conftest.py's guard
@@ -26,6 +29,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections import deque
 from typing import Dict, Iterator, List, Optional, Set
@@ -785,21 +789,29 @@ def integration_marks(tree: ast.Module) -> int:
     )
 
 
+def modules_under(root: str) -> List[str]:
+    """The test modules under ``root``, its subfolders' too (the unit tests
+    are laid out by subpackage)."""
+    return sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.startswith("test_") and name.endswith(".py")
+    )
+
+
 def misplaced_tests(tests_dir: str) -> List[str]:
     """Test files in the wrong folder: a unit test file that marks anything
     integration, or a functional one whose tests are not all integration."""
     wrong = []
     for folder, functional in (("unit_tests", False), ("functional_tests", True)):
-        root = os.path.join(tests_dir, folder)
-        for name in sorted(os.listdir(root)):
-            if not (name.startswith("test_") and name.endswith(".py")):
-                continue
-            tree = parse(os.path.join(root, name))
+        for path in modules_under(os.path.join(tests_dir, folder)):
+            tree = parse(path)
             placed = (
                 marks_every_test_integration(tree) if functional else not integration_marks(tree)
             )
             if not placed:
-                wrong.append(f"{folder}/{name}")
+                wrong.append(os.path.relpath(path, tests_dir))
     return wrong
 
 
@@ -817,7 +829,10 @@ def test_the_layout_check_sees_a_misplaced_test(tmp_path):
     (tmp_path / "unit_tests" / "test_ok.py").write_text("def test_a():\n    pass\n")
     (tmp_path / "unit_tests" / "test_marked.py").write_text(marked)
     (tmp_path / "unit_tests" / "test_one_marked.py").write_text(one_marked)
+    (tmp_path / "unit_tests" / "policy").mkdir()
+    (tmp_path / "unit_tests" / "policy" / "test_marked.py").write_text(marked)
     assert misplaced_tests(str(tmp_path)) == [
+        "unit_tests/policy/test_marked.py",
         "unit_tests/test_marked.py",
         "unit_tests/test_one_marked.py",
         "functional_tests/test_unmarked.py",
@@ -865,3 +880,30 @@ def test_the_group_check_sees_a_group_made_elsewhere(tmp_path):
         },
     )
     assert group_makers(str(tmp_path), ["pkg"]) == {"pkg.a": [2], "pkg.b": [2]}
+
+
+# ----- the megatron namespace -----
+
+
+def test_megatron_is_a_namespace_of_the_wheel_and_the_repo():
+    import megatron
+    import megatron.core
+    import megatron.training
+
+    site = {
+        os.path.realpath(p)
+        for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+    }
+    core = os.path.realpath(megatron.core.__file__)
+    assert "site-packages" in core.split(os.sep)
+    assert any(core.startswith(s + os.sep) for s in site), core
+    # Not our tree (a venv inside the checkout is fine: that is site-packages).
+    assert not core.startswith(os.path.realpath(os.path.join(REPO, "megatron")) + os.sep)
+    training = os.path.realpath(megatron.training.__file__)
+    ours = os.path.realpath(os.path.join(REPO, "megatron", "training"))
+    assert training.startswith(ours + os.sep)
+    assert not os.path.exists(os.path.join(REPO, "megatron", "__init__.py"))
+    assert not os.path.exists(os.path.join(REPO, "megatron", "core"))
+    assert getattr(megatron, "__file__", None) is None  # a namespace package
+    paths = {os.path.realpath(p) for p in megatron.__path__}
+    assert os.path.realpath(os.path.join(REPO, "megatron")) in paths

@@ -1,16 +1,13 @@
-"""The control plane admits only holders of the job's secret, and never
-unpickles: a real TCPStore in this process. A store whose host goes silent
-(other processes, in a network namespace) is in
-tests/functional_tests/test_wire.py."""
+"""The control plane's wire (deadpool_ext/wire.py) admits only holders of
+the job's secret, and never unpickles: a real TCPStore in this process. A
+store whose host goes silent (other processes, in a network namespace) is
+in tests/functional_tests/test_wire.py."""
 
 import json
 
 import pytest
 
 from deadpool_ext.wire import Channel, connect
-from deadpool_ext.inject import InjectError, parse_fault
-from deadpool_ext.config import DeadpoolConfig, coordinator_settings
-from megatron.training.arguments import ConfigError
 from deadpool_ext.control.ports import free_port
 
 
@@ -164,72 +161,3 @@ def test_a_poisoned_topic_counter_is_mended_and_every_message_still_arrives():
     connect(*address, timeout_s=10).set("topic/t6/n", b"not-a-number")
     with pytest.raises(Exception):
         control.post("t6", kind="exit", slot="0.0", code=-9)
-
-
-def test_fault_specs_parse_and_bad_ones_say_what_to_change():
-    f = parse_fault("kill:rank=5:iter=7:phase=backward")
-    assert (f.action, f.rank, f.node, f.iteration, f.phase) == ("kill", 5, None, 7, "backward")
-    assert parse_fault("kill:node=1:iter=4").node == 1
-    assert parse_fault("kill:rank=0:phase=recovery").iteration is None
-    assert parse_fault("disk-full:rank=2:iter=4").phase == "save"
-    for bad, words in [
-        ("disk-full:node=1:iter=4", "disk-full takes rank=N and iter=N only"),
-        ("disk-full:rank=1:iter=4:phase=forward", "disk-full takes rank=N"),
-        ("kill:rank=1", "iter=N"),
-        ("explode:rank=1:iter=2", "action"),
-        ("kill:rank=1:node=0:iter=2", "exactly one"),
-        ("kill:rank=1:iter=2:phase=lunch", "phase"),
-        ("hang:node=1:iter=2", "hang takes rank"),
-        ("kill:rank=x:iter=2", "integers"),
-    ]:
-        with pytest.raises(InjectError, match=words):
-            parse_fault(bad)
-
-
-def test_the_launcher_reads_the_flags_it_shares_with_the_workers():
-    """The coordinator acts on the --deadpool flags as the workers read
-    them, from the start: the script's other flags are the script's."""
-    args = ["--num-layers", "2", "--deadpool", "--deadpool-events", "e.jsonl"]
-    args += ["--deadpool-heartbeat-timeout=3", "--deadpool-on-spares-exhausted", "checkpoint"]
-    got = coordinator_settings(args)
-    assert (got.events, got.heartbeat_timeout, got.on_spares_exhausted) == (
-        "e.jsonl",
-        3.0,
-        "checkpoint",
-    )
-    # Given twice, the last counts, as in the workers' argparse; the rest
-    # are the flags' defaults (DeadpoolConfig's).
-    again = coordinator_settings(args + ["--deadpool-heartbeat-timeout", "10"])
-    assert (
-        again.heartbeat_timeout == 10.0 and again.spare_wait == DeadpoolConfig().deadpool_spare_wait
-    )
-    with pytest.raises(ConfigError, match="--deadpool-spare-wait"):
-        coordinator_settings(["--deadpool-spare-wait", "soon"])
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--join", "--standalone", "--node-rank", "1", "x.py"], "not --standalone"),
-        (["--join", "--node-rank", "0", "--master-port", "29500", "x.py"], "--node-rank >= 1"),
-        (["--join", "--node-rank", "2", "x.py"], "--master-port"),
-    ],
-)
-def test_join_needs_the_running_jobs_address_and_a_node_index(argv, message):
-    from deadpool_ext.control.command_line import build_parser, check
-
-    with pytest.raises(ConfigError) as error:
-        check(build_parser().parse_args(argv))
-    assert message in str(error.value)
-
-
-def test_a_full_disk_fails_writes_until_it_is_freed(tmp_path):
-    from deadpool_ext.inject import fill_disk, free_disk
-
-    fill_disk()
-    try:
-        with pytest.raises(OSError, match="File too large"):
-            (tmp_path / "f").write_bytes(b"x")
-    finally:
-        free_disk()
-    (tmp_path / "f").write_bytes(b"x")

@@ -123,7 +123,8 @@ def costs(n=100_000_000) -> dict:
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit(
-            "tools.probes.replay_exactness needs a GPU (on CPU: tests/unit_tests/test_replay.py)"
+            "tools.probes.replay_exactness needs a GPU"
+            " (on CPU: tests/unit_tests/state/test_replay.py)"
         )
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
     for name, (cls, options) in KERNELS.items():

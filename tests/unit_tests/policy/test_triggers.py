@@ -6,7 +6,7 @@ and when a generation's progress moves the job on. A loss a trigger finds
 comes back into ``lost_ranks`` through the view's news, as the coordinator
 hands it on; where the generation that follows is decided, ``Policy.decide``
 is asked as the coordinator asks it. What goes out (the keys published, the
-commands sent) is tests/unit_tests/test_coordinator.py's."""
+commands sent) is tests/unit_tests/control/test_coordinator.py's."""
 
 import pytest
 

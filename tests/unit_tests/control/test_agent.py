@@ -1,0 +1,204 @@
+"""A node's agent (deadpool_ext/control/agent.py), in-process: it announces
+its node before any worker starts, gives its workers NCCL error handling
+that lets them recover, reads its GPUs (against the fake NVML of
+tests/common/fake_nvml) and tells the coordinator when a verdict changes,
+and asks once per Slurm DRAIN marking to drain its node (scontrol's text is
+given, never run)."""
+
+import time
+import types
+
+import pytest
+
+from deadpool_ext import protocol as P
+from deadpool_ext.control import slurm_state
+from deadpool_ext.control.agent import Agent
+from deadpool_ext.control.gpu_health import GpuReading, NvmlReader
+from deadpool_ext.protocol import GpuHealth
+from tests.unit_tests.control.test_slurm_state import (
+    DRAINED_IDLE,
+    DRAINING_ALLOCATED,
+    DRAINING_MIXED,
+    IDLE,
+)
+
+
+def test_an_agent_announces_its_node_before_any_worker_starts():
+    """A joining node's spares, forked from a warm zygote, can say they are
+    ready within milliseconds; the coordinator reads its topic in order and
+    ignores readiness from a slot it still counts as lost, so the node's
+    announcement must come first (a grow once waited forever for a spare)."""
+    import types
+
+    from deadpool_ext.control.agent import Agent
+
+    order = []
+    agent = types.SimpleNamespace(
+        node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4
+    )
+    agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
+    agent.start_worker = lambda local, active: order.append(f"worker {local}")
+    agent.check_gpus = lambda now: order.append("gpus")
+    Agent.start(agent)
+    # Its GPUs' health too: a spare whose GPU fails is never counted ready.
+    assert order == ["node", "gpus", "worker 0", "worker 1"]
+
+
+def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp_path):
+    """torch's default ends a process whose NCCL communicator failed; a
+    worker's environment says otherwise unless the user set it."""
+    from deadpool_ext.control.agent import Agent
+
+    agent = Agent.__new__(Agent)
+    agent.node, agent.nproc, agent.world_size, agent.store_addr = 1, 2, 4, "h:1"
+    agent.standby, agent.takeover_wait_s, agent.error_dir = None, 0.0, str(tmp_path)
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    env = agent.worker_env(1, active=True)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["RANK"] == "3"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+# ----- its GPUs (the fake NVML) -----
+def agent_on(nvml, node=2, nproc=2):
+    posted = []
+    agent = Agent.__new__(Agent)
+    agent.node, agent.nproc = node, nproc
+    agent.gpus, agent.gpu_verdicts, agent.next_gpu_check = NvmlReader(nvml), None, 0.0
+    agent.channel = types.SimpleNamespace(post=lambda topic, message: posted.append(message))
+    return agent, posted
+
+
+def test_the_agent_tells_the_coordinator_when_a_verdict_changes(nvml):
+    nvml.gpus([{}, {}])
+    agent, posted = agent_on(nvml)
+    agent.check_gpus(now=True)
+    assert len(posted) == 1 and isinstance(posted[0], GpuHealth)
+    assert sorted(posted[0].readings) == ["2.0", "2.1"]
+    agent.check_gpus(now=True)  # nothing changed: nothing sent
+    agent.check_gpus()  # not due yet
+    assert len(posted) == 1
+    nvml.gpus([{}, {"ecc_uncorrected": 5}])
+    agent.check_gpus(now=True)
+    assert len(posted) == 2
+    assert GpuReading.from_dict(posted[1].readings["2.1"]).problems()
+
+
+def test_a_check_that_breaks_stops_the_checks_not_the_agent(nvml, capsys):
+    nvml.gpus([{}, {}])
+    agent, posted = agent_on(nvml)
+
+    def broken(handle):
+        raise RuntimeError("the binding broke")
+
+    nvml.nvmlDeviceGetHandleByIndex = broken
+    agent.check_gpus(now=True)
+    assert posted == [] and agent.gpus is None
+    assert "GPU health checks stop: RuntimeError: the binding broke" in capsys.readouterr().err
+    agent.check_gpus(now=True)  # and nothing more is read
+
+
+def test_the_agent_reads_its_gpus_again_when_a_failure_is_announced(nvml):
+    agent, posted = agent_on(nvml)
+    agent.checked_failure_gen = None
+    generations = iter([{"gen": 0, "state": "training"}, {"gen": 1, "state": "recovering"}])
+    agent.channel.put = lambda *args, **kwargs: None
+    agent.channel.get = lambda key: next(generations)
+    agent.beat()
+    assert posted == []
+    agent.next_gpu_check = float("inf")  # not due: only the announcement reads
+    agent.beat()
+    assert len(posted) == 1
+
+
+# ----- Slurm's DRAIN marking of its node -----
+class FakeChannel:
+    def __init__(self):
+        self.posted = []
+
+    def reader(self, topic):
+        return None
+
+    def post(self, topic, message):
+        self.posted.append((topic, message))
+
+
+def agent(tmp_path, slurm_node="node2"):
+    return Agent(
+        FakeChannel(),
+        1,
+        4,
+        True,
+        8,
+        ["true"],
+        "127.0.0.1:1",
+        scratch=str(tmp_path),
+        slurm_node=slurm_node,
+    )
+
+
+def drain_requests(a):
+    return [m for topic, m in a.channel.posted if topic == P.CONTROL_TOPIC]
+
+
+def test_the_agent_asks_once_per_drain_marking_for_its_own_node(tmp_path, capsys):
+    a = agent(tmp_path)
+    a.on_slurm_state(IDLE)
+    assert drain_requests(a) == []
+    a.on_slurm_state(DRAINING_MIXED)
+    a.on_slurm_state(DRAINING_MIXED)
+    a.on_slurm_state(None)  # scontrol failed: still marked as far as we know
+    a.on_slurm_state(DRAINED_IDLE)
+    (request,) = drain_requests(a)
+    assert isinstance(request, P.ControlRequest)
+    assert (request.request, request.node, request.by) == ("drain", 1, "slurm")
+    assert request.reason == "Slurm marked node2 MIXED+DRAIN: admin check"
+    assert request.nonce
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "deadpool agent 1: Slurm marked node2 MIXED+DRAIN: admin check; asking to drain this node"
+    ]
+    # Resumed, then marked again: a new request.
+    a.on_slurm_state(IDLE)
+    a.on_slurm_state(DRAINING_ALLOCATED)
+    assert [r.reason.split(": ", 1)[0] for r in drain_requests(a)] == [
+        "Slurm marked node2 MIXED+DRAIN",
+        "Slurm marked node2 ALLOCATED+DRAIN",
+    ]
+    assert len({r.nonce for r in drain_requests(a)}) == 2
+
+
+def test_the_agent_reads_in_the_background_every_interval(tmp_path, monkeypatch):
+    reads = []
+
+    def read_node(name, timeout_s):
+        reads.append(name)
+        return DRAINED_IDLE
+
+    monkeypatch.setattr(slurm_state, "read_node", read_node)
+    a = agent(tmp_path)
+    a.check_slurm()  # starts the first reading
+    wait_until(lambda: a.slurm_reading.done())
+    a.check_slurm()  # acts on it
+    assert reads == ["node2"] and len(drain_requests(a)) == 1
+    a.check_slurm()  # not due before the interval
+    assert a.slurm_reading is None and reads == ["node2"]
+    a.next_slurm_check = time.monotonic()
+    a.check_slurm()
+    wait_until(lambda: a.slurm_reading.done())
+    a.check_slurm()
+    assert reads == ["node2", "node2"] and len(drain_requests(a)) == 1
+
+
+def test_an_agent_outside_slurm_reads_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm_state, "read_node", lambda *args: pytest.fail("read"))
+    a = agent(tmp_path, slurm_node=None)
+    a.check_slurm()
+    assert a.slurm_reading is None
+
+
+def wait_until(done, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the reading did not end"
+        time.sleep(0.01)

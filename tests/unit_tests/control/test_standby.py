@@ -1,0 +1,214 @@
+"""The standby coordinator, driven by hand on real stores with a fake clock:
+the primary's state reaches the standby before anything it publishes, the
+standby takes over only when the primary's lease is silent and a majority
+of nodes came over, and the coordinator it builds goes on from the state."""
+
+import pytest
+import torch.distributed as dist
+
+from deadpool_ext import protocol as P
+from deadpool_ext.control.record import JobRecord
+from deadpool_ext.control.standby import Replica, Standby, Verdict
+from deadpool_ext.defaults import TAKEOVER_GRACE_S
+from deadpool_ext.protocol import Decision
+from deadpool_ext.wire import Channel, JobEnded, standby_channel
+from tests.unit_tests.control import store_job
+from tests.unit_tests.control.store_job import BUDDY, SECRET, Clock, new_store, start
+
+
+def coordinator_on(store, clock, replica=None, record=None):
+    """The job of tests/unit_tests/control/store_job.py, shrinking when spares run out."""
+    shrink = store_job.settings("shrink")
+    return store_job.coordinator_on(store, clock, shrink, replica=replica, record=record)
+
+
+def report(worker, gen, ranks, own=(5, 4)):
+    store_job.reports(worker, gen, ranks, own, held=[4])
+
+
+@pytest.fixture()
+def primary():
+    """A primary coordinator that replicates to a standby's store."""
+    clock = Clock()
+    store, standby_store = new_store(), new_store()
+    coordinator = coordinator_on(store, clock, replica=Channel(standby_store, SECRET))
+    worker = Channel(store, SECRET)
+    start(worker, coordinator)
+    return coordinator, worker, Channel(standby_store, SECRET), clock
+
+
+def replicated(standby: Channel) -> JobRecord:
+    return JobRecord.from_json(standby.get(P.STATE_KEY)["state"])
+
+
+def test_the_standby_holds_every_generation_and_decision_the_workers_can_see(primary):
+    coordinator, worker, standby, _ = primary
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert worker.get("gen")["gen"] == replicated(standby).gen == 1
+    report(worker, 1, [0, 1, 2])
+    coordinator.step()
+    decision = worker.get("decision/1")
+    record = replicated(standby)
+    assert record.decision.to_message() == decision and record.state == "rebuilding"
+    assert record.membership.members == {0: "0.0", 1: "0.1", 2: "1.0", 3: "2.0"}
+    assert record.membership.spares == ["2.1"] and record.membership.lost_slots == {"1.1"}
+    assert record.plan.buddy == BUDDY
+
+
+class GoneStandby:
+    def put(self, *args, **kwargs):
+        raise dist.DistError("connection reset by peer")
+
+
+def test_once_the_standby_cannot_be_written_every_process_hears_there_is_none(primary):
+    """Its copy falls behind from then on: a process that turned to it after
+    node 0's loss would find a stale state, so none may (agents and workers
+    fail over only while the generation says ``standby``)."""
+    coordinator, worker, _, _ = primary
+    assert worker.get("gen")["standby"] is True
+    coordinator.replica = Replica(GoneStandby())
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert coordinator.replica is None and worker.get("gen")["standby"] is False
+    assert worker.get("gen")["gen"] == 1
+
+
+def test_a_standby_takes_over_only_when_the_lease_is_silent_and_a_majority_came(primary):
+    coordinator, worker, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    for _ in range(5):  # the primary beats
+        clock.now += 1.0
+        coordinator.step()
+        assert standby.poll() == Verdict.WAIT
+    clock.now += 3.5  # the primary fell silent; only the standby's own node is here
+    assert standby.poll() == Verdict.WAIT
+    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    assert standby.poll() == Verdict.TAKE_OVER
+    assert standby.came_over == {1, 2} and standby.record.gen == 0
+
+
+def test_without_a_majority_the_standby_gives_up_after_its_wait(primary):
+    coordinator, _, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    coordinator.step()
+    standby.poll()
+    clock.now += 3.0 + 19.0
+    assert standby.poll() == Verdict.WAIT
+    clock.now += 2.0
+    assert standby.poll() == Verdict.GIVE_UP
+
+
+def test_a_finished_job_is_not_taken_over(primary):
+    coordinator, worker, standby_channel_, clock = primary
+    standby = Standby(standby_channel_, node=1, heartbeat_timeout=3.0, clock=clock)
+    for rank in range(4):
+        worker.post("coordinator", kind="done", rank=rank, slot=f"{rank // 2}.{rank % 2}")
+    coordinator.step()
+    standby.poll()
+    standby_channel_.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    clock.now += 4.0
+    assert standby.poll() == Verdict.GIVE_UP
+    # Whoever loses the primary now stops instead of waiting for a takeover.
+    with pytest.raises(JobEnded, match="the job ended in generation 0"):
+        standby_channel(("127.0.0.1", standby_channel_.store.port), SECRET, timeout_s=30)
+
+
+def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(primary):
+    coordinator, worker, standby_channel, clock = primary
+    clock.now += 1.0
+    coordinator.step()  # training; then node 0 dies with the primary
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
+    successor.take_over(0, "the coordinator's node went silent")
+    client = Channel(standby_channel.store, SECRET)
+    assert client.get("gen")["gen"] == 1 and client.get("gen")["lost"] == [0, 1]
+    assert client.get("gen")["assign"] == {"0": "2.0", "1": "2.1"}
+    assert [c["kind"] for c in client.reader(P.agent_topic(0)).poll()] == ["kill_all"]
+    report(client, 1, [2, 3])
+    successor.step()
+    # No agent has beaten here yet, so no spare is known to be warming: a
+    # decision now would shrink. It waits until the live nodes beat.
+    assert client.get("decision/1") is None
+    for node in (1, 2):
+        client.put(P.node_heartbeat_key(node), time=clock.now)
+    successor.step()
+    decision = Decision.from_message(client.get("decision/1"))
+    assert decision.action == "recover" and decision.replaced == {0: "2.0", 1: "2.1"}
+    assert decision.from_buddy == [0, 1] and decision.rollback_to == 4
+
+
+def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
+    """A node whose agent never came over (it died with node 0) is silent
+    there: declared lost once the grace for coming over and the timeout
+    have passed, like any silent node; not before (it may have noticed
+    late that node 0 is gone)."""
+    coordinator, _, standby_channel, clock = primary
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
+    successor.take_over(0, "silent")
+    beating = Channel(standby_channel.store, SECRET)
+
+    def beat_for(seconds):
+        for _ in range(int(seconds)):
+            clock.now += 1.0
+            beating.put(P.node_heartbeat_key(1), time=clock.now)
+            for slot in ("1.0", "1.1"):
+                beating.put(P.worker_heartbeat_key(slot), state="recovering")
+            successor.step()
+
+    beat_for(TAKEOVER_GRACE_S + 2.0)
+    assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1"]
+    beat_for(2.0)
+    assert sorted(successor.record.membership.lost_slots) == ["0.0", "0.1", "2.0", "2.1"]
+
+
+def silence_nodes_1_and_2(coordinator, worker, clock):
+    """Every node beats, then node 0 alone for longer than the timeout; node
+    0's ranks report the generation that follows."""
+    for node in (0, 1, 2):
+        worker.put(P.node_heartbeat_key(node), time=0)
+    coordinator.step()
+    clock.now += 4.0
+    worker.put(P.node_heartbeat_key(0), time=1)
+    coordinator.step()
+    report(worker, coordinator.gen, [0, 1])
+    coordinator.step()
+
+
+def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
+    """Nodes 1 and 2 silent at once (a partition): the other side may take
+    over, so this side must not go on (it would shrink to node 0)."""
+    coordinator, worker, _, clock = primary
+    silence_nodes_1_and_2(coordinator, worker, clock)
+    assert coordinator.record.result is not None
+    assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.record.result.reason
+
+
+def test_without_a_standby_the_same_losses_shrink_the_job():
+    """The control: no standby, no quorum rule."""
+    clock = Clock()
+    coordinator = coordinator_on(new_store(), clock)
+    worker = Channel(coordinator.channel.store, SECRET)
+    start(worker, coordinator)
+    silence_nodes_1_and_2(coordinator, worker, clock)
+    assert coordinator.record.result is None and coordinator.state == "resizing"
+
+
+def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):
+    """Node 0's agent came over: its ranks live. In training the successor
+    keeps the generation (no rank redoes anything); in the middle of a
+    recovery, whose reports went to the primary, everyone reports again."""
+    coordinator, worker, standby_channel, clock = primary
+    clock.now += 1.0
+    coordinator.step()
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
+    successor.take_over(0, "silent", node_alive=True)
+    client = Channel(standby_channel.store, SECRET)
+    assert client.get("gen")["gen"] == 0 and successor.record.lost == set()
+    assert successor.record.membership.lost_slots == set()
+
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()  # recovering generation 1; then the launcher dies
+    successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
+    successor.take_over(0, "silent", node_alive=True)
+    assert client.get("gen")["gen"] == 2 and client.get("gen")["lost"] == [3]
+    assert successor.state == "recovering" and successor.record.membership.lost_slots == {"1.1"}
