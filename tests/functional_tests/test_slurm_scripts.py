@@ -58,12 +58,15 @@ def dry_run(script: str, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+# The CPU script's data check reads the corpus with megatron-core (seconds of
+# imports), and a clean clone has no corpus; the layout does not depend on it.
+MOCK_DATA = "--mock-data --tokenizer-type ByteLevelTokenizer"
+
+
 def dry_runs_as_json(runs: dict) -> dict:
     """{key: (script, extra training flags)}: each dry run's JSON plan, run
     side by side (one Python start each)."""
-    # The CPU script's data check reads the corpus with megatron-core (seconds
-    # of imports); the layout does not depend on the data.
-    cpu_env = dict(script_env(), DATA="--mock-data --tokenizer-type ByteLevelTokenizer")
+    cpu_env = dict(script_env(), DATA=MOCK_DATA)
     procs = {
         key: subprocess.Popen(
             ["bash", os.path.join(SLURM, script), "--dry-run", "--json", *extra],
@@ -319,8 +322,9 @@ def test_bad_settings_stop_with_a_clear_message(tmp_path, changes, message):
 def test_a_shells_own_variables_of_the_settings_names_change_no_job():
     """TP or NODES exported for something else must not reach the layout:
     only the model file sets the recipe's settings."""
-    plain = run_model(os.path.join(SLURM, "cpu_demo.sh"), "--dry-run")
-    stray = run_model(os.path.join(SLURM, "cpu_demo.sh"), "--dry-run", TP="3", NODES="9")
+    script = os.path.join(SLURM, "cpu_demo.sh")
+    plain = run_model(script, "--dry-run", DATA=MOCK_DATA)
+    stray = run_model(script, "--dry-run", DATA=MOCK_DATA, TP="3", NODES="9")
     assert plain.returncode == stray.returncode == 0, stray.stderr
     assert stray.stdout == plain.stdout
 
