@@ -95,6 +95,11 @@ ABORT_GRACE_S = 10.0
 # beyond the heartbeat timeout for the takeover before they count the
 # coordinator lost.
 TAKEOVER_WAIT_S = 60.0
+# A round of the coordinator's or the standby's loop that comes this share of
+# the heartbeat timeout late means that process did not run in between (a
+# SIGSTOP, a paused VM): the time is not counted as anyone's silence. Below
+# it, at least three quarters of the timeout are left for a live beat to show.
+OWN_PAUSE_SHARE = 0.25
 # --deadpool-straggler-factor / -window: a node whose compute time per
 # iteration (forward and backward, without waits) is this many times the
 # other nodes' median, over the last ``window`` iterations each, is a

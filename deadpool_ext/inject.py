@@ -22,6 +22,13 @@
                                         4, with one launcher per node: its agent and
                                         workers go on (with --standalone it is every
                                         emulated node's launcher: the job ends)
+    pause-launcher:rank=0:iter=4:seconds=20
+                                        rank 0 SIGSTOPs its node's launcher (node 0's: the
+                                        store and the coordinator; with --standalone, every
+                                        emulated node's) in iteration 4's forward and
+                                        SIGCONTs it 20 s later, as a host under memory
+                                        pressure or a paused VM: agents and workers go on
+                                        as far as they can without the store
     oom:rank=2:iter=4:phase=backward    rank 2's step raises torch.OutOfMemoryError in iteration
                                         4's backward: a local failure, the process lives until it
                                         reports itself (exit code LOCAL_FAILURE) and is replaced
@@ -91,6 +98,7 @@ ACTIONS = (
     "kill",
     "kill-agent",
     "kill-launcher",
+    "pause-launcher",
     "hang",
     "stall",
     "oom",
@@ -133,6 +141,7 @@ class Fault:
     seed: int = 0  # flip's draw of the element (and bit)
     factor: float = 1.0  # slow's
     generation: Optional[int] = None  # slow-warm's: its spares are ready once it trains
+    seconds: float = 0.0  # pause-launcher's
 
     def targets(self, rank: int, node: int) -> bool:
         return self.rank == rank if self.rank is not None else self.node == node
@@ -167,6 +176,8 @@ def parse_fault(spec: str) -> Fault:
         return parse_slow(spec, parts[1:])
     if action == "slow-warm":
         return parse_slow_warm(spec, parts[1:])
+    if action == "pause-launcher":
+        return parse_pause_launcher(spec, parts[1:])
     keys = {"rank": "N", "node": "N", "iter": "N", "phase": "NAME", "delay": "MS"}
     fields = spec_fields(spec, parts[1:], keys)
     if ("rank" in fields) == ("node" in fields):
@@ -297,6 +308,25 @@ def parse_slow_warm(spec: str, parts: List[str]) -> Fault:
     )
 
 
+def parse_pause_launcher(spec: str, parts: List[str]) -> Fault:
+    fields = spec_fields(spec, parts, {"rank": "N", "iter": "N", "seconds": "S"})
+    try:
+        seconds = float(fields.pop("seconds", "nan"))
+    except ValueError:
+        seconds = float("nan")
+    if set(fields) != {"rank", "iter"} or not all(v.isdigit() for v in fields.values()):
+        raise InjectError(
+            f"--deadpool-inject {spec}: pause-launcher takes rank=N, iter=N and seconds=S"
+        )
+    if not seconds > 0 or int(fields["iter"]) == 0:
+        raise InjectError(
+            f"--deadpool-inject {spec}: seconds is a number > 0 and iter=N counts from 1"
+        )
+    return Fault(
+        "pause-launcher", int(fields["rank"]), None, int(fields["iter"]), "forward", seconds=seconds
+    )
+
+
 def spares_ready_at(faults: List[Fault], node: int) -> Optional[int]:
     """The generation whose training this node's spares wait for before they
     say they are ready (slow-warm), or None: they say so once warm."""
@@ -364,11 +394,23 @@ def fire(fault: Fault) -> None:
     elif fault.action == "kill-launcher":
         with contextlib.suppress(ProcessLookupError):
             os.kill(parent_of(agent_pid()), signal.SIGKILL)
+    elif fault.action == "pause-launcher":
+        pause(parent_of(agent_pid()), fault.seconds)
     elif fault.node is not None:
         # The agent started this node's workers in its own process group.
         os.killpg(os.getpgrp(), signal.SIGKILL)
     else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause(pid: int, seconds: float) -> None:
+    """SIGSTOP ``pid`` now and SIGCONT it ``seconds`` later, from a thread
+    of this process (which goes on meanwhile, as far as it can)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(seconds, lambda: os.kill(pid, signal.SIGCONT))
+    resume.daemon = True
+    resume.start()
 
 
 def agent_pid() -> int:

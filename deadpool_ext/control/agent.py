@@ -87,6 +87,7 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
+        self.declared_lost = False  # it obeyed a KILL_ALL: the node was declared lost
         # Drained: no worker is started again; those still running after
         # the grace (spares, a member that did not read its release) stop.
         self.leaving_by: Optional[float] = None
@@ -307,10 +308,24 @@ class Agent:
                 f"deadpool agent {self.node}: drained, leaving the job", file=sys.stderr, flush=True
             )
             self.leaving_by = time.monotonic() + LEAVE_GRACE_S
-        elif kind in (Command.KILL_ALL, Command.STOP):
-            self.stopping = kind == Command.STOP
+        elif kind == Command.STOP:
+            self.stopping = True
             for proc in self.workers.values():
-                proc.terminate() if kind == Command.STOP else proc.kill()
+                proc.terminate()
+        elif kind == Command.KILL_ALL:  # the node was declared lost: fenced
+            if not self.declared_lost:
+                print(
+                    f"deadpool agent {self.node}: the coordinator declared this node lost; "
+                    "its workers are killed and it leaves the job (rejoin with --join)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.declared_lost = True
+            self.kill_workers()
+
+    def kill_workers(self) -> None:
+        for proc in self.workers.values():
+            proc.kill()
 
     def run(self) -> int:
         try:
@@ -333,9 +348,10 @@ class Agent:
         finally:
             shutil.rmtree(self.error_dir, ignore_errors=True)
         if self.workers:  # the job is gone: leave no orphans
-            stopped = self.stopping
-            self.obey({"kind": Command.KILL_ALL})
-            return ExitCode.OK if stopped else ExitCode.COORDINATOR_LOST
+            self.kill_workers()
+            return ExitCode.OK if self.stopping else ExitCode.COORDINATOR_LOST
+        if self.declared_lost:
+            return ExitCode.DECLARED_LOST
         return ExitCode.USAGE if self.refused else ExitCode.OK
 
     def serve(self) -> None:

@@ -20,12 +20,13 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control import operations
+from deadpool_ext.control.awake_clock import AwakeClock
 from deadpool_ext.control.detector import Detector
 from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.control.status import decision_event, status
-from deadpool_ext.defaults import ABORT_GRACE_S, STATUS_EVERY_S, TAKEOVER_GRACE_S
+from deadpool_ext.defaults import ABORT_GRACE_S, OWN_PAUSE_SHARE, STATUS_EVERY_S, TAKEOVER_GRACE_S
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
@@ -60,18 +61,18 @@ class Coordinator:
         """``replica``: a channel to the standby coordinator's store, where
         the record goes before anything is published; ``record``: the one a
         standby took over (then nothing is published until ``take_over``)."""
-        self.channel, self.clock = channel, clock
         self.events = events or EventLog(None, COORDINATOR_RANK)
         self.record = record or JobRecord.launched(settings, nnodes, spare_nodes, nproc)
+        timeout = self.record.settings.heartbeat_timeout
+        self.channel, self.clock = channel, AwakeClock(clock, OWN_PAUSE_SHARE * timeout)
         self.round = Round()
         # With a standby that could take over, decisions need a majority of
         # the nodes alive at the last one: a partition leaves one side deciding.
         self.watch = Watch(guards_quorum=replica is not None)
-        timeout = self.record.settings.heartbeat_timeout
         self.detector = Detector(channel, timeout, self.record.iterations)
         self.inbox = channel.reader(P.COORDINATOR_TOPIC)
         self.requests = operations.requests_reader(channel)
-        self.replica = None if replica is None else Replica(replica, clock)
+        self.replica = None if replica is None else Replica(replica, self.clock)
         self.news: List = []  # what happened since the rules last ran
         self.status_listeners: List = []  # called with status() every STATUS_EVERY_S
         if record is None:
@@ -148,6 +149,8 @@ class Coordinator:
         for request in self.requests.poll():
             self.answer(request)
         self.replicate()  # what the messages changed, and the lease
+        if paused := self.clock.tick():  # nobody's silence (awake_clock.py)
+            self.say("coordinator_paused", seconds=round(paused, 3))
         now = self.clock()
         self.judge(self.look(now) if self.detector.due(now) else None)
         if self.record.state in COLLECTING:  # once every message of the step is in
@@ -258,11 +261,10 @@ class Coordinator:
         self.judge()
 
     def take_over(self, node: int, reason: str, node_alive: bool = False) -> None:
-        """The standby's first act as the coordinator, on its own store: put
-        back the current decision (a spare may not have read it yet), repeat
-        the kills the primary may not have delivered, expect a heartbeat
-        from every process, and judge the primary's node lost (or, if its
-        agent came over, only its launcher: policy/triggers.py's took_over)."""
+        """The standby's first act, on its own store: put back the current
+        decision (a spare may not have read it), repeat the primary's kills,
+        expect a beat from every process, and judge the primary's node lost
+        (only its launcher if its agent came over: triggers.py's took_over)."""
         rec, now = self.record, self.clock()
         self.say("takeover", state=rec.state, node=node, reason=reason, alive=node_alive)
         if rec.decision is not None:
@@ -352,7 +354,6 @@ class Coordinator:
             return
         self.put(P.admission_key(a.nonce), accepted=True)
         slots = self.record.admit(a.node)
-        # Its old heartbeats are stale; the new processes' sequence starts again.
         self.detector.forget(a.node, slots)
         self.say("node_joined", node=a.node, slots=slots)
 
@@ -426,9 +427,8 @@ class Coordinator:
 
     # ----- the run -----
     def let_reporters_stop(self, poll_s: float, alive, grace_s: float) -> None:
-        """The ranks that reported in this generation wait for its decision:
-        after an abort they log why and exit by themselves (the reason then
-        reaches each rank's log and the events), unless the grace runs out."""
+        """The ranks that reported wait for the decision: after an abort they log
+        why and exit by themselves (to their logs and events) within the grace."""
         m = self.record.membership
         waiting = {m.members[r] for r in self.round.reports if r in m.members}
         deadline = time.monotonic() + grace_s

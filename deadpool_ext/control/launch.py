@@ -229,6 +229,7 @@ def stand_by(opts) -> int:
     # leaves the launcher standing by (node 0 may still die).
     verdict = Verdict.WAIT
     while verdict == Verdict.WAIT and agent.poll() != ExitCode.OK:
+        standby.clock.tick()
         verdict = standby.poll()
         time.sleep(0.05)
     if verdict == Verdict.TAKE_OVER:

@@ -20,8 +20,9 @@ import time
 from typing import Optional, Set
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control.awake_clock import AwakeClock
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.defaults import HEARTBEAT_INTERVAL_S, TAKEOVER_WAIT_S
+from deadpool_ext.defaults import HEARTBEAT_INTERVAL_S, OWN_PAUSE_SHARE, TAKEOVER_WAIT_S
 from deadpool_ext.wire import Channel
 
 
@@ -41,10 +42,12 @@ class Standby:
         clock=time.monotonic,
     ):
         self.channel, self.node = channel, node
-        self.timeout_s, self.wait_s, self.clock = heartbeat_timeout, wait_s, clock
+        self.timeout_s, self.wait_s = heartbeat_timeout, wait_s
+        # Its own pause is not the primary's silence (awake_clock.py).
+        self.clock = AwakeClock(clock, OWN_PAUSE_SHARE * heartbeat_timeout)
         self.votes = channel.reader(P.STANDBY_TOPIC)
         self.came_over: Set[int] = {node}
-        self.lease: tuple = (None, clock())  # (version, local time it changed)
+        self.lease: tuple = (None, self.clock())  # (version, local time it changed)
         self.record: Optional[JobRecord] = None  # the primary's, once it wrote one
         self.written: Optional[str] = None  # its text
 

@@ -293,10 +293,7 @@ def launch_on_nodes(
     env = dict(worker_env(), DEADPOOL_SECRET=secrets.token_hex(32))
     launchers = []
     for node in range(nodes + spares):
-        flags = ["--nnodes", str(nodes), "--spare-nodes", str(spares)]
-        flags += ["--nproc-per-node", str(per_node), "--node-rank", str(node)]
-        flags += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-        flags += ["--standby-addr", "127.0.0.1"]
+        flags = launcher_flags(node, nodes, spares, per_node, port, "127.0.0.1", "127.0.0.1")
         with open(tmp / f"node{node}.log", "w") as log:
             launchers.append(forkserver.start_logged(launch_command(flags, args), env, REPO, log))
     deadline = time.monotonic() + timeout
@@ -306,6 +303,56 @@ def launch_on_nodes(
         for proc in launchers:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
+
+
+def launcher_flags(node: int, nodes: int, spares: int, per_node: int, port: int, addr, standby):
+    """deadpool-launch's flags for ``node`` as on a cluster: node 0 at
+    ``addr`` hosts the store and the coordinator, the standby at ``standby``."""
+    flags = ["--nnodes", str(nodes), "--spare-nodes", str(spares)]
+    flags += ["--nproc-per-node", str(per_node), "--node-rank", str(node)]
+    flags += ["--master-addr", addr, "--master-port", str(port)]
+    return flags + ["--standby-addr", standby]
+
+
+def start_on_hosts(lab, tmp, args: List[str], nodes: int, spares: int, per_node: int):
+    """One deadpool-launch per emulated host of ``lab`` (tools/hosts.py),
+    node N on host N, as on a cluster; their output in ``tmp/node{N}.log``.
+    Returns the launchers, started; ``wait_for`` waits for them."""
+    import secrets
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(worker_env(), DEADPOOL_SECRET=secrets.token_hex(32))
+    addr, standby = lab.hosts[0].address, lab.hosts[1].address
+    launchers = []
+    for node in range(nodes + spares):
+        flags = launcher_flags(node, nodes, spares, per_node, 29500, addr, standby)
+        with open(tmp / f"node{node}.log", "w") as log:
+            command = launch_command(flags, args)
+            launchers.append(lab.start(node, command, env=env, cwd=REPO, stdout=log, stderr=log))
+    return launchers
+
+
+def wait_for(launchers, timeout: float = 420) -> List[int]:
+    """The launchers' exit codes; any left running after ``timeout`` is killed (-9)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc in launchers:
+        try:
+            codes.append(proc.wait(timeout=max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes
+
+
+def metrics_reach(path, iteration: int) -> bool:
+    """Whether the metrics file at ``path`` has logged ``iteration``."""
+    try:
+        return any(m["iteration"] >= iteration for m in read_metrics(path))
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 # torch's native stack traces: pages of them when a store's server dies,

@@ -492,6 +492,26 @@ def test_the_coordinator_is_lost_and_the_standby_takes_over_bit_for_bit(
     assert decisions[-1]["replaced"] == {"0": "2.0", "1": "2.1"}
 
 
+@pytest.mark.parametrize("timeouts", [2, 5], ids=["2x-timeout", "5x-timeout"])
+def test_a_paused_coordinator_declares_nobody_lost_bit_for_bit(tmp_path, references, timeouts):
+    """The launcher (store and coordinator) is stopped (SIGSTOP) in iteration
+    3 for 2x and 5x the 4 s heartbeat timeout while agents and workers go
+    on as far as they can without the store. On waking it knows the time
+    was its own, not its peers' silence: nobody is declared lost and the
+    job ends as the failure-free one."""
+    pause = 4 * timeouts
+    fault = f"pause-launcher:rank=0:iter=3:seconds={pause}"
+    extra = ["--deadpool-heartbeat-timeout", "4"]
+    proc, left = launch(tmp_path, SMALL, 2, 1, 2, [fault], extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not left, f"processes left behind: {left}"
+    assert_same_run(tmp_path, references["small"], ITERS)
+    events = read_events(str(tmp_path / "events.jsonl"))
+    assert not [e for e in events if e["event"] in ("failure_detected", "decision")]
+    paused = [e["seconds"] for e in events if e["event"] == "coordinator_paused"]
+    assert len(paused) == 1 and pause - 1 <= paused[0] <= pause + 5, paused
+
+
 @pytest.mark.parametrize(
     "faults,spares,reason",
     [

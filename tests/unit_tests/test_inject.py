@@ -54,6 +54,20 @@ def test_slow_and_drain_specs():
             parse_fault(spec)
 
 
+def test_pause_launcher_specs_say_how_long():
+    pause = parse_fault("pause-launcher:rank=0:iter=4:seconds=12.5")
+    assert (pause.rank, pause.iteration, pause.seconds, pause.point) == (0, 4, 12.5, "forward")
+    for spec in (
+        "pause-launcher:rank=0:iter=4",
+        "pause-launcher:node=0:iter=4:seconds=5",
+        "pause-launcher:rank=0:iter=4:seconds=0",
+        "pause-launcher:rank=0:iter=0:seconds=5",
+        "pause-launcher:rank=0:iter=4:seconds=soon",
+    ):
+        with pytest.raises(InjectError):
+            parse_fault(spec)
+
+
 def test_slow_warm_holds_a_spare_nodes_spares_until_a_generation_trains():
     held = parse_fault("slow-warm:node=2:gen=1")
     assert spares_ready_at([held], node=2) == 1 and spares_ready_at([held], node=1) is None

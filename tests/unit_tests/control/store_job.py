@@ -10,6 +10,7 @@ owner on the other node), a spare node whose slots 2.0 and 2.1 are ready, a
 3 s heartbeat timeout, no wait for spares and an abort when they run out.
 """
 
+import math
 from typing import Sequence
 
 from deadpool_ext.control.coordinator import Coordinator
@@ -56,6 +57,9 @@ def coordinator_on(store, clock, job_settings=None, spare_nodes=1, nproc=2, **kw
         **kwargs,
     )
     coordinator.detector.every_s = 0.0
+    # These tests move the clock by hand between steps: no step is late
+    # because the coordinator was paused, unless a test says so.
+    coordinator.clock.pause_after_s = math.inf
     return coordinator
 
 

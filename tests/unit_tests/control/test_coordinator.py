@@ -12,6 +12,7 @@ held without a store in tests/unit_tests/policy/."""
 import ast
 import importlib
 import inspect
+import math
 import os
 from typing import Dict, List, Tuple
 
@@ -92,6 +93,46 @@ def test_a_silent_worker_is_declared_hung_and_killed(job):
     coordinator.step()
     assert coordinator.record.lost == {2}
     assert {"kind": "kill", "slot": "1.0"} in commands.poll()
+
+
+@pytest.mark.parametrize("noticed", [True, False], ids=["noticed", "control-unnoticed"])
+def test_a_pause_of_the_coordinator_is_nobodys_silence(job, noticed):
+    """Paused 4x the 3 s timeout (SIGSTOP; its store, in the same process,
+    could not take a beat meanwhile): its next step comes late, it knows and
+    nobody is declared lost while the beats come back. The control steps
+    over the same 12 s without noticing: every rank is declared lost, so the
+    test can fail."""
+    coordinator, worker, clock = job
+    # A quarter of the timeout, as the launcher's coordinator has it.
+    coordinator.clock.pause_after_s = 0.75 if noticed else math.inf
+
+    def beat(seq):
+        for rank in range(4):
+            worker.put(f"hb/{rank // 2}.{rank % 2}", seq=seq, iteration=3, state="training")
+
+    beat(1)
+    coordinator.step()
+    clock.now += 12.0
+    coordinator.step()
+    assert coordinator.record.lost == (set() if noticed else {0, 1, 2, 3})
+    clock.now += 0.5
+    beat(2)
+    coordinator.step()
+    assert coordinator.record.lost == (set() if noticed else {0, 1, 2, 3})
+
+
+def test_the_awake_clock_skips_only_late_rounds():
+    from deadpool_ext.control.awake_clock import AwakeClock
+
+    clock = Clock()
+    awake = AwakeClock(clock, pause_after_s=2.5)
+    assert awake.tick() == 0.0
+    clock.now += 2.4  # a slow round, not a pause
+    assert awake.tick() == 0.0 and awake() == clock.now
+    clock.now += 30.0
+    assert awake.tick() == 30.0 and awake() == clock.now - 30.0
+    clock.now += 1.0
+    assert awake.tick() == 0.0 and awake() == clock.now - 30.0
 
 
 def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):

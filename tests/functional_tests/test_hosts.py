@@ -1,0 +1,101 @@
+"""Jobs across emulated hosts (tools/hosts.py): each node's deadpool-launch
+in a network namespace of its own, with its own address and hostname, as on
+a cluster (no --standalone), so that the store, gloo and the mirror cross a
+real (virtual) network; and failures of that network, not of processes.
+
+Three active hosts and a spare host, TP2 x DP3: node 0 holds the store and
+the coordinator, node 1 the standby. Every recovered run must end as the
+failure-free run (on loopback, the same flags) bit for bit. Runs as root
+(CI does); skipped with the reason where hosts cannot be made.
+"""
+
+import os
+
+import pytest
+
+from dist_utils import (
+    assert_same_run,
+    deadpool_args,
+    launch_deadpool,
+    leftovers,
+    metrics_reach,
+    must_succeed,
+    readable_logs,
+    start_on_hosts,
+    wait_for,
+)
+from deadpool_ext.events import read_events
+from deadpool_ext.protocol import ExitCode
+from tools import hosts
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(hosts.missing() is not None, reason=str(hosts.missing())),
+]
+
+ITERS = 16
+NODES, SPARES, PER_NODE = 3, 1, 2
+LAYOUT = ["--num-layers", "2", "--tensor-model-parallel-size", "2", "--use-tp-pp-dp-mapping"]
+SCHEDULE = ["--global-batch-size", "12", "--train-iters", str(ITERS)]
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_prefix):
+    os.environ["HOT_SWAP_CORPUS"] = corpus_prefix
+    return corpus_prefix
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus):
+    """The failure-free run, on loopback through --standalone."""
+    tmp = tmp_path_factory.mktemp("reference")
+    must_succeed(launch_deadpool(tmp, LAYOUT, NODES, 0, PER_NODE, [], ITERS, schedule=SCHEDULE))
+    return tmp
+
+
+def args(tmp, faults=()):
+    return deadpool_args(tmp, LAYOUT, list(faults), ITERS, schedule=SCHEDULE)
+
+
+def events_of(tmp):
+    return read_events(str(tmp / "events.jsonl"))
+
+
+def test_a_node_killed_on_its_host_is_hot_swapped_across_hosts_bit_for_bit(tmp_path, reference):
+    with hosts.Lab(NODES + SPARES) as lab:
+        launchers = start_on_hosts(
+            lab, tmp_path, args(tmp_path, ["kill:node=2:iter=5"]), NODES, SPARES, PER_NODE
+        )
+        codes = wait_for(launchers)
+    assert codes == [0, 0, -9, 0], readable_logs(tmp_path, NODES + SPARES)
+    assert_same_run(tmp_path, reference, ITERS)
+    decided = [e for e in events_of(tmp_path) if e["event"] == "decision"]
+    assert decided[-1]["replaced"] == {"4": "3.0", "5": "3.1"}
+
+
+@pytest.mark.parametrize("loud", [False, True], ids=["silent", "loud"])
+def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, reference, loud):
+    """Host 2's network goes (every packet dropped, or its link down) in the
+    run's fifth iteration: its node is declared lost after the heartbeat
+    timeout, the spare host takes its ranks from their buddies. Healed once
+    the job trains again, node 2 learns it was declared lost and leaves:
+    nothing it says is taken, and the curve is the failure-free one."""
+    with hosts.Lab(NODES + SPARES) as lab:
+        launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
+        metrics = tmp_path / "metrics.jsonl"
+        assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
+        lab.isolate(2, loud=loud)
+        recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
+        assert hosts.wait_until(recovered, 120), readable_logs(tmp_path, 4)
+        lab.heal(2)
+        codes = wait_for(launchers)
+    logs = readable_logs(tmp_path, NODES + SPARES)
+    assert codes == [0, 0, ExitCode.DECLARED_LOST, 0], logs
+    assert "declared this node lost" in (tmp_path / "node2.log").read_text()
+    assert_same_run(tmp_path, reference, ITERS)
+    events = events_of(tmp_path)
+    detected = [e for e in events if e["event"] == "failure_detected"]
+    assert len(detected) == 1 and detected[0]["ranks"] == [4, 5], logs
+    decided = [e for e in events if e["event"] == "decision"]
+    assert decided[-1]["replaced"] == {"4": "3.0", "5": "3.1"}
+    assert not leftovers(tmp_path)

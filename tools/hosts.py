@@ -1,0 +1,337 @@
+"""Emulated hosts on one machine, and the network's faults between them.
+
+    with Lab(4) as lab:                      # hosts 0-3, as root
+        proc = lab.start(0, ["python", "-m", "deadpool_ext.launch", ...])
+        lab.isolate(2)                       # silent: every packet dropped
+        lab.heal(2)
+
+Each host is a network namespace with one veth into a bridge of the root
+namespace, its own address on a private subnet, its own hostname (a UTS
+namespace per process started) that every host resolves, as on a cluster.
+Processes started in it see only its network: a job's stores, gloo and the
+mirror cross a real (virtual) network, where a fault is a rule of the
+kernel, not a kill. The faults (``nft`` rules and ``tc`` queueing disciplines
+inside the host's namespace, so that a rule touches that host only):
+
+    isolate(h)              every packet to and from h dropped (silent: open
+                            connections hang, as behind a dead switch port)
+    isolate(h, loud=True)   h's link down (its connects fail at once)
+    cut(a, b)               a <-> b dropped, both ways (one_way: a -> b only;
+                            port: only TCP to b's port, e.g. the store's)
+    flap(h, seconds)        isolated for ``seconds``, then healed
+    slow(h, mbit)           h's link at ``mbit`` Mbit/s each way (tbf)
+    lose(h, percent)        a random ``percent`` of h's packets dropped
+    heal(h)                 every fault of h undone
+
+The kernel here has no netem (no delay or jitter). ``close`` (and leaving
+the ``with``) kills whatever runs in the hosts, then removes the
+namespaces, the bridge and the hosts files, also after a failure; every
+name carries the lab's own prefix, so two labs never meet. Linux, root,
+``ip``, ``nft`` and ``tc`` (iproute2, nftables).
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+SUBNET = "10.231.0"  # private; only on the namespaces a lab made
+TABLE = "deadpool_lab"  # each host's nft table of faults
+
+
+class LabError(RuntimeError):
+    """The machine cannot make hosts (not root, no ip or nft): one line why."""
+
+
+@dataclass(frozen=True)
+class Host:
+    index: int
+    netns: str
+    address: str
+    hostname: str
+    link: str  # the veth's end in the root namespace
+
+
+def missing() -> Optional[str]:
+    """Why this machine cannot make hosts, or None."""
+    if os.geteuid() != 0:
+        return "making hosts (network namespaces) needs root"
+    for tool in ("ip", "nft", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no '{tool}' here (iproute2, nftables, util-linux)"
+    return None
+
+
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise LabError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done
+
+
+class Lab:
+    def __init__(self, count: int, prefix: Optional[str] = None):
+        if count > 250:
+            raise LabError("at most 250 hosts on one subnet")
+        self.prefix = prefix or f"dp{os.getpid()}"  # sweep() reads the pid back
+        self.bridge = f"{self.prefix}-br"
+        self.hosts: List[Host] = [
+            Host(
+                i,
+                f"{self.prefix}-h{i}",
+                f"{SUBNET}.{i + 1}",
+                f"{self.prefix}-h{i}",
+                f"{self.prefix}-v{i}",
+            )
+            for i in range(count)
+        ]
+        self.timers: List[threading.Timer] = []
+        self.started: List[subprocess.Popen] = []
+
+    def __enter__(self) -> "Lab":
+        why = missing()
+        if why is not None:
+            raise LabError(why)
+        sweep()
+        try:
+            self.build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    # ----- the hosts -----
+    def build(self) -> None:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "link", "set", self.bridge, "up")
+        for host in self.hosts:
+            self.add(host)
+        self.write_hosts_files()
+
+    def add(self, host: Host) -> None:
+        ns = host.netns
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "link", "set", host.link, "master", self.bridge, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        rules = (
+            f"table inet {TABLE} {{\n"
+            "  chain input { type filter hook input priority 0; policy accept; }\n"
+            "  chain output { type filter hook output priority 0; policy accept; }\n"
+            "}\n"
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=True
+        )
+
+    def write_hosts_files(self) -> None:
+        """Every host resolves every hostname (``ip netns exec`` mounts
+        /etc/netns/NAME/hosts over /etc/hosts), as on a cluster."""
+        names = "".join(f"{h.address} {h.hostname}\n" for h in self.hosts)
+        for host in self.hosts:
+            folder = f"/etc/netns/{host.netns}"
+            os.makedirs(folder, exist_ok=True)
+            with open(f"{folder}/hosts", "w") as f:
+                f.write(f"127.0.0.1 localhost\n{names}")
+
+    def command(self, index: int, argv: Sequence[str]) -> List[str]:
+        """``argv`` as a process of host ``index``: its network, its hostname."""
+        host = self.hosts[index]
+        inner = 'hostname "$0" && exec "$@"'
+        return [
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            inner,
+            host.hostname,
+            *argv,
+        ]
+
+    def start(self, index: int, argv: Sequence[str], **popen) -> subprocess.Popen:
+        """A process of host ``index`` in a session of its own, so that a
+        fault that kills its process group kills nothing outside the host."""
+        proc = subprocess.Popen(self.command(index, argv), start_new_session=True, **popen)
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        """Kill everything in the hosts; remove them, the bridge and the
+        hosts files. Never raises: it runs when a test failed."""
+        for timer in self.timers:
+            timer.cancel()
+        for host in self.hosts:
+            pids = sh("ip", "netns", "pids", host.netns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for host in self.hosts:
+            sh("ip", "netns", "del", host.netns, check=False)
+            sh("ip", "link", "del", host.link, check=False)
+            shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
+        sh("ip", "link", "del", self.bridge, check=False)
+
+    # ----- faults -----
+    def nft(self, index: int, *rule: str) -> None:
+        sh("ip", "netns", "exec", self.hosts[index].netns, "nft", *rule)
+
+    def drop(self, index: int, chain: str, match: str) -> None:
+        self.nft(index, "add", "rule", "inet", TABLE, chain, *match.split(), "drop")
+
+    def isolate(self, index: int, loud: bool = False) -> None:
+        if loud:
+            sh("ip", "-n", self.hosts[index].netns, "link", "set", "eth0", "down")
+            return
+        self.drop(index, "input", 'iifname "eth0"')
+        self.drop(index, "output", 'oifname "eth0"')
+
+    def cut(self, a: int, b: int, one_way: bool = False, port: Optional[int] = None) -> None:
+        """Packets a -> b dropped (and b -> a unless ``one_way``); with
+        ``port``, only TCP to b's ``port`` (and its answers)."""
+        to_b, to_a = self.hosts[b].address, self.hosts[a].address
+        if port is None:
+            self.drop(a, "output", f"ip daddr {to_b}")
+            if not one_way:
+                self.drop(b, "output", f"ip daddr {to_a}")
+            return
+        self.drop(a, "output", f"ip daddr {to_b} tcp dport {port}")
+        if not one_way:
+            self.drop(b, "output", f"ip daddr {to_a} tcp sport {port}")
+
+    def lose(self, index: int, percent: int) -> None:
+        for chain, side in (("input", "iifname"), ("output", "oifname")):
+            self.drop(index, chain, f'{side} "eth0" numgen random mod 100 < {percent}')
+
+    def slow(self, index: int, mbit: float) -> None:
+        """Both ways: the host's egress, and the bridge's egress toward it."""
+        host = self.hosts[index]
+        shape = ["tbf", "rate", f"{mbit}mbit", "burst", "32kbit", "latency", "400ms"]
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            *shape,
+        )
+        sh("tc", "qdisc", "replace", "dev", host.link, "root", *shape)
+
+    def flap(self, index: int, seconds: float) -> threading.Timer:
+        self.isolate(index)
+        timer = threading.Timer(seconds, self.heal, (index,))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+        return timer
+
+    def heal(self, index: int) -> None:
+        host = self.hosts[index]
+        self.nft(index, "flush", "chain", "inet", TABLE, "input")
+        self.nft(index, "flush", "chain", "inet", TABLE, "output")
+        for side in self.hosts:  # the other ends' cuts toward this host
+            if side.index != index:
+                self.unblock(side.index, host.address)
+        sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "tc",
+            "qdisc",
+            "del",
+            "dev",
+            "eth0",
+            "root",
+            check=False,
+        )
+        sh("tc", "qdisc", "del", "dev", host.link, "root", check=False)
+
+    def unblock(self, index: int, address: str) -> None:
+        """Remove host ``index``'s rules that name ``address``."""
+        listing = sh(
+            "ip",
+            "netns",
+            "exec",
+            self.hosts[index].netns,
+            "nft",
+            "-a",
+            "list",
+            "chain",
+            "inet",
+            TABLE,
+            "output",
+        ).stdout
+        for line in listing.splitlines():
+            if f"ip daddr {address} " in line + " " and "# handle" in line:
+                handle = line.rsplit("# handle", 1)[1].strip()
+                self.nft(index, "delete", "rule", "inet", TABLE, "output", "handle", handle)
+
+
+def sweep() -> None:
+    """Remove what labs whose process died without closing (a SIGKILL)
+    left: their namespaces, links and hosts files (named dp<pid>-...)."""
+    listed = sh("ip", "netns", "list", check=False).stdout.split()
+    links = sh("ip", "-o", "link", "show", check=False).stdout
+    names = [n for n in listed if re.fullmatch(r"dp\d+-h\d+", n)]
+    names += [m for m in re.findall(r"^\d+: (dp\d+-(?:br|v\d+))[@:]", links, re.M)]
+    for name in names:
+        pid = int(name[2:].split("-")[0])
+        if pid_alive(pid) or not name.startswith(f"dp{pid}-"):
+            continue
+        if "-h" in name:
+            for leftover in sh("ip", "netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(leftover), signal.SIGKILL)
+            sh("ip", "netns", "del", name, check=False)
+            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+        else:
+            sh("ip", "link", "del", name, check=False)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_until(predicate, timeout_s: float, every_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()
