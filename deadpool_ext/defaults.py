@@ -100,6 +100,9 @@ TAKEOVER_WAIT_S = 60.0
 # SIGSTOP, a paused VM): the time is not counted as anyone's silence. Below
 # it, at least three quarters of the timeout are left for a live beat to show.
 OWN_PAUSE_SHARE = 0.25
+# A coordinator cut off from the majority asks the standby's store this often
+# whether it took over (each ask may wait STORE_MEND_TIMEOUT_S for an answer).
+STANDBY_PROBE_S = 2.0
 # --deadpool-straggler-factor / -window: a node whose compute time per
 # iteration (forward and backward, without waits) is this many times the
 # other nodes' median, over the last ``window`` iterations each, is a

@@ -52,10 +52,11 @@ class ExitCode(IntEnum):
     # away without stopping the job, and no standby took over; the job cannot go on
     # (examples/slurm/on_node.sh then ends the Slurm job, which would otherwise hold
     # its nodes)
-    DECLARED_LOST = 10  # a node's launcher: the coordinator declared this node lost
-    # while it lived (silent for the heartbeat timeout: cut off by the network,
-    # paused) and it left once it heard; the job went on without it. It may come
-    # back as a spare with --join.
+    FENCED = 10  # a node's launcher: its node was declared lost while it lived
+    # (silent for the heartbeat timeout: cut off by the network, paused), or its
+    # coordinator was cut off from the majority; it left once it knew, and the
+    # job went on without it where the other side could. It may come back as a
+    # spare with --join.
 
 
 # ----- states -----

@@ -10,8 +10,9 @@ namespace, its own address on a private subnet, its own hostname (a UTS
 namespace per process started) that every host resolves, as on a cluster.
 Processes started in it see only its network: a job's stores, gloo and the
 mirror cross a real (virtual) network, where a fault is a rule of the
-kernel, not a kill. The faults (``nft`` rules and ``tc`` queueing disciplines
-inside the host's namespace, so that a rule touches that host only):
+kernel, not a kill. The faults are ``nft`` rules of the bridge (the switch:
+a dropped packet is lost on the way, its sender sees no error) and ``tc``
+queueing disciplines on a host's link:
 
     isolate(h)              every packet to and from h dropped (silent: open
                             connections hang, as behind a dead switch port)
@@ -42,7 +43,6 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 SUBNET = "10.231.0"  # private; only on the namespaces a lab made
-TABLE = "deadpool_lab"  # each host's nft table of faults
 
 
 class LabError(RuntimeError):
@@ -113,6 +113,9 @@ class Lab:
     def build(self) -> None:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "link", "set", self.bridge, "up")
+        sh("nft", "add", "table", "bridge", self.prefix)
+        chain = "{ type filter hook forward priority 0; policy accept; }"
+        sh("nft", "add", "chain", "bridge", self.prefix, "forward", chain)
         for host in self.hosts:
             self.add(host)
         self.write_hosts_files()
@@ -125,15 +128,6 @@ class Lab:
         sh("ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        rules = (
-            f"table inet {TABLE} {{\n"
-            "  chain input { type filter hook input priority 0; policy accept; }\n"
-            "  chain output { type filter hook output priority 0; policy accept; }\n"
-            "}\n"
-        )
-        subprocess.run(
-            ["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=True
-        )
 
     def write_hosts_files(self) -> None:
         """Every host resolves every hostname (``ip netns exec`` mounts
@@ -194,37 +188,46 @@ class Lab:
             sh("ip", "link", "del", host.link, check=False)
             shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
         sh("ip", "link", "del", self.bridge, check=False)
+        sh("nft", "delete", "table", "bridge", self.prefix, check=False)
 
     # ----- faults -----
-    def nft(self, index: int, *rule: str) -> None:
-        sh("ip", "netns", "exec", self.hosts[index].netns, "nft", *rule)
+    def drop(self, match: str, *hosts: int) -> None:
+        """A rule of the switch; its comment names the hosts it concerns, so
+        that healing any of them removes it."""
+        names = " ".join(f"h{i}" for i in hosts)
+        rule = ["add", "rule", "bridge", self.prefix, "forward", *match.split()]
+        sh("nft", *rule, "drop", "comment", f'"{names} "')
 
-    def drop(self, index: int, chain: str, match: str) -> None:
-        self.nft(index, "add", "rule", "inet", TABLE, chain, *match.split(), "drop")
+    def port(self, index: int) -> str:
+        return f'"{self.hosts[index].link}"'
 
     def isolate(self, index: int, loud: bool = False) -> None:
         if loud:
             sh("ip", "-n", self.hosts[index].netns, "link", "set", "eth0", "down")
             return
-        self.drop(index, "input", 'iifname "eth0"')
-        self.drop(index, "output", 'oifname "eth0"')
+        self.drop(f"iifname {self.port(index)}", index)
+        self.drop(f"oifname {self.port(index)}", index)
 
     def cut(self, a: int, b: int, one_way: bool = False, port: Optional[int] = None) -> None:
         """Packets a -> b dropped (and b -> a unless ``one_way``); with
-        ``port``, only TCP to b's ``port`` (and its answers)."""
-        to_b, to_a = self.hosts[b].address, self.hosts[a].address
+        ``port``, only TCP to b's ``port`` (and, both ways, its answers)."""
+        to_b = f"iifname {self.port(a)} oifname {self.port(b)}"
+        to_a = f"iifname {self.port(b)} oifname {self.port(a)}"
         if port is None:
-            self.drop(a, "output", f"ip daddr {to_b}")
+            self.drop(to_b, a, b)
             if not one_way:
-                self.drop(b, "output", f"ip daddr {to_a}")
+                self.drop(to_a, a, b)
             return
-        self.drop(a, "output", f"ip daddr {to_b} tcp dport {port}")
+        self.drop(f"{to_b} tcp dport {port}", a, b)
         if not one_way:
-            self.drop(b, "output", f"ip daddr {to_a} tcp sport {port}")
+            self.drop(f"{to_a} tcp sport {port}", a, b)
 
     def lose(self, index: int, percent: int) -> None:
-        for chain, side in (("input", "iifname"), ("output", "oifname")):
-            self.drop(index, chain, f'{side} "eth0" numgen random mod 100 < {percent}')
+        if not 0 < percent <= 100:
+            raise LabError(f"lose {percent}%: a share of packets from 1 to 100")
+        chance = "" if percent == 100 else f" numgen random mod 100 < {percent}"
+        for side in ("iifname", "oifname"):
+            self.drop(f"{side} {self.port(index)}{chance}", index)
 
     def slow(self, index: int, mbit: float) -> None:
         """Both ways: the host's egress, and the bridge's egress toward it."""
@@ -254,12 +257,13 @@ class Lab:
         return timer
 
     def heal(self, index: int) -> None:
+        """Every fault of host ``index`` undone, and the cuts toward it."""
         host = self.hosts[index]
-        self.nft(index, "flush", "chain", "inet", TABLE, "input")
-        self.nft(index, "flush", "chain", "inet", TABLE, "output")
-        for side in self.hosts:  # the other ends' cuts toward this host
-            if side.index != index:
-                self.unblock(side.index, host.address)
+        listing = sh("nft", "-a", "list", "chain", "bridge", self.prefix, "forward").stdout
+        for line in listing.splitlines():
+            if f"h{index} " in line.split("comment", 1)[-1] and "# handle" in line:
+                handle = line.rsplit("# handle", 1)[1].strip()
+                sh("nft", "delete", "rule", "bridge", self.prefix, "forward", "handle", handle)
         sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
         sh(
             "ip",
@@ -276,26 +280,6 @@ class Lab:
         )
         sh("tc", "qdisc", "del", "dev", host.link, "root", check=False)
 
-    def unblock(self, index: int, address: str) -> None:
-        """Remove host ``index``'s rules that name ``address``."""
-        listing = sh(
-            "ip",
-            "netns",
-            "exec",
-            self.hosts[index].netns,
-            "nft",
-            "-a",
-            "list",
-            "chain",
-            "inet",
-            TABLE,
-            "output",
-        ).stdout
-        for line in listing.splitlines():
-            if f"ip daddr {address} " in line + " " and "# handle" in line:
-                handle = line.rsplit("# handle", 1)[1].strip()
-                self.nft(index, "delete", "rule", "inet", TABLE, "output", "handle", handle)
-
 
 def sweep() -> None:
     """Remove what labs whose process died without closing (a SIGKILL)
@@ -304,6 +288,10 @@ def sweep() -> None:
     links = sh("ip", "-o", "link", "show", check=False).stdout
     names = [n for n in listed if re.fullmatch(r"dp\d+-h\d+", n)]
     names += [m for m in re.findall(r"^\d+: (dp\d+-(?:br|v\d+))[@:]", links, re.M)]
+    tables = sh("nft", "list", "tables", "bridge", check=False).stdout
+    for table in re.findall(r"^table bridge (dp\d+)$", tables, re.M):
+        if not pid_alive(int(table[2:])):
+            sh("nft", "delete", "table", "bridge", table, check=False)
     for name in names:
         pid = int(name[2:].split("-")[0])
         if pid_alive(pid) or not name.startswith(f"dp{pid}-"):

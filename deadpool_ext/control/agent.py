@@ -351,7 +351,7 @@ class Agent:
             self.kill_workers()
             return ExitCode.OK if self.stopping else ExitCode.COORDINATOR_LOST
         if self.declared_lost:
-            return ExitCode.DECLARED_LOST
+            return ExitCode.FENCED
         return ExitCode.USAGE if self.refused else ExitCode.OK
 
     def serve(self) -> None:

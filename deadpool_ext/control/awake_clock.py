@@ -23,6 +23,11 @@ class AwakeClock:
     def __call__(self) -> float:
         return self.clock() - self.skipped_s
 
+    def rebase(self) -> None:
+        """The time since the last tick was spent on purpose (a call that
+        may block): the next round is late by nothing."""
+        self.ticked_at = self.clock()
+
     def tick(self) -> float:
         """Once per round of the loop: the pause that ended now (0.0: none)."""
         now, last = self.clock(), self.ticked_at

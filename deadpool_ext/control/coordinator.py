@@ -26,14 +26,13 @@ from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.control.status import decision_event, status
-from deadpool_ext.defaults import ABORT_GRACE_S, OWN_PAUSE_SHARE, STATUS_EVERY_S, TAKEOVER_GRACE_S
+from deadpool_ext.defaults import OWN_PAUSE_SHARE, STATUS_EVERY_S, TAKEOVER_GRACE_S
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
-from deadpool_ext.policy.ending import at_end
 from deadpool_ext.policy.states import BUILDING, COLLECTING, NEXT
 from deadpool_ext.policy.triggers import TRIGGERS
-from deadpool_ext.policy.view import AgentEnded, Exited, JobView, TookOver
+from deadpool_ext.policy.view import AgentEnded, Exited, JobView, Superseded, TookOver
 from deadpool_ext.protocol import COORDINATOR_RANK, Command, Decision, JobState, parse_slot
 from deadpool_ext.wire import Channel
 
@@ -126,7 +125,7 @@ class Coordinator:
         self.channel.post(P.agent_topic(node), kind=command, slot=slot)
 
     def say(self, event: str, **fields) -> None:
-        self.events.emit(event, gen=self.record.gen, **fields)
+        self.events.emit(event, gen=self.record.gen, term=self.record.term, **fields)
 
     def replicate(self) -> None:
         """Write the record to the standby's store when it changed, and
@@ -177,8 +176,8 @@ class Coordinator:
             done = trigger(view)
             for effect in done:
                 self.carry_out(effect)
-            if self.record.result is not None:
-                break  # the job ended: nothing more is decided
+            if self.record.result is not None or self.watch.cut_off_at is not None:
+                break  # the job ended, or it is cut off: nothing more is decided
             if done:
                 view = self.view(sighting)
         self.news.clear()
@@ -260,12 +259,18 @@ class Coordinator:
         self.news.append(AgentEnded(node, code))
         self.judge()
 
+    def superseded(self) -> None:
+        """The standby took over while this coordinator was cut off."""
+        self.news.append(Superseded())
+        self.judge()
+
     def take_over(self, node: int, reason: str, node_alive: bool = False) -> None:
         """The standby's first act, on its own store: put back the current
         decision (a spare may not have read it), repeat the primary's kills,
         expect a beat from every process, and judge the primary's node lost
         (only its launcher if its agent came over: triggers.py's took_over)."""
         rec, now = self.record, self.clock()
+        rec.term += 1
         self.say("takeover", state=rec.state, node=node, reason=reason, alive=node_alive)
         if rec.decision is not None:
             self.channel.put(P.decision_key(rec.decision.gen), **rec.decision.to_message())
@@ -327,7 +332,7 @@ class Coordinator:
         self.record.result = decision
         self.enter(JobState.ABORTED)
         self.put(P.decision_key(decision.gen), **decision.to_message())
-        self.events.emit("abort", gen=decision.gen, reason=decision.reason)
+        self.say("abort", reason=decision.reason)
         self.publish()
 
     @carry_out.register
@@ -395,6 +400,19 @@ class Coordinator:
         self.record.change(effect)
 
     @carry_out.register
+    def majority(self, m: E.Majority) -> None:
+        self.watch.cut_off_at = None if m.heard else self.clock()
+        self.say("majority_heard" if m.heard else "majority_lost", reason=m.reason)
+
+    @carry_out.register
+    def fence(self, f: E.Fence) -> None:
+        """Its side leaves; what it says reaches that side alone."""
+        self.watch.fenced = f.reason
+        self.say("fenced", reason=f.reason)
+        for node in self.record.membership.nodes():
+            self.tell_agent(node, Command.KILL_ALL)
+
+    @carry_out.register
     def judged(self, j: E.Judged) -> None:
         self.watch.stragglers, self.watch.straggler_drains = dict(j.stragglers), set(j.drains_asked)
 
@@ -424,26 +442,3 @@ class Coordinator:
         self.put(P.decision_key(self.record.gen), **decision.to_message())
         self.say("decision", **decision_event(decision, len(self.record.membership.spares)))
         self.publish()
-
-    # ----- the run -----
-    def let_reporters_stop(self, poll_s: float, alive, grace_s: float) -> None:
-        """The ranks that reported wait for the decision: after an abort they log
-        why and exit by themselves (to their logs and events) within the grace."""
-        m = self.record.membership
-        waiting = {m.members[r] for r in self.round.reports if r in m.members}
-        deadline = time.monotonic() + grace_s
-        while waiting - m.exited and time.monotonic() < deadline and alive():
-            for message in self.inbox.poll():
-                self.take(message)
-            time.sleep(poll_s)
-
-    def run(self, poll_s: float = 0.01, alive=lambda: True, abort_grace_s=ABORT_GRACE_S) -> int:
-        while not self.finished and alive():
-            self.step()
-            time.sleep(poll_s)
-        if self.record.result is not None:
-            self.let_reporters_stop(poll_s, alive, abort_grace_s)
-        code, last = at_end(self.view())
-        for effect in last:
-            self.carry_out(effect)
-        return code

@@ -32,6 +32,7 @@ line is ``command_line.py``'s, the ports ``ports.py``'s, the agents this
 launcher starts ``process_tree.py``'s, a standalone job's file ``jobs.py``'s.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -56,7 +57,8 @@ from deadpool_ext.control.process_tree import (
     start_agents,
     worker_command,
 )
-from deadpool_ext.control.standby import Standby, Verdict
+from deadpool_ext.control import run_loop
+from deadpool_ext.control.standby import Standby, Verdict, took_over
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy.effects import Stop
 from deadpool_ext.protocol import (
@@ -103,9 +105,12 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
             for proc in agents.values():  # nothing may outlive a usage error
                 kill_agent(opts, proc)
             raise
-        channel = Channel(store, os.environ[SECRET_ENV].encode(), address=(store_host, port))
-        coordinator = new_coordinator(opts, channel, replica=replica_channel(opts))
-        return run_coordinator(opts, coordinator, agents)
+        secret = os.environ[SECRET_ENV].encode()
+        channel = Channel(store, secret, address=(store_host, port))
+        replica = replica_channel(opts)
+        coordinator = new_coordinator(opts, channel, replica=replica)
+        probe = None if replica is None else functools.partial(took_over, replica.address, secret)
+        return run_coordinator(opts, coordinator, agents, taken_over=probe)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if job is not None:
@@ -155,8 +160,9 @@ def replica_channel(opts) -> Optional[Channel]:
     return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
 
 
-def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
-    """Coordinate until the job ends, then stop every agent."""
+def run_coordinator(opts, coordinator: Coordinator, agents: dict, taken_over=None) -> int:
+    """Coordinate until the job ends, then stop every agent. ``taken_over``:
+    the primary's question to the standby's store (run_loop.py)."""
 
     def agents_alive() -> bool:
         for node, proc in list(agents.items()):
@@ -168,7 +174,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
     metrics = serve_metrics(opts.settings, coordinator)
     try:
-        code = coordinator.run(alive=agents_alive)
+        code = run_loop.run(coordinator, alive=agents_alive, taken_over=taken_over)
     finally:
         if metrics is not None:
             metrics.stop()
@@ -181,7 +187,10 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         except subprocess.TimeoutExpired:
             kill_agent(opts, proc)
     stopped = coordinator.record.result or coordinator.record.stopping
-    if stopped is not None:
+    if coordinator.watch.fenced is not None:
+        why = coordinator.watch.fenced
+        print(f"deadpool-launch: this side of a partition left the job: {why}", file=sys.stderr)
+    elif stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     coordinator.events.close()
     return code

@@ -56,6 +56,9 @@ class JobRecord:
     settings: CoordinatorSettings
     membership: Membership
     gen: int = 0
+    # Which coordinator decides: 0 the first, one more at each takeover. Every
+    # event it says carries it, so that the log shows one writer per generation.
+    term: int = 0
     state: JobState = JobState.STARTING
     lost: Set[int] = field(default_factory=set)  # ranks lost in this generation
     done: Set[int] = field(default_factory=set)  # ranks that finished
@@ -248,6 +251,8 @@ class Watch:
     and the straggler watch's last judgement."""
 
     guards_quorum: bool = False  # a standby could take over: decide only with a majority
+    cut_off_at: Optional[float] = None  # since it heard no majority
+    fenced: Optional[str] = None  # why its side left the job
     took_over_at: Optional[float] = None  # until the first decision after a takeover
     drain_asked_at: Optional[float] = None  # the oldest drain pending
     stragglers: Dict[int, Straggler] = field(default_factory=dict)
@@ -301,6 +306,8 @@ def view_of(
         lost_slots=lost_slots,
         quorum_nodes=frozenset(m.quorum_nodes),
         guards_quorum=watch.guards_quorum,
+        cut_off_s=None if watch.cut_off_at is None else now - watch.cut_off_at,
+        fenced=watch.fenced,
         done=frozenset(record.done),
         ended=record.result is not None,
         stopping=record.stopping,

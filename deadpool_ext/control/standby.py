@@ -17,13 +17,20 @@ single loss leaves a majority, so ``deadpool-launch`` refuses a standby there.
 
 import enum
 import time
-from typing import Optional, Set
+from typing import Optional, Set, Tuple
+
+import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control.awake_clock import AwakeClock
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.defaults import HEARTBEAT_INTERVAL_S, OWN_PAUSE_SHARE, TAKEOVER_WAIT_S
-from deadpool_ext.wire import Channel
+from deadpool_ext.defaults import (
+    HEARTBEAT_INTERVAL_S,
+    OWN_PAUSE_SHARE,
+    STORE_MEND_TIMEOUT_S,
+    TAKEOVER_WAIT_S,
+)
+from deadpool_ext.wire import Channel, control_connect
 
 
 class Verdict(enum.Enum):
@@ -95,3 +102,14 @@ class Replica:
         if self.clock() - self.leased_at >= HEARTBEAT_INTERVAL_S:
             self.channel.put(P.LEASE_KEY, gen=gen)
             self.leased_at = self.clock()
+
+
+def took_over(address: Tuple[str, int], secret: bytes) -> bool:
+    """Whether the standby at ``address`` has taken over (its coordinator
+    published a generation on its store); False if it cannot be reached
+    within STORE_MEND_TIMEOUT_S (a partition, or it is gone)."""
+    try:
+        store = control_connect(*address, timeout_s=STORE_MEND_TIMEOUT_S)
+        return Channel(store, secret, address=address).get(P.GEN_KEY) is not None
+    except dist.DistError:
+        return False

@@ -13,7 +13,9 @@ decide.
 
 from typing import Optional
 
-from deadpool_ext.policy.view import JobView
+from deadpool_ext.defaults import TAKEOVER_WAIT_S
+from deadpool_ext.policy.effects import NOTHING, Effects, Fence, Majority
+from deadpool_ext.policy.view import JobView, Superseded
 
 
 def why_no_quorum(view: JobView) -> Optional[str]:
@@ -27,6 +29,36 @@ def why_no_quorum(view: JobView) -> Optional[str]:
         "standby coordinator a decision needs a majority of them (a network partition "
         "looks like this); resume from the last --save checkpoint"
     )
+
+
+def majority(view: JobView) -> Effects:
+    """The first rule. With a standby that could take over, a coordinator
+    that hears (heartbeats not silent) no majority of the nodes alive at the
+    last decision is cut off: it declares nobody lost and decides nothing,
+    since the other side may be the majority, whose standby takes over. It
+    goes on once it hears a majority again (a partition that healed before
+    anyone came over to the standby). Its side leaves the job (``Fence``)
+    once it learns that the standby took over, or once it was cut off for
+    longer than the standby waits for a majority to come over."""
+    if view.news_of(Superseded):
+        return (Fence("the standby took over while this coordinator was cut off"),)
+    if not view.guards_quorum or view.sighting is None:
+        return NOTHING
+    heard = view.alive_nodes - set(view.sighting.silent_nodes)
+    has = 2 * len(heard & view.quorum_nodes) > len(view.quorum_nodes)
+    cut_off = view.cut_off_s is not None
+    if has and cut_off:
+        return (Majority(True, f"nodes {sorted(heard)} of {sorted(view.quorum_nodes)} heard"),)
+    if not has and not cut_off:
+        reason = (
+            f"only nodes {sorted(heard)} of {sorted(view.quorum_nodes)} are heard: a network "
+            "partition, or the loss of a majority; deciding nothing until they are heard again"
+        )
+        return (Majority(False, reason),)
+    limit = view.settings.heartbeat_timeout + TAKEOVER_WAIT_S
+    if cut_off and view.cut_off_s > limit:
+        return (Fence(f"cut off from the majority for {limit:.0f} s"),)
+    return NOTHING
 
 
 def why_node_differs(

@@ -588,6 +588,8 @@ class Policy:
             return Wait(f"ranks {list(view.waiting)} have not reported")
         if view.plan is None:
             return abort(view.gen, "no buddy plan was received from rank 0", view.members)
+        if view.cut_off_s is not None or view.fenced is not None:
+            return Wait("cut off from the majority: deciding nothing")
         no_quorum = why_no_quorum(view) if view.guards_quorum else None
         if no_quorum is not None:
             return abort(view.gen, no_quorum, view.members)

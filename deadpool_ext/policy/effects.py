@@ -180,3 +180,20 @@ NOTHING: Effects = ()
 
 def note(event: str, once: bool = False, **fields) -> Note:
     return Note(event, dict(fields), once)
+
+
+@dataclass(frozen=True)
+class Majority:
+    """Whether this coordinator hears a majority of the nodes alive at the
+    last decision (``heard``); while it does not, it decides nothing."""
+
+    heard: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fence:
+    """This coordinator's side of a partition leaves the job: the agents
+    that still hear it kill their workers, and it ends deciding nothing."""
+
+    reason: str

@@ -15,6 +15,8 @@ def at_end(view: JobView) -> Tuple[int, Effects]:
     """The launcher's exit code and the last effects."""
     why = "the job ended before an iteration boundary was reached"
     effects: List = [DropDrain(node, why) for node in sorted(set(view.drains) | set(view.leaving))]
+    if view.fenced is not None:  # its side of a partition left: the other side decides
+        return ExitCode.FENCED, ()
     if len(view.done) < view.world_size:
         return ExitCode.FAILED, tuple(effects)
     effects += redos_finished(view, view.train_iters or 0)

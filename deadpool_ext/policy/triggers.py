@@ -9,6 +9,8 @@ every effect it carries out, so a later trigger sees what an earlier one
 did. The order is the priority: what ended or was lost first (every loss of
 the pass then opens one generation, or ends the job), then the generation's
 own progress, then, while training, the operations asked for and growth.
+First of all, whether this coordinator may decide at all (admission.py's
+``majority``): one cut off from the majority runs no other rule.
 
 A generation that collects reports is decided by ``Policy.decide``
 (decide.py) after the triggers.
@@ -18,7 +20,7 @@ from dataclasses import asdict, replace
 from typing import Callable, List, Optional, Tuple
 
 from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
-from deadpool_ext.policy.admission import why_node_differs, why_not_join
+from deadpool_ext.policy.admission import majority, why_node_differs, why_not_join
 from deadpool_ext.policy.decide import grow_by, likely_spares, waits_for_spares
 from deadpool_ext.policy.effects import (
     NOTHING,
@@ -539,6 +541,7 @@ def grow(view: JobView) -> Effects:
 
 
 TRIGGERS: Tuple[Trigger, ...] = (
+    majority,
     exits,
     agents_ended,
     launchers,

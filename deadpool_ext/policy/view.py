@@ -104,6 +104,12 @@ class TookOver:
     node_alive: bool  # its agent came over: only its launcher died
 
 
+@dataclass(frozen=True)
+class Superseded:
+    """The standby's store shows that it took over while this coordinator
+    was cut off from the majority."""
+
+
 # ----- the layout's limits, from rank 0's plan -----
 @dataclass(frozen=True)
 class Limits:
@@ -173,6 +179,8 @@ class JobView:
     lost_slots: FrozenSet[str] = frozenset()
     quorum_nodes: FrozenSet[int] = frozenset()  # alive at the last decision
     guards_quorum: bool = False  # a standby could take over: decide only with a majority
+    cut_off_s: Optional[float] = None  # since it heard no majority (None: it hears one)
+    fenced: Optional[str] = None  # why this coordinator's side left the job
     done: FrozenSet[int] = frozenset()  # ranks that finished
     ended: bool = False  # an abort was decided
     stopping: Optional[Decision] = None  # a checkpoint or stop decided and carried out

@@ -61,6 +61,16 @@ def events_of(tmp):
     return read_events(str(tmp / "events.jsonl"))
 
 
+def one_writer_per_generation(events) -> bool:
+    """Every generation's decisions and announced failures come from one
+    coordinator (one term): never two deciding."""
+    writers = {}
+    for e in events:
+        if e["rank"] == -1 and e["event"] in ("failure_detected", "decision", "abort"):
+            writers.setdefault(e["gen"], set()).add(e["term"])
+    return all(len(terms) == 1 for terms in writers.values())
+
+
 def test_a_node_killed_on_its_host_is_hot_swapped_across_hosts_bit_for_bit(tmp_path, reference):
     with hosts.Lab(NODES + SPARES) as lab:
         launchers = start_on_hosts(
@@ -90,7 +100,7 @@ def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, referen
         lab.heal(2)
         codes = wait_for(launchers)
     logs = readable_logs(tmp_path, NODES + SPARES)
-    assert codes == [0, 0, ExitCode.DECLARED_LOST, 0], logs
+    assert codes == [0, 0, ExitCode.FENCED, 0], logs
     assert "declared this node lost" in (tmp_path / "node2.log").read_text()
     assert_same_run(tmp_path, reference, ITERS)
     events = events_of(tmp_path)
@@ -99,3 +109,34 @@ def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, referen
     decided = [e for e in events if e["event"] == "decision"]
     assert decided[-1]["replaced"] == {"4": "3.0", "5": "3.1"}
     assert not leftovers(tmp_path)
+
+
+def test_node_0_cut_off_from_every_host_the_standby_takes_over_and_node_0_is_fenced(
+    tmp_path, reference
+):
+    """The partition that leaves node 0 (the store and the coordinator) alone
+    and every other host on the majority side: node 0's coordinator stops
+    deciding (it hears no majority), the standby on node 1 takes over once
+    the agents came over, node 0's ranks come back from their buddies on the
+    spare host. Healed, node 0 learns it was declared lost and leaves; the
+    curve is the failure-free one."""
+    with hosts.Lab(NODES + SPARES) as lab:
+        launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
+        metrics = tmp_path / "metrics.jsonl"
+        assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
+        lab.isolate(0)
+        recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
+        assert hosts.wait_until(recovered, 240), readable_logs(tmp_path, 4)
+        lab.heal(0)
+        codes = wait_for(launchers)
+    logs = readable_logs(tmp_path, NODES + SPARES)
+    assert codes == [ExitCode.FENCED, 0, 0, 0], logs
+    assert_same_run(tmp_path, reference, ITERS)
+    events = events_of(tmp_path)
+    assert one_writer_per_generation(events)
+    said = [(e["event"], e["term"]) for e in events if e["rank"] == -1]
+    assert ("majority_lost", 0) in said and ("fenced", 0) in said, said
+    assert ("takeover", 1) in said and ("decision", 1) in said, said
+    assert not [e for e in said if e[1] == 0 and e[0] in ("failure_detected", "decision")], said
+    fenced = next(e for e in events if e["event"] == "fenced")
+    assert "standby took over" in fenced["reason"]

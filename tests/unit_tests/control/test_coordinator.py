@@ -19,6 +19,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from dist_utils import REPO
+from deadpool_ext.control import run_loop
 from deadpool_ext.wire import Channel, connect
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.ports import free_port
@@ -133,6 +134,9 @@ def test_the_awake_clock_skips_only_late_rounds():
     assert awake.tick() == 30.0 and awake() == clock.now - 30.0
     clock.now += 1.0
     assert awake.tick() == 0.0 and awake() == clock.now - 30.0
+    clock.now += 5.0  # a call that may block, on purpose
+    awake.rebase()
+    assert awake.tick() == 0.0 and awake() == clock.now - 30.0
 
 
 def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
@@ -149,11 +153,11 @@ def test_after_an_abort_the_ranks_that_reported_may_stop_by_themselves(job):
     coordinator.step()
     assert coordinator.finished
     start = time.monotonic()
-    assert coordinator.run(poll_s=0.01, abort_grace_s=0.5) == 1
+    assert run_loop.run(coordinator, poll_s=0.01, abort_grace_s=0.5) == 1
     assert time.monotonic() - start >= 0.5  # rank 0 never exited: the grace ran out
     worker.post("coordinator", kind="exit", slot="0.0", code=int(ExitCode.ABORTED))
     start = time.monotonic()
-    assert coordinator.run(poll_s=0.01, abort_grace_s=30) == 1
+    assert run_loop.run(coordinator, poll_s=0.01, abort_grace_s=30) == 1
     assert time.monotonic() - start < 5  # rank 0 has exited: no wait
 
 

@@ -7,10 +7,11 @@ import pytest
 import torch.distributed as dist
 
 from deadpool_ext import protocol as P
+from deadpool_ext.control import run_loop
 from deadpool_ext.control.record import JobRecord
 from deadpool_ext.control.standby import Replica, Standby, Verdict
-from deadpool_ext.defaults import TAKEOVER_GRACE_S
-from deadpool_ext.protocol import Decision
+from deadpool_ext.defaults import TAKEOVER_GRACE_S, TAKEOVER_WAIT_S
+from deadpool_ext.protocol import Decision, ExitCode
 from deadpool_ext.wire import Channel, JobEnded, standby_channel
 from tests.unit_tests.control import store_job
 from tests.unit_tests.control.store_job import BUDDY, SECRET, Clock, new_store, start
@@ -174,13 +175,50 @@ def silence_nodes_1_and_2(coordinator, worker, clock):
     coordinator.step()
 
 
-def test_a_primary_that_hears_from_no_majority_stops_instead_of_deciding(primary):
-    """Nodes 1 and 2 silent at once (a partition): the other side may take
-    over, so this side must not go on (it would shrink to node 0)."""
+def test_a_primary_that_hears_no_majority_declares_nobody_lost_and_decides_nothing(primary):
+    """Nodes 1 and 2 silent at once (a partition): the other side may be the
+    majority and take over, so this side neither declares them lost nor
+    decides (it would shrink to node 0); heard again before anyone came over,
+    it goes on where it was."""
+    coordinator, worker, _, clock = primary
+    state = coordinator.state
+    silence_nodes_1_and_2(coordinator, worker, clock)
+    assert coordinator.gen == 0 and coordinator.record.lost == set()
+    assert coordinator.record.membership.lost_slots == set()
+    assert coordinator.record.result is None and coordinator.watch.cut_off_at is not None
+    assert worker.get("decision/1") is None and worker.get("gen")["gen"] == 0
+    for node in (0, 1, 2):
+        worker.put(P.node_heartbeat_key(node), time=2)
+    coordinator.step()
+    assert coordinator.watch.cut_off_at is None and coordinator.gen == 0
+    assert coordinator.state == state
+
+
+def test_a_cut_off_primary_leaves_once_the_standby_took_over(primary):
+    coordinator, worker, _, clock = primary
+    commands = worker.reader(P.agent_topic(0))
+    silence_nodes_1_and_2(coordinator, worker, clock)
+    coordinator.superseded()
+    assert "standby took over" in coordinator.watch.fenced
+    assert {"kind": "kill_all", "slot": None} in commands.poll()
+    assert run_loop.run(coordinator, poll_s=0.0) == ExitCode.FENCED
+    assert worker.get("decision/1") is None
+
+
+def test_a_cut_off_primary_leaves_once_the_standby_would_have_given_up(primary):
+    """Still cut off after the heartbeat timeout and the standby's wait for
+    a majority: whichever side goes on, this one cannot."""
     coordinator, worker, _, clock = primary
     silence_nodes_1_and_2(coordinator, worker, clock)
-    assert coordinator.record.result is not None
-    assert "only nodes [0] of [0, 1, 2] are alive" in coordinator.record.result.reason
+    clock.now += TAKEOVER_WAIT_S
+    worker.put(P.node_heartbeat_key(0), time=3)
+    coordinator.step()
+    assert coordinator.watch.fenced is None
+    clock.now += 4.0
+    worker.put(P.node_heartbeat_key(0), time=4)
+    coordinator.step()
+    assert "cut off from the majority" in coordinator.watch.fenced
+    assert worker.get("decision/1") is None and coordinator.gen == 0
 
 
 def test_without_a_standby_the_same_losses_shrink_the_job():
