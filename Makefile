@@ -23,7 +23,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo demo-reference lint test test-unit test-slurm gpu-wheels gpu-check-dry-run bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
+.PHONY: setup data demo demo-reference lint test test-unit test-hosts test-slurm gpu-wheels gpu-check-dry-run bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -128,3 +128,8 @@ print-demo-args:
 
 print-deadpool-args:
 	@echo $(DEADPOOL_ARGS)
+
+# The jobs across emulated hosts (network namespaces: root, iproute2, nftables;
+# tools/hosts.py) alone; `make test` runs them too.
+test-hosts: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:warnings tests/functional_tests/test_hosts.py

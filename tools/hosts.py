@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from deadpool_ext.control.jobs import alive
+
 SUBNET = "10.231.0"  # private; only on the namespaces a lab made
 
 
@@ -233,19 +235,7 @@ class Lab:
         """Both ways: the host's egress, and the bridge's egress toward it."""
         host = self.hosts[index]
         shape = ["tbf", "rate", f"{mbit}mbit", "burst", "32kbit", "latency", "400ms"]
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            host.netns,
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            "eth0",
-            "root",
-            *shape,
-        )
+        in_host(host, "tc", "qdisc", "replace", "dev", "eth0", "root", *shape)
         sh("tc", "qdisc", "replace", "dev", host.link, "root", *shape)
 
     def flap(self, index: int, seconds: float) -> threading.Timer:
@@ -265,19 +255,7 @@ class Lab:
                 handle = line.rsplit("# handle", 1)[1].strip()
                 sh("nft", "delete", "rule", "bridge", self.prefix, "forward", "handle", handle)
         sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            host.netns,
-            "tc",
-            "qdisc",
-            "del",
-            "dev",
-            "eth0",
-            "root",
-            check=False,
-        )
+        in_host(host, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
         sh("tc", "qdisc", "del", "dev", host.link, "root", check=False)
 
 
@@ -290,11 +268,11 @@ def sweep() -> None:
     names += [m for m in re.findall(r"^\d+: (dp\d+-(?:br|v\d+))[@:]", links, re.M)]
     tables = sh("nft", "list", "tables", "bridge", check=False).stdout
     for table in re.findall(r"^table bridge (dp\d+)$", tables, re.M):
-        if not pid_alive(int(table[2:])):
+        if not alive(int(table[2:])):
             sh("nft", "delete", "table", "bridge", table, check=False)
     for name in names:
         pid = int(name[2:].split("-")[0])
-        if pid_alive(pid) or not name.startswith(f"dp{pid}-"):
+        if alive(pid) or not name.startswith(f"dp{pid}-"):
             continue
         if "-h" in name:
             for leftover in sh("ip", "netns", "pids", name, check=False).stdout.split():
@@ -306,14 +284,8 @@ def sweep() -> None:
             sh("ip", "link", "del", name, check=False)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def in_host(host: Host, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return sh("ip", "netns", "exec", host.netns, *argv, check=check)
 
 
 def wait_until(predicate, timeout_s: float, every_s: float = 0.1) -> bool:

@@ -61,6 +61,21 @@ def events_of(tmp):
     return read_events(str(tmp / "events.jsonl"))
 
 
+def isolated_until_recovered(tmp_path, host: int):
+    """The job across the hosts; ``host`` isolated at the switch once
+    iteration 4 is logged, healed once the job recovered. The launchers'
+    exit codes."""
+    with hosts.Lab(NODES + SPARES) as lab:
+        launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
+        metrics = tmp_path / "metrics.jsonl"
+        assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
+        lab.isolate(host)
+        recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
+        assert hosts.wait_until(recovered, 240), readable_logs(tmp_path, 4)
+        lab.heal(host)
+        return wait_for(launchers)
+
+
 def one_writer_per_generation(events) -> bool:
     """Every generation's decisions and announced failures come from one
     coordinator (one term): never two deciding."""
@@ -83,22 +98,13 @@ def test_a_node_killed_on_its_host_is_hot_swapped_across_hosts_bit_for_bit(tmp_p
     assert decided[-1]["replaced"] == {"4": "3.0", "5": "3.1"}
 
 
-@pytest.mark.parametrize("loud", [False, True], ids=["silent", "loud"])
-def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, reference, loud):
-    """Host 2's network goes (every packet dropped, or its link down) in the
+def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, reference):
+    """Host 2's network goes (every packet dropped at the switch) in the
     run's fifth iteration: its node is declared lost after the heartbeat
     timeout, the spare host takes its ranks from their buddies. Healed once
     the job trains again, node 2 learns it was declared lost and leaves:
     nothing it says is taken, and the curve is the failure-free one."""
-    with hosts.Lab(NODES + SPARES) as lab:
-        launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
-        metrics = tmp_path / "metrics.jsonl"
-        assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
-        lab.isolate(2, loud=loud)
-        recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
-        assert hosts.wait_until(recovered, 120), readable_logs(tmp_path, 4)
-        lab.heal(2)
-        codes = wait_for(launchers)
+    codes = isolated_until_recovered(tmp_path, 2)
     logs = readable_logs(tmp_path, NODES + SPARES)
     assert codes == [0, 0, ExitCode.FENCED, 0], logs
     assert "declared this node lost" in (tmp_path / "node2.log").read_text()
@@ -120,15 +126,7 @@ def test_node_0_cut_off_from_every_host_the_standby_takes_over_and_node_0_is_fen
     the agents came over, node 0's ranks come back from their buddies on the
     spare host. Healed, node 0 learns it was declared lost and leaves; the
     curve is the failure-free one."""
-    with hosts.Lab(NODES + SPARES) as lab:
-        launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
-        metrics = tmp_path / "metrics.jsonl"
-        assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
-        lab.isolate(0)
-        recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
-        assert hosts.wait_until(recovered, 240), readable_logs(tmp_path, 4)
-        lab.heal(0)
-        codes = wait_for(launchers)
+    codes = isolated_until_recovered(tmp_path, 0)
     logs = readable_logs(tmp_path, NODES + SPARES)
     assert codes == [ExitCode.FENCED, 0, 0, 0], logs
     assert_same_run(tmp_path, reference, ITERS)
@@ -140,3 +138,69 @@ def test_node_0_cut_off_from_every_host_the_standby_takes_over_and_node_0_is_fen
     assert not [e for e in said if e[1] == 0 and e[0] in ("failure_detected", "decision")], said
     fenced = next(e for e in events if e["event"] == "fenced")
     assert "standby took over" in fenced["reason"]
+
+
+PROBE = """
+import socket, sys
+try:
+    print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).recv(2).decode())
+except OSError as error:
+    print(type(error).__name__)
+"""
+SERVER = """
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5555))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hi")
+    c.close()
+"""
+
+
+def test_the_labs_faults_cut_what_they_say_and_heal():
+    """Each verb of tools/hosts.py, seen by a TCP client of host 0's server."""
+    import subprocess
+    import sys
+    import time
+
+    def reach(lab, host, port=5555):
+        argv = [sys.executable, "-c", PROBE, lab.hosts[0].address, str(port)]
+        return subprocess.run(
+            lab.command(host, argv), capture_output=True, text=True
+        ).stdout.strip()
+
+    with hosts.Lab(3) as lab:
+        lab.start(0, [sys.executable, "-c", SERVER])
+        assert hosts.wait_until(lambda: reach(lab, 1) == "hi", 10)
+        lab.isolate(2)
+        assert (reach(lab, 1), reach(lab, 2)) == ("hi", "TimeoutError")
+        lab.heal(2)
+        lab.cut(1, 0, one_way=True)
+        assert (reach(lab, 1), reach(lab, 2)) == ("TimeoutError", "hi")
+        lab.heal(0)  # a cut is healed from either end
+        lab.cut(1, 0, port=5555)
+        assert (reach(lab, 1), reach(lab, 1, port=5556)) == (
+            "TimeoutError",
+            "ConnectionRefusedError",
+        )
+        lab.heal(1)
+        lab.lose(1, 100)
+        assert reach(lab, 1) == "TimeoutError"
+        lab.heal(1)
+        assert hosts.wait_until(lambda: reach(lab, 1) == "hi", 10)
+        lab.isolate(1, loud=True)
+        assert reach(lab, 1) != "hi"
+        lab.heal(1)
+        lab.slow(1, 1)
+        assert reach(lab, 1) == "hi"
+        lab.heal(1)
+        lab.flap(2, 4.0)  # longer than a probe takes to give up
+        assert reach(lab, 2) == "TimeoutError"
+        time.sleep(3.0)
+        assert hosts.wait_until(lambda: reach(lab, 2) == "hi", 10)
+        prefix = lab.prefix
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in left

@@ -498,7 +498,8 @@ def test_a_paused_coordinator_declares_nobody_lost_bit_for_bit(tmp_path, referen
     3 for 2x and 5x the 4 s heartbeat timeout while agents and workers go
     on as far as they can without the store. On waking it knows the time
     was its own, not its peers' silence: nobody is declared lost and the
-    job ends as the failure-free one."""
+    job ends as the failure-free one. (Without that, every node is declared
+    lost on waking and the job aborts.)"""
     pause = 4 * timeouts
     fault = f"pause-launcher:rank=0:iter=3:seconds={pause}"
     extra = ["--deadpool-heartbeat-timeout", "4"]
