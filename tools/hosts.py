@@ -78,10 +78,10 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 class Lab:
-    def __init__(self, count: int, prefix: Optional[str] = None):
+    def __init__(self, count: int):
         if count > 250:
             raise LabError("at most 250 hosts on one subnet")
-        self.prefix = prefix or f"dp{os.getpid()}"  # sweep() reads the pid back
+        self.prefix = f"dp{os.getpid()}"  # sweep() reads the pid back
         self.bridge = f"{self.prefix}-br"
         self.hosts: List[Host] = [
             Host(
@@ -172,12 +172,7 @@ class Lab:
         for timer in self.timers:
             timer.cancel()
         for host in self.hosts:
-            pids = sh("ip", "netns", "pids", host.netns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+            kill_all_in(host.netns)
         for proc in self.started:
             if proc.poll() is None:
                 proc.kill()
@@ -186,9 +181,8 @@ class Lab:
             except subprocess.TimeoutExpired:
                 pass
         for host in self.hosts:
-            sh("ip", "netns", "del", host.netns, check=False)
+            remove_host(host.netns)
             sh("ip", "link", "del", host.link, check=False)
-            shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
         sh("ip", "link", "del", self.bridge, check=False)
         sh("nft", "delete", "table", "bridge", self.prefix, check=False)
 
@@ -275,13 +269,23 @@ def sweep() -> None:
         if alive(pid) or not name.startswith(f"dp{pid}-"):
             continue
         if "-h" in name:
-            for leftover in sh("ip", "netns", "pids", name, check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(leftover), signal.SIGKILL)
-            sh("ip", "netns", "del", name, check=False)
-            shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+            kill_all_in(name)
+            remove_host(name)
         else:
             sh("ip", "link", "del", name, check=False)
+
+
+def kill_all_in(netns: str) -> None:
+    """SIGKILL every process of a host (its namespace's)."""
+    for pid in sh("ip", "netns", "pids", netns, check=False).stdout.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def remove_host(netns: str) -> None:
+    """A host's namespace (its end of the veth goes with it) and hosts file."""
+    sh("ip", "netns", "del", netns, check=False)
+    shutil.rmtree(f"/etc/netns/{netns}", ignore_errors=True)
 
 
 def in_host(host: Host, *argv: str, check: bool = True) -> subprocess.CompletedProcess:

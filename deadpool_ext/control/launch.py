@@ -189,7 +189,8 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict, taken_over=Non
     stopped = coordinator.record.result or coordinator.record.stopping
     if coordinator.watch.fenced is not None:
         why = coordinator.watch.fenced
-        print(f"deadpool-launch: this side of a partition left the job: {why}", file=sys.stderr)
+        say = f"deadpool-launch: this side of a partition left the job: {why}"
+        print(say, file=sys.stderr, flush=True)
     elif stopped is not None:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     coordinator.events.close()

@@ -30,6 +30,7 @@ from deadpool_ext.defaults import (
     STORE_MEND_TIMEOUT_S,
     TAKEOVER_WAIT_S,
 )
+from deadpool_ext.policy.admission import is_majority
 from deadpool_ext.wire import Channel, control_connect
 
 
@@ -81,8 +82,7 @@ class Standby:
         return Verdict.GIVE_UP if silent > self.timeout_s + self.wait_s else Verdict.WAIT
 
     def has_majority(self) -> bool:
-        voters = self.record.membership.quorum_nodes
-        return 2 * len(self.came_over & voters) > len(voters)
+        return is_majority(self.came_over, self.record.membership.quorum_nodes)
 
 
 class Replica:

@@ -11,18 +11,24 @@ with more than half of them (control/standby.py), so the two never both
 decide.
 """
 
-from typing import Optional
+from typing import AbstractSet, Optional
 
 from deadpool_ext.defaults import TAKEOVER_WAIT_S
 from deadpool_ext.policy.effects import NOTHING, Effects, Fence, Majority
 from deadpool_ext.policy.view import JobView, Superseded
 
 
+def is_majority(nodes: AbstractSet[int], of: AbstractSet[int]) -> bool:
+    """Whether ``nodes`` are more than half of ``of`` (the nodes alive at the
+    last decision): the coordinator's rule and the standby's alike."""
+    return 2 * len(nodes & of) > len(of)
+
+
 def why_no_quorum(view: JobView) -> Optional[str]:
     """Why no decision may be made (a majority of the nodes alive at the
     last one is lost), or None."""
     alive = view.alive_nodes & view.quorum_nodes
-    if 2 * len(alive) > len(view.quorum_nodes):
+    if is_majority(alive, view.quorum_nodes):
         return None
     return (
         f"only nodes {sorted(alive)} of {sorted(view.quorum_nodes)} are alive: with a "
@@ -45,7 +51,7 @@ def majority(view: JobView) -> Effects:
     if not view.guards_quorum or view.sighting is None:
         return NOTHING
     heard = view.alive_nodes - set(view.sighting.silent_nodes)
-    has = 2 * len(heard & view.quorum_nodes) > len(view.quorum_nodes)
+    has = is_majority(heard, view.quorum_nodes)
     cut_off = view.cut_off_s is not None
     if has and cut_off:
         return (Majority(True, f"nodes {sorted(heard)} of {sorted(view.quorum_nodes)} heard"),)

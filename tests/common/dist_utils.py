@@ -284,7 +284,6 @@ def launch_on_nodes(
     (``kill:node=N`` kills it all). Returns the launchers' exit codes; their
     output is in ``tmp/node{N}.log``."""
     import secrets
-    import time
 
     from deadpool_ext.control.ports import free_port
 
@@ -296,13 +295,7 @@ def launch_on_nodes(
         flags = launcher_flags(node, nodes, spares, per_node, port, "127.0.0.1", "127.0.0.1")
         with open(tmp / f"node{node}.log", "w") as log:
             launchers.append(forkserver.start_logged(launch_command(flags, args), env, REPO, log))
-    deadline = time.monotonic() + timeout
-    try:
-        return [proc.wait(timeout=max(1, deadline - time.monotonic())) for proc in launchers]
-    finally:
-        for proc in launchers:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+    return wait_for(launchers, timeout)
 
 
 def launcher_flags(node: int, nodes: int, spares: int, per_node: int, port: int, addr, standby):
@@ -333,7 +326,8 @@ def start_on_hosts(lab, tmp, args: List[str], nodes: int, spares: int, per_node:
 
 
 def wait_for(launchers, timeout: float = 420) -> List[int]:
-    """The launchers' exit codes; any left running after ``timeout`` is killed (-9)."""
+    """The launchers' exit codes; any left running after ``timeout`` is
+    killed with its process group, its node (-9)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -342,7 +336,7 @@ def wait_for(launchers, timeout: float = 420) -> List[int]:
         try:
             codes.append(proc.wait(timeout=max(1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, 9)
             codes.append(proc.wait())
     return codes
 
