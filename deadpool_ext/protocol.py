@@ -215,6 +215,9 @@ class NodeUp(Message):
     nonce: Optional[str] = None
     # The launcher's --nnodes x --nproc-per-node, which every launcher must share.
     world_size: Optional[int] = None
+    # host:port of the store its launcher serves for a standby coordinator
+    # (with --standby-addr): where the coordinator may appoint one.
+    standby_store: Optional[str] = None
 
 
 @dataclass
@@ -506,8 +509,9 @@ class WorkerEnv:
     # the agent, or the zygote that forked it (control/zygote.py).
     agent_pid: Optional[int] = None
     parent_pid: Optional[int] = None
-    # host:port of the standby coordinator's store, and how long to wait for
-    # its takeover once the primary is gone (None: no standby).
+    # host:port of the standby coordinator's store when the worker started
+    # (None: none yet; the generation names the current one), and how long
+    # to wait for its takeover once the primary is gone (0: no standby).
     standby: Optional[str] = None
     takeover_wait_s: float = 0.0
 
@@ -533,6 +537,7 @@ class WorkerEnv:
             env["DEADPOOL_PARENT_PID"] = str(self.parent_pid)
         if self.standby is not None:
             env["DEADPOOL_STANDBY"] = self.standby
+        if self.takeover_wait_s:
             env["DEADPOOL_TAKEOVER_WAIT"] = str(self.takeover_wait_s)
         return env
 

@@ -57,16 +57,17 @@ class Agent:
         store_addr: str,
         heartbeat_s: float = HEARTBEAT_INTERVAL_S,
         join: bool = False,
-        standby: Optional[str] = None,
+        standby_store: Optional[str] = None,
         takeover_wait_s: float = 0.0,
         zygote: Optional[Zygote] = None,
         scratch: Optional[str] = None,
         gpus: Optional[NvmlReader] = None,
         slurm_node: Optional[str] = None,
     ):
-        """``standby``: host:port of the standby coordinator's store, which
-        this agent turns to when it loses the primary, waiting up to
-        ``takeover_wait_s`` for the takeover. ``zygote``: the node's zygote
+        """``standby_store``: host:port of the store this node's launcher
+        serves for a standby coordinator, announced to the coordinator. The
+        generation names the standby the agent turns to when it loses the
+        primary, waiting up to ``takeover_wait_s`` for the takeover. ``zygote``: the node's zygote
         (control/zygote.py), which forks the workers; without one each is
         started with the command. ``scratch``: where to make the folder of
         the workers' error files (default: the system's temporary folder);
@@ -92,8 +93,10 @@ class Agent:
         # the grace (spares, a member that did not read its release) stop.
         self.leaving_by: Optional[float] = None
         self.leave_signals = 0
-        self.standby, self.takeover_wait_s = standby, takeover_wait_s
-        self.standby_in_sync = False  # as the last generation read said
+        self.standby_store, self.takeover_wait_s = standby_store, takeover_wait_s
+        # host:port of the standby that holds the coordinator's copy, as the
+        # last generation read said (None: none does).
+        self.standby: Optional[str] = None
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
         self.zygote = zygote
         self.last_beat = 0.0
@@ -153,6 +156,7 @@ class Agent:
                 join=self.join,
                 nonce=self.nonce,
                 world_size=self.world_size,
+                standby_store=self.standby_store,
             ),
         )
         self.check_gpus(now=True)  # before any spare can say it is ready
@@ -249,8 +253,8 @@ class Agent:
         # The channel numbers every put: each is a new beat.
         self.channel.put(P.node_heartbeat_key(self.node), time=time.time())
         latest = self.channel.get(P.GEN_KEY) or {}
-        # Whether the standby holds the coordinator's copy (fail_over).
-        self.standby_in_sync = bool(latest.get("standby"))
+        if latest:
+            self.standby = latest.get("standby")  # where to fail over (fail_over)
         failing = latest.get("state") == P.JobState.RECOVERING
         if failing and latest["gen"] != self.checked_failure_gen:
             # A failure: spares are about to be used, so read their GPUs now.
@@ -365,12 +369,8 @@ class Agent:
     def fail_over(self) -> bool:
         """Vote for the standby's takeover and go on with it as the
         coordinator; False if there is no standby or it did not take over."""
-        if (
-            self.standby is None
-            or self.channel.address == P.host_port(self.standby)
-            or not self.standby_in_sync  # its copy fell behind (the primary said so)
-        ):
-            return False
+        if self.standby is None or self.channel.address == P.host_port(self.standby):
+            return False  # none holds the copy, or its copy fell behind
         try:
             channel = standby_channel(
                 P.host_port(self.standby),
@@ -425,7 +425,7 @@ def main(command: Optional[List[str]] = None) -> int:
         command,
         settings["store"],
         join=settings.get("join", False),
-        standby=settings.get("standby"),
+        standby_store=settings.get("standby_store"),
         takeover_wait_s=settings.get("takeover_wait", 0.0),
         zygote=zygote,
         scratch=settings.get("scratch"),

@@ -14,7 +14,7 @@ states and their moves are policy/states.py's.
 
 import functools
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
 
@@ -30,7 +30,7 @@ from deadpool_ext.defaults import OWN_PAUSE_SHARE, STATUS_EVERY_S, TAKEOVER_GRAC
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
-from deadpool_ext.policy.states import BUILDING, COLLECTING, NEXT
+from deadpool_ext.policy.states import COLLECTING, NEXT
 from deadpool_ext.policy.triggers import TRIGGERS
 from deadpool_ext.policy.view import AgentEnded, Exited, JobView, Superseded, TookOver
 from deadpool_ext.protocol import COORDINATOR_RANK, Command, Decision, JobState, parse_slot
@@ -54,12 +54,13 @@ class Coordinator:
         events: Optional[EventLog] = None,
         settings: P.CoordinatorSettings = P.CoordinatorSettings(),
         clock=time.monotonic,
-        replica: Optional[Channel] = None,
+        standbys: Optional[Callable[[str], Channel]] = None,
         record: Optional[JobRecord] = None,
     ):
-        """``replica``: a channel to the standby coordinator's store, where
-        the record goes before anything is published; ``record``: the one a
-        standby took over (then nothing is published until ``take_over``)."""
+        """``standbys``: opens a channel to the store (host:port) of a node
+        appointed standby coordinator, where the record goes before anything
+        is published (None: no standby); ``record``: the one a standby took
+        over (then nothing is published until ``take_over``)."""
         self.events = events or EventLog(None, COORDINATOR_RANK)
         self.record = record or JobRecord.launched(settings, nnodes, spare_nodes, nproc)
         timeout = self.record.settings.heartbeat_timeout
@@ -67,11 +68,11 @@ class Coordinator:
         self.round = Round()
         # With a standby that could take over, decisions need a majority of
         # the nodes alive at the last one: a partition leaves one side deciding.
-        self.watch = Watch(guards_quorum=replica is not None)
+        self.watch = Watch(guards_quorum=standbys is not None)
         self.detector = Detector(channel, timeout, self.record.iterations)
         self.inbox = channel.reader(P.COORDINATOR_TOPIC)
         self.requests = operations.requests_reader(channel)
-        self.replica = None if replica is None else Replica(replica, self.clock)
+        self.replica = None if standbys is None else Replica(standbys, self.clock)
         self.news: List = []  # what happened since the rules last ran
         self.status_listeners: List = []  # called with status() every STATUS_EVERY_S
         if record is None:
@@ -108,16 +109,13 @@ class Coordinator:
     def publish(self, assign: Optional[Dict[int, str]] = None) -> None:
         """``assign``: the spares a decision will most likely pick, so that
         they can build their model while the survivors tear down."""
+        self.replicate()  # first: the generation names the standby holding the copy
         self.put(P.GEN_KEY, **self.record.generation(assign or {}))
 
     def put(self, key: str, **body) -> None:
         """Every value processes read goes out here, after the record went
-        to the standby: whatever a process can have seen, a takeover knows.
-        The generation says whether a standby holds that copy: processes
-        turn to the standby only while it does."""
+        to the standby: whatever a process can have seen, a takeover knows."""
         self.replicate()
-        if key == P.GEN_KEY:
-            body["standby"] = self.replica is not None
         self.channel.put(key, **body)
 
     def tell_agent(self, node: int, command: Command, slot: Optional[str] = None) -> None:
@@ -130,16 +128,16 @@ class Coordinator:
     def replicate(self) -> None:
         """Write the record to the standby's store when it changed, and
         renew the lease every heartbeat interval. A standby that cannot be
-        reached is gone: the job goes on without one (event
-        ``standby_lost``), and since its copy is stale from then on, every
-        process hears that there is none before anything else is published."""
-        if self.replica is None:
+        written is gone (event ``standby_lost``; the rules appoint another):
+        its copy is stale from then on, so every process hears that none
+        holds one before anything else is published."""
+        rec = self.record
+        if self.replica is None or rec.standby_node is None:
             return
         try:
-            self.replica.write(self.record.to_json(), self.record.gen)
+            self.replica.write(rec.to_json(), rec.gen)
         except dist.DistError as error:
-            self.replica = None
-            self.say("standby_lost", error=str(error))
+            self.say("standby_lost", node=rec.drop_store(rec.standby_node), error=str(error))
             self.publish()
 
     # ----- one poll -----
@@ -221,17 +219,10 @@ class Coordinator:
         for said in self.record.membership.read_gpus(readings):
             self.note(said)
 
-    def on_report(self, m: P.Report) -> None:
-        if m.gen == self.record.gen and self.record.state in COLLECTING:
-            self.round.reports[m.rank] = m
+    def on_report(self, m) -> None:  # a report, joining or resumption
+        self.round.collect(m, self.record.gen, self.record.state)
 
-    def on_joining(self, m: P.Joining) -> None:
-        if m.gen == self.record.gen and self.record.state in BUILDING:
-            self.round.joining.add(m.rank)
-
-    def on_resumed(self, m: P.Resumed) -> None:
-        if m.gen == self.record.gen and self.record.state in BUILDING:
-            self.round.resumed.add(m.rank)
+    on_joining = on_resumed = on_report
 
     def on_done(self, m: P.Done) -> None:
         self.record.done.add(m.rank)
@@ -264,12 +255,14 @@ class Coordinator:
         self.news.append(Superseded())
         self.judge()
 
-    def take_over(self, node: int, reason: str, node_alive: bool = False) -> None:
-        """The standby's first act, on its own store: put back the current
-        decision (a spare may not have read it), repeat the primary's kills,
-        expect a beat from every process, and judge the primary's node lost
-        (only its launcher if its agent came over: triggers.py's took_over)."""
+    def take_over(self, successor: int, reason: str, node_alive: bool = False) -> None:
+        """The standby's first act, on its own store (node ``successor``'s):
+        put back the current decision (a spare may not have read it), repeat
+        the primary's kills, expect a beat from every process, and judge the
+        primary's node lost (only its launcher if its agent came over:
+        triggers.py's took_over). The rules appoint the next standby."""
         rec, now = self.record, self.clock()
+        node, rec.coordinator_node, rec.standby_node = rec.coordinator_node, successor, None
         rec.term += 1
         self.say("takeover", state=rec.state, node=node, reason=reason, alive=node_alive)
         if rec.decision is not None:
@@ -311,10 +304,7 @@ class Coordinator:
     def open_generation(self, o: E.Opening) -> None:
         self.enter(o.state)
         self.record.open(o)
-        self.round = self.round.next(self.clock(), o.cause)
-        self.round.leaving = list(o.leaving)
-        self.round.published_spares = tuple(self.record.membership.spares)
-        self.round.reasons += o.reasons
+        self.round = self.round.next(self.clock(), o, self.record.membership.spares)
         for said in o.notes:
             self.note(said)
         self.publish(o.assign)
@@ -392,6 +382,20 @@ class Coordinator:
         self.record.drains.pop(d.node, None)
         self.say("drain_refused", node=d.node, reason=d.reason)
 
+    @carry_out.register
+    def appoint(self, a: E.Appoint) -> None:
+        """A copy of the record, then the generation naming its store."""
+        address = self.record.standby_stores.get(a.node)
+        try:
+            self.replica.appoint(address)
+        except dist.DistError as error:
+            self.say("standby_refused", node=self.record.drop_store(a.node), error=str(error))
+            return
+        self.record.standby_node = a.node
+        self.say("standby_appointed", node=a.node, address=address)
+        self.publish()
+
+    @carry_out.register(E.StandbyStore)
     @carry_out.register(E.Lost)
     @carry_out.register(E.Rollback)
     @carry_out.register(E.Redone)

@@ -60,7 +60,8 @@ class Detector:
             if stale and self.node_beats(parse_slot(slot)[0], now):
                 hung.append(slot)
         warming = tuple(slot for slot in idle if self.starting(slot, beating, now))
-        sighting = Sighting(tuple(silent), tuple(hung), states, warming, frozenset(beating))
+        heard = frozenset(node for node in nodes if self.node_beats(node, now))
+        sighting = Sighting(tuple(silent), tuple(hung), states, warming, frozenset(beating), heard)
         self.last, self.looked_at = sighting, now
         return sighting
 

@@ -32,7 +32,6 @@ line is ``command_line.py``'s, the ports ``ports.py``'s, the agents this
 launcher starts ``process_tree.py``'s, a standalone job's file ``jobs.py``'s.
 """
 
-import functools
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ from deadpool_ext.control.command_line import checked_options
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.jobs import job_file, remove_job
 from deadpool_ext.control.metrics import MetricsServer
-from deadpool_ext.control.ports import free_port, standby_address
+from deadpool_ext.control.ports import free_port, standby_host
 from deadpool_ext.control.process_tree import (
     agent_settings,
     kill_agent,
@@ -59,6 +58,8 @@ from deadpool_ext.control.process_tree import (
 )
 from deadpool_ext.control import run_loop
 from deadpool_ext.control.standby import Standby, Verdict, took_over
+from deadpool_ext import protocol as P
+from deadpool_ext.defaults import STORE_MEND_TIMEOUT_S
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy.effects import Stop
 from deadpool_ext.protocol import (
@@ -107,10 +108,8 @@ def coordinate(opts, store_host: str, port: int, local_nodes: List[int]) -> int:
             raise
         secret = os.environ[SECRET_ENV].encode()
         channel = Channel(store, secret, address=(store_host, port))
-        replica = replica_channel(opts)
-        coordinator = new_coordinator(opts, channel, replica=replica)
-        probe = None if replica is None else functools.partial(took_over, replica.address, secret)
-        return run_coordinator(opts, coordinator, agents, taken_over=probe)
+        coordinator = new_coordinator(opts, channel, standbys=standby_opener(opts))
+        return run_coordinator(opts, coordinator, agents)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if job is not None:
@@ -147,22 +146,36 @@ def new_coordinator(opts, channel: Channel, **standby) -> Coordinator:
     )
 
 
-def replica_channel(opts) -> Optional[Channel]:
-    """The primary's line to the standby's store (node 1's launcher may
-    start later: its client waits for it as agents wait for node 0)."""
-    address = standby_address(opts)
-    if address is None:
+def standby_opener(opts):
+    """How a coordinator opens its line to an appointed standby's store
+    (host:port), or None without a standby. A standby that does not answer
+    within the heartbeat timeout is as lost as a silent node: the
+    coordinator must not stall on it."""
+    if not opts.standby_addr:
         return None
-    host, port = address.rsplit(":", 1)
-    # A standby that does not answer within the heartbeat timeout is as lost
-    # as a silent node: the coordinator must not stall on it.
-    store = connect(host, int(port), timeout_s=120, silent_after_s=opts.settings.heartbeat_timeout)
-    return Channel(store, os.environ[SECRET_ENV].encode(), address=(host, int(port)))
+    secret = os.environ[SECRET_ENV].encode()
+
+    def open_standby(address: str) -> Channel:
+        host, port = P.host_port(address)
+        silent_s = opts.settings.heartbeat_timeout
+        store = connect(host, port, timeout_s=STORE_MEND_TIMEOUT_S, silent_after_s=silent_s)
+        return Channel(store, secret, address=(host, port))
+
+    return open_standby
 
 
-def run_coordinator(opts, coordinator: Coordinator, agents: dict, taken_over=None) -> int:
-    """Coordinate until the job ends, then stop every agent. ``taken_over``:
-    the primary's question to the standby's store (run_loop.py)."""
+def takeover_probe(coordinator: Coordinator):
+    """Whether the standby appointed last took over (asked by a coordinator
+    cut off from the majority: run_loop.py)."""
+    secret = os.environ[SECRET_ENV].encode()
+    replica = coordinator.replica
+    if replica is None:
+        return None
+    return lambda: replica.address is not None and took_over(P.host_port(replica.address), secret)
+
+
+def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
+    """Coordinate until the job ends, then stop every agent."""
 
     def agents_alive() -> bool:
         for node, proc in list(agents.items()):
@@ -174,7 +187,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict, taken_over=Non
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
     metrics = serve_metrics(opts.settings, coordinator)
     try:
-        code = run_loop.run(coordinator, alive=agents_alive, taken_over=taken_over)
+        code = run_loop.run(coordinator, alive=agents_alive, taken_over=takeover_probe(coordinator))
     finally:
         if metrics is not None:
             metrics.stop()
@@ -220,25 +233,40 @@ def serve_metrics(settings, coordinator: Coordinator) -> Optional[MetricsServer]
     return server
 
 
-def stand_by(opts) -> int:
-    """Node 1 with a standby: host the standby store, run this node's agent,
-    and take over as the coordinator if node 0 dies. Otherwise this
-    launcher ends with its agent, as any node's."""
-    port = opts.master_port + STANDBY_PORT_OFFSET
-    secret = os.environ[SECRET_ENV].encode()
+def standby_store(opts):
+    """The store this node's launcher serves for a standby coordinator:
+    (host, port, store). Node 1's listens on --standby-addr at --master-port
+    + 1; another node's at the same port of its own host, or, where that is
+    taken (nodes sharing a host), at a free one."""
+    host, port = standby_host(opts), opts.master_port + STANDBY_PORT_OFFSET
     hint = (
         f"it listens on --master-port + {STANDBY_PORT_OFFSET}, which must be free on "
         "--standby-addr too: choose another --master-port"
     )
-    store = served_store(opts.standby_addr, port, "the standby's store", hint)
-    channel = Channel(store, secret, address=(opts.standby_addr, port))
-    agent = start_agent(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
+    try:
+        return host, port, served_store(host, port, "the standby's store", hint)
+    except PortTaken:
+        if opts.node_rank == 1 and not opts.join:
+            raise
+    port = free_port()
+    return host, port, served_store(host, port, "the standby's store", hint)
+
+
+def stand_by(opts) -> int:
+    """A node other than 0 with a standby: serve a store for one, run this
+    node's agent, and take over as the coordinator if the coordinator is
+    lost while this store holds its copy (the coordinator appoints the
+    node: policy/admission.py's ``standby``). Otherwise this launcher ends
+    with its agent, as any node's."""
+    host, port, store = standby_store(opts)
+    secret = os.environ[SECRET_ENV].encode()
+    channel = Channel(store, secret, address=(host, port))
+    master = f"{opts.master_addr}:{opts.master_port}"
+    agent = start_agent(opts, opts.node_rank, master, standby_store=f"{host}:{port}")
     signal.signal(signal.SIGTERM, lambda *_: agent.send_signal(signal.SIGTERM))
     standby = Standby(channel, opts.node_rank, opts.settings.heartbeat_timeout)
-    # An agent that ended well ended with the job; one that was killed
-    # leaves the launcher standing by (node 0 may still die).
     verdict = Verdict.WAIT
-    while verdict == Verdict.WAIT and agent.poll() != ExitCode.OK:
+    while verdict == Verdict.WAIT and not stands_down(agent.poll(), standby):
         standby.clock.tick()
         verdict = standby.poll()
         time.sleep(0.05)
@@ -247,11 +275,24 @@ def stand_by(opts) -> int:
     return agent.wait()
 
 
+def stands_down(agent_code: Optional[int], standby: Standby) -> bool:
+    """Whether a standby whose agent ended has nothing left to do: the agent
+    ended with the job, or was told its node was declared lost, or no copy
+    of the coordinator's ever reached this store. One that was killed, on
+    a node whose store holds the copy, leaves the launcher standing by (the
+    coordinator may still be lost)."""
+    if agent_code is None:
+        return False
+    return agent_code in (ExitCode.OK, ExitCode.FENCED) or standby.record is None
+
+
 def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen) -> int:
-    coordinator = new_coordinator(opts, channel, record=standby.record)
+    record = standby.record
+    coordinator = new_coordinator(opts, channel, record=record, standbys=standby_opener(opts))
+    lost = record.coordinator_node
     print(
-        f"deadpool-launch: node 0's coordinator fell silent; node {opts.node_rank} takes over "
-        f"(nodes {sorted(standby.came_over)} came over)",
+        f"deadpool-launch: node {lost}'s coordinator fell silent; node {opts.node_rank} takes "
+        f"over (nodes {sorted(standby.came_over)} came over)",
         file=sys.stderr,
         flush=True,
     )
@@ -259,7 +300,7 @@ def take_over(opts, channel: Channel, standby: Standby, agent: subprocess.Popen)
     if opts.takeover_file:
         with open(opts.takeover_file, "w") as f:
             f.write(f"node {opts.node_rank} took over as the coordinator: {reason}\n")
-    coordinator.take_over(0, reason, node_alive=0 in standby.came_over)
+    coordinator.take_over(opts.node_rank, reason, node_alive=lost in standby.came_over)
     agents = {} if agent.poll() is not None else {opts.node_rank: agent}
     return run_coordinator(opts, coordinator, agents)
 
@@ -288,7 +329,7 @@ def run_node(opts) -> int:
         return coordinate(opts, "127.0.0.1", port, list(range(total)))
     if opts.node_rank == 0:
         return coordinate(opts, opts.master_addr, opts.master_port, [0])
-    if opts.node_rank == 1 and opts.standby_addr and not opts.join:
+    if opts.standby_addr:
         return stand_by(opts)
     settings = agent_settings(opts, opts.node_rank, f"{opts.master_addr}:{opts.master_port}")
     os.environ[AGENT_ENV] = json.dumps(settings)

@@ -1,4 +1,4 @@
-"""The launcher's ports: a free one for a standalone job's store, and the standby's address.
+"""The launcher's ports: a free one for a standalone job's store; a standby store's host.
 
 The free port (and the standby's, next to it) is drawn where no
 connection's source port can take it first.
@@ -6,9 +6,7 @@ connection's source port can take it first.
 
 import random
 import socket
-from typing import Optional, Tuple
-
-from deadpool_ext.protocol import STANDBY_PORT_OFFSET
+from typing import Tuple
 
 
 def free_port(span: int = 1) -> int:
@@ -47,7 +45,12 @@ def can_bind(port: int) -> bool:
     return True
 
 
-def standby_address(opts) -> Optional[str]:
-    if not opts.standby_addr:
-        return None
-    return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
+def standby_host(opts) -> str:
+    """The host at which this node's launcher serves a standby's store:
+    node 1's is ``--standby-addr``; another node's (or a node that joins)
+    is its own address on the way to node 0, which every node reaches."""
+    if opts.node_rank == 1 and not opts.join:
+        return opts.standby_addr
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((opts.master_addr, opts.master_port))  # a route; nothing is sent
+        return s.getsockname()[0]

@@ -12,18 +12,22 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from deadpool_ext.control.ports import standby_address
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
 from deadpool_ext.defaults import TAKEOVER_WAIT_S
 from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.protocol import AGENT_ENV
 
 
-def agent_settings(opts, node: int, store: str, scratch: Optional[str] = None) -> dict:
+def agent_settings(
+    opts, node: int, store: str, scratch: Optional[str] = None, standby_store: Optional[str] = None
+) -> dict:
+    """``standby_store``: host:port of the store this node's launcher serves
+    for a standby coordinator, which the agent announces."""
+    waits = opts.settings.heartbeat_timeout + TAKEOVER_WAIT_S if opts.standby_addr else 0.0
     return {
         "scratch": scratch,
-        "standby": standby_address(opts),
-        "takeover_wait": opts.settings.heartbeat_timeout + TAKEOVER_WAIT_S,
+        "standby_store": standby_store,
+        "takeover_wait": waits,
         "node": node,
         "nproc": opts.nproc_per_node,
         "active": node < opts.nnodes and not opts.join,
@@ -43,8 +47,8 @@ def agent_command(opts) -> List[str]:
     return [sys.executable, "-m", "deadpool_ext.control.agent", "--command", command]
 
 
-def start_agent(opts, node: int, store: str, scratch: Optional[str] = None) -> subprocess.Popen:
-    settings = agent_settings(opts, node, store, scratch)
+def start_agent(opts, node: int, store: str, **settings) -> subprocess.Popen:
+    settings = agent_settings(opts, node, store, **settings)
     env = dict(os.environ, **{AGENT_ENV: json.dumps(settings)})
     # Standalone, an emulated node is its agent's session: killing the node
     # kills the agent and its workers only. A node launcher's agent stays in
@@ -62,7 +66,7 @@ def start_agents(opts, nodes: List[int], store: str, scratch: str) -> Optional[d
     None returns in a forked agent's process once the agent's ``main``
     returned (see ``fork_agent``)."""
     if not (opts.standalone and forks_workers()):
-        return {node: start_agent(opts, node, store, scratch) for node in nodes}
+        return {node: start_agent(opts, node, store, scratch=scratch) for node in nodes}
     command = worker_command(opts)
     path = list(sys.path)
     preload(command)

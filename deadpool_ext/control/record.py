@@ -21,7 +21,7 @@ import pydantic
 
 from deadpool_ext.control.membership import Membership
 from deadpool_ext.policy.stragglers import node_times
-from deadpool_ext.policy.states import AT_BOUNDARY
+from deadpool_ext.policy.states import AT_BOUNDARY, BUILDING, COLLECTING
 from deadpool_ext.policy.view import (
     JobView,
     Progress,
@@ -31,8 +31,17 @@ from deadpool_ext.policy.view import (
     plan_grid,
     limits_of,
 )
-from deadpool_ext.policy.effects import Caught, Lost, Opening, Redone, Rollback
-from deadpool_ext.protocol import Action, CoordinatorSettings, Decision, JobState, Plan, Report
+from deadpool_ext.policy.effects import Caught, Lost, Opening, Redone, Rollback, StandbyStore
+from deadpool_ext.protocol import (
+    Action,
+    CoordinatorSettings,
+    Decision,
+    JobState,
+    Joining,
+    Plan,
+    Report,
+    Resumed,
+)
 
 
 @dataclass
@@ -85,6 +94,12 @@ class JobRecord:
     stop_request: Optional[str] = None
     recoveries: Dict[str, int] = field(default_factory=dict)  # by cause
     last_recovery: Optional[RecoveryNote] = None
+    # With a standby coordinator: the node that coordinates, the stores the
+    # nodes' launchers serve for a standby (node -> host:port, dropped once
+    # one cannot be written), and the node whose store holds the copy now.
+    coordinator_node: int = 0
+    standby_stores: Dict[int, str] = field(default_factory=dict)
+    standby_node: Optional[int] = None
 
     @classmethod
     def launched(cls, settings: CoordinatorSettings, nnodes: int, spare_nodes: int, nproc: int):
@@ -130,6 +145,8 @@ class JobRecord:
             assign={str(r): s for r, s in assign.items()},
             world=self.membership.world,
             boundary=self.state in AT_BOUNDARY,
+            # Where processes turn when they lose this coordinator (None: nowhere).
+            standby=self.standby_stores.get(self.standby_node),
         )
 
     def adopt(self, decision: Decision, leaving: List[int]) -> Dict[int, Tuple[str, List[str]]]:
@@ -170,6 +187,17 @@ class JobRecord:
     def change(self, effect) -> None:
         """An effect that changes the record and nothing else."""
         raise AssertionError(f"coordinator bug: {effect!r} changes no record")
+
+    def drop_store(self, node: int) -> int:
+        """``node``'s store could not be written: not used again."""
+        self.standby_stores.pop(node, None)
+        if self.standby_node == node:
+            self.standby_node = None
+        return node
+
+    @change.register
+    def offer(self, o: StandbyStore) -> None:
+        self.standby_stores[o.node] = o.address
 
     @change.register
     def lose_slots(self, lost: Lost) -> None:
@@ -240,9 +268,28 @@ class Round:
     # says so (the dashboards' recovery line names the rank and the check).
     reasons: List[str] = field(default_factory=list)
 
-    def next(self, now: float, cause: str) -> "Round":
-        """The next generation's, carrying the reasons not yet decided on."""
-        return Round(opened_at=now, cause=cause, reasons=list(self.reasons))
+    def collect(self, m, gen: int, state: JobState) -> None:
+        """A rank's report, joining or resumption: taken if it is of this
+        generation, in the phase that collects it."""
+        if m.gen != gen:
+            return
+        if isinstance(m, Report) and state in COLLECTING:
+            self.reports[m.rank] = m
+        elif isinstance(m, Joining) and state in BUILDING:
+            self.joining.add(m.rank)
+        elif isinstance(m, Resumed) and state in BUILDING:
+            self.resumed.add(m.rank)
+
+    def next(self, now: float, opening: Opening, spares: List[str]) -> "Round":
+        """The next generation's, carrying the reasons not yet decided on;
+        ``spares``: the ready ones as it is published."""
+        return Round(
+            opened_at=now,
+            cause=opening.cause,
+            reasons=[*self.reasons, *opening.reasons],
+            leaving=list(opening.leaving),
+            published_spares=tuple(spares),
+        )
 
 
 @dataclass
@@ -306,6 +353,9 @@ def view_of(
         lost_slots=lost_slots,
         quorum_nodes=frozenset(m.quorum_nodes),
         guards_quorum=watch.guards_quorum,
+        coordinator_node=record.coordinator_node,
+        standby_node=record.standby_node,
+        standby_stores=frozenset(record.standby_stores),
         cut_off_s=None if watch.cut_off_at is None else now - watch.cut_off_at,
         fenced=watch.fenced,
         done=frozenset(record.done),

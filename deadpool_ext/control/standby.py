@@ -17,7 +17,7 @@ single loss leaves a majority, so ``deadpool-launch`` refuses a standby there.
 
 import enum
 import time
-from typing import Optional, Set, Tuple
+from typing import Callable, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -86,14 +86,26 @@ class Standby:
 
 
 class Replica:
-    """The primary's side of the standby's copy: the state, written when it
-    changed, and the lease, renewed every heartbeat interval. A write that
-    fails raises (``torch.distributed.DistError``): the standby is gone."""
+    """The primary's side of the standby's copy, in the store of the node
+    appointed last: the state, written when it changed, and the lease,
+    renewed every heartbeat interval. ``connect`` opens a channel to a
+    store (host:port). A write that fails raises
+    (``torch.distributed.DistError``): the standby is gone."""
 
-    def __init__(self, channel: Channel, clock=time.monotonic):
-        self.channel, self.clock = channel, clock
+    def __init__(self, connect: Callable[[str], Channel], clock=time.monotonic):
+        self.connect, self.clock = connect, clock
+        self.channel: Optional[Channel] = None
+        # The last appointed's, kept once it is lost: where a coordinator
+        # cut off looks for a takeover.
+        self.address: Optional[str] = None
         self.written: Optional[str] = None
         self.leased_at = float("-inf")
+
+    def appoint(self, address: Optional[str]) -> None:
+        """The store at ``address`` holds the copy from now on (None: none does)."""
+        self.channel = None if address is None else self.connect(address)
+        self.address = address or self.address
+        self.written, self.leased_at = None, float("-inf")
 
     def write(self, state: str, gen: int) -> None:
         if state != self.written:

@@ -1,8 +1,9 @@
 """Who may take part: launchers, joining nodes, and the majority a decision needs.
 
 It judges a node's launcher started for another job size, a node that joins
-a running job (``deadpool-launch --join``), and the majority a decision
-needs when a standby coordinator could take over.
+a running job (``deadpool-launch --join``), the majority a decision needs
+when a standby coordinator could take over, and which node's launcher is
+that standby.
 
 Why a majority: a primary that is only cut off from some nodes keeps
 coordinating the others. It stops deciding once it hears from no more than
@@ -14,8 +15,9 @@ decide.
 from typing import AbstractSet, Optional
 
 from deadpool_ext.defaults import TAKEOVER_WAIT_S
-from deadpool_ext.policy.effects import NOTHING, Effects, Fence, Majority
+from deadpool_ext.policy.effects import NOTHING, Appoint, Effects, Fence, Majority
 from deadpool_ext.policy.view import JobView, Superseded
+from deadpool_ext.protocol import JobState
 
 
 def is_majority(nodes: AbstractSet[int], of: AbstractSet[int]) -> bool:
@@ -39,9 +41,10 @@ def why_no_quorum(view: JobView) -> Optional[str]:
 
 def majority(view: JobView) -> Effects:
     """The first rule. With a standby that could take over, a coordinator
-    that hears (heartbeats not silent) no majority of the nodes alive at the
-    last decision is cut off: it declares nobody lost and decides nothing,
-    since the other side may be the majority, whose standby takes over. It
+    that hears (agents that beat within half the heartbeat timeout) no
+    majority of the nodes alive at the last decision is cut off: it declares
+    nobody lost and decides nothing, since the other side may be the
+    majority, whose standby takes over. It
     goes on once it hears a majority again (a partition that healed before
     anyone came over to the standby). Its side leaves the job (``Fence``)
     once it learns that the standby took over, or once it was cut off for
@@ -50,7 +53,10 @@ def majority(view: JobView) -> Effects:
         return (Fence("the standby took over while this coordinator was cut off"),)
     if not view.guards_quorum or view.sighting is None:
         return NOTHING
-    heard = view.alive_nodes - set(view.sighting.silent_nodes)
+    # Heard lately, not merely not yet silent: across a partition the other
+    # nodes' timeouts run out one after another, and the first must not be
+    # declared lost while the rest are still within theirs.
+    heard = view.alive_nodes & view.sighting.heard
     has = is_majority(heard, view.quorum_nodes)
     cut_off = view.cut_off_s is not None
     if has and cut_off:
@@ -65,6 +71,28 @@ def majority(view: JobView) -> Effects:
     if cut_off and view.cut_off_s > limit:
         return (Fence(f"cut off from the majority for {limit:.0f} s"),)
     return NOTHING
+
+
+def standby(view: JobView) -> Effects:
+    """With a standby coordinator, one is always appointed while a live node
+    other than the coordinator's serves a store for it: node 1 first, then,
+    once the standby's node is lost, drained or coordinates, the lowest
+    such node not being drained, so that after a takeover, a loss or a
+    drain of the standby's node the next failure of the coordinator is
+    survived too (``Appoint(None)``: its node is gone and no other serves one)."""
+    if not view.guards_quorum or view.finished:
+        return NOTHING
+    gone = {view.coordinator_node, *view.drains, *view.leaving}
+    able = sorted(n for n in view.standby_stores & view.alive_nodes if n not in gone)
+    if view.standby_node in able:
+        return NOTHING  # no moves while it can serve: one copy written, not one per launcher
+    first = min((n for n in view.nodes if n != view.coordinator_node), default=None)
+    if view.state == JobState.STARTING and first not in able:
+        return NOTHING  # while the job starts, node 1 (--standby-addr) comes first
+    if able:
+        return (Appoint(able[0]),)
+    # The standby's node is gone and none other serves a store: none now.
+    return NOTHING if view.standby_node is None else (Appoint(None),)
 
 
 def why_node_differs(

@@ -197,3 +197,20 @@ class Fence:
     that still hear it kill their workers, and it ends deciding nothing."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class StandbyStore:
+    """A node's launcher serves a store for a standby coordinator at ``address``."""
+
+    node: int
+    address: str
+
+
+@dataclass(frozen=True)
+class Appoint:
+    """The coordinator's copy goes to ``node``'s store from now on: its
+    launcher is the standby that takes over if this coordinator is lost
+    (None: no node's; there is no standby)."""
+
+    node: Optional[int]

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from typing import Callable, List, Optional, Tuple
 
 from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
-from deadpool_ext.policy.admission import majority, why_node_differs, why_not_join
+from deadpool_ext.policy.admission import majority, standby, why_node_differs, why_not_join
 from deadpool_ext.policy.decide import grow_by, likely_spares, waits_for_spares
 from deadpool_ext.policy.effects import (
     NOTHING,
@@ -39,6 +39,7 @@ from deadpool_ext.policy.effects import (
     Rendezvous,
     Rollback,
     SendOff,
+    StandbyStore,
     Stop,
     note,
 )
@@ -109,8 +110,11 @@ def launchers(view: JobView) -> Effects:
     refused; one started for another job size stops the job."""
     effects: List = []
     for m in view.news_of(NodeUp):
+        refused = why_not_join(view, m.node, m.nproc) if m.join else None
+        if m.standby_store is not None and refused is None:
+            effects.append(StandbyStore(m.node, m.standby_store))
         if m.join:
-            effects.append(Admission(m.node, str(m.nonce), why_not_join(view, m.node, m.nproc)))
+            effects.append(Admission(m.node, str(m.nonce), refused))
             continue
         differs = why_node_differs(view, m.node, m.nproc, m.world_size)
         if differs is not None and not view.finished:
@@ -566,4 +570,5 @@ TRIGGERS: Tuple[Trigger, ...] = (
     drains_of_idle_nodes,
     drains_due,
     grow,
+    standby,
 )

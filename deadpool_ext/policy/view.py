@@ -64,6 +64,10 @@ class Sighting:
     states: Mapping[str, Optional[str]] = field(default_factory=dict)  # slot -> its last state
     warming: Tuple[str, ...] = ()  # processes still starting
     beating: FrozenSet[int] = frozenset()  # nodes whose agent beats
+    # Nodes whose agent beat within half the timeout: the majority rule's
+    # (admission.py), so that one node's silence is judged only while most
+    # of the others are heard from, not while they too fall silent.
+    heard: FrozenSet[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,9 @@ class JobView:
     lost_slots: FrozenSet[str] = frozenset()
     quorum_nodes: FrozenSet[int] = frozenset()  # alive at the last decision
     guards_quorum: bool = False  # a standby could take over: decide only with a majority
+    coordinator_node: int = 0  # whose launcher coordinates
+    standby_node: Optional[int] = None  # whose store holds the coordinator's copy
+    standby_stores: FrozenSet[int] = frozenset()  # nodes whose launcher serves one
     cut_off_s: Optional[float] = None  # since it heard no majority (None: it hears one)
     fenced: Optional[str] = None  # why this coordinator's side left the job
     done: FrozenSet[int] = frozenset()  # ranks that finished

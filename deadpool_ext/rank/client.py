@@ -138,13 +138,14 @@ class ControlClient:
         """The primary coordinator is gone: go on with the standby once it
         has taken over (both channels, and the address of the rendezvous
         stores to come); False if there is none or it did not."""
-        address = self.env.standby_address
+        address = self.standby_address()
         if address is None or self.store_address == address:
-            self.no_fail_over = "no standby" if address is None else "the standby was lost"
-            return False
-        if not self.latest.get("standby"):  # its copy fell behind (the primary said so)
             gen = self.latest.get("gen")
-            self.no_fail_over = f"the standby's copy fell behind (generation {gen})"
+            self.no_fail_over = (
+                f"no standby held the coordinator's copy (generation {gen})"
+                if address is None
+                else "the standby was lost"
+            )
             return False
         secret = self.channel.secret
         try:
@@ -166,6 +167,13 @@ class ControlClient:
             # The standby's copy of the state may predate this spare's word.
             beat.post(P.COORDINATOR_TOPIC, P.SpareReady(slot=self.slot))
         return True
+
+    def standby_address(self) -> Optional[Tuple[str, int]]:
+        """The standby that holds the coordinator's copy, as the last
+        generation read names it (the agent's word until one was read)."""
+        if "standby" not in self.latest:
+            return self.env.standby_address
+        return None if self.latest["standby"] is None else P.host_port(self.latest["standby"])
 
     def _lose_coordinator(self, error: Exception) -> None:
         """The store is gone, and with it the coordinator and the job: free
@@ -190,7 +198,7 @@ class ControlClient:
                 if not self._await_fail_over(channel) and self.coordinator_lost is None:
                     why = self.no_fail_over or (
                         "no standby"
-                        if self.env.standby_address is None
+                        if self.standby_address() is None
                         else "the heartbeat thread had not moved to the standby in time"
                     )
                     self.coordinator_lost = f"the coordinator is gone ({summary(error)}): {why}"
@@ -199,7 +207,7 @@ class ControlClient:
     def _await_fail_over(self, used: Channel) -> bool:
         """Whether the heartbeat thread moved to the standby (it tries when
         its own use of the store fails, within a watch interval)."""
-        if self.env.standby_address is None:
+        if self.standby_address() is None:
             return False
         deadline = time.monotonic() + self.env.takeover_wait_s + STORE_RECONNECT_TIMEOUT_S
         while self.channel is used and self.coordinator_lost is None:

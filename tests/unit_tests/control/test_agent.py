@@ -34,7 +34,7 @@ def test_an_agent_announces_its_node_before_any_worker_starts():
 
     order = []
     agent = types.SimpleNamespace(
-        node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4
+        node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4, standby_store=None
     )
     agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
     agent.start_worker = lambda local, active: order.append(f"worker {local}")

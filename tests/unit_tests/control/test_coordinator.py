@@ -57,7 +57,7 @@ def test_an_exit_starts_a_generation_and_reports_bring_a_decision(job):
         "assign": {"3": "2.0"},
         "world": None,
         "boundary": False,
-        "standby": False,
+        "standby": None,
     }
     reports(worker, 1, [0, 1, 2])
     coordinator.step()

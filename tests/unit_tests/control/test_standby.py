@@ -9,7 +9,7 @@ import torch.distributed as dist
 from deadpool_ext import protocol as P
 from deadpool_ext.control import run_loop
 from deadpool_ext.control.record import JobRecord
-from deadpool_ext.control.standby import Replica, Standby, Verdict
+from deadpool_ext.control.standby import Standby, Verdict
 from deadpool_ext.defaults import TAKEOVER_GRACE_S, TAKEOVER_WAIT_S
 from deadpool_ext.protocol import Decision, ExitCode
 from deadpool_ext.wire import Channel, JobEnded, standby_channel
@@ -17,25 +17,49 @@ from tests.unit_tests.control import store_job
 from tests.unit_tests.control.store_job import BUDDY, SECRET, Clock, new_store, start
 
 
-def coordinator_on(store, clock, replica=None, record=None):
+def coordinator_on(store, clock, record=None, standbys=None):
     """The job of tests/unit_tests/control/store_job.py, shrinking when spares run out."""
     shrink = store_job.settings("shrink")
-    return store_job.coordinator_on(store, clock, shrink, replica=replica, record=record)
+    return store_job.coordinator_on(store, clock, shrink, record=record, standbys=standbys)
 
 
 def report(worker, gen, ranks, own=(5, 4)):
     store_job.reports(worker, gen, ranks, own, held=[4])
 
 
+class StandbyStores:
+    """Stores that the nodes' launchers serve for a standby, by address."""
+
+    def __init__(self):
+        self.stores = {}
+
+    def serve(self, node: int, worker: Channel):
+        """Node ``node``'s launcher serves one, and its agent says so."""
+        store = new_store()
+        address = f"127.0.0.1:{store.port}"
+        self.stores[address] = store
+        up = P.NodeUp(node=node, active=node < 2, nproc=2, world_size=4, standby_store=address)
+        worker.post(P.COORDINATOR_TOPIC, up)
+        return Channel(store, SECRET)
+
+    def open(self, address: str) -> Channel:
+        return Channel(self.stores[address], SECRET)
+
+
 @pytest.fixture()
-def primary():
-    """A primary coordinator that replicates to a standby's store."""
-    clock = Clock()
-    store, standby_store = new_store(), new_store()
-    coordinator = coordinator_on(store, clock, replica=Channel(standby_store, SECRET))
+def stores():
+    return StandbyStores()
+
+
+@pytest.fixture()
+def primary(stores):
+    """A primary coordinator that replicates to node 1's standby store."""
+    clock, store = Clock(), new_store()
+    coordinator = coordinator_on(store, clock, standbys=stores.open)
     worker = Channel(store, SECRET)
+    standby = stores.serve(1, worker)
     start(worker, coordinator)
-    return coordinator, worker, Channel(standby_store, SECRET), clock
+    return coordinator, worker, standby, clock
 
 
 def replicated(standby: Channel) -> JobRecord:
@@ -66,12 +90,12 @@ def test_once_the_standby_cannot_be_written_every_process_hears_there_is_none(pr
     """Its copy falls behind from then on: a process that turned to it after
     node 0's loss would find a stale state, so none may (agents and workers
     fail over only while the generation says ``standby``)."""
-    coordinator, worker, _, _ = primary
-    assert worker.get("gen")["standby"] is True
-    coordinator.replica = Replica(GoneStandby())
+    coordinator, worker, standby, _ = primary
+    assert worker.get("gen")["standby"] == f"127.0.0.1:{standby.store.port}"
+    coordinator.replica.channel = GoneStandby()
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()
-    assert coordinator.replica is None and worker.get("gen")["standby"] is False
+    assert coordinator.record.standby_node is None and worker.get("gen")["standby"] is None
     assert worker.get("gen")["gen"] == 1
 
 
@@ -120,7 +144,7 @@ def test_the_coordinator_that_takes_over_loses_node_0_and_swaps_it_from_spares(p
     clock.now += 1.0
     coordinator.step()  # training; then node 0 dies with the primary
     successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
-    successor.take_over(0, "the coordinator's node went silent")
+    successor.take_over(1, "the coordinator's node went silent")
     client = Channel(standby_channel.store, SECRET)
     assert client.get("gen")["gen"] == 1 and client.get("gen")["lost"] == [0, 1]
     assert client.get("gen")["assign"] == {"0": "2.0", "1": "2.1"}
@@ -145,7 +169,7 @@ def test_the_successor_expects_every_live_node_to_beat_on_its_store(primary):
     late that node 0 is gone)."""
     coordinator, _, standby_channel, clock = primary
     successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
-    successor.take_over(0, "silent")
+    successor.take_over(1, "silent")
     beating = Channel(standby_channel.store, SECRET)
 
     def beat_for(seconds):
@@ -194,6 +218,40 @@ def test_a_primary_that_hears_no_majority_declares_nobody_lost_and_decides_nothi
     assert coordinator.state == state
 
 
+def test_across_a_partition_the_first_timeout_is_not_a_loss(primary):
+    """Cut off, the primary sees the other nodes' timeouts run out one after
+    another (their last beats came at different times): when node 1's runs
+    out, node 2's last beat is 2.5 s old, within its 3 s but not heard
+    lately. No node is declared lost: it is cut off. (Counting node 2 as
+    heard, it declared node 1 lost and opened a generation the standby
+    decided too: tests/functional_tests/test_hosts.py saw it.)"""
+    coordinator, worker, _, clock = primary
+    for node in (0, 1, 2):
+        worker.put(P.node_heartbeat_key(node), time=0)
+    coordinator.step()
+    clock.now += 1.0
+    for node in (0, 2):
+        worker.put(P.node_heartbeat_key(node), time=1)
+    coordinator.step()
+    clock.now += 2.5  # node 1 silent 3.5 s, node 2 2.5 s
+    worker.put(P.node_heartbeat_key(0), time=2)
+    coordinator.step()
+    assert coordinator.record.membership.lost_slots == set() and coordinator.gen == 0
+    assert coordinator.watch.cut_off_at is not None
+
+
+def test_one_silent_node_among_nodes_heard_lately_is_lost(primary):
+    """The control: node 2 beats on, node 1 alone falls silent."""
+    coordinator, worker, _, clock = primary
+    for second in range(5):
+        for node in (0, 2) if second else (0, 1, 2):
+            worker.put(P.node_heartbeat_key(node), time=second)
+        coordinator.step()
+        clock.now += 1.0
+    assert coordinator.record.membership.lost_slots == {"1.0", "1.1"}
+    assert coordinator.watch.cut_off_at is None
+
+
 def test_a_cut_off_primary_leaves_once_the_standby_took_over(primary):
     coordinator, worker, _, clock = primary
     commands = worker.reader(P.agent_topic(0))
@@ -239,7 +297,7 @@ def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):
     clock.now += 1.0
     coordinator.step()
     successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
-    successor.take_over(0, "silent", node_alive=True)
+    successor.take_over(1, "silent", node_alive=True)
     client = Channel(standby_channel.store, SECRET)
     assert client.get("gen")["gen"] == 0 and successor.record.lost == set()
     assert successor.record.membership.lost_slots == set()
@@ -247,6 +305,47 @@ def test_when_only_the_coordinators_launcher_died_training_goes_on(primary):
     worker.post("coordinator", kind="exit", slot="1.1", code=-9)
     coordinator.step()  # recovering generation 1; then the launcher dies
     successor = coordinator_on(standby_channel.store, clock, record=replicated(standby_channel))
-    successor.take_over(0, "silent", node_alive=True)
+    successor.take_over(1, "silent", node_alive=True)
     assert client.get("gen")["gen"] == 2 and client.get("gen")["lost"] == [3]
     assert successor.state == "recovering" and successor.record.membership.lost_slots == {"1.1"}
+
+
+def test_after_a_takeover_the_successor_appoints_the_next_standby(primary, stores):
+    """Node 0 lost, node 1 coordinates: node 2's store (its launcher serves
+    one too) gets the copy, and every process hears that it is the standby
+    now, so that node 1's loss later is survived as node 0's was."""
+    coordinator, worker, standby, clock = primary
+    node_2 = stores.serve(2, worker)
+    clock.now += 1.0
+    coordinator.step()  # node 1 holds the copy: nothing moves
+    assert coordinator.record.standby_node == 1 and node_2.get(P.STATE_KEY) is None
+    successor = coordinator_on(
+        standby.store, clock, record=replicated(standby), standbys=stores.open
+    )
+    successor.take_over(1, "the coordinator's node went silent")
+    client = Channel(standby.store, SECRET)
+    assert client.get("gen")["standby"] == f"127.0.0.1:{node_2.store.port}"
+    copy = replicated(node_2)
+    assert copy.coordinator_node == 1 and copy.standby_node == 2 and copy.term == 1
+    assert node_2.get(P.LEASE_KEY) is not None
+
+
+def test_a_standby_whose_node_is_lost_is_replaced(primary, stores):
+    coordinator, worker, standby, clock = primary
+    node_2 = stores.serve(2, worker)
+    worker.post("coordinator", kind="exit", slot="1.0", code=-9)
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert 1 not in coordinator.view().alive_nodes
+    assert coordinator.record.standby_node == 2
+    assert worker.get("gen")["standby"] == f"127.0.0.1:{node_2.store.port}"
+    assert replicated(node_2).gen == coordinator.gen
+
+
+def test_with_no_other_store_there_is_no_standby_and_every_process_hears_it(primary):
+    """The control of the two above: nobody to appoint."""
+    coordinator, worker, _, _ = primary
+    worker.post("coordinator", kind="exit", slot="1.0", code=-9)
+    worker.post("coordinator", kind="exit", slot="1.1", code=-9)
+    coordinator.step()
+    assert coordinator.record.standby_node is None and worker.get("gen")["standby"] is None
