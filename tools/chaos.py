@@ -25,11 +25,20 @@ installed, else faulthandler through SIGUSR1) into the trial's folder.
     python -m tools.chaos --seed 1 --only 37        # replay trial 37 of seed 1
     python -m tools.chaos --trials 50 --first 50     # trials 50 to 99, the second part
     python -m tools.chaos --trials 20 --seed 3 --target coordinator
+    python -m tools.chaos --trials 40 --seed 1 --target network
 
 ``--target coordinator`` kills node 0 in every trial, with the coordinator: one
 launcher per node (not --standalone), a spare node and node 1's standby
 (--standby-addr), which must take over; the rest is drawn as usual, and the
 check is the hot swap's.
+
+``--target network`` runs every trial across emulated hosts
+(tools/hosts.py: root and nftables) with a fault of the network instead of
+a death: a host isolated (silently or with its link down), its link
+flapping shorter or longer than the heartbeat timeout, losing packets or
+slow (tools/chaos_network.py says which, and what each must end as); a hot
+swap bit for bit where a node is lost, the failure-free run where none is,
+one coordinator per generation.
 
 ``--target drain`` drains a node in every trial instead of killing anything
 (the planned event deadpool-ctl drain sends, ``drain:node=N:iter=I``), in a
@@ -57,6 +66,7 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
 from deadpool_ext.topology import buddy_map, nodes_by_block
+from tools import chaos_network, hosts
 from tools.compare import curve, read_metrics, shrink_difference, state_difference
 from megatron.training.checkpointing import read_whole as checkpoint_state
 from deadpool_ext.defaults import STUCK_KILL_TIMEOUTS
@@ -99,7 +109,7 @@ class Trial:
     pp: int
     spares: int
     model: str
-    target: str  # rank, node, rank+buddy, or coordinator (node 0, its launcher too)
+    target: str  # rank, node, rank+buddy, coordinator (node 0, its launcher too), network
     victim: int  # the rank (or node) killed
     iteration: int
     phase: str
@@ -124,6 +134,8 @@ class Trial:
     def expected(self) -> str:
         if self.expect is not None:
             return self.expect
+        if self.target == "network":
+            return "swap" if network_fault(self).declares_a_loss else "nothing"
         if self.target == "rank+buddy":
             return "stop"
         return "swap" if self.spares else "shrink"
@@ -147,6 +159,8 @@ class Trial:
         )
         if self.target == "drain":
             return f"{job} drain node {self.victim} at iter={self.iteration}"
+        if self.target == "network":
+            return f"{job} {network_fault(self).describe()}"
         held = (
             "" if self.spares_ready_gen is None else f" spares held to gen {self.spares_ready_gen}"
         )
@@ -234,6 +248,8 @@ def faults(trial: Trial) -> List[str]:
 
 
 def planned_or_fatal(trial: Trial) -> List[str]:
+    if trial.target == "network":
+        return []  # the network's fault, not the processes' (chaos_network.bring)
     if trial.target == "drain":
         return [f"drain:node={trial.victim}:iter={trial.iteration}"]
     where = f"iter={trial.iteration}:phase={trial.phase}:delay={trial.delay_ms}"
@@ -569,6 +585,51 @@ def check(trial: Trial, out: str, ref: Optional[str], code: int, tail: str) -> O
     return check_swap(out, ref) if trial.expected == "swap" else check_shrink(trial, out, ref)
 
 
+# ----- the network target (tools/chaos_network.py) -----
+NETWORK_ITERS = 12
+
+
+def aimed_at_network(trial: Trial) -> Trial:
+    """The draw across emulated hosts with the spare node (a standby needs
+    three nodes) and a longer run for the fault to land in; nothing is
+    injected into the processes: the fault is the network's."""
+    return dataclasses.replace(trial, target="network", spares=1, iters=NETWORK_ITERS)
+
+
+def network_fault(trial: Trial) -> chaos_network.NetworkFault:
+    return chaos_network.draw_fault(
+        trial.seed, trial.index, NODES + 1, trial.iters, HEARTBEAT_TIMEOUT
+    )
+
+
+def launch_on_hosts(trial: Trial, out: str, limit_s: float) -> Tuple[List[int], bool]:
+    """The trial's job, one launcher per emulated host, and its network
+    fault; returns (every launcher's exit code, timed out)."""
+    os.makedirs(out, exist_ok=True)
+    script = [os.path.join(REPO, "pretrain_gpt.py"), *job_args(trial, out)]
+    env = worker_env(DEADPOOL_SECRET=new_secret())
+    with hosts.Lab(NODES + 1) as lab, open(os.path.join(out, "log"), "w") as log:
+        procs = [
+            lab.start(node, command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            for node, command in enumerate(chaos_network.launchers(lab, NODES, PER_NODE, script))
+        ]
+        chaos_network.bring(lab, network_fault(trial), out, limit_s)
+        timed_out = not wait_watching(procs, out, limit_s)
+        if timed_out:
+            dump_stacks(out)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return [proc.returncode for proc in procs], timed_out
+
+
+def check_network(trial: Trial, out: str, ref: str, codes: List[int]) -> Optional[str]:
+    events = read_jsonl(os.path.join(out, "events.jsonl"))
+    problem = chaos_network.network_problem(network_fault(trial), events, codes)
+    return problem or false_alarms(events) or check_swap(out, ref)
+
+
 # ----- the campaign -----
 def reference(trial: Trial, workdir: str, limit_s: float) -> str:
     key = (
@@ -592,16 +653,21 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
     out = os.path.join(workdir, f"trial-{trial.seed}-{trial.index:03d}")
     shutil.rmtree(out, ignore_errors=True)
     start = time.monotonic()
-    code, tail, timed_out = launch(
-        job_args(trial, out) + [f"--deadpool-inject={spec}" for spec in faults(trial)],
-        trial.spares,
-        out,
-        limit_s,
-        per_node=trial.target == "coordinator",
-    )
+    if trial.target == "network":
+        codes, timed_out = launch_on_hosts(trial, out, limit_s)
+    else:
+        code, tail, timed_out = launch(
+            job_args(trial, out) + [f"--deadpool-inject={spec}" for spec in faults(trial)],
+            trial.spares,
+            out,
+            limit_s,
+            per_node=trial.target == "coordinator",
+        )
     seconds = time.monotonic() - start
     if timed_out:
         problem = f"hung: no end within {limit_s:.0f} s (stacks in {out}/stacks.txt)"
+    elif trial.target == "network":
+        problem = check_network(trial, out, ref, codes)
     else:
         problem = check(trial, out, ref, code, tail)
     left = leftovers(out)
@@ -641,10 +707,11 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="write every trial's result here (JSON)")
     parser.add_argument(
         "--target",
-        choices=["drawn", "coordinator", "drain"],
+        choices=["drawn", "coordinator", "drain", "network"],
         default="drawn",
         help="coordinator: kill node 0 with the coordinator in every trial; drain: drain a "
-        "node in every trial, nothing killed",
+        "node in every trial, nothing killed; network: a fault of the network across "
+        "emulated hosts (root and nftables: tools/hosts.py), nothing killed",
     )
     parser.add_argument(
         "--rebuild-groups",
@@ -665,6 +732,8 @@ def main(argv=None) -> int:
             trial = aimed_at_coordinator(trial)
         elif args.target == "drain":
             trial = aimed_at_drain(trial)
+        elif args.target == "network":
+            trial = aimed_at_network(trial)
         trial = dataclasses.replace(trial, rebuild_groups=args.rebuild_groups)
         result = run_trial(trial, args.workdir, args.limit)
         results.append(result)

@@ -160,6 +160,11 @@ def describe(status: dict) -> str:
     if status.get("stop_requested"):
         lines.append(f"stop pending: {status['stop_requested']}")
     lines.append(f"requests refused: {status['rejected_requests']}")
+    standby, coordinator = status["standby_node"], status["coordinator"]
+    lines.append(
+        f"coordinator: node {coordinator['node']} (term {coordinator['term']}), standby: "
+        + ("none" if standby is None else f"node {standby}")
+    )
     return "\n".join(lines)
 
 

@@ -36,6 +36,10 @@ def status(record: JobRecord, round_: Round, watch: Watch, seen, rejected: int) 
         "drains_pending": {str(n): why for n, why in sorted(record.drains.items())},
         "stop_requested": record.stop_request,
         "rejected_requests": rejected,
+        # Which node's launcher coordinates (term: the takeovers so far) and
+        # which one is the standby now (None: none).
+        "coordinator": {"node": record.coordinator_node, "term": record.term},
+        "standby_node": record.standby_node,
     }
 
 

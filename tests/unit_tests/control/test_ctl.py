@@ -40,7 +40,8 @@ def test_deadpool_ctl_prints_the_status_for_a_person():
         "  node 1: active, ranks 2-3",
         "  node 2: spare",
     ]
-    assert "spares: 2 ready ['2.0', '2.1']" in text and text.endswith("requests refused: 0")
+    assert "spares: 2 ready ['2.0', '2.1']" in text and "requests refused: 0" in text
+    assert text.endswith("coordinator: node 0 (term 0), standby: none")
 
 
 def test_deadpool_ctl_refuses_an_address_without_a_port():
