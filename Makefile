@@ -23,7 +23,7 @@ DEADPOOL_ARGS = --use-tp-pp-dp-mapping --deadpool --deadpool-events $(RUN_DIR)/e
 FAULT ?= kill:node=1:iter=25
 LAUNCH = $(PY) -m deadpool_ext.launch --standalone --nnodes 2 --spare-nodes 1 --nproc-per-node 4
 
-.PHONY: setup data demo demo-reference lint test test-unit test-hosts test-slurm gpu-wheels gpu-check-dry-run bench bench-mirror bench-recovery bench-shrink bench-checkpoint clean print-demo-args print-deadpool-args
+.PHONY: setup data demo demo-reference lint test test-unit test-hosts test-slurm gpu-wheels gpu-check-dry-run bench bench-mirror bench-recovery bench-shrink bench-checkpoint bench-network clean print-demo-args print-deadpool-args
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -116,6 +116,10 @@ bench-recovery: data
 
 bench-shrink: data
 	OMP_NUM_THREADS=1 $(PY) -m tools.bench.shrink
+
+# Across emulated hosts (root and nftables): lost packets, a slow link, detection.
+bench-network: data
+	OMP_NUM_THREADS=1 $(PY) -m tools.bench.network
 
 bench-checkpoint: data
 	OMP_NUM_THREADS=1 $(PY) -m tools.bench.checkpoint --output docs/data/bench_checkpoint.json

@@ -366,16 +366,23 @@ def launch(
         procs = [
             start_launcher(command, env, log) for command in launch_commands(args, spares, per_node)
         ]
-        timed_out = not wait_watching(procs, out, limit_s)
-        if timed_out:
-            dump_stacks(out)
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        timed_out = not see_out(procs, out, limit_s)
     with open(os.path.join(out, "log")) as log:
         tail = log.read()[-3000:]
     return procs[1 if per_node else 0].returncode, tail, timed_out
+
+
+def see_out(procs: List[subprocess.Popen], out: str, limit_s: float) -> bool:
+    """Wait for the job's launchers (False: it ran past ``limit_s``, its
+    stacks are dumped); none is left running."""
+    ended = wait_watching(procs, out, limit_s)
+    if not ended:
+        dump_stacks(out)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return ended
 
 
 def wait_watching(procs: List[subprocess.Popen], out: str, limit_s: float) -> bool:
@@ -614,13 +621,7 @@ def launch_on_hosts(trial: Trial, out: str, limit_s: float) -> Tuple[List[int], 
             for node, command in enumerate(chaos_network.launchers(lab, NODES, PER_NODE, script))
         ]
         chaos_network.bring(lab, network_fault(trial), out, limit_s)
-        timed_out = not wait_watching(procs, out, limit_s)
-        if timed_out:
-            dump_stacks(out)
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        timed_out = not see_out(procs, out, limit_s)
     return [proc.returncode for proc in procs], timed_out
 
 
@@ -681,6 +682,7 @@ def run_trial(trial: Trial, workdir: str, limit_s: float) -> dict:
     stuck = stuck_survivors(read_jsonl(os.path.join(out, "events.jsonl")))
     return dict(
         asdict(trial),
+        draw=trial.describe(),
         expected=trial.expected,
         passed=problem is None,
         problem=problem,

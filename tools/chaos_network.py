@@ -97,15 +97,19 @@ def read(path: str) -> List[dict]:
     return read_events(path) if os.path.exists(path) else []
 
 
-def may_heal(out: str, since: float, timeout_s: float) -> Callable[[], bool]:
+def may_heal(out: str, since: float, fault: NetworkFault) -> Callable[[], bool]:
     """When an isolated host may heal: the job recovered from its loss, or
-    (nothing to recover: the spare's host) every timeout ran out."""
+    (nothing to recover: the spare's host) every timeout ran out. Node 0's
+    loss is found by the agents after CONTROL_SILENCE_S, and the standby's
+    takeover and the swap come after: healed sooner, the partition was a
+    short one (nobody lost, which the check would count as a miss)."""
     events = os.path.join(out, "events.jsonl")
+    wait_s = CONTROL_SILENCE_S * (2 if fault.host == 0 else 1) + 3 * fault.timeout_s
 
     def done() -> bool:
         if any(e["event"] == "recovered" and e["rank"] == -1 for e in read(events)):
             return True
-        return time.monotonic() - since > CONTROL_SILENCE_S + 3 * timeout_s
+        return time.monotonic() - since > wait_s
 
     return done
 
@@ -117,7 +121,7 @@ def bring(lab: hosts.Lab, fault: NetworkFault, out: str, limit_s: float) -> None
         return  # the job ended (or hung) first: the checks say which
     if fault.kind in ("isolate", "isolate-loud"):
         lab.isolate(fault.host, loud=fault.kind == "isolate-loud")
-        hosts.wait_until(may_heal(out, time.monotonic(), fault.timeout_s), limit_s)
+        hosts.wait_until(may_heal(out, time.monotonic(), fault), limit_s)
         lab.heal(fault.host)
     elif fault.kind.startswith("flap"):
         lab.flap(fault.host, fault.amount)

@@ -26,7 +26,7 @@ from deadpool_ext.control.gpu_health import GpuReading
 from deadpool_ext.control.record import JobRecord, Round, Watch, view_of
 from deadpool_ext.control.standby import Replica
 from deadpool_ext.control.status import decision_event, status
-from deadpool_ext.defaults import OWN_PAUSE_SHARE, STATUS_EVERY_S, TAKEOVER_GRACE_S
+from deadpool_ext.defaults import OWN_PAUSE_SHARE, TAKEOVER_GRACE_S
 from deadpool_ext.events import EventLog
 from deadpool_ext.policy import effects as E
 from deadpool_ext.policy.decide import Policy
@@ -74,7 +74,6 @@ class Coordinator:
         self.requests = operations.requests_reader(channel)
         self.replica = None if standbys is None else Replica(standbys, self.clock)
         self.news: List = []  # what happened since the rules last ran
-        self.status_listeners: List = []  # called with status() every STATUS_EVERY_S
         if record is None:
             self.publish()
 
@@ -152,11 +151,6 @@ class Coordinator:
         self.judge(self.look(now) if self.detector.due(now) else None)
         if self.record.state in COLLECTING:  # once every message of the step is in
             self.carry_out(Policy().decide(self.view()))
-        if self.status_listeners and now - self.watch.status_sent_at >= STATUS_EVERY_S:
-            self.watch.status_sent_at = now
-            report = self.status()
-            for listener in self.status_listeners:
-                listener(report)
 
     def read_inbox(self) -> None:
         for message in self.inbox.poll():
@@ -176,6 +170,8 @@ class Coordinator:
                 self.carry_out(effect)
             if self.record.result is not None or self.watch.cut_off_at is not None:
                 break  # the job ended, or it is cut off: nothing more is decided
+            if any(isinstance(effect, E.Majority) for effect in done):
+                break  # heard again: this look's silences are the partition's
             if done:
                 view = self.view(sighting)
         self.news.clear()
@@ -405,7 +401,11 @@ class Coordinator:
 
     @carry_out.register
     def majority(self, m: E.Majority) -> None:
+        """Heard again, the nodes not yet heard get a whole timeout: a healed
+        partition's beats come back one by one, none of them a loss."""
         self.watch.cut_off_at = None if m.heard else self.clock()
+        if m.heard:
+            self.detector.restart(self.clock())
         self.say("majority_heard" if m.heard else "majority_lost", reason=m.reason)
 
     @carry_out.register

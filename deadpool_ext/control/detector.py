@@ -112,6 +112,12 @@ class Detector:
             return body, False
         return body, now - last[1] > self.timeout_s
 
+    def restart(self, now: float) -> None:
+        """Every beat seen counts as seen ``now``: whoever has not beaten
+        since is silent only a whole timeout from now."""
+        for key, (version, _) in self.seen.items():
+            self.seen[key] = (version, now)
+
     def expect(self, nodes: Iterable[int], slots: Iterable[str], since: float) -> None:
         """A coordinator that took over expects every process to beat on its
         store: one that has not beaten the timeout after ``since`` is silent."""

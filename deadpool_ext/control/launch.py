@@ -185,9 +185,14 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         return True
 
     signal.signal(signal.SIGTERM, lambda *_: on_sigterm(opts, coordinator, agents))
-    metrics = serve_metrics(opts.settings, coordinator)
+    metrics = serve_metrics(opts.settings)
     try:
-        code = run_loop.run(coordinator, alive=agents_alive, taken_over=takeover_probe(coordinator))
+        code = run_loop.run(
+            coordinator,
+            alive=agents_alive,
+            taken_over=takeover_probe(coordinator),
+            status_to=None if metrics is None else metrics.update,
+        )
     finally:
         if metrics is not None:
             metrics.stop()
@@ -210,7 +215,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
     return code
 
 
-def serve_metrics(settings, coordinator: Coordinator) -> Optional[MetricsServer]:
+def serve_metrics(settings) -> Optional[MetricsServer]:
     """--deadpool-metrics-port: the coordinator's status for Prometheus,
     refreshed every second. A port that cannot be bound costs the metrics,
     never the job (the standby starts it again after a takeover, maybe where
@@ -224,7 +229,6 @@ def serve_metrics(settings, coordinator: Coordinator) -> Optional[MetricsServer]
         where = f"{settings.metrics_addr}:{settings.metrics_port}"
         print(f"deadpool-launch: no metrics: cannot listen on {where} ({error})", file=sys.stderr)
         return None
-    coordinator.status_listeners.append(server.update)
     print(
         f"deadpool-launch: metrics at http://{settings.metrics_addr}:{port}/metrics",
         file=sys.stderr,

@@ -306,7 +306,6 @@ class Watch:
     straggler_drains: Set[int] = field(default_factory=set)  # stragglers asked to drain
     said: Set[Tuple[str, int]] = field(default_factory=set)  # (event, generation) said once
     malformed_requests: int = 0  # signed requests of the wrong shape
-    status_sent_at: float = float("-inf")  # when the status listeners last heard
 
 
 def view_of(

@@ -11,7 +11,7 @@ import time
 from typing import Callable, Optional
 
 from deadpool_ext.control.coordinator import Coordinator
-from deadpool_ext.defaults import ABORT_GRACE_S, STANDBY_PROBE_S
+from deadpool_ext.defaults import ABORT_GRACE_S, STANDBY_PROBE_S, STATUS_EVERY_S
 from deadpool_ext.policy.ending import at_end
 
 
@@ -21,12 +21,17 @@ def run(
     alive: Callable[[], bool] = lambda: True,
     abort_grace_s: float = ABORT_GRACE_S,
     taken_over: Optional[Callable[[], bool]] = None,
+    status_to: Optional[Callable[[dict], None]] = None,
 ) -> int:
     """The launcher's exit code once the job ended (or this coordinator's
-    side of a partition left it)."""
-    probed_at = float("-inf")
+    side of a partition left it). ``status_to``: gets the coordinator's
+    status every STATUS_EVERY_S (the metrics endpoint)."""
+    probed_at = told_at = float("-inf")
     while not coordinator.finished and coordinator.watch.fenced is None and alive():
         coordinator.step()
+        if status_to is not None and time.monotonic() - told_at >= STATUS_EVERY_S:
+            told_at = time.monotonic()
+            status_to(coordinator.status())
         cut_off = coordinator.watch.cut_off_at is not None
         if cut_off and taken_over is not None and time.monotonic() - probed_at >= STANDBY_PROBE_S:
             probed_at = time.monotonic()

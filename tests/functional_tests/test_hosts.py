@@ -10,6 +10,7 @@ failure-free run (on loopback, the same flags) bit for bit. Runs as root
 (CI does); skipped with the reason where hosts cannot be made.
 """
 
+import json
 import os
 
 import pytest
@@ -176,6 +177,21 @@ def test_node_0_then_node_1_then_node_2_are_lost_and_the_job_finishes_bit_for_bi
     appointed = [(e["term"], e["node"]) for e in said if e["event"] == "standby_appointed"]
     assert appointed == [(0, 1), (1, 2), (2, 3), (3, 4)], appointed
     assert not [e for e in said if e["event"] == "abort"]
+
+
+def test_a_seeded_trial_of_the_network_campaign_ends_as_the_design_says(tmp_path):
+    """tools/chaos.py --target network, trial 1 of seed 1 (TP1 x PP4 x DP2 on
+    two 4-rank hosts and a spare host): host 1's link flaps for 8.4 s, over
+    the 5 s heartbeat timeout, in iteration 6. Node 1 is declared lost and
+    swapped; healed, it leaves; one coordinator per generation; the curve
+    and every rank's final state are the failure-free run's."""
+    from tools import chaos
+
+    argv = ["--target", "network", "--seed", "1", "--only", "1", "--workdir", str(tmp_path)]
+    output = tmp_path / "results.json"
+    assert chaos.main(argv + ["--output", str(output)]) == 0
+    (result,) = json.loads(output.read_text())["results"]
+    assert result["draw"].endswith("flap-long 8.4 s host 1 iter=6") and result["expected"] == "swap"
 
 
 PROBE = """
