@@ -45,6 +45,15 @@ def can_bind(port: int) -> bool:
     return True
 
 
+def same_host(a: str, b: str) -> bool:
+    """Whether two host names or addresses are one host's (False if either
+    does not resolve)."""
+    try:
+        return socket.gethostbyname(a) == socket.gethostbyname(b)
+    except OSError:
+        return False
+
+
 def standby_host(opts) -> str:
     """The host at which this node's launcher serves a standby's store:
     node 1's is ``--standby-addr``; another node's (or a node that joins)

@@ -43,3 +43,23 @@ class AgentStandIn:
 
     def kill(self):
         self.killed = True
+
+
+def test_a_node_sharing_node_1s_host_leaves_node_1_its_standby_port(monkeypatch):
+    """Launchers of one host start in any order: node 2's must not take the
+    port node 1 listens on (--master-port + 1), which would refuse node 1."""
+    import types
+
+    from deadpool_ext.control import launch
+
+    taken = []
+    monkeypatch.setattr(launch, "served_store", lambda host, port, *_: taken.append(port))
+    monkeypatch.setattr(launch, "free_port", lambda: 40001)
+    local = "127.0.0.1"
+    opts = types.SimpleNamespace(
+        node_rank=2, join=False, master_addr=local, master_port=30000, standby_addr=local
+    )
+    assert launch.standby_store(opts)[:2] == ("127.0.0.1", 40001)
+    opts.node_rank = 1
+    assert launch.standby_store(opts)[:2] == ("127.0.0.1", 30001)
+    assert taken == [40001, 30001]
