@@ -132,11 +132,12 @@ def bring(lab: hosts.Lab, fault: NetworkFault, out: str, limit_s: float) -> None
 
 
 def one_writer_per_generation(events: List[dict]) -> bool:
-    """Every generation's failures and decisions come from one coordinator."""
+    """Every generation's failures and decisions come from one coordinator
+    (one term; every coordinator event carries its term): never two deciding."""
     writers: Dict[int, set] = {}
     for e in events:
         if e["rank"] == -1 and e["event"] in ("failure_detected", "decision", "abort"):
-            writers.setdefault(e["gen"], set()).add(e.get("term", 0))
+            writers.setdefault(e["gen"], set()).add(e["term"])
     return all(len(terms) == 1 for terms in writers.values())
 
 

@@ -29,6 +29,7 @@ from dist_utils import (
 from deadpool_ext.events import read_events
 from deadpool_ext.protocol import ExitCode
 from tools import hosts
+from tools.chaos_network import one_writer_per_generation
 
 pytestmark = [
     pytest.mark.integration,
@@ -83,16 +84,6 @@ def isolated_until_recovered(tmp_path, host: int, gray=None):
         for other, seconds in flap.items():
             lab.flap(other, seconds)
         return wait_for(launchers)
-
-
-def one_writer_per_generation(events) -> bool:
-    """Every generation's decisions and announced failures come from one
-    coordinator (one term): never two deciding."""
-    writers = {}
-    for e in events:
-        if e["rank"] == -1 and e["event"] in ("failure_detected", "decision", "abort"):
-            writers.setdefault(e["gen"], set()).add(e["term"])
-    return all(len(terms) == 1 for terms in writers.values())
 
 
 def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, reference):
