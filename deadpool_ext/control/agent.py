@@ -58,6 +58,7 @@ class Agent:
         heartbeat_s: float = HEARTBEAT_INTERVAL_S,
         join: bool = False,
         standby_store: Optional[str] = None,
+        first_standby: Optional[str] = None,
         takeover_wait_s: float = 0.0,
         zygote: Optional[Zygote] = None,
         scratch: Optional[str] = None,
@@ -97,6 +98,9 @@ class Agent:
         # host:port of the standby that holds the coordinator's copy, as the
         # last generation read said (None: none does).
         self.standby: Optional[str] = None
+        # Node 1's, appointed first: workers started before a generation
+        # named the standby are told of it.
+        self.first_standby = first_standby
         self.error_dir = tempfile.mkdtemp(prefix=f"deadpool-node{node}-", dir=scratch)
         self.zygote = zygote
         self.last_beat = 0.0
@@ -125,7 +129,7 @@ class Agent:
             return
         # A forked worker's parent, whose death it dies with, is the zygote.
         env = self.worker_env(local, active, parent_pid=self.zygote.process.pid)
-        self.workers[slot] = self.zygote.spawn(env, while_waiting=self.beat_when_due)
+        self.workers[slot] = self.zygote.spawn(env, while_waiting=self.beat_or_fail_over)
 
     def worker_env(self, local: int, active: bool, parent_pid: Optional[int] = None) -> dict:
         worker = WorkerEnv(
@@ -133,7 +137,7 @@ class Agent:
             role=Role.ACTIVE if active else Role.SPARE,
             node=self.node,
             store=self.store_addr,
-            standby=self.standby,
+            standby=self.standby or self.first_standby,
             takeover_wait_s=self.takeover_wait_s,
             ranks_per_node=self.nproc,
             world_size=self.world_size,
@@ -249,6 +253,16 @@ class Agent:
             self.beat()
             self.last_beat = time.monotonic()
 
+    def beat_or_fail_over(self) -> None:
+        """A beat while the zygote starts a worker (its first answer waits
+        for its imports); a coordinator lost meanwhile is handled as in
+        ``run_workers``: the standby, if one takes over."""
+        try:
+            self.beat_when_due()
+        except dist.DistError:
+            if self.stopping or not self.fail_over():
+                raise
+
     def beat(self) -> None:
         # The channel numbers every put: each is a new beat.
         self.channel.put(P.node_heartbeat_key(self.node), time=time.time())
@@ -339,8 +353,8 @@ class Agent:
                 self.zygote.close()
 
     def run_workers(self) -> int:
-        self.start()
         try:
+            self.start()
             while self.workers:
                 try:
                     self.serve()
@@ -349,6 +363,9 @@ class Agent:
                     # the normal end of the job; else a standby may take over.
                     if self.stopping or not self.fail_over():
                         break
+        except dist.DistError:  # lost while starting, and no standby took over
+            self.kill_workers()
+            return ExitCode.COORDINATOR_LOST
         finally:
             shutil.rmtree(self.error_dir, ignore_errors=True)
         if self.workers:  # the job is gone: leave no orphans
@@ -426,6 +443,7 @@ def main(command: Optional[List[str]] = None) -> int:
         settings["store"],
         join=settings.get("join", False),
         standby_store=settings.get("standby_store"),
+        first_standby=settings.get("first_standby"),
         takeover_wait_s=settings.get("takeover_wait", 0.0),
         zygote=zygote,
         scratch=settings.get("scratch"),

@@ -15,7 +15,7 @@ from typing import List, Optional
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
 from deadpool_ext.defaults import TAKEOVER_WAIT_S
 from deadpool_ext.lifetime import die_with_parent
-from deadpool_ext.protocol import AGENT_ENV
+from deadpool_ext.protocol import AGENT_ENV, STANDBY_PORT_OFFSET
 
 
 def agent_settings(
@@ -27,6 +27,7 @@ def agent_settings(
     return {
         "scratch": scratch,
         "standby_store": standby_store,
+        "first_standby": first_standby(opts),
         "takeover_wait": waits,
         "node": node,
         "nproc": opts.nproc_per_node,
@@ -35,6 +36,15 @@ def agent_settings(
         "world_size": opts.nnodes * opts.nproc_per_node,
         "store": store,
     }
+
+
+def first_standby(opts) -> Optional[str]:
+    """Node 1's standby store, which is appointed first (policy/admission.py's
+    ``standby``): where a worker started before any generation was read
+    turns when the primary is gone."""
+    if not opts.standby_addr:
+        return None
+    return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
 
 
 def worker_command(opts) -> List[str]:

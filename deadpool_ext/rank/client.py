@@ -61,8 +61,8 @@ class ControlClient:
         self.env = WorkerEnv.read(environ)
         self.slot, self.role, self.node = self.env.slot, self.env.role, self.env.node
         secret = job_secret(environ)
-        host, port = self.store_address = self.first_store(secret)
-        self.channel = Channel(control_connect(host, port), secret, address=(host, port))
+        self.channel, self._beat_channel = self.first_channels(secret)
+        self.store_address = self.channel.address
         # Set by the heartbeat thread when the store (and with it the
         # coordinator) is gone; the main thread then leaves.
         self.coordinator_lost: Optional[str] = None
@@ -79,8 +79,6 @@ class ControlClient:
         self.keepable: Optional[Callable[[Collection[int]], List[str]]] = None
         self._announced: Optional[tuple] = None  # (generation, when seen)
         self._superseded: Optional[tuple] = None  # (newer generation, when seen)
-        # The heartbeat thread has its own connection.
-        self._beat_channel = Channel(control_connect(host, port), secret, address=(host, port))
         self.heartbeat_s = heartbeat_s
         self.gen = 0  # the generation this process trains in
         self.iteration = None  # last started iteration, for the coordinator
@@ -94,20 +92,34 @@ class ControlClient:
         self._thread = threading.Thread(target=self._beat, name="deadpool-heartbeat", daemon=True)
         self._thread.start()
 
-    def first_store(self, secret: bytes) -> Tuple[str, int]:
-        """The primary's store; the standby's if the primary is gone already
-        (a worker that starts late: a spare still importing when node 0 died)."""
+    def first_channels(self, secret: bytes) -> Tuple[Channel, Channel]:
+        """The main thread's and the heartbeat thread's channels to the
+        primary's store; to the standby's once it took over if the primary
+        is gone or does not answer (a spare still starting when node 0
+        died: connecting to a dead store retries for a minute)."""
         primary, standby = self.env.store_address, self.env.standby_address
-        if standby is None or listening(*primary):
-            return primary
-        try:
-            taken_over = standby_channel(standby, secret, self.env.takeover_wait_s)
-        except JobEnded as ended:
-            raise WorkerExit(ExitCode.OK, str(ended)) from None
-        if taken_over is None:
+        if standby is None:
+            return _channel(primary, secret), _channel(primary, secret)
+        quick = STORE_RECONNECT_TIMEOUT_S
+        while listening(*primary):
+            try:
+                return _channel(primary, secret, quick), _channel(primary, secret, quick)
+            except dist.DistError:
+                beat = self._standby_beat(secret, wait_s=0)  # paused or gone
+                if beat is not None:
+                    return _channel(standby, secret), beat
+        beat = self._standby_beat(secret, self.env.takeover_wait_s)
+        if beat is None:
             gone = f"the coordinator at {self.env.store} is gone and no standby took over"
             raise WorkerExit(ExitCode.FAILED, gone)
-        return standby
+        return _channel(standby, secret), beat
+
+    def _standby_beat(self, secret: bytes, wait_s: float) -> Optional[Channel]:
+        """A channel to the standby once it has taken over (within wait_s)."""
+        try:
+            return standby_channel(self.env.standby_address, secret, wait_s)
+        except JobEnded as ended:
+            raise WorkerExit(ExitCode.OK, str(ended)) from None
 
     def _beat(self, watch_s: float = 0.05) -> None:
         """Beat every heartbeat_s; read the generation every watch_s."""
@@ -325,3 +337,7 @@ def thread_stacks() -> str:
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)
         return f.read()
+
+
+def _channel(address: Tuple[str, int], secret: bytes, timeout_s: float = 60.0) -> Channel:
+    return Channel(control_connect(*address, timeout_s=timeout_s), secret, address=address)

@@ -52,11 +52,73 @@ def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp
     agent = Agent.__new__(Agent)
     agent.node, agent.nproc, agent.world_size, agent.store_addr = 1, 2, 4, "h:1"
     agent.standby, agent.takeover_wait_s, agent.error_dir = None, 0.0, str(tmp_path)
+    agent.first_standby = None
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     env = agent.worker_env(1, active=True)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["RANK"] == "3"
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_workers_started_before_a_generation_named_the_standby_know_node_1s(tmp_path):
+    """A spare started at once (before the agent's first beat read a
+    generation) that connects only after node 0 died must still find the
+    standby: node 1's store, the one appointed first. Once a generation
+    names the standby, that one is theirs."""
+    from deadpool_ext.control.agent import Agent
+    from deadpool_ext.protocol import WorkerEnv
+
+    agent = Agent.__new__(Agent)
+    agent.node, agent.nproc, agent.world_size, agent.store_addr = 2, 2, 4, "h0:1"
+    agent.takeover_wait_s, agent.error_dir = 13.0, str(tmp_path)
+    agent.standby, agent.first_standby = None, "h1:2"
+    told = lambda: WorkerEnv.read(agent.worker_env(0, active=False))  # noqa: E731
+    assert told().standby == "h1:2" and told().takeover_wait_s == 13.0
+    agent.standby = "h3:7"  # appointed after node 1 was lost
+    assert told().standby == "h3:7"
+
+
+def test_a_coordinator_lost_while_workers_start_is_left_for_the_standby(tmp_path):
+    """Node 0 dies while this node's zygote is still importing (its first
+    worker not forked yet): the beat made while waiting fails. The agent
+    turns to the standby as it does when serving, and starts the rest of
+    its workers; with no standby it ends with COORDINATOR_LOST (no
+    traceback, no orphan)."""
+    import torch.distributed as dist
+
+    from deadpool_ext.protocol import ExitCode
+
+    def agent_losing_its_coordinator(standby_takes_over: bool):
+        agent = Agent.__new__(Agent)
+        agent.stopping, agent.workers, agent.error_dir = False, {}, str(tmp_path / "e")
+        tried = []
+
+        def beat_when_due():
+            if not tried:
+                raise dist.DistNetworkError("Connection reset by peer")
+
+        def fail_over():
+            tried.append("standby")
+            return standby_takes_over
+
+        def start_worker(local, active):
+            agent.beat_or_fail_over()  # as the zygote's spawn calls it while waiting
+            agent.workers[local] = types.SimpleNamespace(kill=lambda: tried.append("killed"))
+
+        agent.beat_when_due, agent.fail_over, agent.start_worker = (
+            beat_when_due,
+            fail_over,
+            start_worker,
+        )
+        agent.start = lambda: [agent.start_worker(local, False) for local in range(2)]
+        agent.serve = lambda: agent.workers.clear()  # the workers end
+        agent.declared_lost, agent.refused = False, None
+        return agent, tried
+
+    agent, tried = agent_losing_its_coordinator(standby_takes_over=True)
+    assert agent.run_workers() == ExitCode.OK and tried == ["standby"]
+    agent, tried = agent_losing_its_coordinator(standby_takes_over=False)
+    assert agent.run_workers() == ExitCode.COORDINATOR_LOST and tried == ["standby"]
 
 
 # ----- its GPUs (the fake NVML) -----

@@ -154,3 +154,49 @@ def test_when_the_store_is_gone_the_heartbeat_thread_frees_the_main_thread_which
             assert leaving.value.code == ExitCode.FAILED
     finally:
         ctx.stop()
+
+
+def test_a_worker_whose_primary_dies_as_it_connects_starts_on_the_standby_that_took_over(
+    monkeypatch,
+):
+    """A spare that starts as node 0 dies: the primary's port was found
+    listening, then refuses. The worker does not wait out a minute-long
+    connect: it starts on the standby once that has taken over (published
+    a generation), both channels there. Control: with no takeover yet, it
+    keeps trying the primary."""
+    from deadpool_ext.protocol import GEN_KEY, Role, WorkerEnv
+    from deadpool_ext.rank import client as worker
+    from deadpool_ext.wire import SECRET_ENV, Channel
+
+    monkeypatch.setattr(worker, "STORE_RECONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(worker, "listening", lambda host, port: True)  # the look before it died
+    primary, standby = free_port(), free_port()
+    server = connect("127.0.0.1", standby, timeout_s=10, is_master=True)
+    env = WorkerEnv(
+        "2.0",
+        Role.SPARE,
+        2,
+        f"127.0.0.1:{primary}",
+        1,
+        1,
+        None,
+        standby=f"127.0.0.1:{standby}",
+        takeover_wait_s=5,
+    ).variables()
+    started = []
+    starting = threading.Thread(
+        target=lambda: started.append(worker.ControlClient({**env, SECRET_ENV: "s"})),
+        daemon=True,
+    )
+    starting.start()
+    starting.join(timeout=3)
+    assert starting.is_alive() and not started  # no takeover: it keeps trying
+    Channel(server, b"s").put(GEN_KEY, gen=1, standby=None)
+    starting.join(timeout=10)
+    assert started, "the worker did not move to the standby"
+    ctx = started[0]
+    try:
+        assert ctx.store_address == ("127.0.0.1", standby)
+        assert ctx._beat_channel.address == ("127.0.0.1", standby)
+    finally:
+        ctx.stop()
