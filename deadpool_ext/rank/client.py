@@ -103,7 +103,10 @@ class ControlClient:
         quick = STORE_RECONNECT_TIMEOUT_S
         while listening(*primary):
             try:
-                return _channel(primary, secret, quick), _channel(primary, secret, quick)
+                return (
+                    _channel(primary, secret, timeout_s=quick),
+                    _channel(primary, secret, timeout_s=quick),
+                )
             except dist.DistError:
                 beat = self._standby_beat(secret, wait_s=0)  # paused or gone
                 if beat is not None:
@@ -172,7 +175,7 @@ class ControlClient:
             )
             return False
         self._beat_channel = beat
-        self.channel = Channel(control_connect(*address), secret, address=address)
+        self.channel = _channel(address, secret)
         self.store_address = address
         self._switched.set()
         if self.state == WorkerState.SPARE:
@@ -339,5 +342,6 @@ def thread_stacks() -> str:
         return f.read()
 
 
-def _channel(address: Tuple[str, int], secret: bytes, timeout_s: float = 60.0) -> Channel:
-    return Channel(control_connect(*address, timeout_s=timeout_s), secret, address=address)
+def _channel(address: Tuple[str, int], secret: bytes, **connect) -> Channel:
+    """A control channel to the store at ``address`` (``connect``: control_connect's)."""
+    return Channel(control_connect(*address, **connect), secret, address=address)
