@@ -52,7 +52,7 @@ class ExitCode(IntEnum):
     # away without stopping the job, and no standby took over; the job cannot go on
     # (examples/slurm/on_node.sh then ends the Slurm job, which would otherwise hold
     # its nodes)
-    FENCED = 10  # a node's launcher: its node was declared lost while it lived
+    FENCED = 10  # a node's launcher (or a worker): its node was declared lost while it lived
     # (silent for the heartbeat timeout: cut off by the network, paused), or its
     # coordinator was cut off from the majority; it left once it knew, and the
     # job went on without it where the other side could. It may come back as a
@@ -459,6 +459,11 @@ class Decision:
 
     def rank_of(self, slot: str) -> Optional[int]:
         return next((r for r, s in self.members.items() if s == slot), None)
+
+    def has_place_for(self, slot: str) -> bool:
+        """A member's, or a released one's (it leaves as told); a slot with
+        neither was declared lost, and others hold its rank."""
+        return slot in self.members.values() or slot in self.released
 
     def world(self) -> dict:
         """The world the decision makes: its size and each rank's node."""

@@ -342,7 +342,7 @@ class Reader:
 
     def poll(self) -> List[dict]:
         out = []
-        count = self.channel.count(self.topic, 0)
+        count = self.claimed()
         while self.cursor < count:
             store, name = self.channel.store, f"topic/{self.topic}/{self.cursor + 1}"
             if not store.check([name]) and not self.give_up_on(name):
@@ -352,6 +352,10 @@ class Reader:
             if body is not None:
                 out.append(body)
         return out
+
+    def claimed(self) -> int:
+        """How many slots of the topic were claimed so far."""
+        return self.channel.count(self.topic, 0)
 
     def give_up_on(self, name: str) -> bool:
         now = self.clock()
@@ -364,7 +368,7 @@ class Reader:
 
     def skip_history(self) -> None:
         """Read only what is posted from now on."""
-        self.cursor = self.channel.count(self.topic, 0)
+        self.cursor = self.claimed()
 
 
 def standby_channel(

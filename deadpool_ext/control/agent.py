@@ -89,7 +89,10 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
-        self.declared_lost = False  # it obeyed a KILL_ALL: the node was declared lost
+        # It obeyed a KILL_ALL, or every worker found no place for its slot in
+        # the decision it read (rank/recovery.py): the node was declared lost.
+        self.declared_lost = False
+        self.exit_codes: Dict[str, int] = {}  # slot -> its last worker's exit code
         # Drained: no worker is started again; those still running after
         # the grace (spares, a member that did not read its release) stop.
         self.leaving_by: Optional[float] = None
@@ -286,6 +289,7 @@ class Agent:
             code = proc.poll()
             if code is not None:
                 del self.workers[slot]
+                self.exit_codes[slot] = code
                 if not self.stopping:
                     reason = self.written_reason(slot) if code != ExitCode.OK else None
                     exited = P.WorkerExited(slot=slot, code=code, reason=reason)
@@ -331,15 +335,18 @@ class Agent:
             for proc in self.workers.values():
                 proc.terminate()
         elif kind == Command.KILL_ALL:  # the node was declared lost: fenced
-            if not self.declared_lost:
-                print(
-                    f"deadpool agent {self.node}: the coordinator declared this node lost; "
-                    "its workers are killed and it leaves the job (rejoin with --join)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            self.declared_lost = True
+            self.fenced("its workers are killed")
             self.kill_workers()
+
+    def fenced(self, how: str) -> None:
+        if not self.declared_lost:
+            print(
+                f"deadpool agent {self.node}: the coordinator declared this node lost; "
+                f"{how} and it leaves the job (rejoin with --join)",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.declared_lost = True
 
     def kill_workers(self) -> None:
         for proc in self.workers.values():
@@ -371,6 +378,9 @@ class Agent:
         if self.workers:  # the job is gone: leave no orphans
             self.kill_workers()
             return ExitCode.OK if self.stopping else ExitCode.COORDINATOR_LOST
+        codes = self.exit_codes
+        if codes and all(code == ExitCode.FENCED for code in codes.values()):
+            self.fenced("its workers read it in a decision")  # before its KILL_ALL came
         if self.declared_lost:
             return ExitCode.FENCED
         return ExitCode.USAGE if self.refused else ExitCode.OK

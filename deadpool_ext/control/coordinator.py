@@ -156,6 +156,9 @@ class Coordinator:
         for message in self.inbox.poll():
             if self.take(message):
                 self.judge()
+        if due := self.watch.read_past(self.inbox.cursor):
+            self.news.extend(due)
+            self.judge()
 
     def look(self, now: float):
         return self.detector.look(*self.record.membership.to_watch(), now)
@@ -239,12 +242,10 @@ class Coordinator:
         self.put(P.control_reply_key(request.nonce), **reply)
 
     def agent_ended(self, node: int, code: int) -> None:
-        """A node's agent process ended (seen by the launcher that started
-        it). Whatever it and its workers posted was in the store before:
-        read first, so that a node whose ranks all finished is no loss."""
+        """A node's agent ended (its launcher saw it): judged once what it and its workers
+        claimed before is read, so that a node whose ranks all finished is no loss."""
+        self.watch.agent_ends.append((AgentEnded(node, code), self.inbox.claimed()))
         self.read_inbox()
-        self.news.append(AgentEnded(node, code))
-        self.judge()
 
     def superseded(self) -> None:
         """The standby took over while this coordinator was cut off."""

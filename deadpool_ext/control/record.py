@@ -306,6 +306,16 @@ class Watch:
     straggler_drains: Set[int] = field(default_factory=set)  # stragglers asked to drain
     said: Set[Tuple[str, int]] = field(default_factory=set)  # (event, generation) said once
     malformed_requests: int = 0  # signed requests of the wrong shape
+    # Agents that ended, each with the inbox's claimed count then (``read_past``).
+    agent_ends: List[Tuple[object, int]] = field(default_factory=list)
+
+    def read_past(self, cursor: int) -> List[object]:
+        """The agents' ends whose messages before them are read (the inbox's
+        cursor past what was claimed when they ended): judged only then,
+        since a slot written late holds back the ones after it."""
+        due = [end for end, claimed in self.agent_ends if cursor >= claimed]
+        self.agent_ends = self.agent_ends[len(due) :]  # the claimed counts only grow
+        return due
 
 
 def view_of(

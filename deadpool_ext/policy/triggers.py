@@ -77,6 +77,8 @@ def exits(view: JobView) -> Effects:
     for m in view.news_of(Exited):
         if m.released or parse_slot(m.slot)[0] in view.drained_nodes:
             continue  # released by a shrink, or its node was drained
+        if m.slot in view.lost_slots:
+            continue  # declared lost before: how it ends is no longer the job's
         if m.rank is not None and m.rank in view.done:
             continue  # finished normally
         fatal = why_an_exit_stops_the_job(m, m.rank)

@@ -254,6 +254,7 @@ class Recovery:
         while True:
             self.tear_down()
             decision = self.report_and_wait(after_gen)
+            self.leave_if_declared_lost(decision)
             if decision.action == Action.ABORT:
                 self.stop(decision)
             if self.ctx.slot in decision.released:
@@ -422,6 +423,19 @@ class Recovery:
         )
         self.events.close()
         raise WorkerExit(ExitCode.ABORTED, decision.reason)
+
+    def leave_if_declared_lost(self, decision: Decision) -> None:
+        """A decision with no place for this slot (neither a member nor
+        released): it was declared lost while it lived (cut off, then
+        healed), and others hold its rank. It acts on nothing of it (no
+        group, no checkpoint, no copy) and leaves, as its agent does."""
+        slot = self.ctx.slot
+        if decision.has_place_for(slot):
+            return
+        why = f"generation {decision.gen} has no place for slot {slot}: it was declared lost"
+        self.emit("left_declared_lost", for_gen=decision.gen, reason=why)
+        self.events.close()
+        raise WorkerExit(ExitCode.FENCED, why)
 
     def release(self, decision: Decision) -> None:
         """This rank's replica leaves the job (a shrink): exit, and the agent

@@ -94,10 +94,13 @@ def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, referen
     nothing it says is taken, and the curve is the failure-free one. Gray
     faults beside it cost only time: host 1 loses 2% of its packets (both
     ways) from iteration 2 on, and the spare host's link, its ranks members
-    now, goes for 1.5 s (half the heartbeat timeout) after the recovery;
-    TCP carries the store's, gloo's and the mirror's traffic through both,
-    and neither is declared lost."""
-    codes = isolated_until_recovered(tmp_path, 2, gray=({1: 2}, {3: 1.5}))
+    now, goes for 1 s after the recovery (TCP's resends back off while it is
+    cut, so the connections stall up to 1.4 s: under half the heartbeat
+    timeout); TCP carries the store's, gloo's and the mirror's traffic
+    through both, and neither is declared lost. A claimed inbox slot
+    written late over the lossy link holds back the ranks' Done messages
+    behind it, and node 0's agent may end first: node 0 is no loss."""
+    codes = isolated_until_recovered(tmp_path, 2, gray=({1: 2}, {3: 1.0}))
     logs = readable_logs(tmp_path, NODES + SPARES)
     assert codes == [0, 0, ExitCode.FENCED, 0], logs
     assert "declared this node lost" in (tmp_path / "node2.log").read_text()

@@ -30,3 +30,14 @@ def test_the_decision_carries_the_spares_gpus_over_the_wire():
     )
     back = Decision.from_message(json.loads(json.dumps(decision.to_message())))
     assert back.gpus == decision.gpus and back.withheld == ["3.1"]
+
+
+def test_a_decision_has_a_place_for_its_members_and_released_slots_only():
+    """A node cut off, declared lost and swapped, then healed: its slots
+    are neither members nor released in the decision it then reads, and
+    its workers leave on that (rank/recovery.py), acting on nothing."""
+    swapped = Decision(gen=1, action="recover", members={0: "0.0", 1: "2.0"}, replaced={1: "2.0"})
+    assert swapped.has_place_for("0.0") and swapped.has_place_for("2.0")
+    assert not swapped.has_place_for("1.0")
+    shrunk = Decision(gen=2, action="shrink", members={0: "0.0"}, released=["2.0"])
+    assert shrunk.has_place_for("2.0") and not shrunk.has_place_for("1.0")

@@ -112,13 +112,39 @@ def test_a_coordinator_lost_while_workers_start_is_left_for_the_standby(tmp_path
         )
         agent.start = lambda: [agent.start_worker(local, False) for local in range(2)]
         agent.serve = lambda: agent.workers.clear()  # the workers end
-        agent.declared_lost, agent.refused = False, None
+        agent.declared_lost, agent.refused, agent.exit_codes = False, None, {}
         return agent, tried
 
     agent, tried = agent_losing_its_coordinator(standby_takes_over=True)
     assert agent.run_workers() == ExitCode.OK and tried == ["standby"]
     agent, tried = agent_losing_its_coordinator(standby_takes_over=False)
     assert agent.run_workers() == ExitCode.COORDINATOR_LOST and tried == ["standby"]
+
+
+@pytest.mark.parametrize(
+    "codes, ends", [((10, 10), P.ExitCode.FENCED), ((10, 0), P.ExitCode.OK)], ids=["all", "one"]
+)
+def test_workers_that_find_their_node_declared_lost_fence_their_agent(tmp_path, codes, ends):
+    """A node cut off, declared lost and healed: its workers read a decision
+    with no place for their slots and leave FENCED, maybe before the agent
+    reads its KILL_ALL. The agent leaves FENCED too (its launcher stands
+    down), saying why. The control: one worker fenced (a hung one declared
+    lost on its own) while the other finished: the node was not."""
+    posted = []
+    agent = Agent.__new__(Agent)
+    agent.node, agent.stopping, agent.leaving_by, agent.nonce = 2, False, None, None
+    agent.declared_lost, agent.refused, agent.exit_codes = False, None, {}
+    agent.error_dir = str(tmp_path / "e")
+    agent.commands = types.SimpleNamespace(poll=lambda: [])
+    agent.channel = types.SimpleNamespace(post=lambda topic, message: posted.append(message))
+    agent.written_reason = lambda slot: "no place for its slot"
+    agent.start = lambda: None
+    agent.workers = {
+        f"2.{i}": types.SimpleNamespace(poll=lambda code=code: code) for i, code in enumerate(codes)
+    }
+    agent.serve = agent.watch_once
+    assert agent.run_workers() == ends
+    assert [m.code for m in posted] == list(codes)
 
 
 # ----- its GPUs (the fake NVML) -----

@@ -295,6 +295,46 @@ def test_a_node_whose_ranks_finished_is_no_loss_when_its_agent_ends_first(job):
     assert coordinator.finished and coordinator.record.result is None
 
 
+def claim_a_slot_unwritten(worker, topic="coordinator") -> str:
+    """Another poster claims the topic's next slot and writes it late (a
+    lossy link retransmits its write): the slot's name."""
+    return f"topic/{topic}/{worker.count(topic, 1)}"
+
+
+def test_an_agent_that_ends_behind_a_slot_written_late_waits_for_its_ranks_done(job):
+    """Node 1's ranks post Done behind a slot another poster claimed and
+    writes late; node 1's agent ends before that write: the node is judged
+    once the inbox is read past it, and is no loss."""
+    coordinator, worker, _ = job
+    late = claim_a_slot_unwritten(worker)
+    for rank in (2, 3):
+        worker.post("coordinator", kind="done", rank=rank, slot=f"1.{rank % 2}")
+    coordinator.agent_ended(1, 0)
+    coordinator.step()
+    assert coordinator.gen == 0 and coordinator.record.lost == set()
+    worker.store.set(late, worker._seal(late, {"kind": "spare_ready", "slot": "2.0"}))
+    coordinator.step()
+    assert coordinator.gen == 0 and coordinator.record.lost == set()
+    assert coordinator.watch.agent_ends == []
+
+
+def test_an_agent_that_ends_behind_a_slot_never_written_is_judged_once_it_is_passed(
+    job, monkeypatch
+):
+    """The control: the claimed slot is never written, and node 1's ranks
+    had not finished: once the slot is passed over, node 1 is lost."""
+    from deadpool_ext import wire
+
+    coordinator, worker, _ = job
+    claim_a_slot_unwritten(worker)
+    coordinator.agent_ended(1, -9)
+    assert coordinator.gen == 0
+    monkeypatch.setattr(wire, "CLAIMED_SLOT_DEADLINE_S", 0.0)
+    coordinator.step()  # the first poll starts the slot's wait, the next passes it
+    coordinator.step()
+    assert coordinator.gen == 1 and coordinator.record.lost == {2, 3}
+
+
 @pytest.fixture()
 def warming_job():
     """Two 2-rank nodes (PP2 x DP2) and one spare node whose two workers

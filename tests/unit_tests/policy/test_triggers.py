@@ -108,6 +108,19 @@ def test_a_rank_stopped_by_a_bug_stops_the_job_and_a_local_failure_is_replaced()
     assert "programming error" in stop.reason and "0.1" in stop.reason
 
 
+def test_a_slot_declared_lost_ends_as_it_may_and_the_job_goes_on():
+    """A node cut off by the network was declared lost and swapped; healed,
+    its worker meets a decision with no place for it and exits (a bug, as
+    it happens, or fenced) before its agent knows: nothing of the job
+    follows from it. The same exit from a slot not lost stops the job."""
+    swapped = replace(JOB, members={0: "0.0", 1: "0.1", 2: "2.0", 3: "1.1"})
+    lost = replace(swapped, lost_slots=frozenset({"1.0"}))
+    for code in (ExitCode.BUG, ExitCode.USAGE, ExitCode.FENCED, -9):
+        assert T.exits(with_news(lost, exited("1.0", int(code)))) == ()
+    (stop,) = T.exits(with_news(swapped, exited("1.0", int(ExitCode.BUG))))
+    assert isinstance(stop, Stop) and "programming error" in stop.reason
+
+
 def test_refused_flags_stop_the_job_with_the_workers_words():
     """Every process runs the same flags: no spare is tried."""
     found = T.exits(with_news(JOB, exited("1.1", int(ExitCode.USAGE), "no -x")))
