@@ -463,7 +463,7 @@ class Decision:
     def has_place_for(self, slot: str) -> bool:
         """A member's, or a released one's (it leaves as told); a slot with
         neither was declared lost, and others hold its rank."""
-        return slot in self.members.values() or slot in self.released
+        return self.rank_of(slot) is not None or slot in self.released
 
     def world(self) -> dict:
         """The world the decision makes: its size and each rank's node."""

@@ -23,6 +23,7 @@ from deadpool_ext.control.membership import Membership
 from deadpool_ext.policy.stragglers import node_times
 from deadpool_ext.policy.states import AT_BOUNDARY, BUILDING, COLLECTING
 from deadpool_ext.policy.view import (
+    AgentEnded,
     JobView,
     Progress,
     Sighting,
@@ -307,9 +308,9 @@ class Watch:
     said: Set[Tuple[str, int]] = field(default_factory=set)  # (event, generation) said once
     malformed_requests: int = 0  # signed requests of the wrong shape
     # Agents that ended, each with the inbox's claimed count then (``read_past``).
-    agent_ends: List[Tuple[object, int]] = field(default_factory=list)
+    agent_ends: List[Tuple[AgentEnded, int]] = field(default_factory=list)
 
-    def read_past(self, cursor: int) -> List[object]:
+    def read_past(self, cursor: int) -> List[AgentEnded]:
         """The agents' ends whose messages before them are read (the inbox's
         cursor past what was claimed when they ended): judged only then,
         since a slot written late holds back the ones after it."""

@@ -23,7 +23,7 @@ position against a fake world (no collectives), re-pointed the same way.
 """
 
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NoReturn, Optional
 
 from megatron.training.log import get_logger
 from megatron.training.training import Trainer
@@ -414,15 +414,20 @@ class Recovery:
                     return decision
                 time.sleep(0.02)
 
+    def depart(self, code: ExitCode, event: str, why: str, **fields) -> NoReturn:
+        """Say why in the event log, close it, and leave the job with ``code``
+        (through main: WorkerExit)."""
+        self.emit(event, reason=why, **fields)
+        self.events.close()
+        raise WorkerExit(code, why)
+
     def stop(self, decision: Decision) -> None:
-        self.emit("stopping", reason=decision.reason)
         self.logger.error(
             "deadpool: the job stops: %s. Resume from the last --save "
             "checkpoint with more spare nodes.",
             decision.reason,
         )
-        self.events.close()
-        raise WorkerExit(ExitCode.ABORTED, decision.reason)
+        self.depart(ExitCode.ABORTED, "stopping", decision.reason)
 
     def leave_if_declared_lost(self, decision: Decision) -> None:
         """A decision with no place for this slot (neither a member nor
@@ -433,9 +438,7 @@ class Recovery:
         if decision.has_place_for(slot):
             return
         why = f"generation {decision.gen} has no place for slot {slot}: it was declared lost"
-        self.emit("left_declared_lost", for_gen=decision.gen, reason=why)
-        self.events.close()
-        raise WorkerExit(ExitCode.FENCED, why)
+        self.depart(ExitCode.FENCED, "left_declared_lost", why, for_gen=decision.gen)
 
     def release(self, decision: Decision) -> None:
         """This rank's replica leaves the job (a shrink): exit, and the agent
@@ -443,9 +446,7 @@ class Recovery:
         the agent ends (the coordinator told it to leave)."""
         drained = self.ctx.node in decision.drained
         why = f"node {self.ctx.node} was drained" if drained else "its replica was dropped"
-        self.emit("released", for_gen=decision.gen, reason=why)
-        self.events.close()
-        raise WorkerExit(ExitCode.RELEASED, why)
+        self.depart(ExitCode.RELEASED, "released", why, for_gen=decision.gen)
 
     # ----- the new generation -----
     def rebuild(self, decision: Decision) -> None:
