@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from deadpool_ext import protocol as P
 from deadpool_ext.control.jobs import run_dir, running_jobs
+from deadpool_ext.control.ports import node_1_standby_port
 from deadpool_ext.defaults import CONTROL_REPLY_WAIT_S
 from deadpool_ext.protocol import ExitCode, Request
 from deadpool_ext.wire import Channel, connect
@@ -120,7 +121,7 @@ def ask_where_it_runs(opts, host: str, port: int, secret: bytes) -> dict:
     except ConnectionError:
         if not opts.standby_addr:
             raise
-    return ask(opts.standby_addr, port + P.STANDBY_PORT_OFFSET, secret, request, opts.timeout)
+    return ask(opts.standby_addr, node_1_standby_port(port), secret, request, opts.timeout)
 
 
 def describe(status: dict) -> str:

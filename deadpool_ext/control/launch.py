@@ -48,7 +48,7 @@ from deadpool_ext.control.command_line import checked_options
 from deadpool_ext.control.coordinator import Coordinator
 from deadpool_ext.control.jobs import job_file, remove_job
 from deadpool_ext.control.metrics import MetricsServer
-from deadpool_ext.control.ports import free_port, same_host, standby_host
+from deadpool_ext.control.ports import free_port, node_1_standby_port, same_host, standby_host
 from deadpool_ext.control.process_tree import (
     agent_settings,
     kill_agent,
@@ -242,7 +242,7 @@ def standby_store(opts):
     (host, port, store). Node 1's listens on --standby-addr at --master-port
     + 1; another node's at the same port of its own host, or at a free one
     where that port is node 1's (nodes sharing its host) or taken."""
-    host, port = standby_host(opts), opts.master_port + STANDBY_PORT_OFFSET
+    host, port = standby_host(opts), node_1_standby_port(opts.master_port)
     node_1 = opts.node_rank == 1 and not opts.join
     if not node_1 and same_host(host, opts.standby_addr):
         port = free_port()  # that port is node 1's, which may start later

@@ -8,6 +8,8 @@ import random
 import socket
 from typing import Tuple
 
+from deadpool_ext.protocol import STANDBY_PORT_OFFSET
+
 
 def free_port(span: int = 1) -> int:
     """A port P of this host with P to P + span - 1 free (a standby's store
@@ -52,6 +54,12 @@ def same_host(a: str, b: str) -> bool:
         return socket.gethostbyname(a) == socket.gethostbyname(b)
     except OSError:
         return False
+
+
+def node_1_standby_port(master_port: int) -> int:
+    """The port of node 1's standby store, the one appointed first: next to
+    node 0's (--master-port), on --standby-addr."""
+    return master_port + STANDBY_PORT_OFFSET
 
 
 def standby_host(opts) -> str:

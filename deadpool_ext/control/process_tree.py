@@ -12,10 +12,11 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from deadpool_ext.control.ports import node_1_standby_port
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
 from deadpool_ext.defaults import TAKEOVER_WAIT_S
 from deadpool_ext.lifetime import die_with_parent
-from deadpool_ext.protocol import AGENT_ENV, STANDBY_PORT_OFFSET
+from deadpool_ext.protocol import AGENT_ENV
 
 
 def agent_settings(
@@ -44,7 +45,7 @@ def first_standby(opts) -> Optional[str]:
     turns when the primary is gone."""
     if not opts.standby_addr:
         return None
-    return f"{opts.standby_addr}:{opts.master_port + STANDBY_PORT_OFFSET}"
+    return f"{opts.standby_addr}:{node_1_standby_port(opts.master_port)}"
 
 
 def worker_command(opts) -> List[str]:
