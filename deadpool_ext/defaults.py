@@ -40,11 +40,26 @@ STORE_RECONNECT_TIMEOUT_S = 5.0
 # known gone at once (torch's client tries twice), so the process turns to
 # the standby before the successor may have ended the job.
 STORE_MEND_TIMEOUT_S = 1.0
-# A control-plane request (none waits for a key) its store leaves unanswered
-# this long means the store's host is gone: a dead host sends no reset, and
-# torch's client would wait on it for good (TCP_USER_TIMEOUT bounds it).
-# Well within TAKEOVER_WAIT_S, so that agents reach the standby to vote.
+# Without a standby, a control-plane request whose data its store's host
+# leaves unacknowledged this long fails (TCP_USER_TIMEOUT): a dead host sends
+# no reset, and torch's client would wait on it for good. (A request a paused
+# server leaves unanswered is not bounded by torch's client: its clients wait
+# for it to wake.) Well within TAKEOVER_WAIT_S, so that agents reach the
+# standby to vote.
 CONTROL_SILENCE_S = 30.0
+
+
+# With a standby, a control connection whose data the store's host has not
+# acknowledged for the heartbeat timeout is cut off (TCP_USER_TIMEOUT: the
+# host's kernel acknowledges, not its process, so a paused store is not taken
+# for a cut one): the process turns to the standby, and back to the primary
+# if that answers again (its own host's partition healed). Node 0's silent
+# partition is then found as any node's is, after the heartbeat timeout.
+# Without a standby there is nowhere to turn: CONTROL_SILENCE_S.
+def control_cut_off_s(heartbeat_timeout_s: float, standby: bool) -> float:
+    return min(heartbeat_timeout_s, CONTROL_SILENCE_S) if standby else CONTROL_SILENCE_S
+
+
 # After a takeover, how long a process may take to come over to the standby
 # (to notice the primary is gone, then to connect) before its silence counts.
 TAKEOVER_GRACE_S = CONTROL_SILENCE_S + STORE_RECONNECT_TIMEOUT_S

@@ -15,6 +15,7 @@ from enum import Enum, IntEnum
 from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from deadpool_ext.defaults import (
+    CONTROL_SILENCE_S,
     HEARTBEAT_TIMEOUT_S,
     METRICS_ADDR,
     ON_SDC,
@@ -519,6 +520,8 @@ class WorkerEnv:
     # to wait for its takeover once the primary is gone (0: no standby).
     standby: Optional[str] = None
     takeover_wait_s: float = 0.0
+    # When its control connections count as cut off (defaults.control_cut_off_s).
+    cut_off_s: float = CONTROL_SILENCE_S
 
     def variables(self) -> Dict[str, str]:
         """What the agent adds to the worker's environment (torchrun's names too)."""
@@ -544,6 +547,7 @@ class WorkerEnv:
             env["DEADPOOL_STANDBY"] = self.standby
         if self.takeover_wait_s:
             env["DEADPOOL_TAKEOVER_WAIT"] = str(self.takeover_wait_s)
+        env["DEADPOOL_CUT_OFF"] = str(self.cut_off_s)
         return env
 
     @classmethod
@@ -562,6 +566,7 @@ class WorkerEnv:
             parent_pid=_pid(environ, "DEADPOOL_PARENT_PID"),
             standby=environ.get("DEADPOOL_STANDBY"),
             takeover_wait_s=float(environ.get("DEADPOOL_TAKEOVER_WAIT", "0")),
+            cut_off_s=float(environ.get("DEADPOOL_CUT_OFF", CONTROL_SILENCE_S)),
         )
 
     @property

@@ -79,12 +79,15 @@ def connect(
     timeout_s: float = 60.0,
     is_master: bool = False,
     silent_after_s: Optional[float] = None,
+    cut_off_s: Optional[float] = None,
 ):
     """A client of the store at host:port, waiting up to ``timeout_s`` for
     its server. With ``silent_after_s``, a request its server leaves
-    unanswered that long fails the connection (a dead host sends no reset:
-    torch's client would wait on it for good), and the connection is the
-    control plane's (``control_sockets``). With ``is_master``, the
+    unanswered that long fails the connection, and so does data its host
+    leaves unacknowledged for ``cut_off_s`` (default ``silent_after_s``: a
+    dead or cut-off host sends no reset, and torch's client would wait on it
+    for good); the connection is the control plane's (``control_sockets``).
+    With ``is_master``, the
     server too, listening on ``host`` alone (torch's TCPStore would listen
     on every interface: loopback for --standalone keeps the job's store off
     the network)."""
@@ -97,7 +100,7 @@ def connect(
             store.set_timeout(datetime.timedelta(seconds=silent_after_s))
             mine = connected_to(port, set(socket_descriptors()) - before)
             for fd in mine.values():
-                give_up_on_silence(fd, silent_after_s)
+                give_up_on_silence(fd, silent_after_s if cut_off_s is None else cut_off_s)
             _CONTROL.add(mine)
     return store
 
@@ -169,10 +172,14 @@ def control_sockets(open_now: Iterable[int]) -> Tuple[Set[int], Set[int]]:
     return _CONTROL.among(open_now)
 
 
-def control_connect(host: str, port: int, timeout_s: float = 60.0):
+def control_connect(
+    host: str, port: int, timeout_s: float = 60.0, cut_off_s: float = CONTROL_SILENCE_S
+):
     """A control-plane client: its requests never wait for a key, so one
-    unanswered for CONTROL_SILENCE_S means the store's host is gone."""
-    return connect(host, port, timeout_s, silent_after_s=CONTROL_SILENCE_S)
+    unanswered for CONTROL_SILENCE_S means the store is gone, and data its
+    host leaves unacknowledged for ``cut_off_s`` (defaults.control_cut_off_s)
+    that this host is cut off from it."""
+    return connect(host, port, timeout_s, silent_after_s=CONTROL_SILENCE_S, cut_off_s=cut_off_s)
 
 
 _LISTENERS: List[socket.socket] = []
@@ -212,11 +219,19 @@ class _Mark:
 
 
 class Channel:
-    def __init__(self, store, secret: bytes, address: Optional[Tuple[str, int]] = None):
+    def __init__(
+        self,
+        store,
+        secret: bytes,
+        address: Optional[Tuple[str, int]] = None,
+        cut_off_s: float = CONTROL_SILENCE_S,
+    ):
         """``address``: the store's, to connect again when its server drops
         this client (it does when an outsider overwrote a counter this
-        client adds to)."""
+        client adds to) or the line to it was cut and healed; ``cut_off_s``:
+        the connections' (``control_connect``)."""
         self.store, self.secret, self.address = store, secret, address
+        self.cut_off_s = cut_off_s
         self.rejected = 0
         self.replayed = 0
         self.mended = 0  # topic counters an outsider broke, repaired
@@ -309,10 +324,30 @@ class Channel:
         except dist.DistError:
             if self.address is None or not listening(*self.address):
                 raise  # no server there any more: the store is gone, not poisoned
-        self.store = control_connect(*self.address, timeout_s=STORE_MEND_TIMEOUT_S)
+        self.store = self.connect_again(STORE_MEND_TIMEOUT_S)
         self.store.set(key, str(self.highest_written(topic)))
         self.mended += 1
         return self.store.add(key, claim)
+
+    def connect_again(self, timeout_s: float):
+        return control_connect(*self.address, timeout_s=timeout_s, cut_off_s=self.cut_off_s)
+
+    def answers_again(self) -> bool:
+        """Whether the store whose line failed answers again (the line was
+        cut, and is healed): then the channel reads and writes through a new
+        connection, keeping its readers' places and what it has seen."""
+        if self.address is None or not listening(*self.address):
+            return False
+        try:
+            # Short: a dying server found listening, or a host cut off again
+            # since, would hold a longer connect for seconds (torch's client
+            # tries twice), while the standby may have taken over.
+            store = self.connect_again(STORE_MEND_TIMEOUT_S)
+            store.check([f"key/{GEN_KEY}"])
+        except dist.DistError:
+            return False
+        self.store = store
+        return True
 
     def highest_written(self, topic: str, gap: int = 64) -> int:
         """The last slot of a topic holding a value (slots claimed and never
@@ -372,7 +407,11 @@ class Reader:
 
 
 def standby_channel(
-    address: Tuple[str, int], secret: bytes, timeout_s: float, vote: Optional[Message] = None
+    address: Tuple[str, int],
+    secret: bytes,
+    timeout_s: float,
+    vote: Optional[Message] = None,
+    cut_off_s: float = CONTROL_SILENCE_S,
 ) -> Optional[Channel]:
     """A channel to the standby coordinator's store once it has taken over
     (its coordinator published the generation there), or None if it has not
@@ -381,20 +420,72 @@ def standby_channel(
     before it takes over."""
     deadline = time.monotonic() + timeout_s
     try:
-        channel = Channel(
-            control_connect(*address, timeout_s=STORE_RECONNECT_TIMEOUT_S), secret, address=address
-        )
-        if vote is not None:
-            channel.post(STANDBY_TOPIC, vote)
-        while channel.get(GEN_KEY) is None:
-            if channel.get(ENDED_KEY) is not None:
-                raise JobEnded(channel.get(ENDED_KEY).get("why", "the job ended"))
+        channel = voted(address, secret, vote, cut_off_s)
+        while not has_taken_over(channel):
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
     except dist.DistError:
         return None
     return channel
+
+
+def voted(address: Tuple[str, int], secret: bytes, vote: Optional[Message], cut_off_s: float):
+    """A channel to the standby's store, ``vote`` posted there."""
+    store = control_connect(*address, timeout_s=STORE_RECONNECT_TIMEOUT_S, cut_off_s=cut_off_s)
+    channel = Channel(store, secret, address=address, cut_off_s=cut_off_s)
+    if vote is not None:
+        channel.post(STANDBY_TOPIC, vote)
+    return channel
+
+
+def has_taken_over(standby: Channel) -> bool:
+    """Whether the standby's coordinator published a generation; JobEnded
+    if the job had ended."""
+    if standby.get(GEN_KEY) is not None:
+        return True
+    ended = standby.get(ENDED_KEY)
+    if ended is not None:
+        raise JobEnded(ended.get("why", "the job ended"))
+    return False
+
+
+def next_coordinator(
+    lost: Channel,
+    standby: Optional[Tuple[str, int]],
+    wait_s: float,
+    vote: Optional[Message] = None,
+) -> Optional[Channel]:
+    """After ``lost``'s store stopped answering: a channel to the standby's
+    store once its coordinator took over, or ``lost`` itself once its store
+    answers again (the line was cut and is healed: a flap, or this host's
+    own partition, which the standby cannot be reached across either);
+    None if neither within ``wait_s``; ``JobEnded`` if the job had ended.
+    ``vote``: as ``standby_channel``'s, cast once the primary did not
+    answer: its host accepts no connection (cut off, or gone) and still did
+    not when the standby's did, or its server is silent (paused). A process
+    that voted never goes back: the standby may take over on its vote, and
+    a primary that heard the voters again would then decide beside it."""
+    deadline = time.monotonic() + wait_s
+    other: Optional[Channel] = None
+    cast = False
+    while time.monotonic() <= deadline:
+        try:
+            if other is not None and has_taken_over(other):
+                return other
+            reachable = not cast and listening(*lost.address)
+            if reachable and lost.answers_again():
+                return lost
+            if other is None and standby is not None and listening(*standby):
+                if vote is not None and not cast and not reachable and listening(*lost.address):
+                    continue  # its host came back a moment ago: ask it again
+                cast = cast or vote is not None
+                other = voted(standby, lost.secret, vote, lost.cut_off_s)
+                continue  # and ask the standby at once
+        except dist.DistError:
+            other = None  # reached and lost again: try it anew
+        time.sleep(0.05)
+    return None
 
 
 def leave(code: int) -> NoReturn:

@@ -19,9 +19,9 @@ What the design says, checked for every trial: the job ends (no hang) with
 every live node's launcher at 0; the curve and every rank's final state
 equal the failure-free run's bit for bit (a hot swap where a node was lost,
 nothing otherwise: what a fenced node said is never taken); a node is
-declared lost only for an isolation or a flap longer than the timeout
-(node 0's shorter than the agents' 30 s patience with a silent store costs
-only time); and each generation's failures and decisions come from one
+declared lost only for an isolation or a flap longer than the timeout (node
+0's too: the others' lines to it are then cut off, and they come over to the
+standby); and each generation's failures and decisions come from one
 coordinator (one term).
 
 Here: the fault drawn, brought on the lab's hosts, and the checks of the
@@ -54,12 +54,11 @@ class NetworkFault:
     @property
     def declares_a_loss(self) -> bool:
         """Whether the design declares the host's node lost: cut for longer
-        than the heartbeat timeout (node 0: than the agents' patience with
-        a silent store, after which they come over to the standby)."""
+        than the heartbeat timeout (node 0's too: the others' lines to it are
+        cut off after the timeout, and they come over to the standby)."""
         if self.kind in ("isolate", "isolate-loud"):
             return True
-        patience = CONTROL_SILENCE_S if self.host == 0 else self.timeout_s
-        return self.kind == "flap-long" and self.amount > patience
+        return self.kind == "flap-long" and self.amount > self.timeout_s
 
     def describe(self) -> str:
         unit = {"flap-short": " s", "flap-long": " s", "lose": "%", "slow": " Mbit/s"}
@@ -100,11 +99,11 @@ def read(path: str) -> List[dict]:
 def may_heal(out: str, since: float, fault: NetworkFault) -> Callable[[], bool]:
     """When an isolated host may heal: the job recovered from its loss, or
     (nothing to recover: the spare's host) every timeout ran out. Node 0's
-    loss is found by the agents after CONTROL_SILENCE_S, and the standby's
+    loss is found by the agents after the timeout, and the standby's
     takeover and the swap come after: healed sooner, the partition was a
     short one (nobody lost, which the check would count as a miss)."""
     events = os.path.join(out, "events.jsonl")
-    wait_s = CONTROL_SILENCE_S * (2 if fault.host == 0 else 1) + 3 * fault.timeout_s
+    wait_s = CONTROL_SILENCE_S + 3 * fault.timeout_s
 
     def done() -> bool:
         if any(e["event"] == "recovered" and e["rank"] == -1 for e in read(events)):

@@ -28,6 +28,7 @@ from deadpool_ext.control import slurm_state
 from deadpool_ext.control.gpu_health import NvmlReader, NvmlUnavailable
 from deadpool_ext.control.zygote import Zygote, forks_workers
 from deadpool_ext.defaults import (
+    CONTROL_SILENCE_S,
     GPU_HEALTH_INTERVAL_S,
     HEARTBEAT_INTERVAL_S,
     LEAVE_GRACE_S,
@@ -41,7 +42,7 @@ from deadpool_ext.wire import (
     control_connect,
     job_secret,
     leave,
-    standby_channel,
+    next_coordinator,
 )
 
 
@@ -142,6 +143,7 @@ class Agent:
             store=self.store_addr,
             standby=self.standby or self.first_standby,
             takeover_wait_s=self.takeover_wait_s,
+            cut_off_s=self.channel.cut_off_s,
             ranks_per_node=self.nproc,
             world_size=self.world_size,
             rank=self.node * self.nproc + local if active else None,
@@ -395,29 +397,36 @@ class Agent:
 
     def fail_over(self) -> bool:
         """Vote for the standby's takeover and go on with it as the
-        coordinator; False if there is no standby or it did not take over."""
+        coordinator, or with the primary if it answers first (this host's
+        line to both was cut, and is healed); False if there is no standby
+        or neither did."""
         if self.standby is None or self.channel.address == P.host_port(self.standby):
             return False  # none holds the copy, or its copy fell behind
+        # A standby counts its own node already: a vote there would only keep
+        # this agent from going back to a primary that answers again.
+        own = self.standby == self.standby_store
         try:
-            channel = standby_channel(
+            channel = next_coordinator(
+                self.channel,
                 P.host_port(self.standby),
-                self.channel.secret,
                 self.takeover_wait_s,
-                vote=P.LostPrimary(node=self.node),
+                vote=None if own else P.LostPrimary(node=self.node),
             )
         except JobEnded:
             self.stopping = True  # its stop command was on its way
             return False
         if channel is None:
             return False
-        print(
-            f"deadpool agent {self.node}: the coordinator moved to the standby at {self.standby}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if channel is self.channel:
+            self.say(f"the coordinator at {self.store_addr} answers again")
+            return True
+        self.say(f"the coordinator moved to the standby at {self.standby}")
         self.channel, self.store_addr = channel, self.standby
         self.commands = channel.reader(P.agent_topic(self.node))
         return True
+
+    def say(self, what: str) -> None:
+        print(f"deadpool agent {self.node}: {what}", file=sys.stderr, flush=True)
 
 
 def open_nvml(node: int) -> Optional[NvmlReader]:
@@ -442,9 +451,11 @@ def main(command: Optional[List[str]] = None) -> int:
             return ExitCode.OK
     settings = json.loads(os.environ[P.AGENT_ENV])
     host, port = settings["store"].rsplit(":", 1)
-    store = control_connect(host, int(port), timeout_s=settings.get("connect_timeout", 120))
+    cut_off_s = settings.get("cut_off", CONTROL_SILENCE_S)
+    timeout_s = settings.get("connect_timeout", 120)
+    store = control_connect(host, int(port), timeout_s=timeout_s, cut_off_s=cut_off_s)
     agent = Agent(
-        Channel(store, job_secret(), address=(host, int(port))),
+        Channel(store, job_secret(), address=(host, int(port)), cut_off_s=cut_off_s),
         settings["node"],
         settings["nproc"],
         settings["active"],

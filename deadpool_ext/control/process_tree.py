@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from deadpool_ext.control.ports import node_1_standby_port
 from deadpool_ext.control.zygote import ForkedProcess, forks_workers, preload, rename
-from deadpool_ext.defaults import TAKEOVER_WAIT_S
+from deadpool_ext.defaults import TAKEOVER_WAIT_S, control_cut_off_s
 from deadpool_ext.lifetime import die_with_parent
 from deadpool_ext.protocol import AGENT_ENV
 
@@ -25,11 +25,13 @@ def agent_settings(
     """``standby_store``: host:port of the store this node's launcher serves
     for a standby coordinator, which the agent announces."""
     waits = opts.settings.heartbeat_timeout + TAKEOVER_WAIT_S if opts.standby_addr else 0.0
+    cut_off = control_cut_off_s(opts.settings.heartbeat_timeout, bool(opts.standby_addr))
     return {
         "scratch": scratch,
         "standby_store": standby_store,
         "first_standby": first_standby(opts),
         "takeover_wait": waits,
+        "cut_off": cut_off,
         "node": node,
         "nproc": opts.nproc_per_node,
         "active": node < opts.nnodes and not opts.join,

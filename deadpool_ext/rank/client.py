@@ -31,6 +31,7 @@ from deadpool_ext.wire import (
     control_connect,
     job_secret,
     listening,
+    next_coordinator,
     standby_channel,
 )
 
@@ -99,28 +100,36 @@ class ControlClient:
         died: connecting to a dead store retries for a minute)."""
         primary, standby = self.env.store_address, self.env.standby_address
         if standby is None:
-            return _channel(primary, secret), _channel(primary, secret)
+            return self._channel(primary, secret), self._channel(primary, secret)
         quick = STORE_RECONNECT_TIMEOUT_S
         while listening(*primary):
             try:
                 return (
-                    _channel(primary, secret, timeout_s=quick),
-                    _channel(primary, secret, timeout_s=quick),
+                    self._channel(primary, secret, timeout_s=quick),
+                    self._channel(primary, secret, timeout_s=quick),
                 )
             except dist.DistError:
                 beat = self._standby_beat(secret, wait_s=0)  # paused or gone
                 if beat is not None:
-                    return _channel(standby, secret), beat
+                    return self._channel(standby, secret), beat
         beat = self._standby_beat(secret, self.env.takeover_wait_s)
         if beat is None:
             gone = f"the coordinator at {self.env.store} is gone and no standby took over"
             raise WorkerExit(ExitCode.FAILED, gone)
-        return _channel(standby, secret), beat
+        return self._channel(standby, secret), beat
+
+    def _channel(self, address: Tuple[str, int], secret: bytes, **connect) -> Channel:
+        """A control channel to the store at ``address`` (``connect``: control_connect's)."""
+        cut_off_s = self.env.cut_off_s
+        store = control_connect(*address, cut_off_s=cut_off_s, **connect)
+        return Channel(store, secret, address=address, cut_off_s=cut_off_s)
 
     def _standby_beat(self, secret: bytes, wait_s: float) -> Optional[Channel]:
         """A channel to the standby once it has taken over (within wait_s)."""
         try:
-            return standby_channel(self.env.standby_address, secret, wait_s)
+            return standby_channel(
+                self.env.standby_address, secret, wait_s, cut_off_s=self.env.cut_off_s
+            )
         except JobEnded as ended:
             raise WorkerExit(ExitCode.OK, str(ended)) from None
 
@@ -152,7 +161,8 @@ class ControlClient:
     def _fail_over(self) -> bool:
         """The primary coordinator is gone: go on with the standby once it
         has taken over (both channels, and the address of the rendezvous
-        stores to come); False if there is none or it did not."""
+        stores to come), or with the primary once it answers again (the line
+        was cut, and is healed); False if there is no standby or neither did."""
         address = self.standby_address()
         if address is None or self.store_address == address:
             gen = self.latest.get("gen")
@@ -164,7 +174,7 @@ class ControlClient:
             return False
         secret = self.channel.secret
         try:
-            beat = standby_channel(address, secret, self.env.takeover_wait_s)
+            beat = next_coordinator(self._beat_channel, address, self.env.takeover_wait_s)
         except JobEnded as ended:
             self.no_fail_over = str(ended)
             return False  # its agent stops it
@@ -174,8 +184,9 @@ class ControlClient:
                 f"{self.env.takeover_wait_s:.0f} s, or could not be reached"
             )
             return False
+        address = beat.address  # the standby's, or the primary's again
         self._beat_channel = beat
-        self.channel = _channel(address, secret)
+        self.channel = self._channel(address, secret)
         self.store_address = address
         self._switched.set()
         if self.state == WorkerState.SPARE:
@@ -340,8 +351,3 @@ def thread_stacks() -> str:
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)
         return f.read()
-
-
-def _channel(address: Tuple[str, int], secret: bytes, **connect) -> Channel:
-    """A control channel to the store at ``address`` (``connect``: control_connect's)."""
-    return Channel(control_connect(*address, **connect), secret, address=address)

@@ -12,6 +12,7 @@ failure-free run (on loopback, the same flags) bit for bit. Runs as root
 
 import json
 import os
+import time
 
 import pytest
 
@@ -26,6 +27,7 @@ from dist_utils import (
     start_on_hosts,
     wait_for,
 )
+from deadpool_ext.defaults import CONTROL_SILENCE_S
 from deadpool_ext.events import read_events
 from deadpool_ext.protocol import ExitCode
 from tools import hosts
@@ -68,7 +70,8 @@ def isolated_until_recovered(tmp_path, host: int, gray=None):
     """The job across the hosts; ``host`` isolated at the switch once
     iteration 4 is logged, healed once the job recovered. ``gray``: host ->
     percent of packets it loses from iteration 2, and host -> seconds its
-    link flaps once the job recovered. The launchers' exit codes."""
+    link flaps once the job recovered. The launchers' exit codes, and when
+    (time.time()) the host was cut off."""
     lose, flap = gray or ({}, {})
     with hosts.Lab(NODES + SPARES) as lab:
         launchers = start_on_hosts(lab, tmp_path, args(tmp_path), NODES, SPARES, PER_NODE)
@@ -77,13 +80,14 @@ def isolated_until_recovered(tmp_path, host: int, gray=None):
         for other, percent in lose.items():
             lab.lose(other, percent)
         assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
+        cut_at = time.time()
         lab.isolate(host)
         recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
         assert hosts.wait_until(recovered, 240), readable_logs(tmp_path, 4)
         lab.heal(host)
         for other, seconds in flap.items():
             lab.flap(other, seconds)
-        return wait_for(launchers)
+        return wait_for(launchers), cut_at
 
 
 def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, reference):
@@ -100,7 +104,7 @@ def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, referen
     through both, and neither is declared lost. A claimed inbox slot
     written late over the lossy link holds back the ranks' Done messages
     behind it, and node 0's agent may end first: node 0 is no loss."""
-    codes = isolated_until_recovered(tmp_path, 2, gray=({1: 2}, {3: 1.0}))
+    codes, _ = isolated_until_recovered(tmp_path, 2, gray=({1: 2}, {3: 1.0}))
     logs = readable_logs(tmp_path, NODES + SPARES)
     assert codes == [0, 0, ExitCode.FENCED, 0], logs
     assert "declared this node lost" in (tmp_path / "node2.log").read_text()
@@ -121,8 +125,10 @@ def test_node_0_cut_off_from_every_host_the_standby_takes_over_and_node_0_is_fen
     deciding (it hears no majority), the standby on node 1 takes over once
     the agents came over, node 0's ranks come back from their buddies on the
     spare host. Healed, node 0 learns it was declared lost and leaves; the
-    curve is the failure-free one."""
-    codes = isolated_until_recovered(tmp_path, 0)
+    curve is the failure-free one. The other hosts' lines to node 0 are cut
+    off after the heartbeat timeout (3 s), so the takeover comes well before
+    CONTROL_SILENCE_S (30 s), a request's bound, would have let it."""
+    codes, cut_at = isolated_until_recovered(tmp_path, 0)
     logs = readable_logs(tmp_path, NODES + SPARES)
     assert codes == [ExitCode.FENCED, 0, 0, 0], logs
     assert_same_run(tmp_path, reference, ITERS)
@@ -134,6 +140,8 @@ def test_node_0_cut_off_from_every_host_the_standby_takes_over_and_node_0_is_fen
     assert not [e for e in said if e[1] == 0 and e[0] in ("failure_detected", "decision")], said
     fenced = next(e for e in events if e["event"] == "fenced")
     assert "standby took over" in fenced["reason"]
+    takeover = next(e for e in events if e["event"] == "takeover")
+    assert takeover["time"] - cut_at < CONTROL_SILENCE_S / 2, takeover["time"] - cut_at
 
 
 # One rank per host: node 0, then 1, then 2 lost, each swapped from a spare host.

@@ -5,6 +5,8 @@ of the test's own, the store and the client in processes of their own.
 (The control plane's admission and messages, in-process, are in
 tests/unit_tests/test_wire.py.)"""
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -23,8 +25,9 @@ SERVE = (
 ASK = (
     "import sys, time\n"
     "from deadpool_ext.wire import connect\n"
+    "bounds = [float(a) for a in sys.argv[1:]] + [None, None]\n"
     f"store = connect('{SILENT_HOST}', {SILENT_PORT}, timeout_s=20,\n"
-    "                silent_after_s=float(sys.argv[1]) if len(sys.argv) > 1 else None)\n"
+    "                silent_after_s=bounds[0], cut_off_s=bounds[1])\n"
     "store.set('a', b'1')\n"
     "print('ready', flush=True)\n"
     "sys.stdin.readline()  # the host goes silent\n"
@@ -59,13 +62,13 @@ def test_host():
         ip("link", "set", "dpsil0", "up")
         ip("addr", "add", f"{SILENT_HOST}/24", "dev", "dpsil1", ns=SILENT_NS)
         ip("link", "set", "dpsil1", "up", ns=SILENT_NS)
-        yield lambda: ip("link", "set", "dpsil1", "down", ns=SILENT_NS)
+        yield lambda server: ip("link", "set", "dpsil1", "down", ns=SILENT_NS)
     finally:
         subprocess.run(["ip", "netns", "del", SILENT_NS], capture_output=True)
         subprocess.run(["ip", "link", "del", "dpsil0"], capture_output=True)
 
 
-def ask_silent_host(go_silent, *flags) -> str:
+def ask_silent_host(go_silent, *flags, patience_s: float = 10) -> str:
     import subprocess
     import sys
 
@@ -86,13 +89,13 @@ def ask_silent_host(go_silent, *flags) -> str:
     )
     try:
         assert client.stdout.readline().strip() == "ready"
-        go_silent()
+        go_silent(server)
         client.stdin.write("\n")
         client.stdin.flush()
-        client.wait(timeout=10)
+        client.wait(timeout=patience_s)
         return client.stdout.read().strip()
     except subprocess.TimeoutExpired:
-        return "still waiting after 10 s"
+        return f"still waiting after {patience_s:g} s"
     finally:
         client.kill()
         server.kill()
@@ -104,8 +107,26 @@ def test_a_control_client_gives_up_on_a_store_whose_host_went_silent(test_host):
     control-plane client fails instead once its request has gone
     unanswered for its bound (wire.connect's silent_after_s)."""
     answer = ask_silent_host(test_host, "2")
-    name, seconds = answer.split()
+    name, seconds = answer.split()[:2] if answer.count(" ") == 1 else (answer, "-1")
     assert name == "DistNetworkError" and 1.5 <= float(seconds) <= 6, answer
+
+
+def test_a_cut_off_host_is_known_by_its_unacknowledged_data(test_host):
+    """With a standby a control line is cut off after the heartbeat timeout
+    (``cut_off_s``), well before a silent server's bound: the host's kernel
+    acknowledges nothing."""
+    name, seconds = ask_silent_host(test_host, "30", "2").split()
+    assert name == "DistNetworkError" and 1.5 <= float(seconds) <= 6
+
+
+def test_a_paused_server_is_not_taken_for_a_cut_off_host(test_host):
+    """Its host's kernel acknowledges the request, so the cut-off never
+    ends the wait: the client waits for the server to wake (the control is
+    the test above: a silent host, cut off after 2 s)."""
+    import signal
+
+    pause = lambda server: os.kill(server.pid, signal.SIGSTOP)  # noqa: E731
+    assert ask_silent_host(pause, "30", "1", patience_s=5) == "still waiting after 5 s"
 
 
 def test_without_the_bound_a_client_waits_on_a_silent_host(test_host):

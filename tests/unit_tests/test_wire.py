@@ -4,10 +4,12 @@ store whose host goes silent (other processes, in a network namespace) is
 in tests/functional_tests/test_wire.py."""
 
 import json
+import threading
 
 import pytest
 
-from deadpool_ext.wire import Channel, connect
+from deadpool_ext.protocol import ENDED_KEY, GEN_KEY, STANDBY_TOPIC, LostPrimary
+from deadpool_ext.wire import Channel, JobEnded, connect, next_coordinator
 from deadpool_ext.control.ports import free_port
 
 
@@ -161,3 +163,66 @@ def test_a_poisoned_topic_counter_is_mended_and_every_message_still_arrives():
     connect(*address, timeout_s=10).set("topic/t6/n", b"not-a-number")
     with pytest.raises(Exception):
         control.post("t6", kind="exit", slot="0.0", code=-9)
+
+
+def line_lost_to(address) -> Channel:
+    """A channel whose line to the store at ``address`` failed (its old
+    connection is of no use; a line back is a new one)."""
+    return Channel(None, b"job-secret", address=address, cut_off_s=2.0)
+
+
+def test_a_line_cut_and_healed_comes_back_to_the_primary_where_it_stood():
+    """No standby took over (none is reachable here): once the primary
+    answers again the channel goes on with it, its readers where they were."""
+    port = free_port()
+    server = Channel(connect("127.0.0.1", port, timeout_s=10, is_master=True), b"job-secret")
+    lost = line_lost_to(("127.0.0.1", port))
+    server.post("t7", kind="kill_all")
+    lost.store = connect("127.0.0.1", port, timeout_s=10)
+    commands = lost.reader("t7")
+    assert [m["kind"] for m in commands.poll()] == ["kill_all"]
+    lost.store = None  # the cut
+    server.post("t7", kind="stop")
+    assert next_coordinator(lost, ("127.0.0.1", free_port()), wait_s=10) is lost
+    assert lost.store is not None and [m["kind"] for m in commands.poll()] == ["stop"]
+
+
+def standby_store(taken_over: bool):
+    port = free_port()
+    standby = Channel(connect("127.0.0.1", port, timeout_s=10, is_master=True), b"job-secret")
+    if taken_over:
+        standby.put(GEN_KEY, gen=3)
+    return standby, ("127.0.0.1", port)
+
+
+def test_a_line_to_a_primary_that_does_not_answer_goes_to_the_standby_once_it_took_over():
+    standby, address = standby_store(taken_over=True)
+    lost = line_lost_to(("127.0.0.1", free_port()))  # nobody listens there: the primary is gone
+    channel = next_coordinator(lost, address, wait_s=10, vote=LostPrimary(node=2))
+    assert channel is not lost and channel.address == address and channel.cut_off_s == 2.0
+    assert [m["node"] for m in standby.reader(STANDBY_TOPIC).poll()] == [2]
+
+
+def test_a_voter_never_goes_back_to_the_primary():
+    """An agent that voted waits for the takeover alone, even if the primary
+    answers again: the standby may take over on its vote. Control: a rank
+    (no vote) goes back."""
+    for vote, back in ((LostPrimary(node=2), False), (None, True)):
+        _, address = standby_store(taken_over=False)
+        port = free_port()
+        lost = line_lost_to(("127.0.0.1", port))
+        held = []  # the primary's server, listening from 1 s on
+        serve = lambda: held.append(connect("127.0.0.1", port, is_master=True))  # noqa: E731
+        later = threading.Timer(1.0, serve)
+        later.start()
+        found = next_coordinator(lost, address, wait_s=4, vote=vote)
+        later.join()
+        assert (found is lost) == back and (found is None) == (not back), vote
+
+
+def test_a_line_lost_after_the_job_ended_says_so():
+    standby, address = standby_store(taken_over=False)
+    standby.put(ENDED_KEY, why="the job ended in generation 4")
+    lost = line_lost_to(("127.0.0.1", free_port()))
+    with pytest.raises(JobEnded, match="generation 4"):
+        next_coordinator(lost, address, wait_s=10, vote=LostPrimary(node=2))

@@ -14,7 +14,7 @@ from deadpool_ext import protocol as P
 from deadpool_ext.control import slurm_state
 from deadpool_ext.control.agent import Agent
 from deadpool_ext.control.gpu_health import GpuReading, NvmlReader
-from deadpool_ext.protocol import GpuHealth
+from deadpool_ext.protocol import GpuHealth, WorkerEnv
 from tests.unit_tests.control.test_slurm_state import (
     DRAINED_IDLE,
     DRAINING_ALLOCATED,
@@ -53,9 +53,11 @@ def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp
     agent.node, agent.nproc, agent.world_size, agent.store_addr = 1, 2, 4, "h:1"
     agent.standby, agent.takeover_wait_s, agent.error_dir = None, 0.0, str(tmp_path)
     agent.first_standby = None
+    agent.channel = types.SimpleNamespace(cut_off_s=3.0)
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     env = agent.worker_env(1, active=True)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["RANK"] == "3"
+    assert WorkerEnv.read(env).cut_off_s == 3.0  # its own lines are cut off as the agent's
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     assert agent.worker_env(1, active=True)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
@@ -72,6 +74,7 @@ def test_workers_started_before_a_generation_named_the_standby_know_node_1s(tmp_
     agent.node, agent.nproc, agent.world_size, agent.store_addr = 2, 2, 4, "h0:1"
     agent.takeover_wait_s, agent.error_dir = 13.0, str(tmp_path)
     agent.standby, agent.first_standby = None, "h1:2"
+    agent.channel = types.SimpleNamespace(cut_off_s=3.0)
     told = lambda: WorkerEnv.read(agent.worker_env(0, active=False))  # noqa: E731
     assert told().standby == "h1:2" and told().takeover_wait_s == 13.0
     agent.standby = "h3:7"  # appointed after node 1 was lost
@@ -290,3 +293,31 @@ def wait_until(done, timeout_s=5.0):
     while not done():
         assert time.monotonic() < deadline, "the reading did not end"
         time.sleep(0.01)
+
+
+def test_an_agent_votes_only_for_another_nodes_standby_and_keeps_a_primary_that_answers_again(
+    monkeypatch, tmp_path
+):
+    """Its line to the primary cut: it votes for the standby of another node
+    (which then never lets it go back), not for its own node's (counted
+    already: a vote there would keep a healed node from hearing it was
+    declared lost); a primary that answers again keeps the agent, its
+    commands read where they were."""
+    from deadpool_ext.control import agent as agent_module
+
+    asked = []
+
+    def next_coordinator(lost, standby, wait_s, vote=None):
+        asked.append(vote)
+        return lost  # the primary answers again
+
+    monkeypatch.setattr(agent_module, "next_coordinator", next_coordinator)
+    for own in (False, True):
+        agent = Agent.__new__(Agent)
+        agent.node, agent.store_addr, agent.takeover_wait_s = 2, "h0:1", 13.0
+        agent.standby, agent.standby_store = "h1:2", "h1:2" if own else "h2:2"
+        agent.channel = types.SimpleNamespace(address=("h0", 1), secret=b"s")
+        agent.commands = commands = object()
+        assert agent.fail_over() and agent.channel.address == ("h0", 1)
+        assert agent.commands is commands and agent.store_addr == "h0:1"
+    assert asked == [P.LostPrimary(node=2), None]

@@ -113,6 +113,34 @@ def test_a_standby_takes_over_only_when_the_lease_is_silent_and_a_majority_came(
     assert standby.came_over == {1, 2} and standby.record.gen == 0
 
 
+def test_votes_after_a_lapse_take_over_even_if_the_lease_beats_again(primary):
+    """The primary's line healed after its lease lapsed, but the voters'
+    lines were cut off: they never go back (wire.next_coordinator), so the
+    primary cannot hear a majority again, and the standby takes over on
+    their votes. Control: votes while the lease never lapsed take nothing."""
+    coordinator, _, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    coordinator.step()
+    assert standby.poll() == Verdict.WAIT
+    clock.now += 3.5  # silent for more than the timeout
+    assert standby.poll() == Verdict.WAIT and standby.lapsed
+    coordinator.step()  # the primary's lease beats again
+    assert standby.poll() == Verdict.WAIT
+    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    assert standby.poll() == Verdict.TAKE_OVER
+
+
+def test_votes_while_the_lease_beats_take_nothing(primary):
+    coordinator, _, standby_channel, clock = primary
+    standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
+    standby_channel.post(P.STANDBY_TOPIC, P.LostPrimary(node=2))
+    for _ in range(6):
+        clock.now += 1.0
+        coordinator.step()
+        assert standby.poll() == Verdict.WAIT
+    assert standby.came_over == {1, 2} and not standby.lapsed
+
+
 def test_without_a_majority_the_standby_gives_up_after_its_wait(primary):
     coordinator, _, standby_channel, clock = primary
     standby = Standby(standby_channel, node=1, heartbeat_timeout=3.0, wait_s=20.0, clock=clock)
