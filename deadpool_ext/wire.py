@@ -329,6 +329,11 @@ class Channel:
         self.mended += 1
         return self.store.add(key, claim)
 
+    def carry_on_from(self, earlier: "Channel") -> None:
+        """Take on what ``earlier`` (to the same store) has seen, so that a
+        value replayed over a newer one is refused across the two."""
+        self._marks = {key: mark for key, mark in earlier._marks.items()}
+
     def connect_again(self, timeout_s: float):
         return control_connect(*self.address, timeout_s=timeout_s, cut_off_s=self.cut_off_s)
 
@@ -462,10 +467,11 @@ def next_coordinator(
     own partition, which the standby cannot be reached across either);
     None if neither within ``wait_s``; ``JobEnded`` if the job had ended.
     ``vote``: as ``standby_channel``'s, cast once the primary did not
-    answer: its host accepts no connection (cut off, or gone) and still did
-    not when the standby's did, or its server is silent (paused). A process
-    that voted never goes back: the standby may take over on its vote, and
-    a primary that heard the voters again would then decide beside it."""
+    answer (its host accepts no connection, and still did not when the
+    standby's did; or its server did not answer) and the standby's host
+    accepts a connection. A process that voted never goes back: the standby
+    may take over on its vote, and a primary that heard the voters again
+    would then decide beside it."""
     deadline = time.monotonic() + wait_s
     other: Optional[Channel] = None
     cast = False

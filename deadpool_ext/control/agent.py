@@ -397,20 +397,17 @@ class Agent:
 
     def fail_over(self) -> bool:
         """Vote for the standby's takeover and go on with it as the
-        coordinator, or with the primary if it answers first (this host's
-        line to both was cut, and is healed); False if there is no standby
-        or neither did."""
+        coordinator, or with the primary if it answers first and no vote was
+        cast (this host's line to both was cut, and is healed); False if
+        there is no standby or neither did."""
         if self.standby is None or self.channel.address == P.host_port(self.standby):
             return False  # none holds the copy, or its copy fell behind
-        # A standby counts its own node already: a vote there would only keep
-        # this agent from going back to a primary that answers again.
-        own = self.standby == self.standby_store
         try:
             channel = next_coordinator(
                 self.channel,
                 P.host_port(self.standby),
                 self.takeover_wait_s,
-                vote=None if own else P.LostPrimary(node=self.node),
+                vote=P.LostPrimary(node=self.node),
             )
         except JobEnded:
             self.stopping = True  # its stop command was on its way

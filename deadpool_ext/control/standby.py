@@ -56,10 +56,6 @@ class Standby:
         self.votes = channel.reader(P.STANDBY_TOPIC)
         self.came_over: Set[int] = {node}
         self.lease: tuple = (None, self.clock())  # (version, local time it changed)
-        # The lease was once silent for the timeout. A majority's votes take
-        # over even if it beats again since: the voters never go back to the
-        # primary (wire.next_coordinator), so it cannot hear a majority again.
-        self.lapsed = False
         self.record: Optional[JobRecord] = None  # the primary's, once it wrote one
         self.written: Optional[str] = None  # its text
 
@@ -79,8 +75,7 @@ class Standby:
             self.channel.put(P.ENDED_KEY, why=f"the job ended in generation {self.record.gen}")
             return Verdict.GIVE_UP
         silent = now - self.lease[1]
-        self.lapsed = self.lapsed or (self.lease[0] is not None and silent > self.timeout_s)
-        if not self.lapsed:
+        if self.lease[0] is None or silent <= self.timeout_s:
             return Verdict.WAIT  # no primary yet, or it beats
         if self.has_majority():
             return Verdict.TAKE_OVER

@@ -184,12 +184,19 @@ class ControlClient:
                 f"{self.env.takeover_wait_s:.0f} s, or could not be reached"
             )
             return False
-        address = beat.address  # the standby's, or the primary's again
+        try:
+            main = self._channel(beat.address, secret, timeout_s=STORE_RECONNECT_TIMEOUT_S)
+        except dist.DistError as error:
+            self.no_fail_over = f"its store could not be reached again ({summary(error)})"
+            return False
+        back = beat is self._beat_channel  # the primary's again
+        if back:
+            main.carry_on_from(self.channel)
         self._beat_channel = beat
-        self.channel = self._channel(address, secret)
-        self.store_address = address
+        self.channel = main
+        self.store_address = beat.address
         self._switched.set()
-        if self.state == WorkerState.SPARE:
+        if self.state == WorkerState.SPARE and not back:
             # The standby's copy of the state may predate this spare's word.
             beat.post(P.COORDINATOR_TOPIC, P.SpareReady(slot=self.slot))
         return True

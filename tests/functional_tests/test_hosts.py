@@ -182,19 +182,21 @@ def test_node_0_then_node_1_then_node_2_are_lost_and_the_job_finishes_bit_for_bi
 
 
 def test_a_seeded_trial_of_the_network_campaign_ends_as_the_design_says(tmp_path):
-    """tools/chaos.py --target network, trial 5 of seed 1 (TP2 x PP1 x DP4 on
-    two 4-rank hosts and a spare host): host 1's link goes down (loudly:
-    its connections fail at once) in iteration 4. Node 1, the standby's,
-    is declared lost and swapped, and healed it leaves; one coordinator per
-    generation; the curve and every rank's final state are the failure-free
-    run's. (The whole campaign draws every fault kind: docs/reliability.md.)"""
+    """tools/chaos.py --target network, trial 24 of seed 1 (TP1 x PP4 x DP2
+    on two 4-rank hosts and a spare host): host 0's link goes down (the
+    store and the coordinator; loudly, where the test above cuts it
+    silently) in iteration 4. The other hosts' lines to it are cut off, the
+    standby takes over, node 0 is declared lost and swapped, and healed it
+    leaves; one coordinator per generation; the curve and every rank's final
+    state are the failure-free run's. (The whole campaign draws every fault
+    kind: docs/reliability.md.)"""
     from tools import chaos
 
-    argv = ["--target", "network", "--seed", "1", "--only", "5", "--workdir", str(tmp_path)]
+    argv = ["--target", "network", "--seed", "1", "--only", "24", "--workdir", str(tmp_path)]
     output = tmp_path / "results.json"
     assert chaos.main(argv + ["--output", str(output)]) == 0
     (result,) = json.loads(output.read_text())["results"]
-    assert result["draw"].endswith("isolate-loud host 1 iter=4") and result["expected"] == "swap"
+    assert result["draw"].endswith("isolate-loud host 0 iter=4") and result["expected"] == "swap"
 
 
 PROBE = """

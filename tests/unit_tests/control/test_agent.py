@@ -295,29 +295,25 @@ def wait_until(done, timeout_s=5.0):
         time.sleep(0.01)
 
 
-def test_an_agent_votes_only_for_another_nodes_standby_and_keeps_a_primary_that_answers_again(
-    monkeypatch, tmp_path
-):
-    """Its line to the primary cut: it votes for the standby of another node
-    (which then never lets it go back), not for its own node's (counted
-    already: a vote there would keep a healed node from hearing it was
-    declared lost); a primary that answers again keeps the agent, its
+def test_an_agent_whose_primary_answers_again_keeps_it_and_its_commands(monkeypatch):
+    """Its line to the primary cut, it votes for the standby (next_coordinator
+    casts the vote only where the standby can be reached, and a voter never
+    goes back); a primary that answers again first keeps the agent, its
     commands read where they were."""
     from deadpool_ext.control import agent as agent_module
 
     asked = []
 
     def next_coordinator(lost, standby, wait_s, vote=None):
-        asked.append(vote)
+        asked.append((standby, vote))
         return lost  # the primary answers again
 
     monkeypatch.setattr(agent_module, "next_coordinator", next_coordinator)
-    for own in (False, True):
-        agent = Agent.__new__(Agent)
-        agent.node, agent.store_addr, agent.takeover_wait_s = 2, "h0:1", 13.0
-        agent.standby, agent.standby_store = "h1:2", "h1:2" if own else "h2:2"
-        agent.channel = types.SimpleNamespace(address=("h0", 1), secret=b"s")
-        agent.commands = commands = object()
-        assert agent.fail_over() and agent.channel.address == ("h0", 1)
-        assert agent.commands is commands and agent.store_addr == "h0:1"
-    assert asked == [P.LostPrimary(node=2), None]
+    agent = Agent.__new__(Agent)
+    agent.node, agent.store_addr, agent.takeover_wait_s = 2, "h0:1", 13.0
+    agent.standby = "h1:2"
+    agent.channel = types.SimpleNamespace(address=("h0", 1), secret=b"s")
+    agent.commands = commands = object()
+    assert agent.fail_over() and agent.channel.address == ("h0", 1)
+    assert agent.commands is commands and agent.store_addr == "h0:1"
+    assert asked == [(("h1", 2), P.LostPrimary(node=2))]
