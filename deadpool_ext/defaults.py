@@ -49,10 +49,11 @@ STORE_MEND_TIMEOUT_S = 1.0
 CONTROL_SILENCE_S = 30.0
 
 
-# With a standby, a control connection whose data the store's host has not
-# acknowledged for the heartbeat timeout is cut off (TCP_USER_TIMEOUT: the
-# host's kernel acknowledges, not its process, so a paused store is not taken
-# for a cut one): the process turns to the standby, and back to the primary
+# With a standby, a control connection whose store's host has acknowledged
+# nothing for the heartbeat timeout, neither its data nor, while it waits for
+# an answer, a keepalive probe, is cut off (TCP_USER_TIMEOUT: the host's
+# kernel acknowledges, not its process, so a paused store is not taken for a
+# cut one): the process turns to the standby, and back to the primary
 # if that answers again (its own host's partition healed). Node 0's silent
 # partition is then found as any node's is, after the heartbeat timeout.
 # Without a standby there is nowhere to turn: CONTROL_SILENCE_S.

@@ -94,10 +94,27 @@ def connected_to(port: int, inodes: set) -> Dict[int, int]:
     return found
 
 
+# Keepalive probes per cut-off: an idle line is probed this often within
+# it, so a cut is found within about a third of the cut-off after it.
+_PROBES_PER_CUT_OFF = 3
+
+
 def give_up_on_silence(fd: int, seconds: float) -> None:
-    """Fail the connection when data it sent stays unacknowledged this long
-    (TCP_USER_TIMEOUT): a host that died sends no reset, and without this a
-    request to it waits for the kernel's retransmissions (about 15 minutes)."""
+    """Fail the connection once its peer's host has acknowledged nothing for
+    ``seconds``: data it sent stays unacknowledged (TCP_USER_TIMEOUT), or,
+    while it waits for an answer with nothing unacknowledged, the keepalive
+    probes do. A host that died or was cut off sends no reset; without this
+    a request to it waits for the kernel's retransmissions (about 15
+    minutes), and a request it acknowledged before the cut waits for good
+    (torch's client does not keep its own timeout while it waits for an
+    answer). The peer's kernel answers the probes, not its process, so a
+    paused server is still waited for. A probe is a bare segment, sent only
+    on an idle line: the cost is nothing beside the control plane's own
+    traffic."""
+    interval_s = max(1, int(seconds / _PROBES_PER_CUT_OFF))
     with _connected_tcp(fd) as (sock, _):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval_s)

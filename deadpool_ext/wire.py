@@ -83,10 +83,10 @@ def connect(
 ):
     """A client of the store at host:port, waiting up to ``timeout_s`` for
     its server. With ``silent_after_s``, a request its server leaves
-    unanswered that long fails the connection, and so does data its host
-    leaves unacknowledged for ``cut_off_s`` (default ``silent_after_s``: a
-    dead or cut-off host sends no reset, and torch's client would wait on it
-    for good); the connection is the control plane's (``control_sockets``).
+    unanswered that long fails the connection, and so does a host that
+    acknowledges nothing, data or keepalive probe, for ``cut_off_s`` (default
+    ``silent_after_s``: a dead or cut-off host sends no reset, and torch's
+    client would wait on it for good); the connection is the control plane's (``control_sockets``).
     With ``is_master``, the
     server too, listening on ``host`` alone (torch's TCPStore would listen
     on every interface: loopback for --standalone keeps the job's store off

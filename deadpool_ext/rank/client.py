@@ -192,13 +192,16 @@ class ControlClient:
         back = beat is self._beat_channel  # the primary's again
         if back:
             main.carry_on_from(self.channel)
+        elif self.state == WorkerState.SPARE:
+            try:  # the standby's copy of the state may predate this spare's word
+                beat.post(P.COORDINATOR_TOPIC, P.SpareReady(slot=self.slot))
+            except dist.DistError as error:
+                self.no_fail_over = f"the standby's store failed at once ({summary(error)})"
+                return False
         self._beat_channel = beat
         self.channel = main
         self.store_address = beat.address
         self._switched.set()
-        if self.state == WorkerState.SPARE and not back:
-            # The standby's copy of the state may predate this spare's word.
-            beat.post(P.COORDINATOR_TOPIC, P.SpareReady(slot=self.slot))
         return True
 
     def standby_address(self) -> Optional[Tuple[str, int]]:

@@ -2,7 +2,8 @@
 in-process: the heartbeat thread's watch, which reports a main thread still
 training after an announcement, releases an old generation only after the
 grace (sparing the groups that may be kept until the main thread blocks),
-and frees the main thread when the store is gone. Releasing ranks blocked
+and frees the main thread when the store is gone (also when the standby
+that took over fails as it is reached). Releasing ranks blocked
 on an old generation, with real processes, is in
 tests/functional_tests/test_generation.py."""
 
@@ -198,5 +199,52 @@ def test_a_worker_whose_primary_dies_as_it_connects_starts_on_the_standby_that_t
     try:
         assert ctx.store_address == ("127.0.0.1", standby)
         assert ctx._beat_channel.address == ("127.0.0.1", standby)
+    finally:
+        ctx.stop()
+
+
+def test_a_spare_whose_word_the_standby_cannot_take_frees_the_main_thread(monkeypatch):
+    """The primary is gone and the standby took over, but its store fails
+    as the spare repeats its word (SpareReady) there: the heartbeat thread
+    does not die of it (a main thread blocked in a collective would never
+    be freed) but says why and frees the main thread, as when no standby
+    took over."""
+    import torch.distributed as dist
+
+    from deadpool_ext.protocol import GEN_KEY, Role, WorkerEnv, WorkerState
+    from deadpool_ext.rank import client as worker
+    from deadpool_ext.wire import SECRET_ENV, Channel
+
+    primary, standby = free_port(), free_port()
+    primary_server = connect("127.0.0.1", primary, timeout_s=10, is_master=True)
+    standby_server = connect("127.0.0.1", standby, timeout_s=10, is_master=True)
+    Channel(standby_server, b"s").put(GEN_KEY, gen=1, standby=None)  # it took over
+
+    def standby_that_fails(*args, **kwargs):
+        beat = taken_over(*args, **kwargs)
+
+        def post(*_):
+            raise dist.DistNetworkError("the standby's store went at once")
+
+        beat.post = post
+        return beat
+
+    taken_over = worker.next_coordinator
+    monkeypatch.setattr(worker, "next_coordinator", standby_that_fails)
+    env = WorkerEnv(
+        "2.0", Role.SPARE, 2, f"127.0.0.1:{primary}", 1, 1, None,
+        standby=f"127.0.0.1:{standby}", takeover_wait_s=5,
+    ).variables()  # fmt: skip
+    ctx = worker.ControlClient({**env, SECRET_ENV: "s"}, heartbeat_s=0.05)
+    ctx.state = WorkerState.SPARE
+    released = []
+    ctx.generation.release = lambda by: released.append(by)
+    try:
+        del primary_server
+        ctx._thread.join(timeout=15)
+        assert not ctx._thread.is_alive()
+        assert released == ["heartbeat thread: the coordinator is gone"]
+        assert "the standby's store failed at once" in ctx.coordinator_lost
+        assert ctx.store_address == ("127.0.0.1", primary)  # it never moved
     finally:
         ctx.stop()
