@@ -176,6 +176,14 @@ def node_heartbeat_key(node: int) -> str:
     return f"hb/node/{node}"
 
 
+def stopping_key(node: int) -> str:
+    """Put by a node's agent once it read its stop command, or once its
+    workers all ended: the coordinator's store going away is then the job's
+    end to it, not a loss, and the coordinator waits for it (up to a
+    heartbeat timeout) before it closes that store."""
+    return f"stopping/{node}"
+
+
 # ----- messages to the coordinator -----
 class Kind(str, Enum):
     NODE = "node"

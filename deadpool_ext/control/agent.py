@@ -90,6 +90,7 @@ class Agent:
             # (kill_all when it was lost) are not for this agent.
             self.commands.skip_history()
         self.stopping = False
+        self.said_stopping = False  # stopping_key put
         # It obeyed a KILL_ALL, or every worker found no place for its slot in
         # the decision it read (rank/recovery.py): the node was declared lost.
         self.declared_lost = False
@@ -154,6 +155,8 @@ class Agent:
         return {**WORKER_ENV_DEFAULTS, **os.environ, **worker.variables()}
 
     def start(self) -> None:
+        if self.join:  # its predecessor's word that it stopped is not this agent's
+            self.channel.put(P.stopping_key(self.node), pending=True)
         # Announced first: a joining node's spares were ignored as lost slots
         # when their readiness reached the coordinator before this did.
         self.channel.post(
@@ -285,6 +288,10 @@ class Agent:
         # release, which must then not start spares in their slots.
         for command in self.commands.poll():
             self.obey(command)
+        if self.stopping:
+            # Here, not in ``obey``: SIGTERM's handler obeys too, and must
+            # not write to the store in the middle of another request.
+            self.say_stopping()
         if self.leaving_by is not None and time.monotonic() > self.leaving_by:
             self.stop_leftovers()
         for slot, proc in list(self.workers.items()):
@@ -301,6 +308,13 @@ class Agent:
                     self.start_worker(parse_slot(slot)[1], active=False)
         if self.nonce is not None:
             self.check_admission()
+
+    def say_stopping(self) -> None:
+        """Tell the coordinator this agent is done with its store (it read
+        its stop, or its workers all ended): the store may close."""
+        if not self.said_stopping:
+            self.channel.put(P.stopping_key(self.node), time=time.time())
+            self.said_stopping = True
 
     def stop_leftovers(self) -> None:
         """A drained node's workers still running after the grace: SIGTERM,
@@ -320,6 +334,7 @@ class Agent:
         if not answer["accepted"]:
             self.refused = answer["reason"]
             print(f"deadpool-launch --join: refused: {self.refused}", file=sys.stderr, flush=True)
+            self.said_stopping = True  # its index may be a live node's: not this agent's word
             self.obey({"kind": Command.STOP})
 
     def obey(self, command: dict) -> None:
@@ -362,6 +377,7 @@ class Agent:
                 self.zygote.close()
 
     def run_workers(self) -> int:
+        store_gone = False
         try:
             self.start()
             while self.workers:
@@ -371,6 +387,7 @@ class Agent:
                     # The coordinator is gone. After its stop command that is
                     # the normal end of the job; else a standby may take over.
                     if self.stopping or not self.fail_over():
+                        store_gone = True
                         break
         except dist.DistError:  # lost while starting, and no standby took over
             self.kill_workers()
@@ -380,6 +397,11 @@ class Agent:
         if self.workers:  # the job is gone: leave no orphans
             self.kill_workers()
             return ExitCode.OK if self.stopping else ExitCode.COORDINATOR_LOST
+        if not store_gone and not self.declared_lost:  # a fenced node's store may be cut off
+            try:
+                self.say_stopping()  # its workers ended before its stop came
+            except dist.DistError:
+                pass  # the store went meanwhile: nobody waits for the word
         codes = self.exit_codes
         if codes and all(code == ExitCode.FENCED for code in codes.values()):
             self.fenced("its workers read it in a decision")  # before its KILL_ALL came

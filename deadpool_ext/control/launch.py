@@ -42,6 +42,7 @@ import tempfile
 import time
 from typing import List, Optional
 
+import torch.distributed as dist
 from megatron.training.arguments import ConfigError
 
 from deadpool_ext.control.command_line import checked_options
@@ -198,6 +199,7 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
             metrics.stop()
     for node in coordinator.record.membership.nodes():
         coordinator.tell_agent(node, Command.STOP)
+    await_stopping(coordinator)
     deadline = time.monotonic() + 30
     for proc in agents.values():
         try:
@@ -213,6 +215,32 @@ def run_coordinator(opts, coordinator: Coordinator, agents: dict) -> int:
         print(f"deadpool-launch: job stopped: {stopped.reason}", file=sys.stderr, flush=True)
     coordinator.events.close()
     return code
+
+
+def await_stopping(coordinator: Coordinator) -> None:
+    """Keep the store up until every node whose agent beat at the last look
+    has read its stop, for at most a heartbeat timeout. An agent that had
+    not read it when the store closed would take the end for the
+    coordinator's loss (a slow or lossy link to this host delays its reads),
+    and its node's processes would wait for a takeover that never comes."""
+    waiting = set(coordinator.detector.last.beating) & coordinator.record.membership.alive_nodes()
+    deadline = time.monotonic() + coordinator.record.settings.heartbeat_timeout
+    while waiting and time.monotonic() < deadline:
+        try:
+            waiting = {n for n in waiting if not has_stopped(coordinator, n)}
+        except dist.DistError:
+            return  # this store's server is gone: nobody reads it any more
+        time.sleep(0.02)
+
+
+def has_stopped(coordinator: Coordinator, node: int) -> bool:
+    """Whether a node's agent said it is done with the store, or fell silent
+    (a killed agent says nothing: its silence counts from its last beat)."""
+    said = coordinator.channel.get(P.stopping_key(node))
+    if said is not None and not said.get("pending"):
+        return True
+    detector = coordinator.detector
+    return detector.heartbeat(P.node_heartbeat_key(node), coordinator.clock())[1]
 
 
 def serve_metrics(settings) -> Optional[MetricsServer]:

@@ -36,12 +36,17 @@ def test_an_agent_announces_its_node_before_any_worker_starts():
     agent = types.SimpleNamespace(
         node=1, active=False, nproc=2, join=True, nonce="n1", world_size=4, standby_store=None
     )
-    agent.channel = types.SimpleNamespace(post=lambda topic, message: order.append(message.KIND))
+    agent.channel = types.SimpleNamespace(
+        post=lambda topic, message: order.append(message.KIND),
+        put=lambda key, **body: order.append((key, body)),
+    )
     agent.start_worker = lambda local, active: order.append(f"worker {local}")
     agent.check_gpus = lambda now: order.append("gpus")
     Agent.start(agent)
-    # Its GPUs' health too: a spare whose GPU fails is never counted ready.
-    assert order == ["node", "gpus", "worker 0", "worker 1"]
+    # Its GPUs' health too: a spare whose GPU fails is never counted ready;
+    # and a word that it stopped, left by its predecessor, no longer counts.
+    unsaid = (P.stopping_key(1), {"pending": True})
+    assert order == [unsaid, "node", "gpus", "worker 0", "worker 1"]
 
 
 def test_workers_get_nccl_error_handling_that_lets_them_recover(monkeypatch, tmp_path):
@@ -95,6 +100,7 @@ def test_a_coordinator_lost_while_workers_start_is_left_for_the_standby(tmp_path
         agent = Agent.__new__(Agent)
         agent.stopping, agent.workers, agent.error_dir = False, {}, str(tmp_path / "e")
         tried = []
+        agent.said_stopping, agent.say_stopping = False, lambda: tried.append("said stopping")
 
         def beat_when_due():
             if not tried:
@@ -119,7 +125,7 @@ def test_a_coordinator_lost_while_workers_start_is_left_for_the_standby(tmp_path
         return agent, tried
 
     agent, tried = agent_losing_its_coordinator(standby_takes_over=True)
-    assert agent.run_workers() == ExitCode.OK and tried == ["standby"]
+    assert agent.run_workers() == ExitCode.OK and tried == ["standby", "said stopping"]
     agent, tried = agent_losing_its_coordinator(standby_takes_over=False)
     assert agent.run_workers() == ExitCode.COORDINATOR_LOST and tried == ["standby"]
 
@@ -137,9 +143,12 @@ def test_workers_that_find_their_node_declared_lost_fence_their_agent(tmp_path, 
     agent = Agent.__new__(Agent)
     agent.node, agent.stopping, agent.leaving_by, agent.nonce = 2, False, None, None
     agent.declared_lost, agent.refused, agent.exit_codes = False, None, {}
-    agent.error_dir = str(tmp_path / "e")
+    agent.error_dir, agent.said_stopping = str(tmp_path / "e"), False
     agent.commands = types.SimpleNamespace(poll=lambda: [])
-    agent.channel = types.SimpleNamespace(post=lambda topic, message: posted.append(message))
+    agent.channel = types.SimpleNamespace(
+        post=lambda topic, message: posted.append(message),
+        put=lambda key, **body: posted.append(key),
+    )
     agent.written_reason = lambda slot: "no place for its slot"
     agent.start = lambda: None
     agent.workers = {
@@ -147,7 +156,8 @@ def test_workers_that_find_their_node_declared_lost_fence_their_agent(tmp_path, 
     }
     agent.serve = agent.watch_once
     assert agent.run_workers() == ends
-    assert [m.code for m in posted] == list(codes)
+    # Their exits, then that the agent is done with the store.
+    assert [m.code for m in posted[:-1]] == list(codes) and posted[-1] == P.stopping_key(2)
 
 
 # ----- its GPUs (the fake NVML) -----
@@ -317,3 +327,26 @@ def test_an_agent_whose_primary_answers_again_keeps_it_and_its_commands(monkeypa
     assert agent.fail_over() and agent.channel.address == ("h0", 1)
     assert agent.commands is commands and agent.store_addr == "h0:1"
     assert asked == [(("h1", 2), P.LostPrimary(node=2))]
+
+
+def test_an_agent_says_it_stops_once_it_read_its_stop_command():
+    """What node 0's launcher waits for before it closes the store
+    (launch.await_stopping); said from the watch, once, never from the
+    SIGTERM handler, which may run in the middle of another request."""
+    from deadpool_ext.control.ports import free_port
+    from deadpool_ext.wire import Channel, connect
+
+    store = connect("127.0.0.1", free_port(), timeout_s=10, is_master=True)
+    agent = Agent.__new__(Agent)
+    agent.node, agent.channel, agent.workers, agent.nonce = 2, Channel(store, b"s"), {}, None
+    agent.stopping, agent.said_stopping, agent.leaving_by = False, False, None
+    commands = [[], [{"kind": P.Command.STOP}], []]
+    agent.commands = types.SimpleNamespace(poll=lambda: commands.pop(0))
+    agent.watch_once()
+    assert agent.channel.get(P.stopping_key(2)) is None
+    agent.obey({"kind": P.Command.STOP})  # as SIGTERM's handler: nothing put yet
+    assert agent.stopping and agent.channel.get(P.stopping_key(2)) is None
+    agent.watch_once()  # the watch after it says so (the stop command too)
+    assert agent.channel.get(P.stopping_key(2)) is not None
+    agent.watch_once()
+    assert agent.channel.version(P.stopping_key(2))[1] == 1  # said once
