@@ -37,7 +37,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -114,7 +113,6 @@ class Sim:
     iteration: int = 0
     phase: str = "training"  # or reported, joining
     decided_at: Optional[float] = None
-    decision: Optional[Decision] = None
 
 
 @dataclass
@@ -245,7 +243,7 @@ def watch(channel, sim: Sim) -> None:
         if sim.rank is None:
             sim.phase = "training"  # a spare left as it was
             return
-        sim.decided_at, sim.decision, sim.phase = time.time(), decision, "joining"
+        sim.decided_at, sim.phase = time.time(), "joining"
         joining = P.Joining(gen=sim.gen, rank=sim.rank, slot=sim.slot)
         channel.post(P.COORDINATOR_TOPIC, joining)
     if sim.phase == "joining" and channel.get(P.join_key(sim.gen)) is not None:
@@ -296,17 +294,20 @@ def simulate(args) -> dict:
     spares = max(len(lost), -(-nnodes * args.spare_percent // 100))
     settings = CoordinatorSettings(heartbeat_timeout=args.heartbeat_timeout, spare_wait=0.0)
     now = time.time()
-    plan = Schedule(args.tp, args.pp, nproc, args.ranks, started=now)
-    plan.fault_at = now + args.warmup_s + args.steady_s
-    plan.stop_at = plan.fault_at + args.heartbeat_timeout + args.after_s
-    plan.lost = lost
-    plan.slow = [nnodes - 1] if args.fault == "straggler" else []
-    folder = tempfile.mkdtemp(prefix="sim_control-")
-    try:
-        measured = play(args, plan, nnodes, spares, settings, os.path.join(folder, "events.jsonl"))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return measured
+    fault_at = now + args.warmup_s + args.steady_s
+    plan = Schedule(
+        args.tp,
+        args.pp,
+        nproc,
+        args.ranks,
+        started=now,
+        fault_at=fault_at,
+        stop_at=fault_at + args.heartbeat_timeout + args.after_s,
+        lost=lost,
+        slow=[nnodes - 1] if args.fault == "straggler" else [],
+    )
+    with tempfile.TemporaryDirectory(prefix="sim_control-") as folder:
+        return play(args, plan, nnodes, spares, settings, os.path.join(folder, "events.jsonl"))
 
 
 def play(args, plan: Schedule, nnodes: int, spares: int, settings, events: str) -> dict:
