@@ -12,6 +12,10 @@ from typing import List
 
 HEARTBEAT_TIMEOUT_S = 10.0  # --deadpool-heartbeat-timeout
 HEARTBEAT_INTERVAL_S = 0.5  # how often workers and agents beat
+# A rank's beat names a peer host that has left its data unacknowledged this
+# long (the coordinator judges it at the heartbeat timeout); shorter waits
+# are a round trip or a retransmission, not worth a beat's bytes.
+SILENT_PEER_REPORT_S = 1.0
 RECOVERY_TIMEOUT_S = 120.0  # a generation must report, or resume, within this
 # --deadpool-mirror-timeout: a mirror send or receive that takes this long
 # counts the buddy as lost; no sooner than the heartbeat timeout, which is

@@ -2,13 +2,16 @@
 
 Shutting one down is what releases a generation (``rank/generation.py``);
 a bound is how long it may wait on a peer that went silent
-(``wire.connect``).
+(``wire.connect``); the kernel's count of what a peer left unacknowledged
+is how a rank tells which peer's host its connections cannot reach
+(``silent_peers``).
 """
 
 import contextlib
 import os
 import socket
-from typing import Dict, Iterable, Optional, Set
+import struct
+from typing import Dict, Iterable, Mapping, Optional, Set
 
 # /proc/self/fd links of sockets read "socket:[INODE]".
 _SOCKET_PREFIX = "socket:["
@@ -118,3 +121,58 @@ def give_up_on_silence(fd: int, seconds: float) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval_s)
+
+
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then 32-bit ones;
+# tcpi_unacked is the 5th of those, tcpi_last_data_sent the 10th and
+# tcpi_last_ack_recv the 13th (both in milliseconds). Stable kernel ABI.
+_TCP_INFO_SIZE = 104
+_UNACKED, _LAST_DATA_SENT, _LAST_ACK_RECV = 24, 44, 56
+
+
+def unacknowledged_s(sock: socket.socket) -> float:
+    """Seconds this connection has waited on its peer's host to acknowledge
+    data it sent: since the last acknowledgement, or since the data was
+    sent if later (a line idle for long has an old last acknowledgement);
+    0 when nothing waits. A live peer's kernel acknowledges whatever its
+    process does (busy, paused, its buffer full), so only a host that is
+    cut off or gone makes this grow."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    (unacked,) = struct.unpack_from("I", info, _UNACKED)
+    if not unacked:
+        return 0.0
+    (sent_ms,) = struct.unpack_from("I", info, _LAST_DATA_SENT)
+    (acked_ms,) = struct.unpack_from("I", info, _LAST_ACK_RECV)
+    return min(sent_ms, acked_ms) / 1000
+
+
+def silent_peers(connections: Mapping[int, int], at_least_s: float) -> Dict[str, float]:
+    """Peer host -> the longest any of ``connections`` (inode -> descriptor)
+    has waited on it to acknowledge, for the waits of ``at_least_s`` or
+    more. A descriptor that no longer holds its inode (closed, reused) is
+    passed over."""
+    found: Dict[str, float] = {}
+    for inode, fd in connections.items():
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino != inode:
+                continue
+        with _connected_tcp(fd) as (sock, peer):
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):
+                waited = unacknowledged_s(sock)
+                host = peer.rsplit(":", 1)[0]
+                if waited >= at_least_s and waited > found.get(host, 0.0):
+                    found[host] = round(waited, 1)
+    return found
+
+
+def local_host(connections: Mapping[int, int]) -> Optional[str]:
+    """This end's address of the first of ``connections`` still connected:
+    how its peers name this host (the interface its groups use)."""
+    for fd in connections.values():
+        with _connected_tcp(fd) as (sock, _):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    return sock.getsockname()[0]
+    return None

@@ -218,6 +218,19 @@ class Lab:
         if not one_way:
             self.drop(f"{to_a} tcp sport {port}", a, b)
 
+    def cut_data(self, index: int, keep_ports: Sequence[int]) -> None:
+        """Every TCP connection between host ``index`` and the others dropped
+        but those to or from ``keep_ports`` (the control plane's stores):
+        the node's heartbeats arrive, its peers cannot reach it."""
+        # A set of two or more: nft merges two adjacent one-value "!="
+        # matches of the TCP header into one of both ports at once, which
+        # drops a packet that differs in either (port 0 is never a peer's).
+        keep = "{ " + ", ".join(str(p) for p in {0, *keep_ports}) + " }"
+        for other in range(len(self.hosts)):
+            for a, b in ((index, other), (other, index)) if other != index else ():
+                between = f"iifname {self.port(a)} oifname {self.port(b)}"
+                self.drop(f"{between} tcp dport != {keep} tcp sport != {keep}", index, other)
+
     def lose(self, index: int, percent: int) -> None:
         if not 0 < percent <= 100:
             raise LabError(f"lose {percent}%: a share of packets from 1 to 100")

@@ -50,6 +50,7 @@ from deadpool_ext.policy.exits import (
     stuck,
     why_an_exit_stops_the_job,
 )
+from deadpool_ext.policy.paths import cut_off, cut_pairs, partners
 from deadpool_ext.policy.faults import SdcAction, corruption_verdict, nan_again, redone
 from deadpool_ext.policy.stragglers import judge
 from deadpool_ext.policy.states import BUILDING, COLLECTING, UNRECOVERABLE
@@ -162,6 +163,28 @@ def hung_workers(view: JobView) -> Effects:
         return NOTHING
     reason = f"{silence(view)} (hung)"
     return tuple(Loss((s,), reason, kill=(s,)) for s in view.sighting.hung_slots)
+
+
+def unreachable_nodes(view: JobView) -> Effects:
+    """Training nodes that beat but that their peers cannot reach: data
+    sent to them waited the heartbeat timeout unacknowledged (paths.py)."""
+    if view.state != S.TRAINING:
+        return NOTHING
+    timeout = view.settings.heartbeat_timeout
+    pairs = cut_pairs(view.members.values(), view.main_threads, timeout)
+    if not pairs:
+        return NOTHING
+    suspected = cut_pairs(view.members.values(), view.main_threads, timeout / 2)
+    effects: List = []
+    for node in cut_off(pairs, suspected):
+        if f"{node}.0" not in view.lost_slots:
+            peers = ", ".join(str(n) for n in partners(node, pairs))
+            why = (
+                f"unreachable from node(s) {peers}: data sent to it was left "
+                f"unacknowledged for {timeout:.1f} s, though its heartbeats arrive"
+            )
+            effects.extend(node_lost(view, node, why))
+    return tuple(effects)
 
 
 def stuck_members(view: JobView) -> Effects:
@@ -554,6 +577,7 @@ TRIGGERS: Tuple[Trigger, ...] = (
     took_over,
     silent_nodes,
     hung_workers,
+    unreachable_nodes,
     stuck_members,
     computing_without_progress,
     report_timeout,

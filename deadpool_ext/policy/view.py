@@ -35,12 +35,18 @@ class Progress:
     advanced_at: float = 0.0  # when its iteration last changed
     where: Optional[str] = None
     where_since: float = 0.0  # since when every beat said ``where``
+    host: Optional[str] = None  # its address on its groups' connections
+    # Peer host -> seconds its connections to it had waited for an
+    # acknowledgement, as its last beat said (rank/client.py).
+    silent: Mapping[str, float] = field(default_factory=dict)
 
     def observe(self, body: dict, now: float) -> None:
         if body.get("iteration") != self.iteration:
             self.iteration, self.advanced_at = body.get("iteration"), now
         if body.get("where") != self.where:
             self.where, self.where_since = body.get("where"), now
+        self.host = body.get("host", self.host)
+        self.silent = body.get("silent") or {}
 
     def computing_without_progress(self, now: float) -> float:
         """Seconds its main thread has computed without finishing an iteration."""

@@ -18,12 +18,14 @@ from deadpool_ext.defaults import (
     RELEASE_ALL_AFTER_S,
     RELEASE_ALL_COMPUTING_AFTER_S,
     RELEASE_GRACE_S,
+    SILENT_PEER_REPORT_S,
     STORE_RECONNECT_TIMEOUT_S,
 )
 from deadpool_ext.protocol import Decision, ExitCode, Where, WorkerEnv, WorkerState
 from deadpool_ext.rank import whereabouts
 from deadpool_ext.rank.errors import WorkerExit, summary
 from deadpool_ext.rank.generation import Generation
+from deadpool_ext.sockets import local_host, silent_peers
 from deadpool_ext.wire import (
     Channel,
     JobEnded,
@@ -85,6 +87,7 @@ class ControlClient:
         self.iteration = None  # last started iteration, for the coordinator
         # Its compute time per iteration (hooks.ComputeClock), for the straggler watch.
         self.compute: Optional[dict] = None
+        self._host: Optional[str] = None  # this host's address on the groups' connections
         self.state = WorkerState.STARTING
         self.latest = {"gen": 0, "state": P.JobState.STARTING}
         self._main_thread = threading.main_thread().ident
@@ -145,6 +148,7 @@ class ControlClient:
                         state=self.state,
                         where=whereabouts.where(self._main_thread),
                         compute=self.compute,
+                        **self._data_paths(),
                     )
                     last_beat = time.monotonic()
                 latest = self._beat_channel.get(P.GEN_KEY)
@@ -157,6 +161,23 @@ class ControlClient:
                 self.latest = latest
                 self._release_if_superseded(latest)
                 self._report_if_stuck(latest)
+
+    def _data_paths(self) -> dict:
+        """What a beat says of the generation's connections: this host's
+        address on them and, while training, the peer hosts that left data
+        unacknowledged for a while (the coordinator finds a node cut off
+        from its peers though its heartbeats arrive: policy/paths.py)."""
+        connections = self.generation.connections()
+        if not connections:
+            return {}
+        if self._host is None:
+            self._host = local_host(connections)
+        beat = {"host": self._host}
+        if self.state == WorkerState.TRAINING:
+            silent = silent_peers(connections, SILENT_PEER_REPORT_S)
+            if silent:
+                beat["silent"] = silent
+        return beat
 
     def _fail_over(self) -> bool:
         """The primary coordinator is gone: go on with the standby once it

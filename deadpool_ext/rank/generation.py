@@ -90,6 +90,9 @@ class Generation:
         self._held = False  # the main thread keeps some groups: no release of all
         self._carried: Set[int] = set()  # the sockets of groups carried over
         self._released_all = False
+        # Its connections once built, inode -> descriptor: what the heartbeat
+        # thread looks at for a peer whose host acknowledges nothing.
+        self._built_connections: Dict[int, int] = {}
 
     def begin(self, number: int, keep: Collection[str] = ()) -> None:
         """Before the generation's first connection (its store) is opened.
@@ -101,7 +104,7 @@ class Generation:
             self.number, self._building = number, True
             self._baseline = set(socket_descriptors()) - carried_sockets
             self._carried = carried_sockets
-            self._groups, self._at_built = [], 0
+            self._groups, self._at_built, self._built_connections = [], 0, {}
             self.released, self._done = None, False
             self._made, self._held, self._released_all = carried, False, False
 
@@ -155,9 +158,18 @@ class Generation:
         with self._lock:
             if not self._building:
                 return
-            self._at_built = len(self._mine(socket_descriptors()) - self._carried)
+            open_now = socket_descriptors()
+            mine = self._mine(open_now)
+            self._at_built = len(mine - self._carried)
+            self._built_connections = {inode: open_now[inode] for inode in mine}
             self._groups = [weakref.ref(g) for g in groups]
             self._building = False
+
+    def connections(self) -> Dict[int, int]:
+        """inode -> descriptor of the connections the built generation made
+        (none before it is built, or once released)."""
+        with self._lock:
+            return dict(self._built_connections)
 
     def size(self) -> dict:
         """What building the generation made in this process: the groups it
@@ -202,6 +214,7 @@ class Generation:
         that the main thread's tear-down (which releases before it destroys
         the groups) never destroys a group while it is being aborted."""
         kept_groups = {id(v[0]()) for v in self._made.values() if v[1] & keep}
+        self._built_connections = {}
         groups = [ref() for ref in self._groups] + nccl_groups()
         started = time.monotonic()
         aborted = abort_nccl({id(g): g for g in groups if id(g) not in kept_groups}.values())

@@ -66,9 +66,10 @@ def events_of(tmp):
     return read_events(str(tmp / "events.jsonl"))
 
 
-def isolated_until_recovered(tmp_path, host: int, gray=None):
-    """The job across the hosts; ``host`` isolated at the switch once
-    iteration 4 is logged, healed once the job recovered. ``gray``: host ->
+def isolated_until_recovered(tmp_path, host: int, gray=None, cut=None):
+    """The job across the hosts; ``host`` isolated at the switch (or ``cut``
+    done to the lab) once iteration 4 is logged, healed once the job
+    recovered. ``gray``: host ->
     percent of packets it loses from iteration 2, and host -> seconds its
     link flaps once the job recovered. The launchers' exit codes, and when
     (time.time()) the host was cut off."""
@@ -81,7 +82,7 @@ def isolated_until_recovered(tmp_path, host: int, gray=None):
             lab.lose(other, percent)
         assert hosts.wait_until(lambda: metrics_reach(metrics, 4), 300), readable_logs(tmp_path, 4)
         cut_at = time.time()
-        lab.isolate(host)
+        (cut or (lambda lab: lab.isolate(host)))(lab)
         recovered = lambda: any(e["event"] == "recovered" for e in events_of(tmp_path))  # noqa: E731
         assert hosts.wait_until(recovered, 240), readable_logs(tmp_path, 4)
         lab.heal(host)
@@ -114,6 +115,28 @@ def test_an_isolated_host_is_swapped_and_once_healed_is_fenced(tmp_path, referen
     assert len(detected) == 1 and detected[0]["ranks"] == [4, 5], logs
     decided = [e for e in events if e["event"] == "decision"]
     assert decided[-1]["replaced"] == {"4": "3.0", "5": "3.1"}
+    assert not leftovers(tmp_path)
+
+
+def test_a_host_cut_off_from_its_peers_but_not_from_the_stores_is_swapped_and_fenced(
+    tmp_path, reference
+):
+    """Host 2's connections to every other host are dropped in the fifth
+    iteration, but the control plane's (the coordinator's store, the
+    standby's): its heartbeats arrive, so no heartbeat rule sees it, and its
+    peers wait in a collective that would last until gloo's timeout. Their
+    kernels see data sent to host 2 left unacknowledged, and so do host 2's:
+    after the heartbeat timeout the coordinator declares node 2 lost (its
+    peers cannot reach it) and the spare host takes its ranks from their
+    buddies; node 2 is fenced, the curve is the failure-free one."""
+    stores = (29500, 29501)
+    codes, _ = isolated_until_recovered(tmp_path, 2, cut=lambda lab: lab.cut_data(2, stores))
+    logs = readable_logs(tmp_path, NODES + SPARES)
+    assert codes == [0, 0, ExitCode.FENCED, 0], logs
+    assert_same_run(tmp_path, reference, ITERS)
+    detected = [e for e in events_of(tmp_path) if e["event"] == "failure_detected"]
+    assert len(detected) == 1 and detected[0]["ranks"] == [4, 5], logs
+    assert "unreachable from node(s)" in detected[0]["reason"], detected[0]
     assert not leftovers(tmp_path)
 
 
@@ -246,6 +269,9 @@ def test_the_labs_faults_cut_what_they_say_and_heal():
             "ConnectionRefusedError",
         )
         lab.heal(1)
+        lab.cut_data(1, keep_ports=[5555])
+        assert (reach(lab, 1), reach(lab, 1, port=5556)) == ("hi", "TimeoutError")
+        lab.heal(0)
         lab.lose(1, 100)
         assert reach(lab, 1) == "TimeoutError"
         lab.heal(1)

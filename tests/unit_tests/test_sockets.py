@@ -36,3 +36,27 @@ def test_shut_down_touches_only_connected_tcp_sockets(listener):
     finally:
         for s in (client, server, left, right):
             s.close()
+
+
+def test_a_connection_its_peer_acknowledged_names_no_silent_peer(listener):
+    """What the peer's kernel acknowledged waits on nobody; a descriptor
+    that no longer holds the inode it was recorded with is passed over."""
+    import os
+    import time
+
+    from deadpool_ext.sockets import local_host, silent_peers, unacknowledged_s
+
+    client, server = connected(listener)
+    try:
+        client.sendall(b"x" * 4096)
+        assert server.recv(4096)
+        time.sleep(0.05)  # the acknowledgement is in
+        assert unacknowledged_s(client) == 0.0
+        connections = {os.fstat(client.fileno()).st_ino: client.fileno()}
+        assert silent_peers(connections, at_least_s=0.0) == {}
+        assert local_host(connections) == "127.0.0.1"
+        stale = {os.fstat(client.fileno()).st_ino + 1: client.fileno()}
+        assert silent_peers(stale, at_least_s=0.0) == {}
+    finally:
+        client.close()
+        server.close()

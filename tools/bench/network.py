@@ -8,12 +8,15 @@ hosts and a spare host, node 1 the standby.
       (tbf both ways): the median of iterations 3 to --iters, and each as a
       ratio to the clean run's;
   (b) how long a silent partition of host 2, then of host 0 (every packet
-      dropped at the switch, in iteration 5) takes to be declared a loss,
-      for each --deadpool-heartbeat-timeout of --timeouts: from the cut to
-      the coordinator's ``failure_detected`` (host 0's: the standby's, once
-      it took over), and as a multiple of the timeout.
+      dropped at the switch, in iteration 5), then a cut of host 2's data
+      path alone (its connections to the other hosts but the stores'),
+      takes to be declared a loss, for each --deadpool-heartbeat-timeout of
+      --timeouts: from the cut to the coordinator's ``failure_detected``
+      (host 0's: the standby's, once it took over), and as a multiple of
+      the timeout.
 
     python -m tools.bench.network [--iters 20] [--timeouts 3 6] [--loss 2] [--mbit 10]
+        [--cuts isolate-2 isolate-0 data-2] [--no-links]
 
 Needs root and nftables (``tools/hosts.py``'s ``missing`` says what is not
 there). Measured, wall time, on whatever machine runs it.
@@ -30,6 +33,7 @@ import time
 from typing import Callable, List, Optional
 
 from deadpool_ext.events import read_events
+from deadpool_ext.protocol import STANDBY_PORT_OFFSET
 from tools import hosts
 from tools.bench.common import REPO, demo_args, strip_outputs
 from tools.workers import worker_env
@@ -108,20 +112,30 @@ def link_costs(opts) -> List[str]:
     return rows
 
 
+STORES = (PORT, PORT + STANDBY_PORT_OFFSET)
+# Name -> (the host cut, how): the faults of (b).
+CUTS = {
+    "isolate-2": (2, lambda lab: lab.isolate(2)),
+    "isolate-0": (0, lambda lab: lab.isolate(0)),
+    "data-2": (2, lambda lab: lab.cut_data(2, STORES)),
+}
+
+
 def detection(opts) -> List[str]:
-    """Host 2, then host 0 (the store and the coordinator), cut off silently
-    in iteration 5, healed once the loss was declared (the healed node then
-    learns it and leaves: exit 10). Node 0's loss is declared by the
-    standby once it took over."""
+    """Each cut of ``opts.cuts`` in iteration 5, healed once the loss was
+    declared (the healed node then learns it and leaves: exit 10). Host
+    0's loss (the store and the coordinator) is declared by the standby
+    once it took over."""
     rows = []
-    for host in (2, 0):
+    for name in opts.cuts:
+        host, cut = CUTS[name]
         for timeout in opts.timeouts:
-            seconds = time_to_detect(opts, host, timeout)
-            rows.append(f"| {host} | {timeout:g} | {seconds:.2f} | {seconds / timeout:.2f} |")
+            seconds = time_to_detect(opts, host, cut, timeout)
+            rows.append(f"| {name} | {timeout:g} | {seconds:.2f} | {seconds / timeout:.2f} |")
     return rows
 
 
-def time_to_detect(opts, host: int, timeout: float) -> float:
+def time_to_detect(opts, host: int, cut, timeout: float) -> float:
     tmp = tempfile.mkdtemp(prefix="bench-network-")
     events = os.path.join(tmp, "events.jsonl")
     found = lambda: [e for e in read_events(events) if e["event"] == "failure_detected"]  # noqa: E731
@@ -130,7 +144,7 @@ def time_to_detect(opts, host: int, timeout: float) -> float:
 
         def isolate_until_found():
             cut_at.append(time.time())
-            lab.isolate(host)
+            cut(lab)
             hosts.wait_until(lambda: bool(found()), 300)
             lab.heal(host)
 
@@ -144,15 +158,18 @@ def main(argv=None) -> int:
     parser.add_argument("--timeouts", type=float, nargs="+", default=[3.0, 6.0])
     parser.add_argument("--loss", type=int, default=2)
     parser.add_argument("--mbit", type=float, default=10.0)
+    parser.add_argument("--cuts", nargs="+", choices=list(CUTS), default=list(CUTS))
+    parser.add_argument("--no-links", action="store_true", help="skip (a)")
     opts = parser.parse_args(argv)
     if hosts.missing() is not None:
         print(f"bench-network: {hosts.missing()}", file=sys.stderr)
         return 2
-    print("| network | seconds per iteration (median) | against clean |")
-    print("|---|---|---|")
-    for row in link_costs(opts):
-        print(row, flush=True)
-    print("\n| host cut | heartbeat timeout (s) | cut to failure_detected (s) | in timeouts |")
+    if not opts.no_links:
+        print("| network | seconds per iteration (median) | against clean |")
+        print("|---|---|---|")
+        for row in link_costs(opts):
+            print(row, flush=True)
+    print("\n| cut | heartbeat timeout (s) | cut to failure_detected (s) | in timeouts |")
     print("|---|---|---|---|")
     for row in detection(opts):
         print(row, flush=True)
